@@ -1,0 +1,10 @@
+//! One module per subcommand; each owns its `Args` and its `run`.
+
+pub mod bench;
+pub mod check;
+pub mod data;
+pub mod estimate;
+pub mod plan;
+pub mod run;
+pub mod tokenizer;
+pub mod train;

@@ -1,0 +1,49 @@
+//! The `memfit` binary: parses arguments, calls the libraries, prints. It holds no logic of its own.
+
+mod cmd;
+mod exit;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "memfit", version, about = "Train transformer models inside a memory budget")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// What this machine has (CPU, RAM, swap, cgroup limit, PSI, disk, GPUs) and what to run.
+    Check(cmd::check::Args),
+    /// Predicted peak GPU and host memory of a training setup, by component.
+    Estimate(cmd::estimate::Args),
+    /// The fastest setup that fits the budget, alternatives, tier tables and configs.
+    Plan(cmd::plan::Args),
+    /// Turn parquet/JSONL into a memory-mapped token store.
+    Data(cmd::data::Args),
+    /// Train or inspect a tokenizer.
+    Tokenizer(cmd::tokenizer::Args),
+    /// The Rust trainer.
+    Train(cmd::train::Args),
+    /// Guard any training command: watch its memory, stop it gracefully, relaunch it smaller.
+    Run(cmd::run::Args),
+    /// Benchmarks: trainer throughput and memory, token-store random access.
+    Bench(cmd::bench::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Check(a) => cmd::check::run(a),
+        Command::Estimate(a) => cmd::estimate::run(a),
+        Command::Plan(a) => cmd::plan::run(a),
+        Command::Data(a) => cmd::data::run(a),
+        Command::Tokenizer(a) => cmd::tokenizer::run(a),
+        Command::Train(a) => cmd::train::run(a),
+        Command::Run(a) => cmd::run::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
+    };
+    exit::finish(result)
+}
