@@ -6,3 +6,5 @@
 //! - `train_loop` — gradient accumulation, evaluation, metrics.
 //! - `checkpoint` — HF-compatible checkpoints, atomic writes, exact resume.
 //! - `guard`      — the in-process memory guard.
+
+pub mod engine;
