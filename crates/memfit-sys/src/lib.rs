@@ -4,3 +4,5 @@
 //! - `sample` — process-tree memory sampling from /proc and cgroup files.
 //! - `guard`  — the guard state machine (warn → graceful stop → kill) with hysteresis.
 //! - `supervise` — the supervisor behind `memfit run`: launch, watch, stop, relaunch with profiles.
+
+pub mod probe;

@@ -21,13 +21,21 @@ impl std::error::Error for Exit {}
 
 /// Bad usage or bad input: exit 2.
 pub fn bad_input(message: impl Into<String>) -> anyhow::Error {
-    Exit { code: 2, message: message.into() }.into()
+    Exit {
+        code: 2,
+        message: message.into(),
+    }
+    .into()
 }
 
 /// Nothing fits the budget: exit 3.
 #[allow(dead_code)]
 pub fn does_not_fit(message: impl Into<String>) -> anyhow::Error {
-    Exit { code: 3, message: message.into() }.into()
+    Exit {
+        code: 3,
+        message: message.into(),
+    }
+    .into()
 }
 
 /// What a command ends with when it succeeds: usually 0, but `memfit run` passes on its child's code.
@@ -39,7 +47,10 @@ pub fn finish(result: Outcome) -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");
-            let code = err.chain().find_map(|e| e.downcast_ref::<Exit>()).map_or(1, |e| e.code);
+            let code = err
+                .chain()
+                .find_map(|e| e.downcast_ref::<Exit>())
+                .map_or(1, |e| e.code);
             ExitCode::from(code)
         }
     }

@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "memfit", version, about = "Train transformer models inside a memory budget")]
+#[command(
+    name = "memfit",
+    version,
+    about = "Train transformer models inside a memory budget"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -1,6 +1,6 @@
 //! `memfit estimate` (not built yet).
 
-use crate::exit::{bad_input, Outcome};
+use crate::exit::{Outcome, bad_input};
 
 #[derive(clap::Args)]
 pub struct Args {
