@@ -59,8 +59,14 @@ pub trait Engine {
 
     /// Forward + backward on one micro-batch; the loss is multiplied by `loss_scale` (1/accum) exactly
     /// once before backward, and the gradients are added to the accumulated ones. Returns the unscaled
-    /// mean token loss of this micro-batch.
-    fn accumulate(&mut self, batch: &Seq2SeqBatch, loss_scale: f32) -> Result<f32, Self::Error>;
+    /// mean token loss of this micro-batch. `seed` seeds every random draw of this micro-batch
+    /// (dropout), so that a resumed run draws exactly what an uninterrupted one would have drawn.
+    fn accumulate(
+        &mut self,
+        batch: &Seq2SeqBatch,
+        loss_scale: f32,
+        seed: u64,
+    ) -> Result<f32, Self::Error>;
 
     /// Clips the accumulated gradients to `max_grad_norm` by global norm (if `Some`), applies one
     /// optimizer update at learning rate `lr`, and clears the accumulated gradients.
