@@ -3,15 +3,17 @@
 //! Stages, in the order data passes through them:
 //! - [`arch`]   — architectures from Hugging Face `config.json` or presets; exact parameter counts.
 //! - [`memory`] — GPU and host peak memory of a training setup, as a breakdown by component.
-//! - `search` — the setup space and the planner that picks the fastest setup that fits.
-//! - `emit`   — configs for DeepSpeed, accelerate, HF TrainingArguments and `memfit train`.
+//! - [`search`] — the setup space and the planner that picks the fastest setup that fits.
+//! - [`emit`]   — configs for DeepSpeed, accelerate, HF TrainingArguments and `memfit train`.
 //!
 //! - [`validation`] — runs the published measurements of `validation/cases.csv` through [`memory`].
 //!
 //! This crate does no I/O except parsing what it is handed, and depends on no other memfit crate.
 
 pub mod arch;
+pub mod emit;
 pub mod memory;
+pub mod search;
 pub mod validation;
 
 use serde::{Deserialize, Serialize};
