@@ -95,3 +95,20 @@ fn tiers_json_has_every_cell() {
     // 64 GiB host, 80 GiB GPU: something fits
     assert!(cells[4][7].is_string());
 }
+
+/// The README's tier tables are exactly what the commands beside them print.
+#[test]
+fn readme_tier_tables_are_current() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    for args in [&["chatlm-mini"][..], &["bert-base-chinese"], &["qwen2.5-0.5b", "--method", "lora"]] {
+        let mut full = vec!["plan", "--model"];
+        full.extend_from_slice(args);
+        full.push("--tiers");
+        let out = memfit(&full);
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        let table: String = text.lines().filter(|l| l.starts_with('|')).map(|l| format!("{l}\n")).collect();
+        assert!(readme.contains(&format!("$ memfit {}\n", full.join(" "))), "README lacks the command {full:?}");
+        assert!(readme.contains(&table), "README tier table for {args:?} is stale; rerun the command beside it");
+    }
+}
