@@ -13,9 +13,15 @@ fn bench(c: &mut Criterion) {
     let req = Request {
         base: Setup::new(&llama),
         target_batch: 64,
-        budget: Budget { gpu_bytes: Some(80 << 30), host_bytes: 256 << 30, headroom: 0.1 },
+        budget: Budget {
+            gpu_bytes: Some(80 << 30),
+            host_bytes: 256 << 30,
+            headroom: 0.1,
+        },
     };
-    c.bench_function("plan llama-2-7b full search", |b| b.iter(|| plan(black_box(&llama), black_box(&req), &fw).unwrap()));
+    c.bench_function("plan llama-2-7b full search", |b| {
+        b.iter(|| plan(black_box(&llama), black_box(&req), &fw).unwrap())
+    });
     let mini = preset("chatlm-mini").unwrap();
     let base = Setup::new(&mini);
     c.bench_function("tier table chatlm-mini (40 plans)", |b| {

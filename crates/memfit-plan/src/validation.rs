@@ -5,10 +5,10 @@
 //! 2022 runs (transformers 4.16–4.25, PyTorch ≤ 1.13). The only machine constant is the CUDA
 //! context of the row's GPU, read from `constants.csv` (the row with no model, metric NV, same GPU).
 
-use crate::arch::{self, Arch};
-use crate::memory::{self, Framework, Setup};
-use crate::memory::setup::*;
 use crate::Task;
+use crate::arch::{self, Arch};
+use crate::memory::setup::*;
+use crate::memory::{self, Framework, Setup};
 use std::collections::BTreeMap;
 
 /// One parsed CSV record as column → value.
@@ -49,7 +49,12 @@ pub fn parse_csv(text: &str) -> Result<Vec<Record>, String> {
         .enumerate()
         .map(|(i, r)| {
             if r.len() != header.len() {
-                return Err(format!("row {}: {} fields, header has {}", i + 2, r.len(), header.len()));
+                return Err(format!(
+                    "row {}: {} fields, header has {}",
+                    i + 2,
+                    r.len(),
+                    header.len()
+                ));
             }
             Ok(header.iter().cloned().zip(r.iter().cloned()).collect())
         })
@@ -58,7 +63,9 @@ pub fn parse_csv(text: &str) -> Result<Vec<Record>, String> {
 
 /// A measured value in bytes, with the unit as validation/README.md defines it.
 pub fn to_bytes(value: &str, unit: &str) -> Result<f64, String> {
-    let v: f64 = value.parse().map_err(|_| format!("measured_value {value:?} is not a number"))?;
+    let v: f64 = value
+        .parse()
+        .map_err(|_| format!("measured_value {value:?} is not a number"))?;
     let scale = match unit {
         "MB" => 1e6,
         "GB" => 1e9,
@@ -78,7 +85,8 @@ fn num(r: &Record, k: &str, default: u64) -> Result<u64, String> {
     if s.is_empty() {
         return Ok(default);
     }
-    s.parse().map_err(|_| format!("{}: {k} = {s:?} is not a number", get(r, "id")))
+    s.parse()
+        .map_err(|_| format!("{}: {k} = {s:?} is not a number", get(r, "id")))
 }
 
 /// The row's setup.
@@ -152,13 +160,20 @@ pub fn compare(
         let arch = arch.with_task(setup.task);
         let context = constants
             .iter()
-            .find(|c| get(c, "model").is_empty() && get(c, "metric") == "NV" && get(c, "gpu_name") == get(&r, "gpu_name"))
+            .find(|c| {
+                get(c, "model").is_empty()
+                    && get(c, "metric") == "NV"
+                    && get(c, "gpu_name") == get(&r, "gpu_name")
+            })
             .map(|c| to_bytes(get(c, "measured_value"), get(c, "measured_unit")))
             .transpose()?
             .map_or(Framework::TORCH_2.cuda_context_bytes, |b| b as u64);
         let fw = Framework::torch_1x(context);
         let est = memory::estimate(&arch, &setup, &fw).map_err(|e| format!("{id}: {e}"))?;
-        let gpu = est.gpu.as_ref().ok_or_else(|| format!("{id}: no GPU estimate"))?;
+        let gpu = est
+            .gpu
+            .as_ref()
+            .ok_or_else(|| format!("{id}: no GPU estimate"))?;
         let metric = get(&r, "metric").to_string();
         let predicted = match metric.as_str() {
             "NV" => gpu.nvml_used_bytes,
@@ -195,7 +210,9 @@ pub fn median_abs_error(rows: &[Compared]) -> f64 {
 /// The markdown table of docs/accuracy.md.
 pub fn markdown_table(rows: &[Compared]) -> String {
     let mib = (1u64 << 20) as f64;
-    let mut s = String::from("| row | grade | metric | measured (MiB) | predicted (MiB) | error |\n| --- | --- | --- | ---: | ---: | ---: |\n");
+    let mut s = String::from(
+        "| row | grade | metric | measured (MiB) | predicted (MiB) | error |\n| --- | --- | --- | ---: | ---: | ---: |\n",
+    );
     for r in rows {
         s += &format!(
             "| {} | {} | {} | {:.0} | {:.0} | {:+.1}% |\n",
@@ -220,7 +237,9 @@ pub fn accuracy_markdown(rows: &[Compared]) -> String {
         .iter()
         .filter(|r| r.grade == "A")
         .max_by(|a, b| a.error.abs().total_cmp(&b.error.abs()));
-    let worst_any = rows.iter().max_by(|a, b| a.error.abs().total_cmp(&b.error.abs()));
+    let worst_any = rows
+        .iter()
+        .max_by(|a, b| a.error.abs().total_cmp(&b.error.abs()));
     let mut s = String::new();
     s += "# Accuracy of the memory model\n\n";
     s += &format!(
@@ -240,7 +259,10 @@ pub fn accuracy_markdown(rows: &[Compared]) -> String {
           case; the constants of the model are listed with their sources in `docs/memory-model.md`.\n\n";
     s += "## Summary\n\n";
     s += &format!("- rows: {}\n", rows.len());
-    s += &format!("- median absolute error: **{:.1}%** (limit 10%)\n", 100.0 * median);
+    s += &format!(
+        "- median absolute error: **{:.1}%** (limit 10%)\n",
+        100.0 * median
+    );
     if let Some(w) = worst_a {
         s += &format!(
             "- worst grade-A row: **{} {:+.1}%** (limit ±25%)\n",

@@ -25,11 +25,20 @@ fn median_error_and_grade_a_rows() {
     let median = validation::median_abs_error(&rows);
     println!("median |error| = {:.1}%", 100.0 * median);
     assert!(rows.len() >= 20);
-    assert!(median <= 0.10, "median |error| {:.1}% > 10%", 100.0 * median);
+    assert!(
+        median <= 0.10,
+        "median |error| {:.1}% > 10%",
+        100.0 * median
+    );
     let grade_a = rows.iter().filter(|r| r.grade == "A").count();
     assert!(grade_a >= 10);
     for r in rows.iter().filter(|r| r.grade == "A") {
-        assert!(r.error.abs() <= 0.25, "{} off by {:+.1}%", r.id, 100.0 * r.error);
+        assert!(
+            r.error.abs() <= 0.25,
+            "{} off by {:+.1}%",
+            r.id,
+            100.0 * r.error
+        );
     }
 }
 

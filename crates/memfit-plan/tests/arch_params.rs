@@ -69,9 +69,16 @@ fn errors_name_the_file_and_field() {
     let msg = e.to_string();
     assert!(msg.contains("m/config.json") && msg.contains("model_type") && msg.contains("mamba"));
     let e = arch::parse_config("c.json", r#"{"model_type":"t5","d_model":512}"#, "x").unwrap_err();
-    assert!(e.to_string().contains("c.json") && e.to_string().contains("d_kv"), "{e}");
-    let e = arch::parse_config("c.json", r#"{"model_type":"bert","hidden_size":"big"}"#, "x")
-        .unwrap_err();
+    assert!(
+        e.to_string().contains("c.json") && e.to_string().contains("d_kv"),
+        "{e}"
+    );
+    let e = arch::parse_config(
+        "c.json",
+        r#"{"model_type":"bert","hidden_size":"big"}"#,
+        "x",
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("hidden_size"), "{e}");
     let e = arch::parse_config("c.json", "{not json", "x").unwrap_err();
     assert!(e.to_string().contains("c.json"), "{e}");

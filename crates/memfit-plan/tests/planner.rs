@@ -10,7 +10,11 @@ fn request(model: &str, gpu_gib: Option<u64>, host_gib: u64) -> (memfit_plan::ar
     let req = Request {
         base,
         target_batch: 32,
-        budget: Budget { gpu_bytes: gpu_gib.map(|g| g << 30), host_bytes: host_gib << 30, headroom: 0.1 },
+        budget: Budget {
+            gpu_bytes: gpu_gib.map(|g| g << 30),
+            host_bytes: host_gib << 30,
+            headroom: 0.1,
+        },
     };
     (arch, req)
 }

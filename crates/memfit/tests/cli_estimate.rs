@@ -11,15 +11,33 @@ fn memfit(args: &[&str]) -> Output {
 
 fn json(args: &[&str]) -> serde_json::Value {
     let out = memfit(args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("stdout is one JSON object")
 }
 
 #[test]
 fn json_has_the_documented_schema() {
     let v = json(&[
-        "estimate", "--model", "chatlm-mini", "--batch", "8", "--seq", "256", "--tgt-seq", "128",
-        "--precision", "amp-bf16", "--method", "freeze", "--freeze", "embeddings,encoder", "--json",
+        "estimate",
+        "--model",
+        "chatlm-mini",
+        "--batch",
+        "8",
+        "--seq",
+        "256",
+        "--tgt-seq",
+        "128",
+        "--precision",
+        "amp-bf16",
+        "--method",
+        "freeze",
+        "--freeze",
+        "embeddings,encoder",
+        "--json",
     ]);
     let model = &v["model"];
     assert_eq!(model["name"], "chatlm-mini");
@@ -27,10 +45,33 @@ fn json_has_the_documented_schema() {
     assert_eq!(model["params_total"], 187_692_288u64);
     assert_eq!(model["params_trainable"], 94_396_032u64);
     let setup = &v["setup"];
-    for key in ["task", "batch", "seq", "tgt_seq", "accum", "precision", "optimizer", "grad_ckpt",
-        "method", "lora_r", "lora_alpha", "lora_targets", "quant", "freeze", "zero",
-        "offload_optimizer", "offload_params", "gpus", "nodes", "attention", "device", "runtime",
-        "workers", "pin_memory", "dataset_rows"] {
+    for key in [
+        "task",
+        "batch",
+        "seq",
+        "tgt_seq",
+        "accum",
+        "precision",
+        "optimizer",
+        "grad_ckpt",
+        "method",
+        "lora_r",
+        "lora_alpha",
+        "lora_targets",
+        "quant",
+        "freeze",
+        "zero",
+        "offload_optimizer",
+        "offload_params",
+        "gpus",
+        "nodes",
+        "attention",
+        "device",
+        "runtime",
+        "workers",
+        "pin_memory",
+        "dataset_rows",
+    ] {
         assert!(setup.get(key).is_some(), "setup.{key} missing");
     }
     assert_eq!(setup["precision"], "amp-bf16");
@@ -46,14 +87,28 @@ fn json_has_the_documented_schema() {
         assert!(c["name"].is_string() && c["bytes"].is_u64() && c["note"].is_string());
     }
     assert!(v["host"]["peak_rss_bytes"].as_u64().unwrap() > 0);
-    assert!(v["host"]["components"].as_array().unwrap().iter().any(|c| c["name"] == "runtime"));
+    assert!(
+        v["host"]["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "runtime")
+    );
 }
 
 #[test]
 fn bigger_batch_needs_more_memory() {
     let peak = |b: &str| {
-        json(&["estimate", "--model", "bert-base-chinese", "--batch", b, "--seq", "256", "--json"])
-            ["gpu"]["peak_allocated_bytes"]
+        json(&[
+            "estimate",
+            "--model",
+            "bert-base-chinese",
+            "--batch",
+            b,
+            "--seq",
+            "256",
+            "--json",
+        ])["gpu"]["peak_allocated_bytes"]
             .as_u64()
             .unwrap()
     };
@@ -62,15 +117,24 @@ fn bigger_batch_needs_more_memory() {
 
 #[test]
 fn device_cpu_has_no_gpu_object_and_counts_activations_on_the_host() {
-    let v = json(&["estimate", "--model", "t5-small", "--batch", "4", "--seq", "128", "--device", "cpu", "--json"]);
+    let v = json(&[
+        "estimate", "--model", "t5-small", "--batch", "4", "--seq", "128", "--device", "cpu",
+        "--json",
+    ]);
     assert!(v["gpu"].is_null());
     let comps = v["host"]["components"].as_array().unwrap();
-    assert!(comps.iter().any(|c| c["name"] == "activations" && c["bytes"].as_u64().unwrap() > 0));
+    assert!(
+        comps
+            .iter()
+            .any(|c| c["name"] == "activations" && c["bytes"].as_u64().unwrap() > 0)
+    );
 }
 
 #[test]
 fn human_output_is_a_table_with_scaling() {
-    let out = memfit(&["estimate", "--model", "gpt2", "--batch", "2", "--seq", "512"]);
+    let out = memfit(&[
+        "estimate", "--model", "gpt2", "--batch", "2", "--seq", "512",
+    ]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("weights") && text.contains("batch × sequence") && text.contains("GiB"));
@@ -81,20 +145,59 @@ fn bad_config_exits_2_naming_file_and_field() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.json");
     std::fs::write(&path, r#"{"model_type": "mamba", "hidden_size": 768}"#).unwrap();
-    let out = memfit(&["estimate", "--model", path.to_str().unwrap(), "--batch", "1", "--seq", "8"]);
+    let out = memfit(&[
+        "estimate",
+        "--model",
+        path.to_str().unwrap(),
+        "--batch",
+        "1",
+        "--seq",
+        "8",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("config.json") && err.contains("model_type") && err.contains("mamba"), "{err}");
+    assert!(
+        err.contains("config.json") && err.contains("model_type") && err.contains("mamba"),
+        "{err}"
+    );
 
     std::fs::write(&path, r#"{"model_type": "llama", "hidden_size": 768}"#).unwrap();
-    let out = memfit(&["estimate", "--model", path.to_str().unwrap(), "--batch", "1", "--seq", "8"]);
+    let out = memfit(&[
+        "estimate",
+        "--model",
+        path.to_str().unwrap(),
+        "--batch",
+        "1",
+        "--seq",
+        "8",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("num_attention_heads"));
 
-    let out = memfit(&["estimate", "--model", "no-such-model", "--batch", "1", "--seq", "8"]);
+    let out = memfit(&[
+        "estimate",
+        "--model",
+        "no-such-model",
+        "--batch",
+        "1",
+        "--seq",
+        "8",
+    ]);
     assert_eq!(out.status.code(), Some(2));
-    let out = memfit(&["estimate", "--model", "t5-small", "--batch", "1", "--seq", "8", "--precision", "fp8"]);
+    let out = memfit(&[
+        "estimate",
+        "--model",
+        "t5-small",
+        "--batch",
+        "1",
+        "--seq",
+        "8",
+        "--precision",
+        "fp8",
+    ]);
     assert_eq!(out.status.code(), Some(2));
-    let out = memfit(&["estimate", "--model", "t5-small", "--batch", "0", "--seq", "8"]);
+    let out = memfit(&[
+        "estimate", "--model", "t5-small", "--batch", "0", "--seq", "8",
+    ]);
     assert_eq!(out.status.code(), Some(2));
 }

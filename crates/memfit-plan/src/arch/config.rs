@@ -10,7 +10,9 @@ use serde_json::Value;
 pub enum ArchError {
     #[error("{file}: not valid JSON: {message}")]
     Json { file: String, message: String },
-    #[error("{file}: field `model_type` is {model_type:?}, which memfit does not know (supported: {supported})")]
+    #[error(
+        "{file}: field `model_type` is {model_type:?}, which memfit does not know (supported: {supported})"
+    )]
     UnknownModelType {
         file: String,
         model_type: String,
@@ -91,7 +93,9 @@ impl Cfg<'_> {
             Some(x) => x
                 .as_f64()
                 .filter(|p| (0.0..1.0).contains(p))
-                .ok_or_else(|| self.err(field, format!("must be a probability in [0, 1), found {x}"))),
+                .ok_or_else(|| {
+                    self.err(field, format!("must be a probability in [0, 1), found {x}"))
+                }),
         }
     }
     fn str_or<'s>(&'s self, field: &str, default: &'s str) -> Result<&'s str, ArchError> {
@@ -121,8 +125,11 @@ impl Cfg<'_> {
             .map_or(2, |m| m.len().max(1) as u64))
     }
     fn divides(&self, hidden: u64, heads: u64, field: &str) -> Result<u64, ArchError> {
-        if hidden % heads != 0 {
-            return Err(self.err(field, format!("({heads}) does not divide the hidden size {hidden}")));
+        if !hidden.is_multiple_of(heads) {
+            return Err(self.err(
+                field,
+                format!("({heads}) does not divide the hidden size {hidden}"),
+            ));
         }
         Ok(hidden / heads)
     }
@@ -212,7 +219,8 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
             d.encoder_layers = cfg.u64("num_hidden_layers")?;
             d.ffn = cfg.u64("intermediate_size")?;
             d.vocab = cfg.u64("vocab_size")?;
-            d.max_positions = cfg.u64_or("max_position_embeddings", if roberta { 514 } else { 512 })?;
+            d.max_positions =
+                cfg.u64_or("max_position_embeddings", if roberta { 514 } else { 512 })?;
             d.type_vocab = cfg.u64_or("type_vocab_size", if roberta { 1 } else { 2 })?;
             activation = activation_of(&cfg, "hidden_act", "gelu")?;
             hidden_dropout = cfg.f64_or("hidden_dropout_prob", 0.1)?;
@@ -285,7 +293,11 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
             d.norm_bias = true;
             d.qkv_bias = cfg.bool_or("use_qkv_bias", false)?;
             d.qk_layernorm = cfg.bool_or("qk_layernorm", false)?;
-            d.norms_per_block = if cfg.bool_or("use_parallel_residual", false)? { 1 } else { 2 };
+            d.norms_per_block = if cfg.bool_or("use_parallel_residual", false)? {
+                1
+            } else {
+                2
+            };
             activation = activation_of(&cfg, "hidden_act", "silu")?;
             hidden_dropout = cfg.f64_or("hidden_dropout", 0.0)?;
             attention_dropout = cfg.f64_or("attention_dropout", 0.0)?;
@@ -376,10 +388,13 @@ fn decoder_dims(cfg: &Cfg, d: &mut Dims) -> Result<(), ArchError> {
     d.hidden = cfg.u64("hidden_size")?;
     d.heads = cfg.u64("num_attention_heads")?;
     d.kv_heads = cfg.u64_or("num_key_value_heads", d.heads)?;
-    if d.heads % d.kv_heads != 0 {
+    if !d.heads.is_multiple_of(d.kv_heads) {
         return Err(cfg.err(
             "num_key_value_heads",
-            format!("({}) does not divide num_attention_heads ({})", d.kv_heads, d.heads),
+            format!(
+                "({}) does not divide num_attention_heads ({})",
+                d.kv_heads, d.heads
+            ),
         ));
     }
     d.head_dim = match cfg.opt_u64("head_dim")? {

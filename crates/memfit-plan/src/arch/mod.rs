@@ -130,7 +130,13 @@ impl Arch {
         };
         self.tensors.retain(|t| t.group != Group::Head);
         self.head = wanted;
-        params::push_head(&mut self.tensors, self.hidden, self.vocab, wanted, self.family);
+        params::push_head(
+            &mut self.tensors,
+            self.hidden,
+            self.vocab,
+            wanted,
+            self.family,
+        );
         self
     }
 }

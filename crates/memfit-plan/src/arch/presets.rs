@@ -146,6 +146,9 @@ mod tests {
     #[test]
     fn unknown_preset_lists_the_known_ones() {
         let err = preset("t5-tiny").unwrap_err().to_string();
-        assert!(err.contains("t5-tiny") && err.contains("chatlm-mini"), "{err}");
+        assert!(
+            err.contains("t5-tiny") && err.contains("chatlm-mini"),
+            "{err}"
+        );
     }
 }

@@ -59,7 +59,11 @@ impl Hyper {
     pub fn defaults(model: &str, setup: &Setup) -> Hyper {
         Hyper {
             model: model.to_string(),
-            lr: if matches!(setup.method, Method::Lora | Method::Qlora) { 2e-4 } else { 1e-4 },
+            lr: if matches!(setup.method, Method::Lora | Method::Qlora) {
+                2e-4
+            } else {
+                1e-4
+            },
             epochs: 1,
             max_steps: 0,
         }
@@ -104,7 +108,10 @@ pub fn deepspeed(arch: &Arch, setup: &Setup, hyper: &Hyper) -> Value {
     });
     // DeepSpeed builds these optimizers itself (CPU Adam when offloading); others come from the script.
     match setup.optimizer {
-        Optimizer::AdamW | Optimizer::AdamW8bit | Optimizer::PagedAdamW8bit | Optimizer::PagedAdamW32bit => {
+        Optimizer::AdamW
+        | Optimizer::AdamW8bit
+        | Optimizer::PagedAdamW8bit
+        | Optimizer::PagedAdamW32bit => {
             v["optimizer"] = json!({"type": "AdamW", "params": {"lr": hyper.lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}});
         }
         Optimizer::Sgd | Optimizer::Adafactor => {}
@@ -138,7 +145,11 @@ pub fn accelerate(setup: &Setup) -> String {
     }
     if distributed == "FSDP" {
         y += "fsdp_config:\n";
-        let strategy = if setup.zero == Zero::FsdpFull { "FULL_SHARD" } else { "SHARD_GRAD_OP" };
+        let strategy = if setup.zero == Zero::FsdpFull {
+            "FULL_SHARD"
+        } else {
+            "SHARD_GRAD_OP"
+        };
         y += &format!("  fsdp_sharding_strategy: {strategy}\n");
         y += "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n";
         y += &format!("  fsdp_offload_params: {}\n", setup.offload_params);
@@ -195,7 +206,10 @@ pub fn hf_training_args(setup: &Setup, hyper: &Hyper) -> Value {
 pub fn memfit_train(setup: &Setup, hyper: &Hyper) -> String {
     let mut t = toml::Table::new();
     t.insert("model".into(), hyper.model.clone().into());
-    let task = serde_json::to_value(setup.task).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+    let task = serde_json::to_value(setup.task)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
     t.insert("task".into(), task.into());
     t.insert("batch".into(), (setup.batch as i64).into());
     t.insert("accum".into(), (setup.accum as i64).into());
@@ -220,16 +234,24 @@ pub fn profile_setups(setup: &Setup) -> Vec<(String, Setup)> {
         s.batch = batch.max(1);
         s.accum = per_rank / s.batch;
         s.grad_ckpt = ckpt;
-        if !out.iter().any(|(_, o): &(String, Setup)| o.batch == s.batch && o.grad_ckpt == s.grad_ckpt) && (s.batch, s.grad_ckpt) != (setup.batch, setup.grad_ckpt) {
+        if !out
+            .iter()
+            .any(|(_, o): &(String, Setup)| o.batch == s.batch && o.grad_ckpt == s.grad_ckpt)
+            && (s.batch, s.grad_ckpt) != (setup.batch, setup.grad_ckpt)
+        {
             out.push((name, s));
         }
     };
     let half = setup.batch / 2;
-    if half >= 1 && per_rank % half == 0 {
+    if half >= 1 && per_rank.is_multiple_of(half) {
         push(format!("half-batch-{half}"), half, setup.grad_ckpt);
     }
-    push(format!("grad-ckpt-batch-{}", setup.batch), setup.batch, true);
-    if half >= 1 && per_rank % half == 0 {
+    push(
+        format!("grad-ckpt-batch-{}", setup.batch),
+        setup.batch,
+        true,
+    );
+    if half >= 1 && per_rank.is_multiple_of(half) {
         push(format!("grad-ckpt-half-batch-{half}"), half, true);
     }
     push("grad-ckpt-batch-1".to_string(), 1, true);
@@ -242,16 +264,27 @@ pub fn profiles(setup: &Setup) -> String {
     for (name, s) in profile_setups(setup) {
         let mut p = toml::Table::new();
         p.insert("name".into(), name.into());
-        let mut args = vec!["--batch".to_string(), s.batch.to_string(), "--accum".to_string(), s.accum.to_string()];
+        let mut args = vec![
+            "--batch".to_string(),
+            s.batch.to_string(),
+            "--accum".to_string(),
+            s.accum.to_string(),
+        ];
         if s.grad_ckpt {
             args.push("--grad-ckpt".to_string());
         }
-        p.insert("args".into(), toml::Value::Array(args.into_iter().map(Into::into).collect()));
+        p.insert(
+            "args".into(),
+            toml::Value::Array(args.into_iter().map(Into::into).collect()),
+        );
         let mut env = toml::Table::new();
         if s.device == crate::memory::Device::Cuda {
             // lets the caching allocator grow segments instead of stranding split blocks
             // (PyTorch CUDA semantics docs, "Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF")
-            env.insert("PYTORCH_CUDA_ALLOC_CONF".into(), "expandable_segments:True".into());
+            env.insert(
+                "PYTORCH_CUDA_ALLOC_CONF".into(),
+                "expandable_segments:True".into(),
+            );
         }
         p.insert("env".into(), toml::Value::Table(env));
         list.push(toml::Value::Table(p));
@@ -262,7 +295,12 @@ pub fn profiles(setup: &Setup) -> String {
 }
 
 /// Renders the requested kinds: (file name, contents).
-pub fn render(kinds: &[Kind], arch: &Arch, setup: &Setup, hyper: &Hyper) -> Vec<(&'static str, String)> {
+pub fn render(
+    kinds: &[Kind],
+    arch: &Arch,
+    setup: &Setup,
+    hyper: &Hyper,
+) -> Vec<(&'static str, String)> {
     kinds
         .iter()
         .map(|k| {

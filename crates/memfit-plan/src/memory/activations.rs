@@ -40,7 +40,12 @@ pub struct ActivationBytes {
 
 impl ActivationBytes {
     pub fn total(&self) -> u64 {
-        self.blocks + self.recompute + self.embeddings + self.logits + self.transient + self.autocast_weights
+        self.blocks
+            + self.recompute
+            + self.embeddings
+            + self.logits
+            + self.transient
+            + self.autocast_weights
     }
 }
 
@@ -82,7 +87,11 @@ pub fn activations(arch: &Arch, setup: &Setup) -> ActivationBytes {
     let w = widths(setup.precision);
     let b = setup.batch;
     let src = setup.seq;
-    let tgt = if setup.task == Task::Seq2seq { setup.tgt_seq.max(1) } else { setup.seq };
+    let tgt = if setup.task == Task::Seq2seq {
+        setup.tgt_seq.max(1)
+    } else {
+        setup.seq
+    };
     let heads = arch.heads;
     let mut stacks = Vec::new();
     if arch.encoder_layers > 0 {
@@ -158,7 +167,11 @@ pub fn activations(arch: &Arch, setup: &Setup) -> ActivationBytes {
         Task::Seq2seq => b * tgt,
         Task::CausalLm => b * src,
     };
-    let classes = if setup.task == Task::Classification { 2 } else { arch.vocab };
+    let classes = if setup.task == Task::Classification {
+        2
+    } else {
+        arch.vocab
+    };
     let lv = out_tokens * classes;
     let shift = if setup.task == Task::CausalLm { w.c } else { 0 };
     // logits (c) + causal shift copy (c) + log_softmax output (fp32 under autocast)
@@ -221,10 +234,15 @@ fn block(arch: &Arch, setup: &Setup, w: Widths, st: &Stack) -> BlockBytes {
     let t = st.tokens;
     let inner = arch.heads * arch.head_dim;
     let f = arch.ffn;
+    // Whether a linear keeps its input for backward: trained weights do; so do bitsandbytes 4/8-bit
+    // linears under QLoRA, whose MatMul4Bit saves its input whenever any input needs a gradient.
+    let quantized_base = setup.method == Method::Qlora;
     let trains = |role: Role| {
-        arch.tensors
-            .iter()
-            .any(|x| x.group == st.group && x.role == role && base_trains(x, setup))
+        arch.tensors.iter().any(|x| {
+            x.group == st.group
+                && x.role == role
+                && (base_trains(x, setup) || (quantized_base && x.is_linear()))
+        })
     };
     let lora = |role: Role| {
         arch.tensors
@@ -276,7 +294,8 @@ fn block(arch: &Arch, setup: &Setup, w: Widths, st: &Stack) -> BlockBytes {
     // Self-attention sub-layer.
     let mut saved = norm(t);
     saved += linear_inputs(t, qkv_roles, h, normed);
-    let (attn_saved, matrices, attn_transient) = attention_core(arch, setup, w, t, t, st.self_matrix, attn_drop);
+    let (attn_saved, matrices, attn_transient) =
+        attention_core(arch, setup, w, t, t, st.self_matrix, attn_drop);
     saved += attn_saved;
     saved += linear_inputs(t, &[Role::O], inner, w.c);
     if hidden_drop {
@@ -303,11 +322,15 @@ fn block(arch: &Arch, setup: &Setup, w: Widths, st: &Stack) -> BlockBytes {
     if arch.family != Family::Phi && !(arch.family == Family::Falcon) {
         saved += norm(t);
     }
-    let up_roles: &[Role] = if arch.gated_ffn { &[Role::Gate, Role::Up] } else { &[Role::Up] };
+    let up_roles: &[Role] = if arch.gated_ffn {
+        &[Role::Gate, Role::Up]
+    } else {
+        &[Role::Up]
+    };
     saved += linear_inputs(t, up_roles, h, normed);
     let tf = t * f;
     let act_saved = match arch.activation {
-        Activation::Relu => w.c,       // output
+        Activation::Relu => w.c,                                           // output
         Activation::Gelu | Activation::GeluTanh | Activation::Silu => w.c, // input
         // NewGELU: x, tanh(...) (fp32 under autocast: pow is fp32-listed), 1 + tanh, 0.5·x
         Activation::GeluNew => 2 * w.c + 2 * w.f.max(w.c),
@@ -319,8 +342,8 @@ fn block(arch: &Arch, setup: &Setup, w: Widths, st: &Stack) -> BlockBytes {
     }
     // T5 applies dropout between the activation and wo.
     let ffn_inner_drop = arch.family == Family::T5 && hidden_drop;
-    let down_input_is_new = ffn_inner_drop
-        || (!arch.gated_ffn && arch.activation != Activation::Relu);
+    let down_input_is_new =
+        ffn_inner_drop || (!arch.gated_ffn && arch.activation != Activation::Relu);
     if ffn_inner_drop {
         saved += tf; // mask
     }
@@ -336,8 +359,16 @@ fn block(arch: &Arch, setup: &Setup, w: Widths, st: &Stack) -> BlockBytes {
     // Backward of the FFN creates gradients of the two largest intermediates (fp32 under amp for
     // the activation's own backward).
     transient = transient.max(2 * tf * w.f.max(w.c));
+    if quantized_base {
+        // each quantized matmul dequantizes its weight to 16 bit for the duration of the op
+        transient += 2 * h * f.max(h);
+    }
     // Largest freed seq² temporary: the scores (or their fp32 dropout output under autocast).
-    let stranded = if setup.attention == Attention::Eager { st.self_matrix * w.f.max(w.c) } else { 0 };
+    let stranded = if setup.attention == Attention::Eager {
+        st.self_matrix * w.f.max(w.c)
+    } else {
+        0
+    };
     BlockBytes {
         saved,
         matrices: mats,
@@ -364,10 +395,19 @@ fn attention_core(
         Attention::Eager => {
             // softmax output: fp32 under autocast and in T5/llama/bloom code (explicit .float()),
             // else the compute dtype.
-            let explicit_fp32 = matches!(arch.family, Family::T5 | Family::Llama | Family::Bloom | Family::Falcon);
+            let explicit_fp32 = matches!(
+                arch.family,
+                Family::T5 | Family::Llama | Family::Bloom | Family::Falcon
+            );
             let sm = if w.amp || explicit_fp32 { 4 } else { w.c };
             // what the probs @ V matmul saves: dropout output, or a 16-bit cast of the fp32 probs
-            let pv_in = if dropout { 1 + w.c } else if sm != w.c { w.c } else { 0 };
+            let pv_in = if dropout {
+                1 + w.c
+            } else if sm != w.c {
+                w.c
+            } else {
+                0
+            };
             let per = sm + pv_in;
             // forward temporaries: raw scores and the scaled/masked copy (compute dtype) while
             // softmax runs; backward: grad of probs and of scores

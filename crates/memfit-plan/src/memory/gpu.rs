@@ -13,8 +13,18 @@ pub fn optimizer_step_transient(arch: &Arch, setup: &Setup, fw: &Framework) -> u
         return 0;
     }
     let tr = trainable(arch, setup);
-    let state_b = if setup.precision.weight_bytes() == 2 && !states::uses_master(setup) { 2 } else { 4 };
-    let sharded = |x: u64| if setup.zero.stage() >= 1 { x.div_ceil(setup.world()) } else { x };
+    let state_b = if setup.precision.weight_bytes() == 2 && !states::uses_master(setup) {
+        2
+    } else {
+        4
+    };
+    let sharded = |x: u64| {
+        if setup.zero.stage() >= 1 {
+            x.div_ceil(setup.world())
+        } else {
+            x
+        }
+    };
     match setup.optimizer {
         Optimizer::AdamW | Optimizer::PagedAdamW32bit if fw.foreach_optimizer => {
             // _multi_tensor_adamw: exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs) — one copy of all
@@ -44,7 +54,11 @@ pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
     let tr = trainable(arch, setup);
     let world = setup.world();
     let stage = setup.zero.stage();
-    let grad_b = if states::uses_master(setup) { 2 } else { setup.precision.weight_bytes() };
+    let grad_b = if states::uses_master(setup) {
+        2
+    } else {
+        setup.precision.weight_bytes()
+    };
     let hidden2 = arch.hidden * arch.hidden;
 
     // Communication buffers.
@@ -68,15 +82,24 @@ pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
     // DeepSpeed holds min(1e9, all parameters) gathered. FSDP frees each unit after use and
     // prefetches the next: two blocks.
     let gathered = st.gpu_gathered;
-    let param_b = if states::uses_master(setup) { 2 } else { setup.precision.weight_bytes() };
+    let param_b = if states::uses_master(setup) {
+        2
+    } else {
+        setup.precision.weight_bytes()
+    };
     let live_params = match (stage, setup.zero.is_fsdp()) {
         (3, false) => framework::ZERO3_MAX_LIVE_PARAMETERS.min(arch.params_total()) * param_b,
         (3, true) => 2 * block_params(arch) * param_b,
         _ => 0,
     };
 
-    let persistent_no_grads = st.gpu_weights + st.gpu_optimizer + gathered + live_params + zero_buffers
-        + ddp_buckets + framework::CUBLAS_WORKSPACE;
+    let persistent_no_grads = st.gpu_weights
+        + st.gpu_optimizer
+        + gathered
+        + live_params
+        + zero_buffers
+        + ddp_buckets
+        + framework::CUBLAS_WORKSPACE;
     let grads = st.gpu_grads;
     let act_total = act.total();
     let activation_phase = if fw.grads_persist {
@@ -93,48 +116,169 @@ pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
     // later, smaller tensors split (masks, hidden-size outputs): the next block cannot reuse it
     // for its own seq² temporaries, so reserved exceeds allocated by about one score-sized block
     // per layer at the end of the forward pass (c10 CUDACachingAllocator block splitting).
-    let stranded = if setup.grad_ckpt { act.stranded_per_block } else { act.stranded_per_block * arch.layers_total() };
-    let peak_reserved = round_segments(peak_allocated + if activation_phase >= step_phase { stranded } else { 0 });
-    let nccl = if world > 1 { framework::NCCL_BUFFERS } else { 0 };
+    let stranded = if setup.grad_ckpt {
+        act.stranded_per_block
+    } else {
+        act.stranded_per_block * arch.layers_total()
+    };
+    let peak_reserved = round_segments(
+        peak_allocated
+            + if activation_phase >= step_phase {
+                stranded
+            } else {
+                0
+            },
+    );
+    let nccl = if world > 1 {
+        framework::NCCL_BUFFERS
+    } else {
+        0
+    };
     let nvml_used = fw.cuda_context_bytes + peak_reserved + nccl + st.gpu_paged;
 
     let bs = Scaling::BatchAndSequence;
     let mut c = vec![
-        Component::new("weights", st.gpu_weights, Scaling::Neither, weights_note(setup)),
-        Component::new("gradients", grads, Scaling::Neither, "trainable parameters × gradient dtype"),
-        Component::new("optimizer states", st.gpu_optimizer, Scaling::Neither, format!("{} (+ fp32 master under ZeRO mixed precision)", setup.optimizer)),
+        Component::new(
+            "weights",
+            st.gpu_weights,
+            Scaling::Neither,
+            weights_note(setup),
+        ),
+        Component::new(
+            "gradients",
+            grads,
+            Scaling::Neither,
+            "trainable parameters × gradient dtype",
+        ),
+        Component::new(
+            "optimizer states",
+            st.gpu_optimizer,
+            Scaling::Neither,
+            format!(
+                "{} (+ fp32 master under ZeRO mixed precision)",
+                setup.optimizer
+            ),
+        ),
     ];
     if live_params > 0 {
-        c.push(Component::new("zero-3 live parameters", live_params, Scaling::Neither, "gathered parameters kept for reuse (stage3_max_live_parameters)"));
+        c.push(Component::new(
+            "zero-3 live parameters",
+            live_params,
+            Scaling::Neither,
+            "gathered parameters kept for reuse (stage3_max_live_parameters)",
+        ));
     }
     if gathered > 0 {
-        c.push(Component::new("zero-3 gathered layer", gathered, Scaling::Neither, "largest layer's parameters + gradients, gathered whole"));
+        c.push(Component::new(
+            "zero-3 gathered layer",
+            gathered,
+            Scaling::Neither,
+            "largest layer's parameters + gradients, gathered whole",
+        ));
     }
     if st.gpu_paged > 0 {
-        c.push(Component::new("paged optimizer states", st.gpu_paged, Scaling::Neither, "CUDA unified memory: in nvml_used, not in torch's counters; pages out under pressure"));
+        c.push(Component::new(
+            "paged optimizer states",
+            st.gpu_paged,
+            Scaling::Neither,
+            "CUDA unified memory: in nvml_used, not in torch's counters; pages out under pressure",
+        ));
     }
-    c.push(Component::new("activations (blocks)", act.blocks + act.recompute, bs, if setup.grad_ckpt { "checkpointed block inputs + one block recomputed" } else { "saved for backward, every block" }));
+    c.push(Component::new(
+        "activations (blocks)",
+        act.blocks + act.recompute,
+        bs,
+        if setup.grad_ckpt {
+            "checkpointed block inputs + one block recomputed"
+        } else {
+            "saved for backward, every block"
+        },
+    ));
     if act.attention_matrices > 0 {
-        c.push(Component::new("  of which attention matrices", act.attention_matrices, bs, "batch × heads × seq² scores/probabilities (eager)"));
+        c.push(Component::new(
+            "  of which attention matrices",
+            act.attention_matrices,
+            bs,
+            "batch × heads × seq² scores/probabilities (eager)",
+        ));
     }
-    c.push(Component::new("embeddings + inputs", act.embeddings, bs, "embedding output, dropout masks, token ids"));
-    c.push(Component::new("logits + loss", act.logits, bs, "logits, shifted copy, log-softmax"));
+    c.push(Component::new(
+        "embeddings + inputs",
+        act.embeddings,
+        bs,
+        "embedding output, dropout masks, token ids",
+    ));
+    c.push(Component::new(
+        "logits + loss",
+        act.logits,
+        bs,
+        "logits, shifted copy, log-softmax",
+    ));
     if act.autocast_weights > 0 {
-        c.push(Component::new("autocast weight copies", act.autocast_weights, Scaling::Neither, "16-bit casts of the linear weights kept for backward"));
+        c.push(Component::new(
+            "autocast weight copies",
+            act.autocast_weights,
+            Scaling::Neither,
+            "16-bit casts of the linear weights kept for backward",
+        ));
     }
-    c.push(Component::new("backward temporaries", act.transient, bs, "loss gradient or one block's gradient tensors"));
-    c.push(Component::new("optimizer step temporaries", step_transient, Scaling::Neither, if fw.foreach_optimizer { "foreach step copies (only when larger than the activations phase)" } else { "per-tensor step copies" }));
+    c.push(Component::new(
+        "backward temporaries",
+        act.transient,
+        bs,
+        "loss gradient or one block's gradient tensors",
+    ));
+    c.push(Component::new(
+        "optimizer step temporaries",
+        step_transient,
+        Scaling::Neither,
+        if fw.foreach_optimizer {
+            "foreach step copies (only when larger than the activations phase)"
+        } else {
+            "per-tensor step copies"
+        },
+    ));
     if ddp_buckets > 0 {
-        c.push(Component::new("ddp gradient buckets", ddp_buckets, Scaling::Neither, "flat copies of all gradients for all-reduce"));
+        c.push(Component::new(
+            "ddp gradient buckets",
+            ddp_buckets,
+            Scaling::Neither,
+            "flat copies of all gradients for all-reduce",
+        ));
     }
     if zero_buffers > 0 {
-        c.push(Component::new("zero buckets", zero_buffers, Scaling::Neither, "reduce / all-gather / prefetch buckets at hidden² elements"));
+        c.push(Component::new(
+            "zero buckets",
+            zero_buffers,
+            Scaling::Neither,
+            "reduce / all-gather / prefetch buckets at hidden² elements",
+        ));
     }
-    c.push(Component::new("cublas workspace", framework::CUBLAS_WORKSPACE, Scaling::Neither, "per handle, through the caching allocator"));
-    c.push(Component::new("allocator slack", peak_reserved - peak_allocated, Scaling::Neither, "reserved − allocated: seq² temporaries stranded by block splitting, 2 MiB segments"));
-    c.push(Component::new("cuda context", fw.cuda_context_bytes, Scaling::Neither, "kernels and driver state, outside the allocator"));
+    c.push(Component::new(
+        "cublas workspace",
+        framework::CUBLAS_WORKSPACE,
+        Scaling::Neither,
+        "per handle, through the caching allocator",
+    ));
+    c.push(Component::new(
+        "allocator slack",
+        peak_reserved - peak_allocated,
+        Scaling::Neither,
+        "reserved − allocated: seq² temporaries stranded by block splitting, 2 MiB segments",
+    ));
+    c.push(Component::new(
+        "cuda context",
+        fw.cuda_context_bytes,
+        Scaling::Neither,
+        "kernels and driver state, outside the allocator",
+    ));
     if nccl > 0 {
-        c.push(Component::new("nccl buffers", nccl, Scaling::Neither, "communicator buffers outside the allocator"));
+        c.push(Component::new(
+            "nccl buffers",
+            nccl,
+            Scaling::Neither,
+            "communicator buffers outside the allocator",
+        ));
     }
     GpuEstimate {
         peak_allocated_bytes: peak_allocated,
@@ -150,7 +294,11 @@ fn weights_note(setup: &Setup) -> String {
         n += &format!(", {q}-quantized base");
     }
     if setup.zero.stage() == 3 {
-        n += if setup.offload_params { ", offloaded to host" } else { ", partitioned across ranks" };
+        n += if setup.offload_params {
+            ", offloaded to host"
+        } else {
+            ", partitioned across ranks"
+        };
     }
     n
 }
@@ -160,7 +308,12 @@ fn block_params(arch: &Arch) -> u64 {
     let blocks: u64 = arch
         .tensors
         .iter()
-        .filter(|t| matches!(t.group, crate::arch::Group::Encoder | crate::arch::Group::Decoder))
+        .filter(|t| {
+            matches!(
+                t.group,
+                crate::arch::Group::Encoder | crate::arch::Group::Decoder
+            )
+        })
         .map(|t| t.elements())
         .sum();
     blocks / arch.layers_total().max(1)

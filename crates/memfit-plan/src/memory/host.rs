@@ -26,7 +26,12 @@ pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
         (Runtime::Pytorch, Device::Cpu) => framework::PYTORCH_CPU_RUNTIME_RSS,
         (Runtime::Memfit, _) => framework::MEMFIT_RUNTIME_RSS,
     };
-    c.push(Component::new("runtime", runtime * ranks, Scaling::Neither, format!("{} process baseline × {ranks} rank(s)", setup.runtime)));
+    c.push(Component::new(
+        "runtime",
+        runtime * ranks,
+        Scaling::Neither,
+        format!("{} process baseline × {ranks} rank(s)", setup.runtime),
+    ));
 
     // Training-phase state on the host.
     let mut train = runtime * ranks;
@@ -34,14 +39,34 @@ pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
         let act = activations(arch, setup);
         let states = st.gpu_weights + st.gpu_grads + st.gpu_optimizer + st.gpu_paged;
         let step = optimizer_step_transient(arch, setup, fw);
-        c.push(Component::new("model states", states, Scaling::Neither, "weights + gradients + optimizer states in RAM (--device cpu)"));
-        c.push(Component::new("activations", act.total(), Scaling::BatchAndSequence, "saved tensors, logits and temporaries in RAM (--device cpu)"));
-        c.push(Component::new("optimizer step temporaries", step, Scaling::Neither, "copies made by the optimizer step"));
+        c.push(Component::new(
+            "model states",
+            states,
+            Scaling::Neither,
+            "weights + gradients + optimizer states in RAM (--device cpu)",
+        ));
+        c.push(Component::new(
+            "activations",
+            act.total(),
+            Scaling::BatchAndSequence,
+            "saved tensors, logits and temporaries in RAM (--device cpu)",
+        ));
+        c.push(Component::new(
+            "optimizer step temporaries",
+            step,
+            Scaling::Neither,
+            "copies made by the optimizer step",
+        ));
         train += states + act.total().max(step);
     }
     let offloaded = (st.host_weights + st.host_grads + st.host_optimizer) * ranks;
     if offloaded > 0 {
-        c.push(Component::new("offloaded states", offloaded, Scaling::Neither, "ZeRO offload: parameter / gradient / optimizer partitions in host memory"));
+        c.push(Component::new(
+            "offloaded states",
+            offloaded,
+            Scaling::Neither,
+            "ZeRO offload: parameter / gradient / optimizer partitions in host memory",
+        ));
         train += offloaded;
     }
     if setup.runtime == Runtime::Pytorch && setup.zero.stage() == 3 && setup.offload_params {
@@ -54,12 +79,22 @@ pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
             .filter(|t| t.size() * wb <= GLIBC_MMAP_THRESHOLD_MAX)
             .map(|t| t.elements() * wb)
             .sum();
-        c.push(Component::new("load residue (heap)", residue, Scaling::Neither, "state-dict tensors ≤ 32 MiB kept by glibc's heap after loading (zero.Init)"));
+        c.push(Component::new(
+            "load residue (heap)",
+            residue,
+            Scaling::Neither,
+            "state-dict tensors ≤ 32 MiB kept by glibc's heap after loading (zero.Init)",
+        ));
         train += residue;
     }
 
     // Data.
-    let tokens_per_row = setup.seq + if setup.task == Task::Seq2seq { setup.tgt_seq } else { 0 };
+    let tokens_per_row = setup.seq
+        + if setup.task == Task::Seq2seq {
+            setup.tgt_seq
+        } else {
+            0
+        };
     let dataset = match setup.dataset {
         // token ids as int32 arrays (Arrow / numpy) for every row, per rank
         DatasetMode::InMemory => setup.dataset_rows * tokens_per_row * 4 * ranks,
@@ -68,11 +103,16 @@ pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
         // one row at a time
         DatasetMode::Reread => tokens_per_row * 4 * ranks,
     };
-    c.push(Component::new("dataset", dataset, Scaling::Sequence, match setup.dataset {
-        DatasetMode::InMemory => "whole tokenized table in memory",
-        DatasetMode::TokenStore => "memory-mapped token store (page cache, not RSS)",
-        DatasetMode::Reread => "re-read per row",
-    }));
+    c.push(Component::new(
+        "dataset",
+        dataset,
+        Scaling::Sequence,
+        match setup.dataset {
+            DatasetMode::InMemory => "whole tokenized table in memory",
+            DatasetMode::TokenStore => "memory-mapped token store (page cache, not RSS)",
+            DatasetMode::Reread => "re-read per row",
+        },
+    ));
     train += dataset;
     // A batch: ids + attention mask + labels as int64.
     let batch_bytes = 3 * 8 * setup.batch * tokens_per_row;
@@ -81,30 +121,57 @@ pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
         Runtime::Memfit => framework::MEMFIT_WORKER_RSS,
     };
     let workers = setup.workers * ranks * (per_worker + framework::PREFETCH_FACTOR * batch_bytes);
-    c.push(Component::new("loader workers", workers, Scaling::Batch, format!("{} worker(s) × (process/thread + {} prefetched batches)", setup.workers, framework::PREFETCH_FACTOR)));
+    c.push(Component::new(
+        "loader workers",
+        workers,
+        Scaling::Batch,
+        format!(
+            "{} worker(s) × (process/thread + {} prefetched batches)",
+            setup.workers,
+            framework::PREFETCH_FACTOR
+        ),
+    ));
     train += workers;
     if setup.pin_memory && setup.device == Device::Cuda {
         // the host caching allocator rounds pinned blocks up to a power of two
-        let in_flight = (setup.workers.max(1) * framework::PREFETCH_FACTOR) * batch_bytes.next_power_of_two();
+        let in_flight =
+            (setup.workers.max(1) * framework::PREFETCH_FACTOR) * batch_bytes.next_power_of_two();
         let pinned = in_flight * ranks;
-        c.push(Component::new("pinned batches", pinned, Scaling::Batch, "page-locked copies of batches in flight (power-of-two blocks)"));
+        c.push(Component::new(
+            "pinned batches",
+            pinned,
+            Scaling::Batch,
+            "page-locked copies of batches in flight (power-of-two blocks)",
+        ));
         train += pinned;
     }
     // Checkpoint staging: tensors are copied to host one at a time while serialising.
     let largest = arch.tensors.iter().map(|t| t.size()).max().unwrap_or(0) * wb;
-    c.push(Component::new("checkpoint staging", largest * ranks, Scaling::Neither, "largest tensor copied to host while a checkpoint is written"));
+    c.push(Component::new(
+        "checkpoint staging",
+        largest * ranks,
+        Scaling::Neither,
+        "largest tensor copied to host while a checkpoint is written",
+    ));
     let with_checkpoint = train + largest * ranks;
 
     // Loading: the model is materialised on the host before it moves to the GPU.
     let load = match (setup.runtime, setup.device) {
         // with ZeRO-3 (zero.Init) each rank builds only its partition; staging one layer
-        (Runtime::Pytorch, Device::Cuda) if setup.zero.stage() == 3 => runtime * ranks + offloaded + largest * ranks,
+        (Runtime::Pytorch, Device::Cuda) if setup.zero.stage() == 3 => {
+            runtime * ranks + offloaded + largest * ranks
+        }
         // from_pretrained: the state dict and the model exist together on each rank
         (Runtime::Pytorch, _) => runtime * ranks + 2 * p * wb * ranks,
         // memfit maps the safetensors file and converts tensor by tensor
         (Runtime::Memfit, _) => runtime * ranks + p * wb * ranks,
     };
-    c.push(Component::new("model load (transient)", load.saturating_sub(runtime * ranks), Scaling::Neither, "state dict + model while loading, before training starts"));
+    c.push(Component::new(
+        "model load (transient)",
+        load.saturating_sub(runtime * ranks),
+        Scaling::Neither,
+        "state dict + model while loading, before training starts",
+    ));
     HostEstimate {
         peak_rss_bytes: with_checkpoint.max(load),
         train_rss_bytes: train,

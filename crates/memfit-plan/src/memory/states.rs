@@ -41,7 +41,8 @@ pub fn base_trains(t: &ParamTensor, setup: &Setup) -> bool {
 
 /// LoRA adapter elements of one base tensor: A (in × r) + B (r × out).
 pub fn adapter_elements(t: &ParamTensor, setup: &Setup) -> u64 {
-    if !matches!(setup.method, Method::Lora | Method::Qlora) || !t.is_linear() && t.role != Role::LmHead
+    if !matches!(setup.method, Method::Lora | Method::Qlora)
+        || !t.is_linear() && t.role != Role::LmHead
     {
         return 0;
     }
@@ -82,18 +83,18 @@ pub fn trainable(arch: &Arch, setup: &Setup) -> Trainable {
     tr
 }
 
-/// Bytes of stored base weights per element (quantized bases store less).
-pub fn base_weight_bytes_x1000(setup: &Setup, t: &ParamTensor) -> u64 {
+/// Millionths of a byte stored per base-weight element (quantized bases store less).
+pub fn base_weight_micro_bytes(setup: &Setup, t: &ParamTensor) -> u64 {
     let quantized = setup.method == Method::Qlora && t.is_linear() && t.role != Role::LmHead;
     match (quantized, setup.quant) {
         // bitsandbytes NF4: 4-bit codes + one fp32 absmax per 64-element block (QLoRA paper §2).
-        (true, Some(Quant::Nf4)) => 500 + 4000 / 64,
+        (true, Some(Quant::Nf4)) => 500_000 + 4_000_000 / 64,
         // Double quantization: 8-bit absmax per 64 + one fp32 per 256 absmax blocks
         // (QLoRA paper: 0.127 bits/param instead of 0.5).
-        (true, Some(Quant::Nf4Dq)) => 500 + 1000 / 64 + 4000 / (64 * 256),
+        (true, Some(Quant::Nf4Dq)) => 500_000 + 1_000_000 / 64 + 4_000_000 / (64 * 256),
         // LLM.int8: int8 weights + an fp32 scale per output row (≈ 1 byte/param).
-        (true, Some(Quant::Int8)) => 1000,
-        _ => setup.precision.weight_bytes() * 1000,
+        (true, Some(Quant::Int8)) => 1_000_000,
+        _ => setup.precision.weight_bytes() * 1_000_000,
     }
 }
 
@@ -151,7 +152,7 @@ pub fn model_states(arch: &Arch, setup: &Setup) -> StateBytes {
     let mut weights: u64 = arch
         .tensors
         .iter()
-        .map(|t| t.elements() * base_weight_bytes_x1000(setup, t) / 1000)
+        .map(|t| t.elements() * base_weight_micro_bytes(setup, t) / 1_000_000)
         .sum();
     let wb = setup.precision.weight_bytes();
     weights += tr.adapters * wb;
@@ -246,7 +247,13 @@ mod tests {
 
     /// deepspeed/runtime/zero/stage_1_and_2.py, estimate_zero2_model_states_mem_needs
     /// (transcribed; returns (cpu_mem, gpu_mem)).
-    fn ds_zero2(p: u64, gpus_per_node: u64, nodes: u64, cpu_offload: bool, buffer: f64) -> (u64, u64) {
+    fn ds_zero2(
+        p: u64,
+        gpus_per_node: u64,
+        nodes: u64,
+        cpu_offload: bool,
+        buffer: f64,
+    ) -> (u64, u64) {
         let total_gpus = nodes * gpus_per_node;
         if cpu_offload {
             let gpu = 2 * p;
@@ -261,7 +268,15 @@ mod tests {
 
     /// deepspeed/runtime/zero/stage3.py, estimate_zero3_model_states_mem_needs with
     /// zero_init=True (transcribed; returns (cpu_mem, gpu_mem)).
-    fn ds_zero3(p: u64, largest: u64, gpus_per_node: u64, nodes: u64, offload: bool, offload_params: bool, buffer: f64) -> (u64, u64) {
+    fn ds_zero3(
+        p: u64,
+        largest: u64,
+        gpus_per_node: u64,
+        nodes: u64,
+        offload: bool,
+        offload_params: bool,
+        buffer: f64,
+    ) -> (u64, u64) {
         let total_gpus = nodes * gpus_per_node;
         let gpus_factor = 1.0 / nodes as f64;
         let largest_layer_memory = 4 * largest;
@@ -309,7 +324,11 @@ mod tests {
         let p = arch.params_total();
         for gpus in [1, 2, 4, 8] {
             let s = model_states(&arch, &setup(&arch, Zero::Z2, gpus, false, false));
-            assert_eq!(gpu_total(&s), ds_zero2(p, gpus, 1, false, BUFFER).1, "gpus {gpus}");
+            assert_eq!(
+                gpu_total(&s),
+                ds_zero2(p, gpus, 1, false, BUFFER).1,
+                "gpus {gpus}"
+            );
             let s = model_states(&arch, &setup(&arch, Zero::Z2, gpus, true, false));
             let (cpu, gpu) = ds_zero2(p, gpus, 1, true, BUFFER);
             assert_eq!(gpu_total(&s), gpu, "offload, gpus {gpus}");
@@ -342,14 +361,20 @@ mod tests {
             let (cpu, gpu) = ds_zero3(p, largest, gpus, nodes, true, false, BUFFER);
             assert_eq!(gpu_total(&s), gpu, "offload opt {gpus}x{nodes}");
             let host = ((s.host_optimizer + s.host_weights + s.host_grads) * gpus) as f64 * BUFFER;
-            assert!((host - cpu as f64).abs() <= 2.0 * BUFFER * gpus as f64, "{host} vs {cpu}");
+            assert!(
+                (host - cpu as f64).abs() <= 2.0 * BUFFER * gpus as f64,
+                "{host} vs {cpu}"
+            );
 
             off.offload_params = true;
             let s = model_states(&arch, &off);
             let (cpu, gpu) = ds_zero3(p, largest, gpus, nodes, true, true, BUFFER);
             assert_eq!(gpu_total(&s), gpu, "offload all {gpus}x{nodes}");
             let host = ((s.host_optimizer + s.host_weights + s.host_grads) * gpus) as f64 * BUFFER;
-            assert!((host - cpu as f64).abs() <= 2.0 * BUFFER * gpus as f64, "{host} vs {cpu}");
+            assert!(
+                (host - cpu as f64).abs() <= 2.0 * BUFFER * gpus as f64,
+                "{host} vs {cpu}"
+            );
         }
     }
 

@@ -25,7 +25,8 @@ pub struct Budget {
 
 impl Budget {
     pub fn usable_gpu(&self) -> Option<u64> {
-        self.gpu_bytes.map(|g| (g as f64 * (1.0 - self.headroom)) as u64)
+        self.gpu_bytes
+            .map(|g| (g as f64 * (1.0 - self.headroom)) as u64)
     }
     pub fn usable_host(&self) -> u64 {
         (self.host_bytes as f64 * (1.0 - self.headroom)) as u64
@@ -101,7 +102,10 @@ const GIB: f64 = (1u64 << 30) as f64;
 
 /// Micro-batches to try: powers of two dividing the per-rank batch, and the per-rank batch itself.
 fn micro_batches(per_rank: u64) -> Vec<u64> {
-    let mut v: Vec<u64> = (0..20).map(|i| 1u64 << i).filter(|m| *m <= per_rank && per_rank % m == 0).collect();
+    let mut v: Vec<u64> = (0..20)
+        .map(|i| 1u64 << i)
+        .filter(|m| *m <= per_rank && per_rank.is_multiple_of(*m))
+        .collect();
     if !v.contains(&per_rank) && per_rank > 0 {
         v.push(per_rank);
     }
@@ -115,9 +119,17 @@ fn zero_options(setup: &Setup) -> Vec<(Zero, bool, bool)> {
     }
     let mut v = vec![(Zero::Z0, false, false)];
     if setup.world() > 1 {
-        v.extend([(Zero::Z1, false, false), (Zero::Z2, false, false), (Zero::Z3, false, false)]);
+        v.extend([
+            (Zero::Z1, false, false),
+            (Zero::Z2, false, false),
+            (Zero::Z3, false, false),
+        ]);
     }
-    v.extend([(Zero::Z2, true, false), (Zero::Z3, true, false), (Zero::Z3, true, true)]);
+    v.extend([
+        (Zero::Z2, true, false),
+        (Zero::Z3, true, false),
+        (Zero::Z3, true, true),
+    ]);
     v
 }
 
@@ -132,13 +144,17 @@ fn precisions(device: Device) -> &'static [Precision] {
 /// Runs the search.
 pub fn plan(arch: &Arch, req: &Request, fw: &Framework) -> Result<Plan, String> {
     let mut base = req.base.clone();
-    base.device = if req.budget.gpu_bytes.is_some() { Device::Cuda } else { Device::Cpu };
+    base.device = if req.budget.gpu_bytes.is_some() {
+        Device::Cuda
+    } else {
+        Device::Cpu
+    };
     if base.device == Device::Cpu {
         base.gpus = 1;
         base.nodes = 1;
     }
     let world = base.world();
-    if req.target_batch == 0 || req.target_batch % world != 0 {
+    if req.target_batch == 0 || !req.target_batch.is_multiple_of(world) {
         return Err(format!(
             "--target-batch {} must be a positive multiple of the {world} GPU(s)",
             req.target_batch
@@ -167,9 +183,16 @@ pub fn plan(arch: &Arch, req: &Request, fw: &Framework) -> Result<Plan, String> 
                         s.accum = per_rank / micro;
                         s.workers = workers;
                         s.pin_memory = pin;
-                        let Ok(estimate) = memory::estimate(arch, &s, fw) else { continue };
+                        let Ok(estimate) = memory::estimate(arch, &s, fw) else {
+                            continue;
+                        };
                         let tokens_per_s = throughput::tokens_per_second(arch, &s);
-                        let mut c = Candidate { setup: s, estimate, tokens_per_s, rejected: None };
+                        let mut c = Candidate {
+                            setup: s,
+                            estimate,
+                            tokens_per_s,
+                            rejected: None,
+                        };
                         c.rejected = rejection(&c, usable_gpu, usable_host, &req.budget);
                         all.push(c);
                     }
@@ -187,7 +210,9 @@ pub fn plan(arch: &Arch, req: &Request, fw: &Framework) -> Result<Plan, String> 
     });
     let (fits, misses): (Vec<_>, Vec<_>) = all.into_iter().partition(|c| c.rejected.is_none());
     let reason = if fits.is_empty() {
-        let leanest = misses.iter().min_by_key(|c| (c.gpu_need().unwrap_or(0), c.host_need()));
+        let leanest = misses
+            .iter()
+            .min_by_key(|c| (c.gpu_need().unwrap_or(0), c.host_need()));
         Some(match leanest {
             Some(c) => format!(
                 "nothing fits: the leanest setup ({}) {}",
@@ -204,15 +229,36 @@ pub fn plan(arch: &Arch, req: &Request, fw: &Framework) -> Result<Plan, String> 
     let chosen = fits.next();
     let alternatives = distinct(fits, chosen.as_ref(), 3);
     // the rejected setups that would have been faster than the choice
-    let rejected = misses.into_iter().filter(|c| c.tokens_per_s >= chosen_speed || chosen_speed.is_infinite()).take(3).collect();
-    Ok(Plan { chosen, alternatives, rejected, considered, reason })
+    let rejected = misses
+        .into_iter()
+        .filter(|c| c.tokens_per_s >= chosen_speed || chosen_speed.is_infinite())
+        .take(3)
+        .collect();
+    Ok(Plan {
+        chosen,
+        alternatives,
+        rejected,
+        considered,
+        reason,
+    })
 }
 
 /// Up to `n` alternatives that differ from the choice (and each other) in more than the loader.
-fn distinct(rest: impl Iterator<Item = Candidate>, chosen: Option<&Candidate>, n: usize) -> Vec<Candidate> {
+fn distinct(
+    rest: impl Iterator<Item = Candidate>,
+    chosen: Option<&Candidate>,
+    n: usize,
+) -> Vec<Candidate> {
     let key = |c: &Candidate| {
         let s = &c.setup;
-        (s.batch, s.precision, s.grad_ckpt, s.zero, s.offload_optimizer, s.offload_params)
+        (
+            s.batch,
+            s.precision,
+            s.grad_ckpt,
+            s.zero,
+            s.offload_optimizer,
+            s.offload_params,
+        )
     };
     let mut seen: Vec<_> = chosen.map(key).into_iter().collect();
     let mut out = Vec::new();
@@ -229,18 +275,23 @@ fn distinct(rest: impl Iterator<Item = Candidate>, chosen: Option<&Candidate>, n
     out
 }
 
-fn rejection(c: &Candidate, usable_gpu: Option<u64>, usable_host: u64, budget: &Budget) -> Option<String> {
+fn rejection(
+    c: &Candidate,
+    usable_gpu: Option<u64>,
+    usable_host: u64,
+    budget: &Budget,
+) -> Option<String> {
     let mut why = Vec::new();
-    if let (Some(need), Some(have)) = (c.gpu_need(), usable_gpu) {
-        if need > have {
-            why.push(format!(
-                "needs {:.2} GiB per GPU > {:.2} GiB usable ({:.0}% headroom of {:.2} GiB)",
-                need as f64 / GIB,
-                have as f64 / GIB,
-                100.0 * budget.headroom,
-                budget.gpu_bytes.unwrap_or(0) as f64 / GIB
-            ));
-        }
+    if let (Some(need), Some(have)) = (c.gpu_need(), usable_gpu)
+        && need > have
+    {
+        why.push(format!(
+            "needs {:.2} GiB per GPU > {:.2} GiB usable ({:.0}% headroom of {:.2} GiB)",
+            need as f64 / GIB,
+            have as f64 / GIB,
+            100.0 * budget.headroom,
+            budget.gpu_bytes.unwrap_or(0) as f64 / GIB
+        ));
     }
     if c.host_need() > usable_host {
         why.push(format!(
@@ -249,5 +300,9 @@ fn rejection(c: &Candidate, usable_gpu: Option<u64>, usable_host: u64, budget: &
             usable_host as f64 / GIB
         ));
     }
-    if why.is_empty() { None } else { Some(why.join("; ")) }
+    if why.is_empty() {
+        None
+    } else {
+        Some(why.join("; "))
+    }
 }

@@ -46,9 +46,16 @@ pub mod rates {
 pub fn flops_per_token(arch: &Arch, setup: &Setup) -> f64 {
     let mut flops = 0.0;
     let mut live = false;
-    for group in [Group::Embeddings, Group::Encoder, Group::Decoder, Group::Head] {
+    for group in [
+        Group::Embeddings,
+        Group::Encoder,
+        Group::Decoder,
+        Group::Head,
+    ] {
         let tensors: Vec<_> = arch.tensors.iter().filter(|t| t.group == group).collect();
-        let trains = tensors.iter().any(|t| base_trains(t, setup) || adapter_elements(t, setup) > 0);
+        let trains = tensors
+            .iter()
+            .any(|t| base_trains(t, setup) || adapter_elements(t, setup) > 0);
         live = live || trains;
         for t in tensors {
             if !t.is_linear() && t.role != crate::arch::Role::LmHead {
@@ -63,7 +70,11 @@ pub fn flops_per_token(arch: &Arch, setup: &Setup) -> f64 {
             } else {
                 0.0
             };
-            let recompute = if setup.grad_ckpt && live && group != Group::Head { fwd } else { 0.0 };
+            let recompute = if setup.grad_ckpt && live && group != Group::Head {
+                fwd
+            } else {
+                0.0
+            };
             flops += fwd + bwd + recompute;
         }
     }
@@ -81,16 +92,29 @@ pub fn flops_per_token(arch: &Arch, setup: &Setup) -> f64 {
 pub fn tokens_per_second(arch: &Arch, setup: &Setup) -> f64 {
     use rates::*;
     let world = setup.world() as f64;
-    let tokens_per_sample = setup.seq + if setup.task == Task::Seq2seq { setup.tgt_seq } else { 0 };
+    let tokens_per_sample = setup.seq
+        + if setup.task == Task::Seq2seq {
+            setup.tgt_seq
+        } else {
+            0
+        };
     let micro_tokens = (setup.batch * tokens_per_sample) as f64;
     let step_tokens = micro_tokens * setup.accum as f64; // per rank
     let (rate, half_tokens) = match setup.device {
         Device::Cuda => (
-            if setup.precision == Precision::Fp32 { GPU_FP32_FLOPS } else { GPU_HALF_FLOPS },
+            if setup.precision == Precision::Fp32 {
+                GPU_FP32_FLOPS
+            } else {
+                GPU_HALF_FLOPS
+            },
             1024.0,
         ),
         Device::Cpu => (
-            if setup.precision == Precision::Bf16 { CPU_FP32_FLOPS / CPU_BF16_SLOWDOWN } else { CPU_FP32_FLOPS },
+            if setup.precision == Precision::Bf16 {
+                CPU_FP32_FLOPS / CPU_BF16_SLOWDOWN
+            } else {
+                CPU_FP32_FLOPS
+            },
             64.0,
         ),
     };
@@ -115,7 +139,11 @@ pub fn tokens_per_second(arch: &Arch, setup: &Setup) -> f64 {
         0.0
     };
     let comm = if world > 1.0 {
-        let bw = if setup.nodes > 1 { INTER_NODE_BW } else { INTRA_NODE_BW };
+        let bw = if setup.nodes > 1 {
+            INTER_NODE_BW
+        } else {
+            INTRA_NODE_BW
+        };
         let ring = 2.0 * (world - 1.0) / world;
         let grads = ring * tr * wb / bw;
         let gathers = if setup.zero.stage() == 3 {
@@ -135,7 +163,11 @@ pub fn tokens_per_second(arch: &Arch, setup: &Setup) -> f64 {
         (Runtime::Memfit, _) => 0.01,
     };
     // Pinned memory lets the host→device copy of the batch overlap compute (≈1% of a step).
-    let pin = if setup.device == Device::Cuda && !setup.pin_memory { 0.01 } else { 0.0 };
+    let pin = if setup.device == Device::Cuda && !setup.pin_memory {
+        0.01
+    } else {
+        0.0
+    };
     let step = (compute + optimizer + param_offload + comm) * (1.0 + data_stall + pin);
     step_tokens * world / step
 }

@@ -9,7 +9,16 @@ use serde::Serialize;
 /// Host RAM rows, GiB.
 pub const HOST_GIB: [u64; 5] = [8, 12, 16, 32, 64];
 /// GPU columns, GiB; `None` = no GPU (train on the CPU).
-pub const GPU_GIB: [Option<u64>; 8] = [None, Some(4), Some(8), Some(12), Some(16), Some(24), Some(48), Some(80)];
+pub const GPU_GIB: [Option<u64>; 8] = [
+    None,
+    Some(4),
+    Some(8),
+    Some(12),
+    Some(16),
+    Some(24),
+    Some(48),
+    Some(80),
+];
 
 #[derive(Debug, Clone, Serialize)]
 pub struct TierTable {
@@ -20,7 +29,13 @@ pub struct TierTable {
 }
 
 /// Plans every cell with the same request, only the budget changing.
-pub fn tier_table(arch: &Arch, base: &Setup, target_batch: u64, headroom: f64, fw: &Framework) -> Result<TierTable, String> {
+pub fn tier_table(
+    arch: &Arch,
+    base: &Setup,
+    target_batch: u64,
+    headroom: f64,
+    fw: &Framework,
+) -> Result<TierTable, String> {
     let mut cells = Vec::new();
     for host in HOST_GIB {
         let mut row = Vec::new();
@@ -28,13 +43,21 @@ pub fn tier_table(arch: &Arch, base: &Setup, target_batch: u64, headroom: f64, f
             let req = Request {
                 base: base.clone(),
                 target_batch,
-                budget: Budget { gpu_bytes: gpu.map(|g| g << 30), host_bytes: host << 30, headroom },
+                budget: Budget {
+                    gpu_bytes: gpu.map(|g| g << 30),
+                    host_bytes: host << 30,
+                    headroom,
+                },
             };
             row.push(plan(arch, &req, fw)?.chosen);
         }
         cells.push(row);
     }
-    Ok(TierTable { host_gib: HOST_GIB.to_vec(), gpu_gib: GPU_GIB.to_vec(), cells })
+    Ok(TierTable {
+        host_gib: HOST_GIB.to_vec(),
+        gpu_gib: GPU_GIB.to_vec(),
+        cells,
+    })
 }
 
 /// A short cell: "8×4 bf16 ckpt z3+off".

@@ -99,7 +99,18 @@ macro_rules! cli_enum {
         }
     )*};
 }
-cli_enum!(Precision, Optimizer, Method, Quant, Zero, Attention, Device, Runtime, LoraTarget, FreezeGroup);
+cli_enum!(
+    Precision,
+    Optimizer,
+    Method,
+    Quant,
+    Zero,
+    Attention,
+    Device,
+    Runtime,
+    LoraTarget,
+    FreezeGroup
+);
 
 pub fn parse_enum<T: CliEnum>(s: &str) -> Result<T, String> {
     T::parse_cli(s).ok_or_else(|| format!("{s:?} is not one of: {}", T::names_cli()))
@@ -164,7 +175,11 @@ impl Args {
         s.lora_alpha = self.lora_alpha;
         s.lora_targets = self.lora_targets.0.clone();
         s.quant = self.quant;
-        s.freeze = self.freeze.as_ref().map(|l| l.0.clone()).unwrap_or_default();
+        s.freeze = self
+            .freeze
+            .as_ref()
+            .map(|l| l.0.clone())
+            .unwrap_or_default();
         s.zero = self.zero;
         s.offload_optimizer = self.offload_optimizer.unwrap_or(false);
         s.offload_params = self.offload_params.unwrap_or(false);
@@ -190,7 +205,10 @@ pub fn run(args: Args) -> Outcome {
     let arch = arch.with_task(setup.task);
     let est = memory::estimate(&arch, &setup, &Framework::default()).map_err(bad_input)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&estimate_json(&arch, &setup, &est))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&estimate_json(&arch, &setup, &est))?
+        );
     } else {
         print_human(&arch, &setup, &est);
     }
@@ -246,13 +264,21 @@ fn print_human(arch: &Arch, setup: &Setup, est: &Estimate) {
         setup.task,
         setup.batch,
         setup.seq,
-        if setup.tgt_seq > 0 { format!(" → {}", setup.tgt_seq) } else { String::new() },
+        if setup.tgt_seq > 0 {
+            format!(" → {}", setup.tgt_seq)
+        } else {
+            String::new()
+        },
         setup.accum,
         setup.precision,
         setup.optimizer,
         setup.method,
         if setup.grad_ckpt { ", grad ckpt" } else { "" },
-        if setup.zero != Zero::Z0 { format!(", zero {}", setup.zero) } else { String::new() },
+        if setup.zero != Zero::Z0 {
+            format!(", zero {}", setup.zero)
+        } else {
+            String::new()
+        },
         setup.gpus,
         setup.nodes
     );

@@ -1,13 +1,17 @@
 //! `memfit plan`: the fastest setup that fits the budgets, the alternatives, why faster ones were
 //! rejected, the tier table, and config files for the tools that run it.
 
-use super::estimate::{ListOf, component_table, estimate_json, load_model, parse_enum, parse_list, parse_task};
+use super::estimate::{
+    ListOf, component_table, estimate_json, load_model, parse_enum, parse_list, parse_task,
+};
 use crate::exit::{Outcome, bad_input, does_not_fit};
 use anyhow::Context;
 use comfy_table::{Table, presets::ASCII_MARKDOWN, presets::UTF8_FULL_CONDENSED};
 use memfit_plan::Task;
 use memfit_plan::emit::{self, Hyper, Kind};
-use memfit_plan::memory::{DatasetMode, Framework, FreezeGroup, LoraTarget, Method, Optimizer, Quant, Runtime, Setup, gib};
+use memfit_plan::memory::{
+    DatasetMode, Framework, FreezeGroup, LoraTarget, Method, Optimizer, Quant, Runtime, Setup, gib,
+};
 use memfit_plan::search::{self, Budget, Candidate, Request, tiers};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -76,7 +80,11 @@ fn parse_headroom(s: &str) -> Result<f64, String> {
         None => s.trim().parse::<f64>(),
     }
     .map_err(|_| format!("{s:?} is not a fraction like 10% or 0.1"))?;
-    if (0.0..0.9).contains(&v) { Ok(v) } else { Err(format!("{s:?}: headroom must be in [0%, 90%)")) }
+    if (0.0..0.9).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s:?}: headroom must be in [0%, 90%)"))
+    }
 }
 
 /// "24GiB", "16G", "512MiB", "2e10" (bytes): binary units for GiB/MiB/G/M, decimal for GB/MB.
@@ -84,7 +92,10 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a size like 24GiB"))?;
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like 24GiB"))?;
     let scale = match unit.trim() {
         "" | "B" => 1.0,
         "KiB" | "K" => 1024.0,
@@ -114,13 +125,17 @@ fn gpu_budget(arg: &str) -> anyhow::Result<Option<u64>> {
                 Ok(None)
             }
         },
-        s => parse_size(s).map(Some).map_err(|e| bad_input(format!("--gpu-mem {e}"))),
+        s => parse_size(s)
+            .map(Some)
+            .map_err(|e| bad_input(format!("--gpu-mem {e}"))),
     }
 }
 
 fn host_budget(arg: &str) -> anyhow::Result<u64> {
     match arg {
-        "auto" => Ok(memfit_sys::probe::host_memory().context("--host-mem auto: reading this machine's memory")?.effective_available_bytes),
+        "auto" => Ok(memfit_sys::probe::host_memory()
+            .context("--host-mem auto: reading this machine's memory")?
+            .effective_available_bytes),
         s => parse_size(s).map_err(|e| bad_input(format!("--host-mem {e}"))),
     }
 }
@@ -140,7 +155,11 @@ impl Args {
         s.lora_alpha = self.lora_alpha;
         s.lora_targets = self.lora_targets.0.clone();
         s.quant = self.quant;
-        s.freeze = self.freeze.as_ref().map(|l| l.0.clone()).unwrap_or_default();
+        s.freeze = self
+            .freeze
+            .as_ref()
+            .map(|l| l.0.clone())
+            .unwrap_or_default();
         s.optimizer = self.optimizer;
         s.runtime = self.runtime;
         s.gpus = self.gpus;
@@ -157,7 +176,10 @@ pub fn run(args: Args) -> Outcome {
     let kinds: Vec<Kind> = args
         .emit
         .iter()
-        .map(|k| Kind::parse(k.trim()).ok_or_else(|| bad_input(format!("--emit {k:?}: not one of {}", Kind::NAMES))))
+        .map(|k| {
+            Kind::parse(k.trim())
+                .ok_or_else(|| bad_input(format!("--emit {k:?}: not one of {}", Kind::NAMES)))
+        })
         .collect::<Result<_, _>>()?;
     if !kinds.is_empty() && args.out.is_none() {
         return Err(bad_input("--emit needs --out DIR"));
@@ -167,12 +189,17 @@ pub fn run(args: Args) -> Outcome {
     let arch = arch.with_task(base.task);
     let fw = Framework::default();
     if args.tiers {
-        let table = tiers::tier_table(&arch, &base, args.target_batch, args.headroom, &fw).map_err(bad_input)?;
+        let table = tiers::tier_table(&arch, &base, args.target_batch, args.headroom, &fw)
+            .map_err(bad_input)?;
         if args.json {
             let cells: Vec<Vec<Option<String>>> = table
                 .cells
                 .iter()
-                .map(|row| row.iter().map(|c| c.as_ref().map(|c| tiers::cell_text(Some(c)))).collect())
+                .map(|row| {
+                    row.iter()
+                        .map(|c| c.as_ref().map(|c| tiers::cell_text(Some(c))))
+                        .collect()
+                })
                 .collect();
             let v = serde_json::json!({"model": arch.name, "target_batch": args.target_batch,
                 "headroom": args.headroom, "host_gib": table.host_gib, "gpu_gib": table.gpu_gib, "cells": cells});
@@ -190,12 +217,22 @@ pub fn run(args: Args) -> Outcome {
                 t.add_row(r);
             }
             println!("{t}");
-            println!("cells: micro-batch×accumulation precision [ckpt = gradient checkpointing] [zN = ZeRO stage, +off-opt/+off-all = CPU offload]; — = nothing fits");
+            println!(
+                "cells: micro-batch×accumulation precision [ckpt = gradient checkpointing] [zN = ZeRO stage, +off-opt/+off-all = CPU offload]; — = nothing fits"
+            );
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let budget = Budget { gpu_bytes: gpu_budget(&args.gpu_mem)?, host_bytes: host_budget(&args.host_mem)?, headroom: args.headroom };
-    let req = Request { base, target_batch: args.target_batch, budget };
+    let budget = Budget {
+        gpu_bytes: gpu_budget(&args.gpu_mem)?,
+        host_bytes: host_budget(&args.host_mem)?,
+        headroom: args.headroom,
+    };
+    let req = Request {
+        base,
+        target_batch: args.target_batch,
+        budget,
+    };
     let plan = search::plan(&arch, &req, &fw).map_err(bad_input)?;
     if args.json {
         let cand = |c: &Candidate| {
@@ -219,7 +256,9 @@ pub fn run(args: Args) -> Outcome {
         print_plan(&arch.name, &budget, &plan);
     }
     let Some(chosen) = plan.chosen.as_ref() else {
-        return Err(does_not_fit(plan.reason.unwrap_or_else(|| "nothing fits".into())));
+        return Err(does_not_fit(
+            plan.reason.unwrap_or_else(|| "nothing fits".into()),
+        ));
     };
     if let Some(dir) = &args.out {
         let hyper = Hyper::defaults(&args.model, &chosen.setup);
@@ -248,15 +287,28 @@ fn tier_heading(model: &str, args: &Args) -> String {
 fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(format!(".{}.tmp", path.file_name().map_or("out".into(), |f| f.to_string_lossy())));
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name()
+            .map_or("out".into(), |f| f.to_string_lossy())
+    ));
     std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
     Ok(())
 }
 
 fn print_plan(model: &str, budget: &Budget, plan: &search::Plan) {
-    let gpu = budget.gpu_bytes.map_or("none (CPU training)".to_string(), |g| format!("{} GiB per GPU", gib(g)));
-    println!("{model}: budget GPU {gpu}, host {} GiB, {:.0}% headroom; {} setups considered", gib(budget.host_bytes), budget.headroom * 100.0, plan.considered);
+    let gpu = budget
+        .gpu_bytes
+        .map_or("none (CPU training)".to_string(), |g| {
+            format!("{} GiB per GPU", gib(g))
+        });
+    println!(
+        "{model}: budget GPU {gpu}, host {} GiB, {:.0}% headroom; {} setups considered",
+        gib(budget.host_bytes),
+        budget.headroom * 100.0,
+        plan.considered
+    );
     let row_table = |rows: &[Candidate], with_reason: bool| {
         let mut t = Table::new();
         t.load_style(UTF8_FULL_CONDENSED);
@@ -280,9 +332,18 @@ fn print_plan(model: &str, budget: &Budget, plan: &search::Plan) {
         t
     };
     if let Some(c) = &plan.chosen {
-        println!("\nchosen: {} — {:.0} tokens/s (throughput model)", c.summary(), c.tokens_per_s);
+        println!(
+            "\nchosen: {} — {:.0} tokens/s (throughput model)",
+            c.summary(),
+            c.tokens_per_s
+        );
         if let Some(g) = &c.estimate.gpu {
-            println!("GPU: peak allocated {} GiB, reserved {} GiB, nvml used {} GiB", gib(g.peak_allocated_bytes), gib(g.peak_reserved_bytes), gib(g.nvml_used_bytes));
+            println!(
+                "GPU: peak allocated {} GiB, reserved {} GiB, nvml used {} GiB",
+                gib(g.peak_allocated_bytes),
+                gib(g.peak_reserved_bytes),
+                gib(g.nvml_used_bytes)
+            );
             println!("{}", component_table(&g.components));
         }
         println!("host: peak RSS {} GiB", gib(c.estimate.host.peak_rss_bytes));
