@@ -1,23 +1,7 @@
 //! `memfit estimate` as a user runs it: the --json contract of DESIGN.md §3 and exit codes.
 
-use std::process::{Command, Output};
-
-fn memfit(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memfit"))
-        .args(args)
-        .output()
-        .expect("run memfit")
-}
-
-fn json(args: &[&str]) -> serde_json::Value {
-    let out = memfit(args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("stdout is one JSON object")
-}
+mod cli_estimate_support;
+use cli_estimate_support::{assert_exit, json, memfit};
 
 #[test]
 fn json_has_the_documented_schema() {
@@ -144,60 +128,40 @@ fn human_output_is_a_table_with_scaling() {
 fn bad_config_exits_2_naming_file_and_field() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.json");
-    std::fs::write(&path, r#"{"model_type": "mamba", "hidden_size": 768}"#).unwrap();
-    let out = memfit(&[
-        "estimate",
-        "--model",
-        path.to_str().unwrap(),
-        "--batch",
-        "1",
-        "--seq",
-        "8",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let stderr_for = |config: &str| {
+        std::fs::write(&path, config).unwrap();
+        let out = memfit(&[
+            "estimate",
+            "--model",
+            path.to_str().unwrap(),
+            "--batch",
+            "1",
+            "--seq",
+            "8",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{config}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = stderr_for(r#"{"model_type": "mamba", "hidden_size": 768}"#);
     assert!(
         err.contains("config.json") && err.contains("model_type") && err.contains("mamba"),
         "{err}"
     );
-
-    std::fs::write(&path, r#"{"model_type": "llama", "hidden_size": 768}"#).unwrap();
-    let out = memfit(&[
-        "estimate",
-        "--model",
-        path.to_str().unwrap(),
-        "--batch",
-        "1",
-        "--seq",
-        "8",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("num_attention_heads"));
-
-    let out = memfit(&[
-        "estimate",
-        "--model",
-        "no-such-model",
-        "--batch",
-        "1",
-        "--seq",
-        "8",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    let out = memfit(&[
-        "estimate",
-        "--model",
-        "t5-small",
-        "--batch",
-        "1",
-        "--seq",
-        "8",
-        "--precision",
-        "fp8",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    let out = memfit(&[
-        "estimate", "--model", "t5-small", "--batch", "0", "--seq", "8",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
+    let err = stderr_for(r#"{"model_type": "llama", "hidden_size": 768}"#);
+    assert!(
+        err.contains("config.json") && err.contains("num_attention_heads"),
+        "{err}"
+    );
+    let err = stderr_for("{ not json");
+    assert!(err.contains("config.json"), "{err}");
+    assert_exit(
+        2,
+        &[
+            "estimate --model no-such-model --batch 1 --seq 8",
+            "estimate --model t5-small --batch 1 --seq 8 --precision fp8",
+            "estimate --model t5-small --batch 0 --seq 8",
+            "estimate --model t5-small --batch 1 --seq 8 --method qlora",
+            "estimate --model t5-small --batch 1 --seq 8 --offload-params cpu",
+        ],
+    );
 }

@@ -1,23 +1,7 @@
 //! `memfit plan` as a user runs it: choice, exit 3, emitted files, tiers, auto budgets.
 
-use std::process::{Command, Output};
-
-fn memfit(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memfit"))
-        .args(args)
-        .output()
-        .expect("run memfit")
-}
-
-fn json(args: &[&str]) -> serde_json::Value {
-    let out = memfit(args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON object")
-}
+mod cli_estimate_support;
+use cli_estimate_support::{assert_exit, json, memfit};
 
 #[test]
 fn chooses_a_setup_within_budget_holding_the_target_batch() {
@@ -131,54 +115,17 @@ fn emits_every_config_atomically() {
 
 #[test]
 fn bad_input_exits_2() {
-    let out = memfit(&[
-        "plan",
-        "--model",
-        "t5-small",
-        "--emit",
-        "deepspeed",
-        "--gpu-mem",
-        "8GiB",
-        "--host-mem",
-        "8GiB",
-    ]);
-    assert_eq!(out.status.code(), Some(2), "--emit without --out");
-    let out = memfit(&[
-        "plan",
-        "--model",
-        "t5-small",
-        "--gpu-mem",
-        "lots",
-        "--host-mem",
-        "8GiB",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    let out = memfit(&[
-        "plan",
-        "--model",
-        "t5-small",
-        "--headroom",
-        "200%",
-        "--gpu-mem",
-        "8GiB",
-        "--host-mem",
-        "8GiB",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    let out = memfit(&[
-        "plan",
-        "--model",
-        "t5-small",
-        "--emit",
-        "docker",
-        "--out",
-        "x",
-        "--gpu-mem",
-        "8GiB",
-        "--host-mem",
-        "8GiB",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
+    let budget = "--gpu-mem 8GiB --host-mem 8GiB";
+    assert_exit(
+        2,
+        &[
+            &format!("plan --model t5-small --emit deepspeed {budget}"), // --emit without --out
+            "plan --model t5-small --gpu-mem lots --host-mem 8GiB",
+            &format!("plan --model t5-small --headroom 200% {budget}"),
+            &format!("plan --model t5-small --emit docker --out x {budget}"),
+            &format!("plan --model no-such-model {budget}"),
+        ],
+    );
 }
 
 #[test]

@@ -160,30 +160,24 @@ pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
             ),
         ),
     ];
-    if live_params > 0 {
-        c.push(Component::new(
-            "zero-3 live parameters",
-            live_params,
-            Scaling::Neither,
-            "gathered parameters kept for reuse (stage3_max_live_parameters)",
-        ));
-    }
-    if gathered > 0 {
-        c.push(Component::new(
-            "zero-3 gathered layer",
-            gathered,
-            Scaling::Neither,
-            "largest layer's parameters + gradients, gathered whole",
-        ));
-    }
-    if st.gpu_paged > 0 {
-        c.push(Component::new(
-            "paged optimizer states",
-            st.gpu_paged,
-            Scaling::Neither,
-            "CUDA unified memory: in nvml_used, not in torch's counters; pages out under pressure",
-        ));
-    }
+    c.push(Component::new(
+        "zero-3 live parameters",
+        live_params,
+        Scaling::Neither,
+        "gathered parameters kept for reuse (stage3_max_live_parameters)",
+    ));
+    c.push(Component::new(
+        "zero-3 gathered layer",
+        gathered,
+        Scaling::Neither,
+        "largest layer's parameters + gradients, gathered whole",
+    ));
+    c.push(Component::new(
+        "paged optimizer states",
+        st.gpu_paged,
+        Scaling::Neither,
+        "CUDA unified memory: in nvml_used, not in torch's counters; pages out under pressure",
+    ));
     c.push(Component::new(
         "activations (blocks)",
         act.blocks + act.recompute,
@@ -194,14 +188,12 @@ pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
             "saved for backward, every block"
         },
     ));
-    if act.attention_matrices > 0 {
-        c.push(Component::new(
-            "  of which attention matrices",
-            act.attention_matrices,
-            bs,
-            "batch × heads × seq² scores/probabilities (eager)",
-        ));
-    }
+    c.push(Component::new(
+        "  of which attention matrices",
+        act.attention_matrices,
+        bs,
+        "batch × heads × seq² scores/probabilities (eager)",
+    ));
     c.push(Component::new(
         "embeddings + inputs",
         act.embeddings,
@@ -214,14 +206,12 @@ pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
         bs,
         "logits, shifted copy, log-softmax",
     ));
-    if act.autocast_weights > 0 {
-        c.push(Component::new(
-            "autocast weight copies",
-            act.autocast_weights,
-            Scaling::Neither,
-            "16-bit casts of the linear weights kept for backward",
-        ));
-    }
+    c.push(Component::new(
+        "autocast weight copies",
+        act.autocast_weights,
+        Scaling::Neither,
+        "16-bit casts of the linear weights kept for backward",
+    ));
     c.push(Component::new(
         "backward temporaries",
         act.transient,
@@ -238,22 +228,18 @@ pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
             "per-tensor step copies"
         },
     ));
-    if ddp_buckets > 0 {
-        c.push(Component::new(
-            "ddp gradient buckets",
-            ddp_buckets,
-            Scaling::Neither,
-            "flat copies of all gradients for all-reduce",
-        ));
-    }
-    if zero_buffers > 0 {
-        c.push(Component::new(
-            "zero buckets",
-            zero_buffers,
-            Scaling::Neither,
-            "reduce / all-gather / prefetch buckets at hidden² elements",
-        ));
-    }
+    c.push(Component::new(
+        "ddp gradient buckets",
+        ddp_buckets,
+        Scaling::Neither,
+        "flat copies of all gradients for all-reduce",
+    ));
+    c.push(Component::new(
+        "zero buckets",
+        zero_buffers,
+        Scaling::Neither,
+        "reduce / all-gather / prefetch buckets at hidden² elements",
+    ));
     c.push(Component::new(
         "cublas workspace",
         framework::CUBLAS_WORKSPACE,
@@ -272,14 +258,14 @@ pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
         Scaling::Neither,
         "kernels and driver state, outside the allocator",
     ));
-    if nccl > 0 {
-        c.push(Component::new(
-            "nccl buffers",
-            nccl,
-            Scaling::Neither,
-            "communicator buffers outside the allocator",
-        ));
-    }
+    c.push(Component::new(
+        "nccl buffers",
+        nccl,
+        Scaling::Neither,
+        "communicator buffers outside the allocator",
+    ));
+    // zero-sized lines (no offload, one GPU, …) say nothing
+    c.retain(|x| x.bytes > 0);
     GpuEstimate {
         peak_allocated_bytes: peak_allocated,
         peak_reserved_bytes: peak_reserved,

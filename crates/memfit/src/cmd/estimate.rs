@@ -35,20 +35,8 @@ pub struct Args {
     pub optimizer: Optimizer,
     #[arg(long)]
     pub grad_ckpt: bool,
-    #[arg(long, default_value = "full", value_parser = parse_enum::<Method>)]
-    pub method: Method,
-    #[arg(long, default_value_t = 8)]
-    pub lora_r: u64,
-    #[arg(long, default_value_t = 16)]
-    pub lora_alpha: u64,
-    /// Comma list of q,k,v,o,qkv,gate,up,down,mlp,lm_head.
-    #[arg(long, default_value = "q,v", value_parser = parse_list::<LoraTarget>)]
-    pub lora_targets: ListOf<LoraTarget>,
-    #[arg(long, value_parser = parse_enum::<Quant>)]
-    pub quant: Option<Quant>,
-    /// Comma list of embeddings,encoder,decoder (with --method freeze).
-    #[arg(long, value_parser = parse_list::<FreezeGroup>)]
-    pub freeze: Option<ListOf<FreezeGroup>>,
+    #[command(flatten)]
+    pub method: MethodArgs,
     #[arg(long, default_value = "0", value_parser = parse_enum::<Zero>)]
     pub zero: Zero,
     /// Offload optimizer states to the host: `cpu`.
@@ -79,6 +67,59 @@ pub struct Args {
     /// One JSON object on stdout (DESIGN.md §3).
     #[arg(long)]
     pub json: bool,
+}
+
+/// What is trained: shared by `memfit estimate` and `memfit plan`.
+#[derive(clap::Args)]
+pub struct MethodArgs {
+    #[arg(long, default_value = "full", value_parser = parse_enum::<Method>)]
+    pub method: Method,
+    #[arg(long, default_value_t = 8)]
+    pub lora_r: u64,
+    #[arg(long, default_value_t = 16)]
+    pub lora_alpha: u64,
+    /// Comma list of q,k,v,o,qkv,gate,up,down,mlp,lm_head.
+    #[arg(long, default_value = "q,v", value_parser = parse_list::<LoraTarget>)]
+    pub lora_targets: ListOf<LoraTarget>,
+    #[arg(long, value_parser = parse_enum::<Quant>)]
+    pub quant: Option<Quant>,
+    /// Comma list of embeddings,encoder,decoder (with --method freeze).
+    #[arg(long, value_parser = parse_list::<FreezeGroup>)]
+    pub freeze: Option<ListOf<FreezeGroup>>,
+}
+
+impl MethodArgs {
+    pub fn apply(&self, s: &mut Setup) {
+        s.method = self.method;
+        s.lora_r = self.lora_r;
+        s.lora_alpha = self.lora_alpha;
+        s.lora_targets = self.lora_targets.0.clone();
+        s.quant = self.quant;
+        s.freeze = self
+            .freeze
+            .as_ref()
+            .map(|l| l.0.clone())
+            .unwrap_or_default();
+    }
+}
+
+/// Task and lengths: the task defaults to the architecture's, the target length to seq / 4.
+pub fn apply_task(s: &mut Setup, task: Option<Task>, seq: u64, tgt_seq: Option<u64>) {
+    s.task = task.unwrap_or(s.task);
+    s.seq = seq;
+    s.tgt_seq = match (s.task, tgt_seq) {
+        (Task::Seq2seq, Some(t)) => t,
+        (Task::Seq2seq, None) => (seq / 4).max(1),
+        _ => 0,
+    };
+}
+
+/// The dataset mode a runtime uses: pytorch holds the table in memory, memfit maps its store.
+pub fn dataset_of(runtime: Runtime) -> DatasetMode {
+    match runtime {
+        Runtime::Pytorch => DatasetMode::InMemory,
+        Runtime::Memfit => DatasetMode::TokenStore,
+    }
 }
 
 /// A comma-separated list of enum values (a newtype so clap treats it as one value).
@@ -158,28 +199,13 @@ impl Args {
     /// The fully resolved setup.
     fn setup(&self, arch: &Arch) -> Setup {
         let mut s = Setup::new(arch);
-        s.task = self.task.unwrap_or(s.task);
+        apply_task(&mut s, self.task, self.seq, self.tgt_seq);
+        self.method.apply(&mut s);
         s.batch = self.batch;
-        s.seq = self.seq;
-        s.tgt_seq = match (s.task, self.tgt_seq) {
-            (Task::Seq2seq, Some(t)) => t,
-            (Task::Seq2seq, None) => (self.seq / 4).max(1),
-            _ => 0,
-        };
         s.accum = self.accum;
         s.precision = self.precision;
         s.optimizer = self.optimizer;
         s.grad_ckpt = self.grad_ckpt;
-        s.method = self.method;
-        s.lora_r = self.lora_r;
-        s.lora_alpha = self.lora_alpha;
-        s.lora_targets = self.lora_targets.0.clone();
-        s.quant = self.quant;
-        s.freeze = self
-            .freeze
-            .as_ref()
-            .map(|l| l.0.clone())
-            .unwrap_or_default();
         s.zero = self.zero;
         s.offload_optimizer = self.offload_optimizer.unwrap_or(false);
         s.offload_params = self.offload_params.unwrap_or(false);
@@ -191,10 +217,7 @@ impl Args {
         s.workers = self.workers;
         s.pin_memory = self.pin_memory;
         s.dataset_rows = self.dataset_rows;
-        s.dataset = match self.runtime {
-            Runtime::Pytorch => DatasetMode::InMemory,
-            Runtime::Memfit => DatasetMode::TokenStore,
-        };
+        s.dataset = dataset_of(self.runtime);
         s
     }
 }

@@ -2,16 +2,15 @@
 //! rejected, the tier table, and config files for the tools that run it.
 
 use super::estimate::{
-    ListOf, component_table, estimate_json, load_model, parse_enum, parse_list, parse_task,
+    MethodArgs, apply_task, component_table, dataset_of, estimate_json, load_model, parse_enum,
+    parse_task,
 };
 use crate::exit::{Outcome, bad_input, does_not_fit};
 use anyhow::Context;
 use comfy_table::{Table, presets::ASCII_MARKDOWN, presets::UTF8_FULL_CONDENSED};
 use memfit_plan::Task;
 use memfit_plan::emit::{self, Hyper, Kind};
-use memfit_plan::memory::{
-    DatasetMode, Framework, FreezeGroup, LoraTarget, Method, Optimizer, Quant, Runtime, Setup, gib,
-};
+use memfit_plan::memory::{Framework, Optimizer, Runtime, Setup, gib};
 use memfit_plan::search::{self, Budget, Candidate, Request, tiers};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -42,18 +41,8 @@ pub struct Args {
     /// Samples per optimizer step over all GPUs (held by micro-batch × accumulation).
     #[arg(long, default_value_t = 32)]
     pub target_batch: u64,
-    #[arg(long, default_value = "full", value_parser = parse_enum::<Method>)]
-    pub method: Method,
-    #[arg(long, default_value_t = 8)]
-    pub lora_r: u64,
-    #[arg(long, default_value_t = 16)]
-    pub lora_alpha: u64,
-    #[arg(long, default_value = "q,v", value_parser = parse_list::<LoraTarget>)]
-    pub lora_targets: ListOf<LoraTarget>,
-    #[arg(long, value_parser = parse_enum::<Quant>)]
-    pub quant: Option<Quant>,
-    #[arg(long, value_parser = parse_list::<FreezeGroup>)]
-    pub freeze: Option<ListOf<FreezeGroup>>,
+    #[command(flatten)]
+    pub method: MethodArgs,
     #[arg(long, default_value = "adamw", value_parser = parse_enum::<Optimizer>)]
     pub optimizer: Optimizer,
     #[arg(long, default_value = "pytorch", value_parser = parse_enum::<Runtime>)]
@@ -143,31 +132,13 @@ fn host_budget(arg: &str) -> anyhow::Result<u64> {
 impl Args {
     fn base(&self, arch: &memfit_plan::arch::Arch) -> Setup {
         let mut s = Setup::new(arch);
-        s.task = self.task.unwrap_or(s.task);
-        s.seq = self.seq;
-        s.tgt_seq = match (s.task, self.tgt_seq) {
-            (Task::Seq2seq, Some(t)) => t,
-            (Task::Seq2seq, None) => (self.seq / 4).max(1),
-            _ => 0,
-        };
-        s.method = self.method;
-        s.lora_r = self.lora_r;
-        s.lora_alpha = self.lora_alpha;
-        s.lora_targets = self.lora_targets.0.clone();
-        s.quant = self.quant;
-        s.freeze = self
-            .freeze
-            .as_ref()
-            .map(|l| l.0.clone())
-            .unwrap_or_default();
+        apply_task(&mut s, self.task, self.seq, self.tgt_seq);
+        self.method.apply(&mut s);
         s.optimizer = self.optimizer;
         s.runtime = self.runtime;
         s.gpus = self.gpus;
         s.nodes = self.nodes;
-        s.dataset = match self.runtime {
-            Runtime::Pytorch => DatasetMode::InMemory,
-            Runtime::Memfit => DatasetMode::TokenStore,
-        };
+        s.dataset = dataset_of(self.runtime);
         s
     }
 }
@@ -275,7 +246,7 @@ pub fn run(args: Args) -> Outcome {
 fn tier_heading(model: &str, args: &Args) -> String {
     format!(
         "{model}: method {}, seq {}, effective batch {}, {} runtime, {:.0}% headroom; the fastest setup per cell",
-        args.method,
+        args.method.method,
         args.seq,
         args.target_batch,
         args.runtime,
