@@ -67,17 +67,18 @@ pub const LARGE_SEGMENT_ROUND: u64 = 2 * MIB;
 pub const PYTORCH_CUDA_RUNTIME_RSS: u64 = 2960 * MIB;
 
 /// Host RSS of a CPU-only PyTorch training process (python + torch + transformers imported,
-/// no CUDA libraries): about 0.5 GiB (`/usr/bin/time -v python -c "import torch, transformers"`
-/// on torch 2.x CPU wheels reports 450–550 MB).
+/// no CUDA libraries). An estimate, not measured here (no torch wheel on this machine): the
+/// CPU libtorch + Python + transformers imports are commonly reported at 0.4–0.6 GB.
 pub const PYTORCH_CPU_RUNTIME_RSS: u64 = 512 * MIB;
 
 /// Host RSS of the memfit trainer before its model: the binary, burn's CPU backend thread pool
-/// and the tokenizer (an upper bound; `memfit bench train --json` reports the measured peak).
+/// and the tokenizer. A placeholder until the trainer lands: replace it with the baseline that
+/// `memfit bench train --json` measures (its `peak_rss_bytes` minus model and activations).
 pub const MEMFIT_RUNTIME_RSS: u64 = 96 * MIB;
 
 /// A PyTorch DataLoader worker is a forked Python process; what it adds beyond copy-on-write
-/// sharing is about 200 MiB (dataset indexing, collate buffers, its own allocator arenas; torch
-/// docs "Multi-process data loading" note RSS growth per worker from refcount copy-on-write).
+/// sharing (refcount writes un-share pages, torch docs "Multi-process data loading") plus collate
+/// buffers and its allocator arenas. An estimate, not measured here.
 pub const PYTORCH_WORKER_RSS: u64 = 200 * MIB;
 
 /// memfit's loader workers are threads over the memory-mapped token store: their own state is
