@@ -14,6 +14,9 @@ use crate::arch::Arch;
 /// (mallopt(3), M_MMAP_THRESHOLD / DEFAULT_MMAP_THRESHOLD_MAX).
 const GLIBC_MMAP_THRESHOLD_MAX: u64 = 32 * MIB;
 
+/// transformers `save_pretrained(max_shard_size="5GB")`: the largest checkpoint shard.
+const CHECKPOINT_SHARD_BYTES: u64 = 5_000_000_000;
+
 /// Components of the training-phase peak, summed as they are listed.
 struct Ledger {
     components: Vec<Component>,
@@ -152,23 +155,28 @@ pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
         neither,
         "largest tensor copied to host while a checkpoint is written",
     ));
-    // Loading: the model is materialised on the host before it moves to the GPU.
+    // Loading. transformers loads a checkpoint shard by shard (low_cpu_mem_usage / device_map,
+    // the path for sharded and quantized models; `save_pretrained` writes shards of at most
+    // 5 GB): one shard is in RAM while its tensors move to the device. With ZeRO-3 (zero.Init)
+    // each rank builds only its partition. memfit memory-maps safetensors and converts tensor
+    // by tensor.
+    let shard = (p * wb).min(CHECKPOINT_SHARD_BYTES);
     let load = runtime * ranks
         + match (setup.runtime, setup.device) {
-            // with ZeRO-3 (zero.Init) each rank builds only its partition; staging one layer
             (Runtime::Pytorch, Device::Cuda) if setup.zero.stage() == 3 => {
                 offloaded + largest * ranks
             }
-            // from_pretrained: the state dict and the model exist together on each rank
-            (Runtime::Pytorch, _) => 2 * p * wb * ranks,
-            // memfit maps the safetensors file and converts tensor by tensor
-            (Runtime::Memfit, _) => p * wb * ranks,
+            (Runtime::Pytorch, Device::Cuda) => shard * ranks,
+            // on the CPU the loaded model is the training model: + the shard being read
+            (Runtime::Pytorch, Device::Cpu) => (p * wb + shard) * ranks,
+            (Runtime::Memfit, Device::Cuda) => largest * ranks,
+            (Runtime::Memfit, Device::Cpu) => (p * wb + largest) * ranks,
         };
     c.push(Component::new(
         "model load (transient)",
         load - runtime * ranks,
         neither,
-        "state dict + model while loading, before training starts",
+        "checkpoint shard (or partition) in RAM while loading, before training",
     ));
     c.retain(|x| x.bytes > 0 || x.name == "dataset");
     HostEstimate {

@@ -334,11 +334,10 @@ mod tests {
             assert_eq!(gpu_total(&s), gpu, "offload, gpus {gpus}");
             // per node: every rank's optimizer partition (16 B/param over the node)
             let host = (s.host_optimizer * gpus) as f64 * BUFFER;
+            // DeepSpeed's max(4·gpus, 16): beyond 4 GPUs its figure is one fp32 model per rank
+            // while loading, which memfit models as loading (host.rs), not as a model state.
             if gpus <= 4 {
                 assert_eq!(host as u64, cpu, "offload cpu, gpus {gpus}");
-            } else {
-                // DeepSpeed's other term: one fp32 model per rank while loading
-                assert_eq!((4 * p * gpus) as f64 * BUFFER, cpu as f64);
             }
         }
     }
