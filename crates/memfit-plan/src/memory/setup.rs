@@ -322,6 +322,13 @@ impl Setup {
         if self.device == Device::Cpu && (self.zero != Zero::Z0 || self.gpus > 1) {
             return Err("--device cpu trains in one process: --zero 0 and --gpus 1".into());
         }
+        if self.runtime == Runtime::Memfit && self.precision.is_amp() {
+            // burn 0.22 has no automatic mixed precision (DESIGN.md §6)
+            return Err(format!(
+                "--precision {} needs autocast, which memfit's trainer does not have: use fp32 or bf16",
+                self.precision
+            ));
+        }
         if self.offload_params && self.zero.stage() != 3 {
             return Err("--offload-params cpu needs --zero 3 (or fsdp-full)".into());
         }
