@@ -8,6 +8,8 @@
 //!   gradient checkpointing (Chen et al. 2016).
 //! - small micro-batches underuse the device: utilisation = T / (T + T½), T = tokens per
 //!   micro-batch, T½ = 1024 tokens on a GPU (kernel launch and tile under-occupancy), 64 on CPU.
+//!   T½ is an assumed scale (a GEMM with ~1k rows reaches about half of peak on current GPUs),
+//!   not a measurement; it decides how much a larger micro-batch is worth against checkpointing.
 //! - offload moves data over PCIe each step (gradients down, 16-bit weights up; with parameter
 //!   offload every parameter crosses twice per micro-batch) and runs Adam on the CPU;
 //! - data-parallel communication: ring all-reduce moves 2·(w−1)/w of the gradient bytes;
@@ -156,13 +158,15 @@ pub fn tokens_per_second(arch: &Arch, setup: &Setup) -> f64 {
         0.0
     };
     // Data loading on the training thread stalls the device; workers overlap it. pytorch
-    // tokenises/collates in Python (≈5% of a step), memfit reads a memory-mapped store (≈1%).
+    // tokenises/collates in Python, memfit reads a memory-mapped store. Assumed shares of a step
+    // (5% / 1%, not measured): they only break ties between otherwise equal setups.
     let data_stall = match (setup.runtime, setup.workers) {
         (_, w) if w > 0 => 0.0,
         (Runtime::Pytorch, _) => 0.05,
         (Runtime::Memfit, _) => 0.01,
     };
-    // Pinned memory lets the host→device copy of the batch overlap compute (≈1% of a step).
+    // Pinned memory lets the host→device copy of the batch overlap compute (assumed 1% of a step,
+    // a tie-breaker like the loader stall above).
     let pin = if setup.device == Device::Cuda && !setup.pin_memory {
         0.01
     } else {
