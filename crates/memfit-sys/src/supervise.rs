@@ -451,7 +451,8 @@ struct Growth {
 }
 
 impl Growth {
-    fn update(&mut self, now: Instant, used: u64) -> f64 {
+    fn update(&mut self, now: Instant, used: u64) -> Option<f64> {
+        let known = self.last.is_some();
         if let Some((t, u)) = self.last {
             let dt = now.duration_since(t).as_secs_f64();
             if dt > 0.0 {
@@ -461,14 +462,18 @@ impl Growth {
             }
         }
         self.last = Some((now, used));
-        self.bytes_per_s
+        known.then_some(self.bytes_per_s)
     }
 }
 
 /// The next sampling period: 1 s far from limits, 100 ms near them, shorter when the soft level would be
 /// reached sooner at the current growth rate.
-pub fn next_interval(used: u64, limit: u64, soft: f64, stage_normal: bool, growth: f64) -> Duration {
+/// `growth` is `None` until two samples give a rate: a job that just started is watched closely.
+pub fn next_interval(used: u64, limit: u64, soft: f64, stage_normal: bool, growth: Option<f64>) -> Duration {
     let fraction = if limit == 0 { 1.0 } else { used as f64 / limit as f64 };
+    let Some(growth) = growth else {
+        return NEAR_INTERVAL;
+    };
     let mut period = if fraction >= NEAR_FRACTION || !stage_normal {
         NEAR_INTERVAL
     } else {
@@ -743,13 +748,14 @@ mod tests {
     #[test]
     fn interval_adapts() {
         let gib = 1u64 << 30;
-        assert_eq!(next_interval(gib / 10, gib, 0.9, true, 0.0), FAR_INTERVAL);
-        assert_eq!(next_interval(gib * 6 / 10, gib, 0.9, true, 0.0), NEAR_INTERVAL);
-        assert_eq!(next_interval(gib / 10, gib, 0.9, false, 0.0), NEAR_INTERVAL);
+        assert_eq!(next_interval(gib / 10, gib, 0.9, true, None), NEAR_INTERVAL);
+        assert_eq!(next_interval(gib / 10, gib, 0.9, true, Some(0.0)), FAR_INTERVAL);
+        assert_eq!(next_interval(gib * 6 / 10, gib, 0.9, true, Some(0.0)), NEAR_INTERVAL);
+        assert_eq!(next_interval(gib / 10, gib, 0.9, false, Some(0.0)), NEAR_INTERVAL);
         // 0.8 GiB to the soft level at 8 GiB/s: 100 ms away, so sample every 25 ms.
-        let p = next_interval(gib / 10, gib, 0.9, true, 8.0 * gib as f64);
+        let p = next_interval(gib / 10, gib, 0.9, true, Some(8.0 * gib as f64));
         assert!((p.as_millis() as i64 - 25).abs() <= 1, "{p:?}");
-        assert_eq!(next_interval(gib * 89 / 100, gib, 0.9, true, 1e12), MIN_INTERVAL);
+        assert_eq!(next_interval(gib * 89 / 100, gib, 0.9, true, Some(1e12)), MIN_INTERVAL);
     }
 
     #[test]

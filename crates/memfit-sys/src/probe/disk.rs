@@ -16,7 +16,10 @@ pub fn disk(path: &Path) -> Option<Disk> {
     let st = nix::sys::statvfs::statvfs(existing).ok()?;
     let unit = st.fragment_size();
     Some(Disk {
-        path: path.display().to_string(),
+        path: std::fs::canonicalize(path)
+            .unwrap_or_else(|_| path.to_path_buf())
+            .display()
+            .to_string(),
         total_bytes: st.blocks() * unit,
         free_bytes: st.blocks_available() * unit,
     })
