@@ -61,7 +61,9 @@ pub enum Stage {
     Normal,
     Warned,
     /// The graceful signal went out at `since`.
-    Stopping { since: Duration },
+    Stopping {
+        since: Duration,
+    },
     Killed,
 }
 
@@ -79,7 +81,9 @@ pub enum Action {
     /// Usage fell back below a level (no signal is sent).
     Recover,
     GracefulStop,
-    Kill { reason: KillReason },
+    Kill {
+        reason: KillReason,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -225,7 +229,10 @@ mod tests {
 
     #[test]
     fn usr1_style_job_that_shed_memory_is_kept() {
-        let out = run(cfg(false), &[(100, 920), (600, 500), (100, 920), (400, 920)]);
+        let out = run(
+            cfg(false),
+            &[(100, 920), (600, 500), (100, 920), (400, 920)],
+        );
         let actions: Vec<_> = out.iter().map(|(_, a)| *a).collect();
         // Recovers; back above the soft level within the cooldown (300 ms after the recovery) it only
         // warns, and the second graceful signal waits for the cooldown to end.

@@ -63,9 +63,12 @@ pub fn parse(text: &str) -> Result<Vec<Profile>, String> {
         if p.name.trim().is_empty() {
             return Err(format!("profile {} has an empty name", i + 1));
         }
-        for (k, _) in &p.env {
+        for k in p.env.keys() {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
-                return Err(format!("profile {:?}: bad environment variable name {k:?}", p.name));
+                return Err(format!(
+                    "profile {:?}: bad environment variable name {k:?}",
+                    p.name
+                ));
             }
         }
     }
@@ -95,7 +98,10 @@ pub fn apply_overrides(argv: &[String], overrides: &[String]) -> Vec<String> {
             i += 1;
         }
         let eq_form = format!("{flag}=");
-        let at = out.iter().skip(1).position(|a| a == flag || a.starts_with(&eq_form));
+        let at = out
+            .iter()
+            .skip(1)
+            .position(|a| a == flag || a.starts_with(&eq_form));
         match (at.map(|p| p + 1), value) {
             (Some(p), Some(v)) if out[p] == *flag && p + 1 < out.len() && !is_flag(&out[p + 1]) => {
                 out[p + 1] = v.clone()
@@ -121,13 +127,37 @@ mod tests {
     #[test]
     fn overrides_replace_or_append() {
         let argv = v(&["train", "--batch", "16", "--lr=3e-4", "--seq", "512"]);
-        let got = apply_overrides(&argv, &v(&["--batch", "4", "--accum", "8", "--lr", "1e-4", "--grad-ckpt"]));
+        let got = apply_overrides(
+            &argv,
+            &v(&[
+                "--batch",
+                "4",
+                "--accum",
+                "8",
+                "--lr",
+                "1e-4",
+                "--grad-ckpt",
+            ]),
+        );
         assert_eq!(
             got,
-            v(&["train", "--batch", "4", "--lr=1e-4", "--seq", "512", "--accum", "8", "--grad-ckpt"])
+            v(&[
+                "train",
+                "--batch",
+                "4",
+                "--lr=1e-4",
+                "--seq",
+                "512",
+                "--accum",
+                "8",
+                "--grad-ckpt"
+            ])
         );
         // A flag already present is not repeated; negative numbers are values, not flags.
-        let got = apply_overrides(&v(&["x", "--grad-ckpt", "--shift", "1"]), &v(&["--grad-ckpt", "--shift", "-2"]));
+        let got = apply_overrides(
+            &v(&["x", "--grad-ckpt", "--shift", "1"]),
+            &v(&["--grad-ckpt", "--shift", "-2"]),
+        );
         assert_eq!(got, v(&["x", "--grad-ckpt", "--shift", "-2"]));
     }
 
@@ -148,7 +178,15 @@ mod tests {
         assert_eq!(p[0].env["A"], "1");
         assert!(p[1].args.is_empty());
         assert!(parse("").unwrap_err().contains("no [[profile]]"));
-        assert!(parse("[[profile]]\nname = \"x\"\nbatch = 3\n").unwrap_err().contains("batch"));
-        assert!(parse("[[profile]]\nname = \"\"\n").unwrap_err().contains("empty name"));
+        assert!(
+            parse("[[profile]]\nname = \"x\"\nbatch = 3\n")
+                .unwrap_err()
+                .contains("batch")
+        );
+        assert!(
+            parse("[[profile]]\nname = \"\"\n")
+                .unwrap_err()
+                .contains("empty name")
+        );
     }
 }

@@ -60,7 +60,11 @@ pub struct TreeWalker {
 
 impl TreeWalker {
     pub fn new(root: i32) -> Self {
-        let probe = format!("/proc/{}/task/{}/children", std::process::id(), std::process::id());
+        let probe = format!(
+            "/proc/{}/task/{}/children",
+            std::process::id(),
+            std::process::id()
+        );
         Self {
             root,
             children_files: fs::metadata(probe).is_ok(),
@@ -140,7 +144,12 @@ impl TreeWalker {
 
 /// Parent PID from /proc/PID/stat (field 4, after the parenthesised command that may hold spaces).
 pub fn parse_stat_ppid(stat: &str) -> Option<i32> {
-    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// Process group and start time (clock ticks since boot) from /proc/PID/stat (fields 5 and 22): a PID
@@ -191,7 +200,8 @@ mod tests {
 
     #[test]
     fn stat_fields_survive_odd_names() {
-        let stat = "1234 (a) b (c) S 99 1234 1234 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 5555 1000 10";
+        let stat =
+            "1234 (a) b (c) S 99 1234 1234 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 5555 1000 10";
         assert_eq!(parse_stat_ppid(stat), Some(99));
         assert_eq!(parse_stat_pgrp_start(stat), Some((1234, 5555)));
         assert_eq!(parse_stat_ppid("garbage"), None);
@@ -207,13 +217,21 @@ mod tests {
 
     #[test]
     fn live_tree_contains_a_child() {
-        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
         let walker = TreeWalker::new(std::process::id() as i32);
         let pids = walker.pids();
         let found = pids.contains(&(child.id() as i32));
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(found, "{pids:?} lacks {}", child.id());
-        assert!(walker.sample().iter().any(|p| p.pid == std::process::id() as i32));
+        assert!(
+            walker
+                .sample()
+                .iter()
+                .any(|p| p.pid == std::process::id() as i32)
+        );
     }
 }

@@ -90,8 +90,12 @@ fn create(path: &Path) -> Result<BufWriter<File>, SeriesError> {
 
 impl SeriesWriter {
     pub fn new(jsonl: Option<&Path>, csv: Option<&Path>) -> Result<Self, SeriesError> {
-        let jsonl = jsonl.map(|p| create(p).map(|w| (p.to_owned(), w))).transpose()?;
-        let mut csv = csv.map(|p| create(p).map(|w| (p.to_owned(), w))).transpose()?;
+        let jsonl = jsonl
+            .map(|p| create(p).map(|w| (p.to_owned(), w)))
+            .transpose()?;
+        let mut csv = csv
+            .map(|p| create(p).map(|w| (p.to_owned(), w)))
+            .transpose()?;
         if let Some((path, w)) = &mut csv {
             writeln!(w, "{CSV_HEADER}").map_err(|source| SeriesError {
                 path: path.clone(),

@@ -247,8 +247,9 @@ pub fn run(cfg: &RunConfig) -> Result<RunSummary, SuperviseError> {
     let mut handlers = Vec::new();
     if cfg.forward_signals {
         for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-            let id = signal_hook::flag::register_usize(sig as i32, Arc::clone(&forwarded), sig as usize)
-                .map_err(SuperviseError::Signals)?;
+            let id =
+                signal_hook::flag::register_usize(sig as i32, Arc::clone(&forwarded), sig as usize)
+                    .map_err(SuperviseError::Signals)?;
             handlers.push(id);
         }
     }
@@ -274,9 +275,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunSummary, SuperviseError> {
     let mut attempts = Vec::new();
     let mut interrupted = false;
     for attempt in 0..=cfg.max_restarts.min(cfg.profiles.len() as u32) {
-        let profile = attempt
-            .checked_sub(1)
-            .map(|i| &cfg.profiles[i as usize]);
+        let profile = attempt.checked_sub(1).map(|i| &cfg.profiles[i as usize]);
         let summary = run_attempt(&mut ctx, attempt, profile)?;
         let stopped = summary.stopped_by_guard;
         interrupted = ctx.forwarded.load(Ordering::SeqCst) != 0;
@@ -351,8 +350,15 @@ struct JobGroup {
 
 impl JobGroup {
     fn new(pid: i32) -> Self {
-        assert!(pid > 1, "job PID {pid} cannot lead a group memfit may signal");
-        assert_ne!(Pid::from_raw(pid), getpgrp(), "the job must not share memfit's group");
+        assert!(
+            pid > 1,
+            "job PID {pid} cannot lead a group memfit may signal"
+        );
+        assert_ne!(
+            Pid::from_raw(pid),
+            getpgrp(),
+            "the job must not share memfit's group"
+        );
         assert_ne!(Pid::from_raw(pid), getpid());
         Self { pgid: pid }
     }
@@ -469,8 +475,18 @@ impl Growth {
 /// The next sampling period: 1 s far from limits, 100 ms near them, shorter when the soft level would be
 /// reached sooner at the current growth rate.
 /// `growth` is `None` until two samples give a rate: a job that just started is watched closely.
-pub fn next_interval(used: u64, limit: u64, soft: f64, stage_normal: bool, growth: Option<f64>) -> Duration {
-    let fraction = if limit == 0 { 1.0 } else { used as f64 / limit as f64 };
+pub fn next_interval(
+    used: u64,
+    limit: u64,
+    soft: f64,
+    stage_normal: bool,
+    growth: Option<f64>,
+) -> Duration {
+    let fraction = if limit == 0 {
+        1.0
+    } else {
+        used as f64 / limit as f64
+    };
     let Some(growth) = growth else {
         return NEAR_INTERVAL;
     };
@@ -505,11 +521,16 @@ fn run_attempt(
     let mut child = spawn(&argv, profile)?;
     let pid = child.id() as i32;
     let group = JobGroup::new(pid);
-    let pidfd = rustix::process::Pid::from_raw(pid).and_then(|p| {
-        rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
-    });
+    let pidfd = rustix::process::Pid::from_raw(pid)
+        .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
     let started_s = ctx.t();
-    tracing::info!(attempt, pid, profile = profile.map(|p| p.name.as_str()), "started {}", argv.join(" "));
+    tracing::info!(
+        attempt,
+        pid,
+        profile = profile.map(|p| p.name.as_str()),
+        "started {}",
+        argv.join(" ")
+    );
     ctx.series.record(
         "launch",
         &serde_json::json!({"t_s": started_s, "attempt": attempt, "pid": pid, "argv": argv,
@@ -577,18 +598,24 @@ fn run_attempt(
             gpu_last = Some(now);
         }
         for p in &procs {
-            let gpu_bytes = ctx.gpu.as_ref().map(|_| gpu_by_pid.get(&(p.pid as u32)).copied().unwrap_or(0));
-            let e = ctx.peaks.entry((attempt, p.pid)).or_insert_with(|| ProcessPeak {
-                attempt,
-                pid: p.pid,
-                name: p.name.clone(),
-                peak_bytes: 0,
-                peak_rss_anon_bytes: 0,
-                peak_rss_file_bytes: 0,
-                peak_rss_shmem_bytes: 0,
-                peak_swap_bytes: 0,
-                peak_gpu_bytes: None,
-            });
+            let gpu_bytes = ctx
+                .gpu
+                .as_ref()
+                .map(|_| gpu_by_pid.get(&(p.pid as u32)).copied().unwrap_or(0));
+            let e = ctx
+                .peaks
+                .entry((attempt, p.pid))
+                .or_insert_with(|| ProcessPeak {
+                    attempt,
+                    pid: p.pid,
+                    name: p.name.clone(),
+                    peak_bytes: 0,
+                    peak_rss_anon_bytes: 0,
+                    peak_rss_file_bytes: 0,
+                    peak_rss_shmem_bytes: 0,
+                    peak_swap_bytes: 0,
+                    peak_gpu_bytes: None,
+                });
             e.peak_bytes = e.peak_bytes.max(p.charged());
             e.peak_rss_anon_bytes = e.peak_rss_anon_bytes.max(p.rss_anon);
             e.peak_rss_file_bytes = e.peak_rss_file_bytes.max(p.rss_file);
@@ -603,7 +630,11 @@ fn run_attempt(
             limit,
         };
         // After a forwarded signal the user is in charge: keep recording, take no guard action.
-        let action = if forwarded_done == 0 { guard.step(reading) } else { None };
+        let action = if forwarded_done == 0 {
+            guard.step(reading)
+        } else {
+            None
+        };
         if let Some(action) = action {
             let (name, reason, sig) = match action {
                 Action::Warn => ("warn", None, None),
@@ -643,9 +674,20 @@ fn run_attempt(
         }
 
         let rate = growth.update(now, job);
-        let period = next_interval(job, limit, guard.config().soft, guard.stage() == Stage::Normal, rate);
+        let period = next_interval(
+            job,
+            limit,
+            guard.config().soft,
+            guard.stage() == Stage::Normal,
+            rate,
+        );
         let totals = procs.iter().fold((0, 0, 0, 0), |t, p| {
-            (t.0 + p.rss_anon, t.1 + p.rss_file, t.2 + p.rss_shmem, t.3 + p.swap)
+            (
+                t.0 + p.rss_anon,
+                t.1 + p.rss_file,
+                t.2 + p.rss_shmem,
+                t.3 + p.swap,
+            )
         });
         let gpu_total = ctx.gpu.as_ref().map(|_| {
             procs
@@ -749,13 +791,25 @@ mod tests {
     fn interval_adapts() {
         let gib = 1u64 << 30;
         assert_eq!(next_interval(gib / 10, gib, 0.9, true, None), NEAR_INTERVAL);
-        assert_eq!(next_interval(gib / 10, gib, 0.9, true, Some(0.0)), FAR_INTERVAL);
-        assert_eq!(next_interval(gib * 6 / 10, gib, 0.9, true, Some(0.0)), NEAR_INTERVAL);
-        assert_eq!(next_interval(gib / 10, gib, 0.9, false, Some(0.0)), NEAR_INTERVAL);
+        assert_eq!(
+            next_interval(gib / 10, gib, 0.9, true, Some(0.0)),
+            FAR_INTERVAL
+        );
+        assert_eq!(
+            next_interval(gib * 6 / 10, gib, 0.9, true, Some(0.0)),
+            NEAR_INTERVAL
+        );
+        assert_eq!(
+            next_interval(gib / 10, gib, 0.9, false, Some(0.0)),
+            NEAR_INTERVAL
+        );
         // 0.8 GiB to the soft level at 8 GiB/s: 100 ms away, so sample every 25 ms.
         let p = next_interval(gib / 10, gib, 0.9, true, Some(8.0 * gib as f64));
         assert!((p.as_millis() as i64 - 25).abs() <= 1, "{p:?}");
-        assert_eq!(next_interval(gib * 89 / 100, gib, 0.9, true, Some(1e12)), MIN_INTERVAL);
+        assert_eq!(
+            next_interval(gib * 89 / 100, gib, 0.9, true, Some(1e12)),
+            MIN_INTERVAL
+        );
     }
 
     #[test]
@@ -771,7 +825,10 @@ mod tests {
         let cfg = RunConfig::new(vec!["sh".into(), "-c".into(), "exit 7".into()]);
         let s = run(&cfg).unwrap();
         assert_eq!((s.exit_code, s.outcome), (7, Outcome::Completed));
-        assert!(matches!(run(&RunConfig::new(vec![])), Err(SuperviseError::EmptyCommand)));
+        assert!(matches!(
+            run(&RunConfig::new(vec![])),
+            Err(SuperviseError::EmptyCommand)
+        ));
         let missing = RunConfig::new(vec!["/nonexistent/memfit-no-such-program".into()]);
         assert!(matches!(run(&missing), Err(SuperviseError::Spawn { .. })));
     }

@@ -129,8 +129,14 @@ mod tests {
         assert_eq!(parse_percent("90%"), Ok(0.9));
         assert!(parse_percent("0%").is_err());
         assert!(parse_percent("101%").is_err());
-        assert_eq!(SizeOrPercent::parse("50%"), Ok(SizeOrPercent::Fraction(0.5)));
-        assert_eq!(SizeOrPercent::parse("1GiB"), Ok(SizeOrPercent::Bytes(1 << 30)));
+        assert_eq!(
+            SizeOrPercent::parse("50%"),
+            Ok(SizeOrPercent::Fraction(0.5))
+        );
+        assert_eq!(
+            SizeOrPercent::parse("1GiB"),
+            Ok(SizeOrPercent::Bytes(1 << 30))
+        );
         assert_eq!(SizeOrPercent::Fraction(0.5).resolve(1000), 500);
     }
 

@@ -52,7 +52,16 @@ fn actions(s: &RunSummary, attempt: usize) -> Vec<String> {
 fn trial(dir: &Path, write_series: bool) -> (u64, f64) {
     let ck = dir.join("ck.json");
     let mut cfg = config(
-        hog(&["--step-mib", "8", "--interval-ms", "10", "--max-mib", "2048", "--checkpoint", ck.to_str().unwrap()]),
+        hog(&[
+            "--step-mib",
+            "8",
+            "--interval-ms",
+            "10",
+            "--max-mib",
+            "2048",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+        ]),
         Duration::from_secs(5),
     );
     if write_series {
@@ -64,11 +73,19 @@ fn trial(dir: &Path, write_series: bool) -> (u64, f64) {
     assert_eq!(s.exit_code, 75);
     let acts = actions(&s, 0);
     assert!(acts.contains(&"graceful_stop".to_owned()), "{acts:?}");
-    assert!(!acts.iter().any(|a| a.starts_with("kill")), "the hog obeys SIGTERM: {acts:?}");
+    assert!(
+        !acts.iter().any(|a| a.starts_with("kill")),
+        "the hog obeys SIGTERM: {acts:?}"
+    );
     let checkpoint = json(&ck);
     let peak = checkpoint["peak_rss_bytes"].as_u64().unwrap();
     assert!(peak < BUDGET, "RSS {} MiB passed the budget", peak / MIB);
-    let stop_t = s.attempts[0].actions.iter().find(|a| a.action == "graceful_stop").unwrap().t_s;
+    let stop_t = s.attempts[0]
+        .actions
+        .iter()
+        .find(|a| a.action == "graceful_stop")
+        .unwrap()
+        .t_s;
     (peak, s.attempts[0].ended_s - stop_t)
 }
 
@@ -89,7 +106,10 @@ fn twenty_trials_stop_below_budget_and_spare_outsiders() {
                 })
             })
             .collect();
-        workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
     });
     assert_eq!(results.len(), 20);
     let alive = sentinel.try_wait().unwrap().is_none();
@@ -114,8 +134,14 @@ fn series_is_self_describing() {
     let dir = tempfile::tempdir().unwrap();
     trial(dir.path(), true);
     let text = std::fs::read_to_string(dir.path().join("series.jsonl")).unwrap();
-    let records: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let kinds: Vec<&str> = records.iter().map(|r| r["type"].as_str().unwrap()).collect();
+    let records: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: Vec<&str> = records
+        .iter()
+        .map(|r| r["type"].as_str().unwrap())
+        .collect();
     assert_eq!(kinds[0], "header");
     assert_eq!(records[0]["schema"], "memfit-run/1");
     assert_eq!(records[0]["budget_bytes"], BUDGET);
@@ -123,9 +149,18 @@ fn series_is_self_describing() {
     assert!(kinds.contains(&"sample") && kinds.contains(&"action"));
     assert_eq!(kinds[kinds.len() - 2], "exit");
     assert_eq!(*kinds.last().unwrap(), "summary");
-    let samples: Vec<&serde_json::Value> = records.iter().filter(|r| r["type"] == "sample").collect();
-    assert!(samples.iter().any(|s| s["job_bytes"].as_u64().unwrap() > 100 * MIB));
-    assert!(samples.iter().all(|s| s["limit_bytes"].as_u64().unwrap() <= BUDGET));
+    let samples: Vec<&serde_json::Value> =
+        records.iter().filter(|r| r["type"] == "sample").collect();
+    assert!(
+        samples
+            .iter()
+            .any(|s| s["job_bytes"].as_u64().unwrap() > 100 * MIB)
+    );
+    assert!(
+        samples
+            .iter()
+            .all(|s| s["limit_bytes"].as_u64().unwrap() <= BUDGET)
+    );
     let csv = std::fs::read_to_string(dir.path().join("series.csv")).unwrap();
     assert!(csv.starts_with("t_s,attempt,job_bytes,limit_bytes"));
     assert_eq!(csv.lines().count(), samples.len() + 1);
@@ -137,7 +172,18 @@ fn relaunch_with_smaller_profile_completes() {
     let (ck, done) = (dir.path().join("ck.json"), dir.path().join("done.json"));
     let (ck_s, done_s) = (ck.to_str().unwrap(), done.to_str().unwrap());
     let mut cfg = config(
-        hog(&["--step-mib", "8", "--interval-ms", "10", "--max-mib", "2048", "--checkpoint", ck_s, "--done", done_s]),
+        hog(&[
+            "--step-mib",
+            "8",
+            "--interval-ms",
+            "10",
+            "--max-mib",
+            "2048",
+            "--checkpoint",
+            ck_s,
+            "--done",
+            done_s,
+        ]),
         Duration::from_secs(5),
     );
     cfg.profiles = vec![Profile {
@@ -150,11 +196,23 @@ fn relaunch_with_smaller_profile_completes() {
     let s = run(&cfg).unwrap();
     assert_eq!(s.attempts.len(), 2, "{s:#?}");
     assert!(s.attempts[0].stopped_by_guard);
-    assert!(s.attempts[1].argv.windows(2).any(|w| w == ["--max-mib", "64"]));
-    assert!(s.attempts[1].argv.ends_with(&["--resume".to_owned(), ck_s.to_owned()]));
+    assert!(
+        s.attempts[1]
+            .argv
+            .windows(2)
+            .any(|w| w == ["--max-mib", "64"])
+    );
+    assert!(
+        s.attempts[1]
+            .argv
+            .ends_with(&["--resume".to_owned(), ck_s.to_owned()])
+    );
     assert_eq!((s.outcome, s.exit_code), (Outcome::Completed, 0));
     let done = json(&done);
-    assert_eq!(done["tag"], "small", "the profile's environment reached the relaunch");
+    assert_eq!(
+        done["tag"], "small",
+        "the profile's environment reached the relaunch"
+    );
     assert_eq!(done["allocated_bytes"].as_u64(), Some(64 * MIB));
 }
 
@@ -163,17 +221,39 @@ fn sigterm_ignored_means_kill_after_grace() {
     // Stops growing at 240 MiB: above the soft level (230 MiB), below the hard limit (256 MiB).
     let grace = Duration::from_millis(600);
     let cfg = config(
-        hog(&["--ignore-term", "--step-mib", "8", "--interval-ms", "10", "--max-mib", "240", "--hold-ms", "20000"]),
+        hog(&[
+            "--ignore-term",
+            "--step-mib",
+            "8",
+            "--interval-ms",
+            "10",
+            "--max-mib",
+            "240",
+            "--hold-ms",
+            "20000",
+        ]),
         grace,
     );
     let started = Instant::now();
     let s = run(&cfg).unwrap();
-    assert!(started.elapsed() < Duration::from_secs(10), "it was not killed");
-    assert_eq!(actions(&s, 0).last().unwrap(), "kill:grace_expired", "{:?}", actions(&s, 0));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "it was not killed"
+    );
+    assert_eq!(
+        actions(&s, 0).last().unwrap(),
+        "kill:grace_expired",
+        "{:?}",
+        actions(&s, 0)
+    );
     let a = &s.attempts[0].actions;
     let stop = a.iter().find(|a| a.action == "graceful_stop").unwrap().t_s;
     let kill = a.iter().find(|a| a.action == "kill").unwrap().t_s;
-    assert!(kill - stop >= grace.as_secs_f64(), "killed {:.3} s after the graceful signal", kill - stop);
+    assert!(
+        kill - stop >= grace.as_secs_f64(),
+        "killed {:.3} s after the graceful signal",
+        kill - stop
+    );
     assert_eq!(s.attempts[0].signal, Some(9));
     assert_eq!((s.outcome, s.exit_code), (Outcome::StoppedByGuard, 75));
 }
@@ -181,14 +261,25 @@ fn sigterm_ignored_means_kill_after_grace() {
 #[test]
 fn still_rising_past_the_hard_limit_is_killed_before_the_grace_ends() {
     let cfg = config(
-        hog(&["--ignore-term", "--step-mib", "8", "--interval-ms", "10", "--max-mib", "4096"]),
+        hog(&[
+            "--ignore-term",
+            "--step-mib",
+            "8",
+            "--interval-ms",
+            "10",
+            "--max-mib",
+            "4096",
+        ]),
         Duration::from_secs(60),
     );
     let started = Instant::now();
     let s = run(&cfg).unwrap();
     assert!(started.elapsed() < Duration::from_secs(20));
     let acts = actions(&s, 0);
-    let stop = acts.iter().position(|a| a == "graceful_stop").expect("graceful signal first");
+    let stop = acts
+        .iter()
+        .position(|a| a == "graceful_stop")
+        .expect("graceful signal first");
     assert_eq!(acts[stop + 1..], ["kill:hard_limit".to_owned()], "{acts:?}");
 }
 
@@ -198,14 +289,33 @@ fn a_tree_is_sampled_and_stopped_as_one_job() {
     let ck = dir.path().join("ck.json");
     // Three processes growing 4 MiB every 10 ms each.
     let cfg = config(
-        hog(&["--children", "2", "--step-mib", "4", "--interval-ms", "10", "--max-mib", "2048", "--checkpoint", ck.to_str().unwrap()]),
+        hog(&[
+            "--children",
+            "2",
+            "--step-mib",
+            "4",
+            "--interval-ms",
+            "10",
+            "--max-mib",
+            "2048",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+        ]),
         Duration::from_secs(5),
     );
     let s = run(&cfg).unwrap();
     assert_eq!(s.outcome, Outcome::StoppedByGuard);
     assert!(ck.exists());
-    let hogs: Vec<_> = s.peak_by_process.iter().filter(|p| p.name.starts_with("memfit-memhog")).collect();
+    let hogs: Vec<_> = s
+        .peak_by_process
+        .iter()
+        .filter(|p| p.name.starts_with("memfit-memhog"))
+        .collect();
     assert_eq!(hogs.len(), 3, "{:?}", s.peak_by_process);
     let sum: u64 = hogs.iter().map(|p| p.peak_bytes).sum();
-    assert!(sum > BUDGET / 2 && s.peak_job_bytes < BUDGET, "sum {sum}, job peak {}", s.peak_job_bytes);
+    assert!(
+        sum > BUDGET / 2 && s.peak_job_bytes < BUDGET,
+        "sum {sum}, job peak {}",
+        s.peak_job_bytes
+    );
 }

@@ -43,8 +43,15 @@ fn parse(args: &[String]) -> Result<Options, String> {
     let mut i = 0;
     while i < args.len() {
         let flag = args[i].as_str();
-        let value = || args.get(i + 1).cloned().ok_or(format!("{flag} needs a value"));
-        let number = |v: String| v.parse::<u64>().map_err(|_| format!("{flag}: {v:?} is not a number"));
+        let value = || {
+            args.get(i + 1)
+                .cloned()
+                .ok_or(format!("{flag} needs a value"))
+        };
+        let number = |v: String| {
+            v.parse::<u64>()
+                .map_err(|_| format!("{flag}: {v:?} is not a number"))
+        };
         let mut pass_on = true;
         match flag {
             "--step-mib" => o.step_mib = number(value()?)? as usize,
@@ -67,7 +74,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
             other => return Err(format!("unknown argument {other:?}")),
         }
         if pass_on && !matches!(flag, "--checkpoint" | "--done") {
-            o.rest_for_children.extend([flag.to_owned(), args[i + 1].clone()]);
+            o.rest_for_children
+                .extend([flag.to_owned(), args[i + 1].clone()]);
         }
         i += 2;
     }
@@ -83,7 +91,10 @@ fn peak_rss() -> u64 {
 
 fn write_atomic(path: &str, text: &str) {
     let tmp = format!("{path}.tmp{}", std::process::id());
-    if std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path)).is_err() {
+    if std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .is_err()
+    {
         eprintln!("memfit-memhog: cannot write {path}");
         std::process::exit(1);
     }
@@ -116,11 +127,18 @@ fn main() {
         eprintln!("memfit-memhog: resuming from {r}");
     }
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGUSR1, signal_hook::consts::SIGTERM] {
+    for sig in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGUSR1,
+        signal_hook::consts::SIGTERM,
+    ] {
         if sig == signal_hook::consts::SIGTERM && o.ignore_term {
             // SAFETY: installing SIG_IGN runs no code in the handler context.
             unsafe {
-                let _ = nix::sys::signal::signal(nix::sys::signal::Signal::SIGTERM, nix::sys::signal::SigHandler::SigIgn);
+                let _ = nix::sys::signal::signal(
+                    nix::sys::signal::Signal::SIGTERM,
+                    nix::sys::signal::SigHandler::SigIgn,
+                );
             }
             continue;
         }
@@ -131,7 +149,12 @@ fn main() {
     }
     let exe = std::env::current_exe().unwrap_or_else(|_| "memfit-memhog".into());
     let mut kids: Vec<std::process::Child> = (0..o.children)
-        .filter_map(|_| std::process::Command::new(&exe).args(&o.rest_for_children).spawn().ok())
+        .filter_map(|_| {
+            std::process::Command::new(&exe)
+                .args(&o.rest_for_children)
+                .spawn()
+                .ok()
+        })
         .collect();
 
     let mut blocks: Vec<Vec<u8>> = Vec::new();
@@ -156,7 +179,8 @@ fn main() {
             blocks.push(block);
             allocated += step;
         } else {
-            let until = *hold_until.get_or_insert_with(|| Instant::now() + Duration::from_millis(o.hold_ms));
+            let until = *hold_until
+                .get_or_insert_with(|| Instant::now() + Duration::from_millis(o.hold_ms));
             if Instant::now() >= until {
                 break;
             }

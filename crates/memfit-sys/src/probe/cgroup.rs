@@ -79,7 +79,10 @@ impl CgroupMemory {
     /// Re-reads usage and events (cheap: two or three small files), for sampling during a run.
     pub fn refresh_usage(&mut self) {
         let (current, events) = match self.version {
-            CgroupVersion::V2 => (read_u64(&self.dir.join("memory.current")), events_v2(&self.dir)),
+            CgroupVersion::V2 => (
+                read_u64(&self.dir.join("memory.current")),
+                events_v2(&self.dir),
+            ),
             CgroupVersion::V1 => (
                 read_u64(&self.dir.join("memory.usage_in_bytes")),
                 events_v1(&self.dir),
@@ -282,7 +285,10 @@ mod tests {
         let root = fixture("cgroup-v1");
         let cg = load(&root).expect("memory controller found");
         assert_eq!(cg.version, CgroupVersion::V1);
-        assert!(cg.dir.ends_with("memory/process_api/2a95b7ffe50293bc46a58722285ddc7e"));
+        assert!(
+            cg.dir
+                .ends_with("memory/process_api/2a95b7ffe50293bc46a58722285ddc7e")
+        );
         assert_eq!(cg.max_bytes, None, "9223372036854771712 means unlimited");
         assert_eq!(cg.limit_bytes(), None);
         assert_eq!(cg.current_bytes, Some(147_730_432));
@@ -311,7 +317,11 @@ mod tests {
         assert_eq!(cg.max_bytes, Some(8 << 30));
         assert_eq!(cg.high_bytes, Some(6 << 30));
         assert_eq!(cg.limit_bytes(), Some(6 << 30));
-        assert!(cg.limited_by.unwrap().ends_with("user.slice/user-1000.slice"));
+        assert!(
+            cg.limited_by
+                .unwrap()
+                .ends_with("user.slice/user-1000.slice")
+        );
         // memory.high 6 GiB − the slice's 2 GiB in use.
         assert_eq!(cg.headroom_bytes, Some(4 << 30));
         assert_eq!(cg.current_bytes, Some(1 << 30));

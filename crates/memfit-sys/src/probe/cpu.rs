@@ -5,8 +5,24 @@ use std::collections::BTreeSet;
 /// Instruction-set flags that change CPU training speed, as /proc/cpuinfo names them
 /// (arch/x86/include/asm/cpufeatures.h; `asimd`/`sve`/`sme` are the aarch64 counterparts).
 const ISA_FLAGS: &[&str] = &[
-    "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-    "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2", "sme",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx_vnni",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "asimd",
+    "sve",
+    "sve2",
+    "sme",
 ];
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -65,7 +81,11 @@ pub fn parse_cpuinfo(text: &str) -> Cpu {
             model
         },
         logical_cores: logical,
-        physical_cores: if cores.is_empty() { logical } else { cores.len() },
+        physical_cores: if cores.is_empty() {
+            logical
+        } else {
+            cores.len()
+        },
         usable_cores: logical,
         isa,
     }

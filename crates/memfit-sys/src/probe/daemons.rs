@@ -1,7 +1,13 @@
 //! Userspace OOM killers that may kill a job before the guard acts.
 
 /// Process names (/proc/PID/comm, at most 15 characters) of known OOM daemons.
-const OOM_DAEMONS: &[&str] = &["earlyoom", "systemd-oomd", "nohang", "oomd", "low-memory-moni"];
+const OOM_DAEMONS: &[&str] = &[
+    "earlyoom",
+    "systemd-oomd",
+    "nohang",
+    "oomd",
+    "low-memory-moni",
+];
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Daemon {

@@ -14,7 +14,9 @@ pub struct Gpu {
 #[cfg(feature = "nvml")]
 pub fn gpus_with_driver() -> Result<(Vec<Gpu>, String), String> {
     let nvml = nvml_wrapper::Nvml::init().map_err(|e| format!("NVML not available: {e}"))?;
-    let driver = nvml.sys_driver_version().unwrap_or_else(|_| "unknown".into());
+    let driver = nvml
+        .sys_driver_version()
+        .unwrap_or_else(|_| "unknown".into());
     let count = nvml.device_count().map_err(|e| format!("NVML: {e}"))?;
     let mut out = Vec::new();
     for index in 0..count {
@@ -58,25 +60,28 @@ impl GpuSampler {
     }
 
     /// Bytes of GPU memory per PID (compute and graphics contexts).
+    #[cfg(feature = "nvml")]
     pub fn per_pid(&self) -> HashMap<u32, u64> {
+        use nvml_wrapper::enums::device::UsedGpuMemory;
         let mut used = HashMap::new();
-        #[cfg(feature = "nvml")]
-        {
-            use nvml_wrapper::enums::device::UsedGpuMemory;
-            let count = self.nvml.device_count().unwrap_or(0);
-            for index in 0..count {
-                let Ok(device) = self.nvml.device_by_index(index) else {
-                    continue;
-                };
-                let compute = device.running_compute_processes().unwrap_or_default();
-                let graphics = device.running_graphics_processes().unwrap_or_default();
-                for p in compute.into_iter().chain(graphics) {
-                    if let UsedGpuMemory::Used(bytes) = p.used_gpu_memory {
-                        *used.entry(p.pid).or_insert(0) += bytes;
-                    }
+        let count = self.nvml.device_count().unwrap_or(0);
+        for index in 0..count {
+            let Ok(device) = self.nvml.device_by_index(index) else {
+                continue;
+            };
+            let compute = device.running_compute_processes().unwrap_or_default();
+            let graphics = device.running_graphics_processes().unwrap_or_default();
+            for p in compute.into_iter().chain(graphics) {
+                if let UsedGpuMemory::Used(bytes) = p.used_gpu_memory {
+                    *used.entry(p.pid).or_insert(0) += bytes;
                 }
             }
         }
         used
+    }
+
+    #[cfg(not(feature = "nvml"))]
+    pub fn per_pid(&self) -> HashMap<u32, u64> {
+        HashMap::new()
     }
 }

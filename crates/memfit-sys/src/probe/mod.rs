@@ -140,7 +140,10 @@ pub fn machine(runs_dir: &Path) -> Machine {
     }
     let pressure = psi::memory_pressure();
     if pressure.is_none() {
-        missing.push("PSI: /proc/pressure/memory absent (kernel without CONFIG_PSI or booted with psi=0)".to_owned());
+        missing.push(
+            "PSI: /proc/pressure/memory absent (kernel without CONFIG_PSI or booted with psi=0)"
+                .to_owned(),
+        );
     }
     let disk = disk::disk(runs_dir);
     if disk.is_none() {

@@ -54,14 +54,22 @@ fn render(m: &Machine) -> String {
     if let Some(mem) = &m.memory {
         t.add_row(vec![
             "RAM".to_owned(),
-            format!("{} total, {} available", h(mem.total_bytes), h(mem.available_bytes)),
+            format!(
+                "{} total, {} available",
+                h(mem.total_bytes),
+                h(mem.available_bytes)
+            ),
         ]);
         t.add_row(vec![
             "Swap".to_owned(),
             if mem.swap_total_bytes == 0 {
                 "none".to_owned()
             } else {
-                format!("{} total, {} free", h(mem.swap_total_bytes), h(mem.swap_free_bytes))
+                format!(
+                    "{} total, {} free",
+                    h(mem.swap_total_bytes),
+                    h(mem.swap_free_bytes)
+                )
             },
         ]);
     }
@@ -86,7 +94,11 @@ fn render(m: &Machine) -> String {
     if let (Some(limit), Some(mem)) = (m.effective_limit_bytes, &m.memory) {
         t.add_row(vec![
             "Effective limit".to_owned(),
-            format!("{} ({} available to a new job now)", h(limit), h(mem.effective_available_bytes)),
+            format!(
+                "{} ({} available to a new job now)",
+                h(limit),
+                h(mem.effective_available_bytes)
+            ),
         ]);
     }
     if let Some(p) = &m.pressure {
@@ -102,21 +114,39 @@ fn render(m: &Machine) -> String {
     if let Some(d) = &m.disk {
         t.add_row(vec![
             "Disk".to_owned(),
-            format!("{} free of {} at {}", h(d.free_bytes), h(d.total_bytes), d.path),
+            format!(
+                "{} free of {} at {}",
+                h(d.free_bytes),
+                h(d.total_bytes),
+                d.path
+            ),
         ]);
     }
     if let Some(s) = &m.shm {
-        t.add_row(vec!["/dev/shm".to_owned(), format!("{} ({} free)", h(s.total_bytes), h(s.free_bytes))]);
+        t.add_row(vec![
+            "/dev/shm".to_owned(),
+            format!("{} ({} free)", h(s.total_bytes), h(s.free_bytes)),
+        ]);
     }
     let gpus = if m.gpus.is_empty() {
         "none".to_owned()
     } else {
         m.gpus
             .iter()
-            .map(|g| format!("{}: {} free of {}", g.name, h(g.free_bytes), h(g.total_bytes)))
+            .map(|g| {
+                format!(
+                    "{}: {} free of {}",
+                    g.name,
+                    h(g.free_bytes),
+                    h(g.total_bytes)
+                )
+            })
             .collect::<Vec<_>>()
             .join("\n")
-            + &m.gpu_driver.as_ref().map(|d| format!("\ndriver {d}")).unwrap_or_default()
+            + &m.gpu_driver
+                .as_ref()
+                .map(|d| format!("\ndriver {d}"))
+                .unwrap_or_default()
     };
     t.add_row(vec!["GPUs".to_owned(), gpus]);
     let daemons = if m.oom_daemons.is_empty() {

@@ -8,14 +8,21 @@ use std::time::Duration;
 use anyhow::Context;
 use comfy_table::Table;
 use memfit_sys::guard::GuardConfig;
+use memfit_sys::profiles;
 use memfit_sys::supervise::{self, RunConfig, RunSummary, StopSignal, SuperviseError};
 use memfit_sys::units::{SizeOrPercent, human_bytes as h, parse_duration, parse_percent};
-use memfit_sys::profiles;
 
 use crate::exit::{Outcome, bad_input};
 
+/// Boxed: the options are many strings, and `main`'s command enum should stay small.
 #[derive(clap::Args)]
 pub struct Args {
+    #[command(flatten)]
+    options: Box<RunArgs>,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
     /// The job's hard limit: a size (12GiB) or a share of the effective limit (RAM, or the cgroup limit
     /// if lower), e.g. 90%.
     #[arg(long, default_value = "90%")]
@@ -58,12 +65,14 @@ pub struct Args {
     command: Vec<String>,
 }
 
-fn config(args: &Args) -> anyhow::Result<RunConfig> {
+fn config(args: &RunArgs) -> anyhow::Result<RunConfig> {
     let size_or_pct = |flag: &str, v: &str| {
         SizeOrPercent::parse(v).map_err(|e| bad_input(format!("--{flag}: {e}")))
     };
-    let pct = |flag: &str, v: &str| parse_percent(v).map_err(|e| bad_input(format!("--{flag}: {e}")));
-    let dur = |flag: &str, v: &str| parse_duration(v).map_err(|e| bad_input(format!("--{flag}: {e}")));
+    let pct =
+        |flag: &str, v: &str| parse_percent(v).map_err(|e| bad_input(format!("--{flag}: {e}")));
+    let dur =
+        |flag: &str, v: &str| parse_duration(v).map_err(|e| bad_input(format!("--{flag}: {e}")));
     let (warn, soft) = (pct("warn", &args.warn)?, pct("soft", &args.soft)?);
     if warn >= soft || soft >= 1.0 {
         return Err(bad_input(format!(
@@ -71,8 +80,12 @@ fn config(args: &Args) -> anyhow::Result<RunConfig> {
             args.warn, args.soft
         )));
     }
-    let signal = StopSignal::parse(&args.signal)
-        .ok_or_else(|| bad_input(format!("--signal {:?}: expected TERM, INT or USR1", args.signal)))?;
+    let signal = StopSignal::parse(&args.signal).ok_or_else(|| {
+        bad_input(format!(
+            "--signal {:?}: expected TERM, INT or USR1",
+            args.signal
+        ))
+    })?;
     let profiles = match &args.profiles {
         Some(path) => profiles::load(path).map_err(|e| bad_input(e.to_string()))?,
         None => Vec::new(),
@@ -97,6 +110,7 @@ fn config(args: &Args) -> anyhow::Result<RunConfig> {
 }
 
 pub fn run(args: Args) -> Outcome {
+    let args = *args.options;
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
@@ -109,8 +123,12 @@ pub fn run(args: Args) -> Outcome {
         .try_init();
     let cfg = config(&args)?;
     let summary = match supervise::run(&cfg) {
-        Err(SuperviseError::Spawn { program, source }) if source.kind() == std::io::ErrorKind::NotFound => {
-            return Err(bad_input(format!("cannot start {program:?}: no such program")));
+        Err(SuperviseError::Spawn { program, source })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            return Err(bad_input(format!(
+                "cannot start {program:?}: no such program"
+            )));
         }
         other => other.context("memfit run")?,
     };
@@ -127,14 +145,31 @@ fn secs(s: f64) -> String {
 
 fn render(s: &RunSummary) -> String {
     let mut attempts = Table::new();
-    attempts.set_header(vec!["attempt", "profile", "exit", "stopped by guard", "peak", "duration", "actions"]);
+    attempts.set_header(vec![
+        "attempt",
+        "profile",
+        "exit",
+        "stopped by guard",
+        "peak",
+        "duration",
+        "actions",
+    ]);
     for a in &s.attempts {
         let actions = a
             .actions
             .iter()
             .map(|x| {
-                let what = x.reason.as_ref().map_or(x.action.clone(), |r| format!("{} ({r})", x.action));
-                format!("{} at {} ({} of {})", what, secs(x.t_s), h(x.job_bytes), h(x.limit_bytes))
+                let what = x
+                    .reason
+                    .as_ref()
+                    .map_or(x.action.clone(), |r| format!("{} ({r})", x.action));
+                format!(
+                    "{} at {} ({} of {})",
+                    what,
+                    secs(x.t_s),
+                    h(x.job_bytes),
+                    h(x.limit_bytes)
+                )
             })
             .collect::<Vec<_>>()
             .join("\n");
@@ -152,7 +187,16 @@ fn render(s: &RunSummary) -> String {
         ]);
     }
     let mut procs = Table::new();
-    procs.set_header(vec!["attempt", "pid", "process", "peak (anon+shmem+swap)", "anon", "file", "shmem", "gpu"]);
+    procs.set_header(vec![
+        "attempt",
+        "pid",
+        "process",
+        "peak (anon+shmem+swap)",
+        "anon",
+        "file",
+        "shmem",
+        "gpu",
+    ]);
     for p in &s.peak_by_process {
         procs.add_row(vec![
             p.attempt.to_string(),
@@ -176,6 +220,9 @@ fn render(s: &RunSummary) -> String {
         h(s.peak_job_bytes),
         s.samples,
         s.exit_code,
-        serde_json::to_value(s.outcome).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
+        serde_json::to_value(s.outcome)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default(),
     )
 }
