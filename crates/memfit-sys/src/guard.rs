@@ -42,16 +42,40 @@ impl Default for GuardConfig {
 pub struct Reading {
     pub at: Duration,
     pub used: u64,
+    /// Where `used` will be at the next reading if it keeps growing at its current rate (≥ `used`).
+    /// The warn and soft levels compare this, so a fast climb is stopped before it crosses them
+    /// between two readings; the hard limit compares `used`, what is actually there.
+    pub projected: u64,
     pub limit: u64,
 }
 
 impl Reading {
-    pub fn fraction(&self) -> f64 {
+    /// A reading of memory that is not growing.
+    pub fn steady(at: Duration, used: u64, limit: u64) -> Self {
+        Self {
+            at,
+            used,
+            projected: used,
+            limit,
+        }
+    }
+
+    fn share(&self, bytes: u64) -> f64 {
         if self.limit == 0 {
             f64::INFINITY
         } else {
-            self.used as f64 / self.limit as f64
+            bytes as f64 / self.limit as f64
         }
+    }
+
+    /// `used` as a fraction of the limit.
+    pub fn fraction(&self) -> f64 {
+        self.share(self.used)
+    }
+
+    /// `projected` (never below `used`) as a fraction of the limit.
+    pub fn projected_fraction(&self) -> f64 {
+        self.share(self.projected.max(self.used))
     }
 }
 
@@ -118,11 +142,11 @@ impl Guard {
 
     /// Feeds one reading; returns what to do now, if anything.
     pub fn step(&mut self, r: Reading) -> Option<Action> {
-        let f = r.fraction();
+        let f = r.projected_fraction();
         let c = &self.cfg;
         match self.stage {
             Stage::Killed => None,
-            _ if f >= 1.0 => {
+            _ if r.fraction() >= 1.0 => {
                 self.stage = Stage::Killed;
                 Some(Action::Kill {
                     reason: KillReason::HardLimit,
@@ -176,11 +200,7 @@ mod tests {
             .iter()
             .map(|&(dt_ms, used)| {
                 at += Duration::from_millis(dt_ms);
-                let r = Reading {
-                    at,
-                    used,
-                    limit: LIMIT,
-                };
+                let r = Reading::steady(at, used, LIMIT);
                 (r, guard.step(r))
             })
             .collect()
@@ -250,20 +270,25 @@ mod tests {
     proptest! {
         #[test]
         fn invariants_hold(
-            trace in proptest::collection::vec((1u64..400, 0u64..1100), 1..80),
+            trace in proptest::collection::vec((1u64..400, 0u64..1100, 0u64..200), 1..80),
             expect_exit: bool,
         ) {
             let cfg = cfg(expect_exit);
-            let out = run(cfg.clone(), &trace);
+            let mut guard = Guard::new(cfg.clone());
+            let mut at = Duration::ZERO;
             let mut graceful_sent = false;
+            let mut stopping = false;
             let mut killed = false;
             let mut warned = false;
             let mut last_warn: Option<Duration> = None;
             let mut last_stop: Option<Duration> = None;
-            for (r, action) in &out {
-                let f = r.fraction();
+            for &(dt_ms, used, growth) in &trace {
+                at += Duration::from_millis(dt_ms);
+                let r = Reading { at, used, projected: used + growth, limit: LIMIT };
+                let action = guard.step(r);
+                let (f, p) = (r.fraction(), r.projected_fraction());
                 if killed {
-                    prop_assert_eq!(*action, None, "nothing after a kill");
+                    prop_assert_eq!(action, None, "nothing after a kill");
                     continue;
                 }
                 if f >= 1.0 {
@@ -276,26 +301,56 @@ mod tests {
                         killed = true;
                     }
                     Some(Action::GracefulStop) => {
-                        prop_assert!(f >= cfg.soft);
+                        prop_assert!(p >= cfg.soft);
                         prop_assert!(last_stop.is_none_or(|t| r.at - t >= cfg.cooldown));
                         graceful_sent = true;
+                        stopping = true;
                         last_stop = Some(r.at);
                     }
                     Some(Action::Warn) => {
                         // Hysteresis: a second warning only after a recovery, and not within cooldown.
                         prop_assert!(!warned);
-                        prop_assert!(f >= cfg.warn);
+                        prop_assert!(p >= cfg.warn);
                         prop_assert!(last_warn.is_none_or(|t| r.at - t >= cfg.cooldown));
                         warned = true;
                         last_warn = Some(r.at);
                     }
                     Some(Action::Recover) => {
-                        prop_assert!(f < cfg.warn - cfg.hysteresis || (!cfg.expect_exit && f < cfg.soft - cfg.hysteresis));
+                        prop_assert!(
+                            p < cfg.warn - cfg.hysteresis
+                                || (!cfg.expect_exit && p < cfg.soft - cfg.hysteresis)
+                        );
+                        // A recovery from the graceful stage restarts its cooldown.
+                        if stopping {
+                            last_stop = Some(r.at);
+                            stopping = false;
+                        }
                         warned = false;
                     }
                     None => {}
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_fast_climb_is_stopped_before_it_crosses_soft() {
+        let mut guard = Guard::new(cfg(true));
+        let r = Reading {
+            at: Duration::from_millis(10),
+            used: 850,
+            projected: 905,
+            limit: LIMIT,
+        };
+        assert_eq!(guard.step(r), Some(Action::GracefulStop));
+        // …but only the real usage can trigger the hard limit.
+        let mut guard = Guard::new(cfg(true));
+        let r = Reading {
+            at: Duration::from_millis(10),
+            used: 950,
+            projected: 5000,
+            limit: LIMIT,
+        };
+        assert_eq!(guard.step(r), Some(Action::GracefulStop));
     }
 }

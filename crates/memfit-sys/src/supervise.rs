@@ -243,6 +243,14 @@ pub fn run(cfg: &RunConfig) -> Result<RunSummary, SuperviseError> {
         .as_ref()
         .and_then(CgroupMemory::limit_bytes)
         .map_or(system.total_bytes, |l| l.min(system.total_bytes));
+    let budget_bytes = cfg.budget.resolve(effective_limit);
+    if budget_bytes > effective_limit {
+        tracing::warn!(
+            "the budget {} is above what this machine allows ({}); the lower one applies",
+            crate::units::human_bytes(budget_bytes),
+            crate::units::human_bytes(effective_limit)
+        );
+    }
     let forwarded = Arc::new(AtomicUsize::new(0));
     let mut handlers = Vec::new();
     if cfg.forward_signals {
@@ -256,7 +264,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunSummary, SuperviseError> {
     let mut ctx = Context {
         cfg,
         start: Instant::now(),
-        budget_bytes: cfg.budget.resolve(effective_limit),
+        budget_bytes: budget_bytes.min(effective_limit),
         keep_free_bytes: cfg.keep_free.resolve(system.total_bytes),
         cgroup,
         gpu: GpuSampler::new(),
@@ -624,9 +632,20 @@ fn run_attempt(
             e.peak_gpu_bytes = gpu_bytes.map(|g| e.peak_gpu_bytes.unwrap_or(0).max(g));
         }
 
+        // The period until the next sample, and where memory will be by then at the current rate.
+        let rate = growth.update(now, job);
+        let period = next_interval(
+            job,
+            limit,
+            guard.config().soft,
+            guard.stage() == Stage::Normal,
+            rate,
+        );
+        let projected = job + (rate.unwrap_or(0.0).max(0.0) * period.as_secs_f64()) as u64;
         let reading = Reading {
             at: ctx.start.elapsed(),
             used: job,
+            projected,
             limit,
         };
         // After a forwarded signal the user is in charge: keep recording, take no guard action.
@@ -673,14 +692,12 @@ fn run_attempt(
             actions.push(record);
         }
 
-        let rate = growth.update(now, job);
-        let period = next_interval(
-            job,
-            limit,
-            guard.config().soft,
-            guard.stage() == Stage::Normal,
-            rate,
-        );
+        // An action just taken moves the guard out of `Normal`: watch closely from now on.
+        let period = if guard.stage() == Stage::Normal {
+            period
+        } else {
+            period.min(NEAR_INTERVAL)
+        };
         let totals = procs.iter().fold((0, 0, 0, 0), |t, p| {
             (
                 t.0 + p.rss_anon,
