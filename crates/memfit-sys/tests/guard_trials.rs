@@ -93,8 +93,7 @@ fn trial(dir: &Path, write_series: bool) -> (u64, f64, f64) {
     let period_before_stop = series
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|r| r["type"] == "sample" && r["stage"] != "stopping")
-        .last()
+        .rfind(|r| r["type"] == "sample" && r["stage"] != "stopping")
         .map_or(0.0, |r| r["next_ms"].as_f64().unwrap() / 1e3);
     (peak, s.attempts[0].ended_s - stop_t, period_before_stop)
 }
