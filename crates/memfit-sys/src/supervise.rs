@@ -204,6 +204,8 @@ pub struct RunSummary {
     pub tree_discovery: &'static str,
     /// memfit's own peak RSS (VmHWM) when the run ended.
     pub guard_peak_rss_bytes: Option<u64>,
+    /// CPU time memfit itself used (user + system), the cost of sampling.
+    pub guard_cpu_s: Option<f64>,
 }
 
 /// EX_TEMPFAIL from sysexits.h: stopped by the guard, try again (DESIGN.md §3).
@@ -318,6 +320,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunSummary, SuperviseError> {
         samples: ctx.samples,
         tree_discovery: ctx.tree_discovery,
         guard_peak_rss_bytes: own_peak_rss(),
+        guard_cpu_s: own_cpu_seconds(),
     };
     ctx.series.record("summary", &summary)?;
     Ok(summary)
@@ -504,8 +507,11 @@ pub fn next_interval(
         FAR_INTERVAL
     };
     let to_soft = soft * limit as f64 - used as f64;
-    if growth > 0.0 && to_soft > 0.0 {
-        let eta = Duration::from_secs_f64(to_soft / growth / SAMPLES_BEFORE_SOFT);
+    // A tiny growth rate gives an ETA too long for a Duration: then it does not shorten the period.
+    if growth > 0.0
+        && to_soft > 0.0
+        && let Ok(eta) = Duration::try_from_secs_f64(to_soft / growth / SAMPLES_BEFORE_SOFT)
+    {
         period = period.min(eta);
     }
     period.max(MIN_INTERVAL)
@@ -794,6 +800,19 @@ fn stop_leftovers(ctx: &Context, group: &JobGroup, attempt: u32) -> Option<Actio
     })
 }
 
+/// /proc reports CPU times in USER_HZ ticks, which the kernel fixes at 100 per second for user space
+/// (proc(5), "utime").
+const USER_HZ: f64 = 100.0;
+
+/// This process's user + system CPU time (fields 14 and 15 of /proc/self/stat).
+pub fn own_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // After ")", field N sits at index N − 3.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / USER_HZ)
+}
+
 /// This process's peak RSS (VmHWM).
 pub fn own_peak_rss() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -827,6 +846,17 @@ mod tests {
             next_interval(gib * 89 / 100, gib, 0.9, true, Some(1e12)),
             MIN_INTERVAL
         );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn interval_is_always_bounded(
+            used: u64, limit: u64, soft in 0.01f64..1.0, normal: bool,
+            growth in proptest::option::of(proptest::num::f64::ANY),
+        ) {
+            let p = next_interval(used, limit, soft, normal, growth);
+            proptest::prop_assert!((MIN_INTERVAL..=FAR_INTERVAL).contains(&p));
+        }
     }
 
     #[test]
