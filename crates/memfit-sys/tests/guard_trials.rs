@@ -21,6 +21,14 @@ fn hog(args: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// The hog growing 8 MiB every 10 ms (at most 800 MiB/s; page faults hold it near 400 MiB/s here, still
+/// faster than a trainer's host memory grows), plus `extra` arguments.
+fn growing(extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["--step-mib", "8", "--interval-ms", "10"];
+    args.extend_from_slice(extra);
+    hog(&args)
+}
+
 fn config(command: Vec<String>, grace: Duration) -> RunConfig {
     let mut cfg = RunConfig::new(command);
     cfg.budget = SizeOrPercent::Bytes(BUDGET);
@@ -48,23 +56,13 @@ fn actions(s: &RunSummary, attempt: usize) -> Vec<String> {
         .collect()
 }
 
-/// One trial: a hog growing 4 MiB every 10 ms (up to 400 MiB/s; faster than any trainer's host memory
-/// grows) must be stopped gracefully below the budget.
+/// One trial: the growing hog must be stopped gracefully below the budget.
 /// Returns the hog's peak RSS, the seconds from the graceful signal to the job's exit, and the sampling
 /// period in force when the soft level was crossed (how long a crossing can go unseen).
 fn trial(dir: &Path, write_series: bool) -> (u64, f64, f64) {
     let ck = dir.join("ck.json");
     let mut cfg = config(
-        hog(&[
-            "--step-mib",
-            "8",
-            "--interval-ms",
-            "10",
-            "--max-mib",
-            "2048",
-            "--checkpoint",
-            ck.to_str().unwrap(),
-        ]),
+        growing(&["--max-mib", "2048", "--checkpoint", ck.to_str().unwrap()]),
         Duration::from_secs(5),
     );
     cfg.jsonl = Some(dir.join("series.jsonl"));
@@ -186,18 +184,7 @@ fn relaunch_with_smaller_profile_completes() {
     let (ck, done) = (dir.path().join("ck.json"), dir.path().join("done.json"));
     let (ck_s, done_s) = (ck.to_str().unwrap(), done.to_str().unwrap());
     let mut cfg = config(
-        hog(&[
-            "--step-mib",
-            "8",
-            "--interval-ms",
-            "10",
-            "--max-mib",
-            "2048",
-            "--checkpoint",
-            ck_s,
-            "--done",
-            done_s,
-        ]),
+        growing(&["--max-mib", "2048", "--checkpoint", ck_s, "--done", done_s]),
         Duration::from_secs(5),
     );
     cfg.profiles = vec![Profile {
@@ -235,17 +222,7 @@ fn sigterm_ignored_means_kill_after_grace() {
     // Stops growing at 240 MiB: above the soft level (230 MiB), below the hard limit (256 MiB).
     let grace = Duration::from_millis(600);
     let cfg = config(
-        hog(&[
-            "--ignore-term",
-            "--step-mib",
-            "8",
-            "--interval-ms",
-            "10",
-            "--max-mib",
-            "240",
-            "--hold-ms",
-            "20000",
-        ]),
+        growing(&["--ignore-term", "--max-mib", "240", "--hold-ms", "20000"]),
         grace,
     );
     let started = Instant::now();
@@ -275,15 +252,7 @@ fn sigterm_ignored_means_kill_after_grace() {
 #[test]
 fn still_rising_past_the_hard_limit_is_killed_before_the_grace_ends() {
     let cfg = config(
-        hog(&[
-            "--ignore-term",
-            "--step-mib",
-            "8",
-            "--interval-ms",
-            "10",
-            "--max-mib",
-            "4096",
-        ]),
+        growing(&["--ignore-term", "--max-mib", "4096"]),
         Duration::from_secs(60),
     );
     let started = Instant::now();

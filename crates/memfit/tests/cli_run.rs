@@ -5,6 +5,8 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
+/// memfit-memhog arguments for a job that grows 4 MiB every 10 ms per process.
+const GROWING: [&str; 4] = ["--step-mib", "4", "--interval-ms", "10"];
 
 fn memfit() -> Command {
     Command::new(env!("CARGO_BIN_EXE_memfit"))
@@ -81,15 +83,9 @@ fn guard_stops_the_job_below_budget_with_exit_75_and_stays_small() {
         .arg(&log)
         .arg("--")
         .arg(&hog)
-        .args([
-            "--children",
-            "2",
-            "--step-mib",
-            "4",
-            "--interval-ms",
-            "10",
-            "--checkpoint",
-        ])
+        .args(["--children", "2"])
+        .args(GROWING)
+        .arg("--checkpoint")
         .arg(&ck)
         .output()
         .unwrap();
@@ -141,15 +137,8 @@ fn profiles_file_relaunches_smaller_and_completes() {
         .arg(&profiles)
         .arg("--")
         .arg(&hog)
-        .args([
-            "--step-mib",
-            "8",
-            "--interval-ms",
-            "10",
-            "--max-mib",
-            "4096",
-            "--checkpoint",
-        ])
+        .args(GROWING)
+        .args(["--max-mib", "4096", "--checkpoint"])
         .arg(&ck)
         .arg("--done")
         .arg(&done)
@@ -178,7 +167,22 @@ fn a_signal_to_memfit_reaches_the_job() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // memfit installs its handlers before it starts the job: wait for the job, then for the job's own
+    // handlers (it installs them first thing).
+    let children = format!("/proc/{0}/task/{0}/children", child.id());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(&children)
+        .unwrap_or_default()
+        .trim()
+        .is_empty()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "memfit never started the job"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
     let sent = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()

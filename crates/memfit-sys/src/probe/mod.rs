@@ -61,7 +61,11 @@ pub fn host_memory() -> Result<HostMemory, ProbeError> {
     let swap_free_bytes = field("SwapFree")?;
     let cgroup = cgroup::own_cgroup();
     let cgroup_limit_bytes = cgroup.as_ref().and_then(|c| c.limit_bytes());
-    let effective_available_bytes = match cgroup.as_ref().and_then(|c| c.headroom_bytes) {
+    // Room under the cgroup limit, not counting reclaimable page cache as used.
+    let room = cgroup
+        .as_ref()
+        .and_then(|c| c.headroom_now().or(c.headroom_bytes));
+    let effective_available_bytes = match room {
         Some(headroom) => available_bytes.min(headroom),
         None => available_bytes,
     };
