@@ -53,6 +53,10 @@ fn bad_input_exits_2_and_names_the_value() {
         (vec!["--warn", "95%", "--", "true"], "--warn"),
         (vec!["--grace", "soon", "--", "true"], "--grace"),
         (vec!["--", "/nonexistent/program"], "/nonexistent/program"),
+        (
+            vec!["--log", "/nonexistent/dir/run.jsonl", "--", "true"],
+            "/nonexistent/dir",
+        ),
     ] {
         let o = run(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));

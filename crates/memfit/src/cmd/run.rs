@@ -90,6 +90,17 @@ fn config(args: &RunArgs) -> anyhow::Result<RunConfig> {
         Some(path) => profiles::load(path).map_err(|e| bad_input(e.to_string()))?,
         None => Vec::new(),
     };
+    for (flag, path) in [("log", &args.log), ("csv", &args.csv)] {
+        if let Some(path) = path {
+            let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+            if parent.is_some_and(|p| !p.is_dir()) {
+                return Err(bad_input(format!(
+                    "--{flag} {}: the directory does not exist",
+                    path.display()
+                )));
+            }
+        }
+    }
     let mut cfg = RunConfig::new(args.command.clone());
     cfg.budget = size_or_pct("budget", &args.budget)?;
     cfg.keep_free = size_or_pct("keep-free", &args.keep_free)?;
