@@ -675,8 +675,11 @@ fn run_attempt(
                 ),
             };
             let outside = sig.map(|s| group.signal_all(s, &procs)).unwrap_or_default();
-            if sig.is_some() {
-                stopped_by_guard = true;
+            // A job that shed memory after a USR1-style request and recovered was not stopped.
+            match action {
+                Action::GracefulStop | Action::Kill { .. } => stopped_by_guard = true,
+                Action::Recover => stopped_by_guard = false,
+                Action::Warn => {}
             }
             let record = ActionRecord {
                 t_s: ctx.t(),

@@ -302,3 +302,31 @@ fn a_tree_is_sampled_and_stopped_as_one_job() {
         s.peak_job_bytes
     );
 }
+
+#[test]
+fn usr1_request_to_shed_memory_keeps_a_job_that_complies() {
+    let dir = tempfile::tempdir().unwrap();
+    let done = dir.path().join("done.json");
+    let mut cfg = config(
+        growing(&[
+            "--shed-on-usr1",
+            "--max-mib",
+            "2048",
+            "--hold-ms",
+            "1500",
+            "--done",
+            done.to_str().unwrap(),
+        ]),
+        Duration::from_millis(300),
+    );
+    cfg.signal = memfit_sys::supervise::StopSignal::Usr1;
+    let s = run(&cfg).unwrap();
+    let acts = actions(&s, 0);
+    assert!(
+        acts.contains(&"graceful_stop".to_owned()) && acts.contains(&"recover".to_owned()),
+        "{acts:?}"
+    );
+    assert!(!acts.iter().any(|a| a.starts_with("kill")), "{acts:?}");
+    assert_eq!((s.outcome, s.exit_code), (Outcome::Completed, 0));
+    assert!(done.exists(), "the job ran to its end");
+}

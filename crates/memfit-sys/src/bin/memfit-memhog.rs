@@ -6,6 +6,8 @@
 //! as a trainer saves a checkpoint; with `--ignore-term` it ignores SIGTERM instead. `--resume FILE` makes
 //! it refuse to start (exit 3) unless FILE exists, so tests can see that a resume argument arrived.
 //! `--children N` starts N copies of itself (without `--children`), so the job is a tree.
+//! `--shed-on-usr1` makes SIGUSR1 a request to shed memory instead: it frees half of what it holds, stops
+//! growing and runs on to its normal end.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +25,7 @@ struct Options {
     done: Option<String>,
     resume: Option<String>,
     ignore_term: bool,
+    shed_on_usr1: bool,
     children: usize,
     rest_for_children: Vec<String>,
 }
@@ -37,6 +40,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         done: None,
         resume: None,
         ignore_term: false,
+        shed_on_usr1: false,
         children: 0,
         rest_for_children: Vec::new(),
     };
@@ -65,8 +69,9 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 o.children = number(value()?)? as usize;
                 pass_on = false;
             }
-            "--ignore-term" => {
-                o.ignore_term = true;
+            "--ignore-term" | "--shed-on-usr1" => {
+                o.ignore_term |= flag == "--ignore-term";
+                o.shed_on_usr1 |= flag == "--shed-on-usr1";
                 o.rest_for_children.push(flag.into());
                 i += 1;
                 continue;
@@ -127,11 +132,21 @@ fn main() {
         eprintln!("memfit-memhog: resuming from {r}");
     }
     let stop = Arc::new(AtomicBool::new(false));
+    let shed = Arc::new(AtomicBool::new(false));
+    if o.shed_on_usr1
+        && let Err(e) = signal_hook::flag::register(signal_hook::consts::SIGUSR1, Arc::clone(&shed))
+    {
+        eprintln!("memfit-memhog: cannot install a signal handler: {e}");
+        std::process::exit(1);
+    }
     for sig in [
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGUSR1,
         signal_hook::consts::SIGTERM,
     ] {
+        if sig == signal_hook::consts::SIGUSR1 && o.shed_on_usr1 {
+            continue;
+        }
         if sig == signal_hook::consts::SIGTERM && o.ignore_term {
             // SAFETY: installing SIG_IGN runs no code in the handler context.
             unsafe {
@@ -161,7 +176,13 @@ fn main() {
     let step = o.step_mib << 20;
     let mut allocated = 0usize;
     let mut hold_until: Option<Instant> = None;
+    let mut max_bytes = o.max_mib << 20;
     loop {
+        if shed.swap(false, Ordering::SeqCst) {
+            blocks.truncate(blocks.len() / 2);
+            allocated = blocks.len() * step;
+            max_bytes = allocated;
+        }
         if stop.load(Ordering::SeqCst) {
             if let Some(path) = &o.checkpoint {
                 write_atomic(path, &report("checkpoint", allocated));
@@ -171,7 +192,7 @@ fn main() {
             }
             std::process::exit(0);
         }
-        if allocated + step <= o.max_mib << 20 {
+        if allocated + step <= max_bytes {
             let mut block = vec![0u8; step];
             for page in block.chunks_mut(PAGE) {
                 page[0] = 1;
@@ -187,7 +208,8 @@ fn main() {
         }
         // Sleep in 1 ms slices so a stop request is answered within about a millisecond.
         let wake = Instant::now() + Duration::from_millis(o.interval_ms);
-        while Instant::now() < wake && !stop.load(Ordering::SeqCst) {
+        while Instant::now() < wake && !stop.load(Ordering::SeqCst) && !shed.load(Ordering::SeqCst)
+        {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
