@@ -233,6 +233,17 @@ impl Context<'_> {
     }
 }
 
+/// Signal handlers installed for forwarding; removed however `run` returns.
+struct Handlers(Vec<signal_hook::SigId>);
+
+impl Drop for Handlers {
+    fn drop(&mut self) {
+        for id in self.0.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
+}
+
 /// Runs the command under the guard until it ends, relaunching it with the next profile after each guard
 /// stop while profiles and restarts remain.
 pub fn run(cfg: &RunConfig) -> Result<RunSummary, SuperviseError> {
@@ -254,13 +265,13 @@ pub fn run(cfg: &RunConfig) -> Result<RunSummary, SuperviseError> {
         );
     }
     let forwarded = Arc::new(AtomicUsize::new(0));
-    let mut handlers = Vec::new();
+    let mut handlers = Handlers(Vec::new());
     if cfg.forward_signals {
         for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
             let id =
                 signal_hook::flag::register_usize(sig as i32, Arc::clone(&forwarded), sig as usize)
                     .map_err(SuperviseError::Signals)?;
-            handlers.push(id);
+            handlers.0.push(id);
         }
     }
     let mut ctx = Context {
@@ -294,9 +305,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunSummary, SuperviseError> {
             break;
         }
     }
-    for id in handlers {
-        signal_hook::low_level::unregister(id);
-    }
+    drop(handlers);
 
     let last = attempts.last().expect("at least one attempt runs");
     let (outcome, exit_code) = if interrupted {
