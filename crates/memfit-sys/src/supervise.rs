@@ -292,6 +292,17 @@ pub fn run(cfg: &RunConfig) -> Result<RunSummary, SuperviseError> {
         },
     };
     write_header(&mut ctx, effective_limit, system.total_bytes)?;
+    let h = crate::units::human_bytes;
+    tracing::info!(
+        "guarding with a hard limit of {} (warn at {:.0}%, graceful {} at {:.0}%, SIGKILL {:.0} s later), \
+         keeping {} of RAM free",
+        h(ctx.budget_bytes),
+        cfg.guard.warn * 100.0,
+        cfg.signal.signal().as_str(),
+        cfg.guard.soft * 100.0,
+        cfg.guard.grace.as_secs_f64(),
+        h(ctx.keep_free_bytes)
+    );
 
     let mut attempts = Vec::new();
     let mut interrupted = false;
