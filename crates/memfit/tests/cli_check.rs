@@ -1,0 +1,65 @@
+//! `memfit check`: works on any Linux machine, says what is missing instead of failing.
+
+use std::process::Command;
+
+fn check(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_memfit"))
+        .arg("check")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn json_reports_every_source_or_says_why_not() {
+    let o = check(&["--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mem = &v["memory"];
+    let total = mem["total_bytes"].as_u64().unwrap();
+    assert!(total > 0 && mem["available_bytes"].as_u64().unwrap() <= total);
+    assert!(v["cpu"]["logical_cores"].as_u64().unwrap() >= 1);
+    assert!(v["effective_limit_bytes"].as_u64().unwrap() <= total);
+    let missing: Vec<&str> = v["missing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap())
+        .collect();
+    // Each optional source is either present or named in `missing`.
+    assert!(v["pressure"].is_object() || missing.iter().any(|m| m.starts_with("PSI")));
+    assert!(
+        !v["gpus"].as_array().unwrap().is_empty() || missing.iter().any(|m| m.starts_with("GPU"))
+    );
+    assert!(v["cgroup"].is_object() || missing.iter().any(|m| m.starts_with("cgroup")));
+    // No swap must be warned about.
+    if mem["swap_total_bytes"] == 0 {
+        assert!(
+            v["warnings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|w| w.as_str().unwrap().contains("no swap"))
+        );
+    }
+}
+
+#[test]
+fn table_names_each_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = check(&["--dir", dir.path().to_str().unwrap()]);
+    assert!(o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    for row in [
+        "CPU",
+        "RAM",
+        "Swap",
+        "cgroup",
+        "Effective limit",
+        "Disk",
+        "GPUs",
+        "OOM daemons",
+    ] {
+        assert!(out.contains(row), "no {row} row in\n{out}");
+    }
+}

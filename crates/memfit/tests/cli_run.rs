@@ -1,0 +1,203 @@
+//! `memfit run` end to end: exit codes, bad input, a guard stop, a relaunch, signal forwarding, guard RSS.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+/// memfit-memhog arguments for a job that grows 4 MiB every 10 ms per process.
+const GROWING: [&str; 4] = ["--step-mib", "4", "--interval-ms", "10"];
+
+fn memfit() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_memfit"))
+}
+
+/// memfit-memhog is a binary of memfit-sys; `cargo test --workspace` builds it next to memfit.
+fn memhog() -> Option<PathBuf> {
+    let path = Path::new(env!("CARGO_BIN_EXE_memfit")).with_file_name("memfit-memhog");
+    if path.exists() {
+        Some(path)
+    } else {
+        println!(
+            "skipped: {} is not built (run `cargo test --workspace`)",
+            path.display()
+        );
+        None
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    memfit().arg("run").args(args).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn summary(o: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    serde_json::from_str(stdout.lines().last().expect("a summary line")).unwrap()
+}
+
+#[test]
+fn the_commands_own_exit_code_passes_through() {
+    assert_eq!(run(&["--", "sh", "-c", "exit 7"]).status.code(), Some(7));
+    assert_eq!(run(&["--", "true"]).status.code(), Some(0));
+}
+
+#[test]
+fn bad_input_exits_2_and_names_the_value() {
+    for (args, needle) in [
+        (vec!["--budget", "lots", "--", "true"], "--budget"),
+        (vec!["--signal", "HUP", "--", "true"], "--signal"),
+        (vec!["--warn", "95%", "--", "true"], "--warn"),
+        (vec!["--grace", "soon", "--", "true"], "--grace"),
+        (vec!["--", "/nonexistent/program"], "/nonexistent/program"),
+        (
+            vec!["--log", "/nonexistent/dir/run.jsonl", "--", "true"],
+            "/nonexistent/dir",
+        ),
+    ] {
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("profiles.toml");
+    std::fs::write(&bad, "[[profile]]\nname = \"a\"\nbatch = 4\n").unwrap();
+    let o = run(&["--profiles", bad.to_str().unwrap(), "--", "true"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("profiles.toml") && stderr(&o).contains("batch"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(run(&[]).status.code(), Some(2), "a command is required");
+}
+
+#[test]
+fn guard_stops_the_job_below_budget_with_exit_75_and_stays_small() {
+    let Some(hog) = memhog() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (ck, log) = (dir.path().join("ck.json"), dir.path().join("run.jsonl"));
+    let o = memfit()
+        .args([
+            "run", "--json", "--budget", "256MiB", "--grace", "2s", "--log",
+        ])
+        .arg(&log)
+        .arg("--")
+        .arg(&hog)
+        .args(["--children", "2"])
+        .args(GROWING)
+        .arg("--checkpoint")
+        .arg(&ck)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+    assert!(ck.exists(), "the job wrote its checkpoint on SIGTERM");
+    let s = summary(&o);
+    assert_eq!(s["outcome"], "stopped_by_guard");
+    assert!(s["peak_job_bytes"].as_u64().unwrap() < 256 * MIB);
+    let guard_rss = s["guard_peak_rss_bytes"].as_u64().unwrap();
+    println!(
+        "memfit run's own peak RSS: {:.1} MiB",
+        guard_rss as f64 / MIB as f64
+    );
+    assert!(
+        guard_rss < 20 * MIB,
+        "the guard used {} MiB",
+        guard_rss / MIB
+    );
+    let first = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        first
+            .lines()
+            .next()
+            .unwrap()
+            .contains("\"schema\":\"memfit-run/1\"")
+    );
+}
+
+#[test]
+fn profiles_file_relaunches_smaller_and_completes() {
+    let Some(hog) = memhog() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (ck, done, profiles) = (
+        dir.path().join("ck.json"),
+        dir.path().join("done.json"),
+        dir.path().join("profiles.toml"),
+    );
+    std::fs::write(
+        &profiles,
+        format!(
+            "[[profile]]\nname = \"small\"\nargs = [\"--max-mib\", \"48\"]\nenv = {{ MEMHOG_TAG = \"small\" }}\n\
+             resume_args = [\"--resume\", {:?}]\n",
+            ck.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let o = memfit()
+        .args(["run", "--json", "--budget", "256MiB", "--profiles"])
+        .arg(&profiles)
+        .arg("--")
+        .arg(&hog)
+        .args(GROWING)
+        .args(["--max-mib", "4096", "--checkpoint"])
+        .arg(&ck)
+        .arg("--done")
+        .arg(&done)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let s = summary(&o);
+    assert_eq!(s["attempts"].as_array().unwrap().len(), 2);
+    assert_eq!(s["attempts"][1]["profile"], "small");
+    let done: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&done).unwrap()).unwrap();
+    assert_eq!(done["tag"], "small");
+}
+
+#[test]
+fn a_signal_to_memfit_reaches_the_job() {
+    let Some(hog) = memhog() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck.json");
+    let child = memfit()
+        .args(["run", "--json", "--"])
+        .arg(&hog)
+        .args(["--max-mib", "16", "--hold-ms", "30000", "--checkpoint"])
+        .arg(&ck)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // memfit installs its handlers before it starts the job: wait for the job, then for the job's own
+    // handlers (it installs them first thing).
+    let children = format!("/proc/{0}/task/{0}/children", child.id());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(&children)
+        .unwrap_or_default()
+        .trim()
+        .is_empty()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "memfit never started the job"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "the job's own code after it checkpointed"
+    );
+    assert!(ck.exists());
+    assert_eq!(summary(&o)["outcome"], "interrupted");
+}
