@@ -406,9 +406,10 @@ mod tests {
             prop_assert_eq!(steps[0], global.len().div_ceil(config.world));
             prop_assert!(seen.iter().all(|&c| c >= 1));
             let total: usize = seen.iter().sum();
-            let wrapped = steps[0] * config.world - global.len();
-            let max_repeat: usize = global.iter().take(wrapped).map(Vec::len).sum();
-            prop_assert!(total <= n + max_repeat);
+            let repeated: usize = (global.len()..steps[0] * config.world)
+                .map(|k| global[k % global.len()].len())
+                .sum();
+            prop_assert_eq!(total, n + repeated);
         }
 
         /// Token-budget batches stay within the budget unless a single row alone exceeds it.

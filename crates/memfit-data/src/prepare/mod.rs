@@ -17,7 +17,7 @@ use crate::source;
 use crate::store::meta::{
     ContentOptions, FORMAT_VERSION, RowCounts, SourceFile, StoreMeta, Task, TokenizerRef,
 };
-use crate::store::{META_FILE, TokenStore};
+use crate::store::{INDEX_FILE, LABELS_FILE, META_FILE, TOKENS_FILE, TokenStore};
 use crate::tokenizer::Tokenizer;
 use rows::RowRules;
 use std::collections::HashMap;
@@ -132,10 +132,16 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(Progress)) -> Res
     let columns = column_specs(opts.task, opts.columns.as_deref())?;
     let format = opts.task.name();
     let max_target_len = opts.max_target_len.or(opts.max_len);
-    // Room for at least one token plus EOS.
-    for (flag, v) in [("--max-len", opts.max_len), ("--max-target-len", max_target_len)] {
-        if matches!(v, Some(n) if n < 2) {
-            return Err(DataError::Options(format!("{flag} must be at least 2 (one token and EOS)")));
+    // Seq2seq/chat segments need room for one token plus EOS; classification for one token.
+    let limits = match opts.task {
+        Task::Classification => vec![("--max-len", opts.max_len, 1)],
+        _ => vec![("--max-len", opts.max_len, 2), ("--max-target-len", max_target_len, 2)],
+    };
+    for (flag, v, least) in limits {
+        if matches!(v, Some(n) if n < least) {
+            return Err(DataError::Options(format!(
+                "{flag} must be at least {least} for {format}"
+            )));
         }
     }
     let tokenizer = Tokenizer::load(&opts.tokenizer)?;
@@ -191,10 +197,15 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(Progress)) -> Res
         }
     }
     if opts.out.exists() && !opts.out.join(META_FILE).exists() {
-        let empty = std::fs::read_dir(&opts.out)
-            .map(|mut d| d.next().is_none())
+        // Replace only what a store (or an unfinished one) holds, never someone's other files.
+        let store_files = [TOKENS_FILE, INDEX_FILE, LABELS_FILE];
+        let replaceable = std::fs::read_dir(&opts.out)
+            .map(|d| {
+                d.flatten()
+                    .all(|e| store_files.iter().any(|f| e.file_name() == *f))
+            })
             .unwrap_or(false);
-        if !empty {
+        if !replaceable {
             return Err(DataError::Options(format!(
                 "{} exists and is not a token store: refusing to replace it",
                 opts.out.display()
@@ -223,19 +234,27 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(Progress)) -> Res
         saw_int_labels: false,
     };
     let mut counts = RowCounts::default();
+    // Classification keeps the tokenizer's own specials ([CLS] … [SEP]); a copy of the tokenizer
+    // with truncation set cuts rows that are too long while keeping those specials.
     let classifier = match (opts.task, opts.max_len) {
-        // Classification keeps the tokenizer's own specials ([CLS] … [SEP]); its truncation keeps
-        // them when cutting.
-        (Task::Classification, Some(n)) => {
-            let mut t = tokenizer.inner().clone();
-            t.with_truncation(Some(tokenizers::TruncationParams {
-                max_length: n,
-                ..Default::default()
-            }))
-            .map_err(|e| DataError::Options(format!("--max-len {n}: {e}")))?;
-            Some(t)
+        (Task::Classification, max_len) => {
+            let truncating = match max_len {
+                Some(n) => {
+                    let mut t = tokenizer.inner().clone();
+                    t.with_truncation(Some(tokenizers::TruncationParams {
+                        max_length: n,
+                        ..Default::default()
+                    }))
+                    .map_err(|e| DataError::Options(format!("--max-len {n}: {e}")))?;
+                    Some(t)
+                }
+                None => None,
+            };
+            Some(Classifier {
+                truncating,
+                max_len,
+            })
         }
-        (Task::Classification, None) => Some(tokenizer.inner().clone()),
         _ => None,
     };
 
@@ -356,6 +375,11 @@ fn install(tmp: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
+struct Classifier {
+    truncating: Option<tokenizers::Tokenizer>,
+    max_len: Option<usize>,
+}
+
 /// Cuts `ids` to `max - 1` tokens (room for EOS) and appends EOS; true if it cut.
 fn finish_segment(ids: &mut Vec<u32>, max: Option<usize>, eos: u32) -> bool {
     let cut = match max {
@@ -372,7 +396,7 @@ fn finish_segment(ids: &mut Vec<u32>, max: Option<usize>, eos: u32) -> bool {
 #[allow(clippy::too_many_arguments)]
 fn write_chunk(
     tokenizer: &Tokenizer,
-    classifier: Option<&tokenizers::Tokenizer>,
+    classifier: Option<&Classifier>,
     rows: Vec<RowTexts>,
     max_len: Option<usize>,
     max_target_len: Option<usize>,
@@ -394,15 +418,24 @@ fn write_chunk(
         }
     }
     if let Some(cls) = classifier {
-        let encs = cls.encode_batch(sources, true).map_err(|e| DataError::Tokenizer {
-            path: tokenizer.path().to_path_buf(),
-            reason: format!("encoding failed: {e}"),
-        })?;
-        for (enc, label) in encs.iter().zip(labels) {
-            if !enc.get_overflowing().is_empty() {
-                counts.truncated += 1;
+        let mut encoded = tokenizer.encode_batch(sources.clone(), true)?;
+        if let (Some(max), Some(truncating)) = (cls.max_len, &cls.truncating) {
+            // Only the rows that are too long are encoded again, by the truncating copy.
+            for (ids, text) in encoded.iter_mut().zip(&sources) {
+                if ids.len() > max {
+                    let enc = truncating.encode(text.as_str(), true).map_err(|e| {
+                        DataError::Tokenizer {
+                            path: tokenizer.path().to_path_buf(),
+                            reason: format!("encoding failed: {e}"),
+                        }
+                    })?;
+                    *ids = enc.get_ids().to_vec();
+                    counts.truncated += 1;
+                }
             }
-            writer.push(&[enc.get_ids()], label)?;
+        }
+        for (ids, label) in encoded.iter().zip(labels) {
+            writer.push(&[ids], label)?;
         }
         return Ok(());
     }
