@@ -1,14 +1,104 @@
-//! `memfit bench` (not built yet).
+//! `memfit bench`: token-store random access (`data`) and trainer throughput (`train`).
 
-use crate::exit::{Outcome, bad_input};
+use super::data::data_error;
+use crate::exit::Outcome;
+use clap::{Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Arguments, once the command exists.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-    rest: Vec<String>,
+    #[command(subcommand)]
+    command: BenchCommand,
 }
 
-pub fn run(_args: Args) -> Outcome {
-    Err(bad_input("`memfit bench` is not implemented yet"))
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Read N random rows from a token store; median time per row and peak RSS.
+    Data(DataArgs),
+    /// Train on synthetic tokens; seconds per step, tokens/s, peak RSS (DESIGN.md §3).
+    Train(TrainArgs),
+}
+
+#[derive(clap::Args)]
+struct DataArgs {
+    /// The token store directory (from `memfit data prepare`).
+    #[arg(long)]
+    store: PathBuf,
+    /// Rows to read, uniformly at random.
+    #[arg(long)]
+    random: usize,
+    /// Seed of the row choice.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print {"rows", "ns_per_row_median", "peak_rss_bytes"}.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum BenchPrecision {
+    Fp32,
+    Bf16,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum BenchOptimizer {
+    Adamw,
+    Adafactor,
+}
+
+/// `memfit bench train` arguments (DESIGN.md §3).
+#[derive(clap::Args)]
+pub struct TrainArgs {
+    /// A preset name or a Hugging Face config.json.
+    #[arg(long)]
+    pub model: String,
+    #[arg(long)]
+    pub batch: usize,
+    /// Source length in tokens.
+    #[arg(long)]
+    pub seq: usize,
+    /// Target length in tokens (seq2seq).
+    #[arg(long)]
+    pub tgt_seq: Option<usize>,
+    #[arg(long, default_value_t = 10)]
+    pub steps: usize,
+    #[arg(long)]
+    pub threads: Option<usize>,
+    #[arg(long)]
+    pub grad_ckpt: bool,
+    #[arg(long, value_enum, default_value = "fp32")]
+    pub precision: BenchPrecision,
+    #[arg(long, value_enum, default_value = "adamw")]
+    pub optimizer: BenchOptimizer,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> Outcome {
+    match args.command {
+        BenchCommand::Data(a) => data(a),
+        BenchCommand::Train(a) => train(a),
+    }
+}
+
+fn data(a: DataArgs) -> Outcome {
+    let report = memfit_data::bench::random_access(&a.store, a.random, a.seed).map_err(data_error)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "{} random rows: median {:.0} ns/row, peak RSS {:.1} MiB",
+            report.rows,
+            report.ns_per_row_median,
+            report.peak_rss_bytes as f64 / (1u64 << 20) as f64
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Placeholder until the trainer exists; its engineer replaces this function.
+fn train(_a: TrainArgs) -> Outcome {
+    Err(anyhow::anyhow!("`memfit bench train` is not built yet"))
 }

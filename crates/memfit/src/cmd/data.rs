@@ -1,14 +1,200 @@
-//! `memfit data` (not built yet).
+//! `memfit data`: prepare a token store from parquet/JSONL, or show what a store holds.
 
 use crate::exit::{Outcome, bad_input};
+use clap::{Subcommand, ValueEnum};
+use memfit_data::prepare::{PrepareOptions, Progress};
+use memfit_data::{DataError, InvalidPolicy, Task, TokenStore};
+use std::path::PathBuf;
+use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Arguments, once the command exists.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-    rest: Vec<String>,
+    #[command(subcommand)]
+    command: DataCommand,
 }
 
-pub fn run(_args: Args) -> Outcome {
-    Err(bad_input("`memfit data` is not implemented yet"))
+#[derive(Subcommand)]
+enum DataCommand {
+    /// Tokenize parquet/JSONL files into a memory-mapped token store (tokens.bin, index.bin, meta.json).
+    Prepare(PrepareArgs),
+    /// Show a store's meta.json (rows, tokens, counts, length histogram).
+    Info(InfoArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Seq2seq,
+    Classification,
+    Chat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OnInvalid {
+    Fail,
+    Skip,
+    Keep,
+}
+
+#[derive(clap::Args)]
+struct PrepareArgs {
+    /// Parquet or JSONL files (by extension; otherwise parquet if it starts with PAR1).
+    #[arg(long, num_args = 1.., required = true)]
+    input: Vec<PathBuf>,
+    /// A tokenizer.json, or a directory holding one (and tokenizer_config.json).
+    #[arg(long)]
+    tokenizer: PathBuf,
+    #[arg(long, value_enum, default_value = "seq2seq")]
+    format: Format,
+    /// Column names, comma-separated. Defaults: prompt,response (seq2seq); text,label
+    /// (classification); instruction,input,output (chat; input may be omitted).
+    #[arg(long, value_delimiter = ',')]
+    columns: Option<Vec<String>>,
+    /// Maximum tokens of the source (classification: the text), EOS included; longer rows are cut
+    /// and counted.
+    #[arg(long)]
+    max_len: Option<usize>,
+    /// Maximum tokens of the target, EOS included (default: --max-len).
+    #[arg(long)]
+    max_target_len: Option<usize>,
+    /// Rows with a null, a wrong type, bad UTF-8 or an empty text: stop (fail), leave out (skip)
+    /// or keep what they have (keep). Counted in meta.json either way.
+    #[arg(long, value_enum, default_value = "fail")]
+    on_invalid: OnInvalid,
+    /// The store directory (default: ./<first input's name>.store).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Rows tokenized at once (bounds memory).
+    #[arg(long, default_value_t = 2048)]
+    chunk_rows: usize,
+    /// Rebuild even if an up-to-date store exists.
+    #[arg(long)]
+    force: bool,
+    /// Print the store's meta.json (plus "reused") instead of a summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct InfoArgs {
+    /// The store directory.
+    store: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+/// A library error with the exit code it deserves: 2 for the user's input, 1 otherwise.
+pub(crate) fn data_error(e: DataError) -> anyhow::Error {
+    if e.is_bad_input() {
+        bad_input(e.to_string())
+    } else {
+        anyhow::Error::new(e)
+    }
+}
+
+pub fn run(args: Args) -> Outcome {
+    match args.command {
+        DataCommand::Prepare(a) => prepare(a),
+        DataCommand::Info(a) => info(a),
+    }
+}
+
+fn prepare(a: PrepareArgs) -> Outcome {
+    let out = match a.out {
+        Some(o) => o,
+        None => {
+            let stem = a.input[0]
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "data".into());
+            PathBuf::from(format!("{stem}.store"))
+        }
+    };
+    let task = match a.format {
+        Format::Seq2seq => Task::Seq2seq,
+        Format::Classification => Task::Classification,
+        Format::Chat => Task::Chat,
+    };
+    let mut opts = PrepareOptions::new(a.input, a.tokenizer, task, out);
+    opts.columns = a.columns;
+    opts.max_len = a.max_len;
+    opts.max_target_len = a.max_target_len;
+    opts.on_invalid = match a.on_invalid {
+        OnInvalid::Fail => InvalidPolicy::Fail,
+        OnInvalid::Skip => InvalidPolicy::Skip,
+        OnInvalid::Keep => InvalidPolicy::Keep,
+    };
+    opts.chunk_rows = a.chunk_rows;
+    opts.force = a.force;
+
+    let bar = indicatif::ProgressBar::new_spinner();
+    if a.json {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let mut on_progress = |p: Progress| {
+        if let Some(total) = p.rows_total {
+            if bar.length() != Some(total) {
+                bar.set_length(total);
+                bar.set_style(
+                    indicatif::ProgressStyle::with_template(
+                        "{elapsed_precise} [{wide_bar}] {pos}/{len} rows ({per_sec}, eta {eta})",
+                    )
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                );
+            }
+        }
+        bar.set_position(p.rows_read);
+    };
+    let report = memfit_data::prepare(&opts, &mut on_progress).map_err(data_error);
+    bar.finish_and_clear();
+    let report = report?;
+    let m = &report.meta;
+    if a.json {
+        let mut v = serde_json::to_value(m)?;
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("reused".into(), report.reused.into());
+            obj.insert("store".into(), report.store.display().to_string().into());
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        let verb = if report.reused {
+            "up to date, reused"
+        } else {
+            "written"
+        };
+        println!("store {} {verb}", report.store.display());
+        print_summary(m);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_summary(m: &memfit_data::StoreMeta) {
+    let c = &m.counts;
+    println!(
+        "  {} rows, {} tokens ({}-bit ids), task {}",
+        m.rows,
+        m.tokens,
+        m.token_width as u32 * 8,
+        m.task.name()
+    );
+    println!(
+        "  read {}, truncated {}, empty {}, invalid {}, skipped {} (--on-invalid {})",
+        c.read, c.truncated, c.empty, c.invalid, c.skipped, m.options.on_invalid
+    );
+    for (name, l) in m.segments.iter().zip(&m.lengths) {
+        println!(
+            "  {name}: tokens min {} / mean {:.1} / max {}",
+            l.min, l.mean, l.max
+        );
+    }
+}
+
+fn info(a: InfoArgs) -> Outcome {
+    let store = TokenStore::open(&a.store).map_err(data_error)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(store.meta())?);
+    } else {
+        println!("store {}", a.store.display());
+        print_summary(store.meta());
+    }
+    Ok(ExitCode::SUCCESS)
 }
