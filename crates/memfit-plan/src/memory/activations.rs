@@ -239,8 +239,8 @@ fn block(arch: &Arch, setup: &Setup, w: Widths, st: &Stack) -> BlockBytes {
     // and under DeepSpeed ZeRO-3 every linear does: zero.Init(mem_efficient_linear=True, the
     // default) routes F.linear through LinearFunctionForZeroStage3, which saves input and weight
     // unconditionally (deepspeed/runtime/zero/linear.py).
-    let all_linears_save = setup.method == Method::Qlora
-        || (setup.zero.stage() == 3 && !setup.zero.is_fsdp());
+    let all_linears_save =
+        setup.method == Method::Qlora || (setup.zero.stage() == 3 && !setup.zero.is_fsdp());
     let quantized_base = setup.method == Method::Qlora;
     let trains = |role: Role| {
         arch.tensors.iter().any(|x| {
