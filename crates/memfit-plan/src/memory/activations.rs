@@ -235,13 +235,18 @@ fn block(arch: &Arch, setup: &Setup, w: Widths, st: &Stack) -> BlockBytes {
     let inner = arch.heads * arch.head_dim;
     let f = arch.ffn;
     // Whether a linear keeps its input for backward: trained weights do; so do bitsandbytes 4/8-bit
-    // linears under QLoRA, whose MatMul4Bit saves its input whenever any input needs a gradient.
+    // linears under QLoRA, whose MatMul4Bit saves its input whenever any input needs a gradient;
+    // and under DeepSpeed ZeRO-3 every linear does: zero.Init(mem_efficient_linear=True, the
+    // default) routes F.linear through LinearFunctionForZeroStage3, which saves input and weight
+    // unconditionally (deepspeed/runtime/zero/linear.py).
+    let all_linears_save =
+        setup.method == Method::Qlora || (setup.zero.stage() == 3 && !setup.zero.is_fsdp());
     let quantized_base = setup.method == Method::Qlora;
     let trains = |role: Role| {
         arch.tensors.iter().any(|x| {
             x.group == st.group
                 && x.role == role
-                && (base_trains(x, setup) || (quantized_base && x.is_linear()))
+                && (base_trains(x, setup) || (all_linears_save && x.is_linear()))
         })
     };
     let lora = |role: Role| {

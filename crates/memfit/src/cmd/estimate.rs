@@ -177,6 +177,24 @@ fn parse_cpu(s: &str) -> Result<bool, String> {
     }
 }
 
+/// Appends one formatted line to a `String` buffer.
+macro_rules! out {
+    ($o:ident, $($t:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($o, $($t)*);
+    }};
+}
+pub(crate) use out;
+
+/// Writes a whole report to stdout; a closed pipe (`memfit … | head`) is not an error.
+pub fn write_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
+}
+
 /// Resolves `--model`: an existing file is read as config.json, otherwise a preset name.
 pub fn load_model(model: &str) -> anyhow::Result<Arch> {
     let path = std::path::Path::new(model);
@@ -227,14 +245,12 @@ pub fn run(args: Args) -> Outcome {
     let setup = args.setup(&arch);
     let arch = arch.with_task(setup.task);
     let est = memory::estimate(&arch, &setup, &Framework::default()).map_err(bad_input)?;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&estimate_json(&arch, &setup, &est))?
-        );
+    let text = if args.json {
+        serde_json::to_string_pretty(&estimate_json(&arch, &setup, &est))? + "\n"
     } else {
-        print_human(&arch, &setup, &est);
-    }
+        human(&arch, &setup, &est)
+    };
+    write_stdout(&text)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -273,16 +289,20 @@ pub fn component_table(components: &[Component]) -> Table {
     t
 }
 
-fn print_human(arch: &Arch, setup: &Setup, est: &Estimate) {
+/// The human report: setup line, GPU and host component tables.
+fn human(arch: &Arch, setup: &Setup, est: &Estimate) -> String {
+    let mut o = String::new();
     let tr = memory::states::trainable(arch, setup);
-    println!(
+    out!(
+        o,
         "{} ({}): {} parameters, {} trainable",
         arch.name,
         arch.model_type,
         arch.params_total(),
         tr.total()
     );
-    println!(
+    out!(
+        o,
         "setup: {:?} batch {} × seq {}{} accum {}, {}, {}, {}{}{}, {} GPU(s) × {} node(s)",
         setup.task,
         setup.batch,
@@ -307,18 +327,20 @@ fn print_human(arch: &Arch, setup: &Setup, est: &Estimate) {
     );
     match &est.gpu {
         Some(g) => {
-            println!("\nGPU (per rank)");
-            println!("{}", component_table(&g.components));
-            println!(
+            out!(o, "\nGPU (per rank)");
+            out!(o, "{}", component_table(&g.components));
+            out!(
+                o,
                 "peak allocated {} GiB · peak reserved {} GiB · nvml used {} GiB",
                 gib(g.peak_allocated_bytes),
                 gib(g.peak_reserved_bytes),
                 gib(g.nvml_used_bytes)
             );
         }
-        None => println!("\nGPU: none (--device cpu: activations are host memory)"),
+        None => out!(o, "\nGPU: none (--device cpu: activations are host memory)"),
     }
-    println!("\nHost (per node)");
-    println!("{}", component_table(&est.host.components));
-    println!("peak RSS {} GiB", gib(est.host.peak_rss_bytes));
+    out!(o, "\nHost (per node)");
+    out!(o, "{}", component_table(&est.host.components));
+    out!(o, "peak RSS {} GiB", gib(est.host.peak_rss_bytes));
+    o
 }

@@ -2,8 +2,8 @@
 //! rejected, the tier table, and config files for the tools that run it.
 
 use super::estimate::{
-    MethodArgs, apply_task, component_table, dataset_of, estimate_json, load_model, parse_enum,
-    parse_task,
+    MethodArgs, apply_task, component_table, dataset_of, estimate_json, load_model, out,
+    parse_enum, parse_task, write_stdout,
 };
 use crate::exit::{Outcome, bad_input, does_not_fit};
 use anyhow::Context;
@@ -174,9 +174,10 @@ pub fn run(args: Args) -> Outcome {
                 .collect();
             let v = serde_json::json!({"model": arch.name, "target_batch": args.target_batch,
                 "headroom": args.headroom, "host_gib": table.host_gib, "gpu_gib": table.gpu_gib, "cells": cells});
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            write_stdout(&format!("{}\n", serde_json::to_string_pretty(&v)?))?;
         } else {
-            println!("{}", tier_heading(&arch.name, &args));
+            let mut o = String::new();
+            out!(o, "{}", tier_heading(&arch.name, &args));
             let mut t = Table::new();
             t.load_style(ASCII_MARKDOWN);
             let mut header = vec!["host RAM".to_string()];
@@ -187,10 +188,12 @@ pub fn run(args: Args) -> Outcome {
                 r.extend(row.iter().map(|c| tiers::cell_text(c.as_ref())));
                 t.add_row(r);
             }
-            println!("{t}");
-            println!(
+            out!(o, "{t}");
+            out!(
+                o,
                 "cells: micro-batch×accumulation precision [ckpt = gradient checkpointing] [zN = ZeRO stage, +off-opt/+off-all = CPU offload]; — = nothing fits"
             );
+            write_stdout(&o)?;
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -222,9 +225,9 @@ pub fn run(args: Args) -> Outcome {
             "considered": plan.considered,
             "reason": plan.reason,
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        write_stdout(&format!("{}\n", serde_json::to_string_pretty(&v)?))?;
     } else {
-        print_plan(&arch.name, &budget, &plan);
+        write_stdout(&report(&arch.name, &budget, &plan))?;
     }
     let Some(chosen) = plan.chosen.as_ref() else {
         return Err(does_not_fit(
@@ -232,13 +235,15 @@ pub fn run(args: Args) -> Outcome {
         ));
     };
     if let Some(dir) = &args.out {
+        let mut o = String::new();
         let hyper = Hyper::defaults(&args.model, &chosen.setup);
         for (name, text) in emit::render(&kinds, &arch, &chosen.setup, &hyper) {
             write_atomic(&dir.join(name), &text)?;
             if !args.json {
-                println!("wrote {}", dir.join(name).display());
+                out!(o, "wrote {}", dir.join(name).display());
             }
         }
+        write_stdout(&o)?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -268,13 +273,16 @@ fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_plan(model: &str, budget: &Budget, plan: &search::Plan) {
+/// The human report: budget, choice with its components, alternatives, rejections.
+fn report(model: &str, budget: &Budget, plan: &search::Plan) -> String {
+    let mut o = String::new();
     let gpu = budget
         .gpu_bytes
         .map_or("none (CPU training)".to_string(), |g| {
             format!("{} GiB per GPU", gib(g))
         });
-    println!(
+    out!(
+        o,
         "{model}: budget GPU {gpu}, host {} GiB, {:.0}% headroom; {} setups considered",
         gib(budget.host_bytes),
         budget.headroom * 100.0,
@@ -303,32 +311,39 @@ fn print_plan(model: &str, budget: &Budget, plan: &search::Plan) {
         t
     };
     if let Some(c) = &plan.chosen {
-        println!(
+        out!(
+            o,
             "\nchosen: {} — {:.0} tokens/s (throughput model)",
             c.summary(),
             c.tokens_per_s
         );
         if let Some(g) = &c.estimate.gpu {
-            println!(
+            out!(
+                o,
                 "GPU: peak allocated {} GiB, reserved {} GiB, nvml used {} GiB",
                 gib(g.peak_allocated_bytes),
                 gib(g.peak_reserved_bytes),
                 gib(g.nvml_used_bytes)
             );
-            println!("{}", component_table(&g.components));
+            out!(o, "{}", component_table(&g.components));
         }
-        println!("host: peak RSS {} GiB", gib(c.estimate.host.peak_rss_bytes));
-        println!("{}", component_table(&c.estimate.host.components));
+        out!(
+            o,
+            "host: peak RSS {} GiB",
+            gib(c.estimate.host.peak_rss_bytes)
+        );
+        out!(o, "{}", component_table(&c.estimate.host.components));
     }
     if !plan.alternatives.is_empty() {
-        println!("\nnext best:");
-        println!("{}", row_table(&plan.alternatives, false));
+        out!(o, "\nnext best:");
+        out!(o, "{}", row_table(&plan.alternatives, false));
     }
     if !plan.rejected.is_empty() {
-        println!("\nfaster but rejected:");
-        println!("{}", row_table(&plan.rejected, true));
+        out!(o, "\nfaster but rejected:");
+        out!(o, "{}", row_table(&plan.rejected, true));
     }
     if let Some(r) = &plan.reason {
-        println!("\n{r}");
+        out!(o, "\n{r}");
     }
+    o
 }
