@@ -35,6 +35,11 @@ pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
 const NEAR_FRACTION: f64 = 0.5;
 /// Sample this many times before the soft level is reached at the current growth rate.
 const SAMPLES_BEFORE_SOFT: f64 = 4.0;
+/// The fastest growth assumed for memory that looks idle, bytes/s: fresh anonymous pages fault in at
+/// about 0.8 GiB/s per thread on the development VM (memfit-memhog: 8 MiB touched in ~10 ms); 4 GiB/s
+/// covers a burst from several threads. It only shortens the period when the soft level is less than
+/// 4 GiB/s × 4 samples × 1 s = 16 GiB away.
+const WORST_CASE_GROWTH: f64 = 4.0 * (1u64 << 30) as f64;
 /// NVML per-process queries take milliseconds; once every half second is enough for the record.
 const GPU_PERIOD: Duration = Duration::from_millis(500);
 /// Poll period while waiting for leftover group members after the leader exited.
@@ -527,12 +532,16 @@ pub fn next_interval(
         FAR_INTERVAL
     };
     let to_soft = soft * limit as f64 - used as f64;
+    // Even memory that looks idle cannot reach the soft level faster than the fastest plausible growth:
+    // with a small budget this keeps the period short enough to see a sudden burst coming.
     // A tiny growth rate gives an ETA too long for a Duration: then it does not shorten the period.
-    if growth > 0.0
-        && to_soft > 0.0
-        && let Ok(eta) = Duration::try_from_secs_f64(to_soft / growth / SAMPLES_BEFORE_SOFT)
-    {
-        period = period.min(eta);
+    for rate in [growth, WORST_CASE_GROWTH] {
+        if rate > 0.0
+            && to_soft > 0.0
+            && let Ok(eta) = Duration::try_from_secs_f64(to_soft / rate / SAMPLES_BEFORE_SOFT)
+        {
+            period = period.min(eta);
+        }
     }
     period.max(MIN_INTERVAL)
 }
@@ -702,7 +711,9 @@ fn run_attempt(
                 Action::Warn => {}
             }
             let record = ActionRecord {
-                t_s: ctx.t(),
+                // The time of the reading the guard decided on, so intervals between actions are
+                // exactly what the guard measured (grace, cooldown).
+                t_s: reading.at.as_secs_f64(),
                 attempt,
                 action: name.into(),
                 reason: reason.map(Into::into),
@@ -849,26 +860,35 @@ mod tests {
     #[test]
     fn interval_adapts() {
         let gib = 1u64 << 30;
-        assert_eq!(next_interval(gib / 10, gib, 0.9, true, None), NEAR_INTERVAL);
+        let big = 100 * gib;
+        let ms = |p: Duration| p.as_millis() as i64;
+        assert_eq!(next_interval(big / 10, big, 0.9, true, None), NEAR_INTERVAL);
         assert_eq!(
-            next_interval(gib / 10, gib, 0.9, true, Some(0.0)),
+            next_interval(big / 10, big, 0.9, true, Some(0.0)),
             FAR_INTERVAL
         );
         assert_eq!(
-            next_interval(gib * 6 / 10, gib, 0.9, true, Some(0.0)),
+            next_interval(big * 6 / 10, big, 0.9, true, Some(0.0)),
             NEAR_INTERVAL
         );
         assert_eq!(
-            next_interval(gib / 10, gib, 0.9, false, Some(0.0)),
+            next_interval(big / 10, big, 0.9, false, Some(0.0)),
             NEAR_INTERVAL
         );
-        // 0.8 GiB to the soft level at 8 GiB/s: 100 ms away, so sample every 25 ms.
-        let p = next_interval(gib / 10, gib, 0.9, true, Some(8.0 * gib as f64));
-        assert!((p.as_millis() as i64 - 25).abs() <= 1, "{p:?}");
         assert_eq!(
-            next_interval(gib * 89 / 100, gib, 0.9, true, Some(1e12)),
+            next_interval(big / 10, big, 0.9, true, Some(1e-300)),
+            FAR_INTERVAL
+        );
+        // 80 GiB to the soft level at 80 GiB/s: 1 s away, so sample every 250 ms.
+        let p = next_interval(big / 10, big, 0.9, true, Some(80.0 * gib as f64));
+        assert!((ms(p) - 250).abs() <= 1, "{p:?}");
+        assert_eq!(
+            next_interval(big * 89 / 100, big, 0.9, true, Some(1e12)),
             MIN_INTERVAL
         );
+        // A small budget is watched closely even when idle: 0.8 GiB to soft at 4 GiB/s → 50 ms.
+        let p = next_interval(gib / 10, gib, 0.9, true, Some(0.0));
+        assert!((ms(p) - 50).abs() <= 1, "{p:?}");
     }
 
     proptest::proptest! {

@@ -63,3 +63,56 @@ fn table_names_each_row() {
         assert!(out.contains(row), "no {row} row in\n{out}");
     }
 }
+
+#[test]
+fn model_gets_the_planners_setup_commands_and_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = check(&[
+        "--json",
+        "--model",
+        "t5-small",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rec = &v["recommendation"];
+    assert!(v["memory"].is_object(), "the machine report is still there");
+    let memfit = &rec["memfit"];
+    assert_eq!(memfit["fits"], true, "{rec}");
+    assert!(memfit["setup"]["batch"].as_u64().unwrap() >= 1);
+    let train = memfit["files"]["memfit_train"].as_str().unwrap();
+    assert_eq!(
+        memfit["commands"]["train"],
+        format!("memfit train --config {train}")
+    );
+    assert!(std::path::Path::new(train).exists());
+    // The planner's profiles file is one `memfit run --profiles` accepts.
+    let profiles = memfit["files"]["profiles"].as_str().unwrap();
+    let parsed = memfit_sys::profiles::load(std::path::Path::new(profiles)).unwrap();
+    assert!(!parsed.is_empty());
+    let pytorch = &rec["pytorch"];
+    assert_eq!(pytorch["fits"], true, "{rec}");
+    for file in ["accelerate", "deepspeed"] {
+        assert!(std::path::Path::new(pytorch["files"][file].as_str().unwrap()).exists());
+    }
+    assert!(
+        pytorch["commands"]["accelerate"]
+            .as_str()
+            .unwrap()
+            .starts_with("accelerate launch --config_file")
+    );
+}
+
+#[test]
+fn unknown_model_is_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = check(&[
+        "--model",
+        "no-such-model",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no-such-model"));
+}

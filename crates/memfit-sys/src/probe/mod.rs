@@ -40,7 +40,7 @@ pub enum ProbeError {
     Field { path: String, field: &'static str },
 }
 
-/// Reads /proc/meminfo and the cgroup v2 hierarchy under /sys/fs/cgroup.
+/// Reads /proc/meminfo and the memory cgroup of this process (v1 or v2, see [`cgroup`]).
 pub fn host_memory() -> Result<HostMemory, ProbeError> {
     let meminfo_path = "/proc/meminfo";
     let meminfo = fs::read_to_string(meminfo_path).map_err(|source| ProbeError::Read {

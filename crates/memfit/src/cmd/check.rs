@@ -1,19 +1,40 @@
-//! `memfit check`: what this machine has, what is missing, and what to watch out for.
+//! `memfit check`: what this machine has, what is missing, and what to watch out for; with `--model`,
+//! the planner's recommendation for this machine and the commands that run it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::Context;
 use comfy_table::Table;
 use memfit_sys::probe::{self, Machine};
 use memfit_sys::units::human_bytes as h;
+use serde_json::Value;
 
-use crate::exit::Outcome;
+use crate::exit::{Outcome, bad_input, does_not_fit};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Where runs will be written (its free disk space is reported).
     #[arg(long, default_value = ".")]
     dir: PathBuf,
+    /// Ask the planner for the best setup on this machine: a preset name or a config.json path.
+    #[arg(long)]
+    model: Option<String>,
+    /// With --model: seq2seq, causal-lm or classification (default: the model's own).
+    #[arg(long, requires = "model")]
+    task: Option<String>,
+    /// With --model: sequence length.
+    #[arg(long, requires = "model")]
+    seq: Option<u64>,
+    /// With --model: samples per optimizer step.
+    #[arg(long, requires = "model")]
+    target_batch: Option<u64>,
+    /// With --model: full, lora, qlora or freeze.
+    #[arg(long, requires = "model")]
+    method: Option<String>,
+    /// With --model: where the configs go (default: DIR/memfit-plan).
+    #[arg(long, requires = "model")]
+    out: Option<PathBuf>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -21,12 +42,178 @@ pub struct Args {
 
 pub fn run(args: Args) -> Outcome {
     let machine = probe::machine(&args.dir);
+    let recommendation = match &args.model {
+        Some(model) => Some(recommend(&args, model)?),
+        None => None,
+    };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&machine)?);
+        let mut v = serde_json::to_value(&machine)?;
+        if let (Some(rec), Value::Object(map)) = (&recommendation, &mut v) {
+            map.insert("recommendation".into(), rec.clone());
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", render(&machine));
+        if let Some(rec) = &recommendation {
+            print!("{}", render_recommendation(rec));
+        }
+    }
+    let fits = |stack: &str| {
+        recommendation
+            .as_ref()
+            .is_none_or(|r| r[stack]["fits"].as_bool() == Some(true))
+    };
+    if !fits("memfit") && !fits("pytorch") {
+        return Err(does_not_fit(
+            "nothing fits this machine for either stack (reasons above)",
+        ));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The planner's answer for one stack: its JSON, or why nothing fits (exit 3 of `memfit plan`).
+enum Planned {
+    Fits(Value),
+    DoesNotFit(String),
+}
+
+/// Runs `memfit plan --json --runtime R --emit … --out …` (this same binary) for the machine's own
+/// budgets. Bad input (exit 2) carries over; "nothing fits" (exit 3) is an answer, not an error.
+fn run_plan(
+    args: &Args,
+    model: &str,
+    runtime: &str,
+    emit: &str,
+    out: &Path,
+) -> anyhow::Result<Planned> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let exe = std::env::current_exe().context("locating the memfit binary")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args([
+        "plan",
+        "--json",
+        "--runtime",
+        runtime,
+        "--emit",
+        emit,
+        "--model",
+        model,
+        "--out",
+    ])
+    .arg(out);
+    for (flag, value) in [
+        ("--task", args.task.clone()),
+        ("--seq", args.seq.map(|v| v.to_string())),
+        ("--target-batch", args.target_batch.map(|v| v.to_string())),
+        ("--method", args.method.clone()),
+    ] {
+        if let Some(v) = value {
+            cmd.args([flag, &v]);
+        }
+    }
+    let output = cmd.output().context("running memfit plan")?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let message = stderr.trim().trim_start_matches("error: ").to_owned();
+    match output.status.code() {
+        Some(0) => Ok(Planned::Fits(
+            serde_json::from_slice(&output.stdout).context("reading memfit plan's JSON")?,
+        )),
+        Some(2) => Err(bad_input(format!("--model {model}: {message}"))),
+        Some(3) => Ok(Planned::DoesNotFit(message)),
+        _ => anyhow::bail!("memfit plan failed: {message}"),
+    }
+}
+
+/// The setup for each stack with the files the planner wrote and the commands that use them:
+/// `memfit` (the Rust trainer's runtime) and `pytorch` (accelerate/DeepSpeed, the Python runtime).
+fn recommend(args: &Args, model: &str) -> anyhow::Result<Value> {
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| args.dir.join("memfit-plan"));
+    let (mf_dir, pt_dir) = (out.join("memfit"), out.join("pytorch"));
+    let file = |dir: &Path, name: &str| dir.join(name).display().to_string();
+    let (train, profiles) = (
+        file(&mf_dir, "memfit-train.toml"),
+        file(&mf_dir, "profiles.toml"),
+    );
+    let (accelerate, deepspeed) = (
+        file(&pt_dir, "accelerate.yaml"),
+        file(&pt_dir, "deepspeed.json"),
+    );
+    let memfit = section(
+        run_plan(args, model, "memfit", "memfit,profiles", &mf_dir)?,
+        serde_json::json!({"memfit_train": train, "profiles": profiles}),
+        serde_json::json!({
+            "train": format!("memfit train --config {train}"),
+            "guarded": format!("memfit run --profiles {profiles} -- memfit train --config {train}"),
+        }),
+    );
+    let pytorch = section(
+        run_plan(args, model, "pytorch", "accelerate,deepspeed", &pt_dir)?,
+        serde_json::json!({"accelerate": accelerate, "deepspeed": deepspeed}),
+        serde_json::json!({
+            "accelerate": format!("accelerate launch --config_file {accelerate} train.py"),
+        }),
+    );
+    Ok(serde_json::json!({"memfit": memfit, "pytorch": pytorch}))
+}
+
+fn section(planned: Planned, files: Value, commands: Value) -> Value {
+    match planned {
+        Planned::DoesNotFit(reason) => serde_json::json!({"fits": false, "reason": reason}),
+        Planned::Fits(plan) => {
+            let chosen = &plan["chosen"];
+            serde_json::json!({
+                "fits": true,
+                "summary": chosen["summary"],
+                "gpu_peak_allocated_bytes": chosen["gpu"]["peak_allocated_bytes"],
+                "host_peak_rss_bytes": chosen["host"]["peak_rss_bytes"],
+                "tokens_per_s": chosen["tokens_per_s"],
+                "setup": chosen["setup"],
+                "files": files,
+                "commands": commands,
+                "plan": plan,
+            })
+        }
+    }
+}
+
+fn render_recommendation(rec: &Value) -> String {
+    let text = |v: &Value| v.as_str().unwrap_or("?").to_owned();
+    let bytes = |v: &Value| v.as_u64().map_or("-".to_owned(), h);
+    let mut out = String::new();
+    for (stack, title) in [
+        ("memfit", "memfit train"),
+        ("pytorch", "PyTorch (accelerate/DeepSpeed)"),
+    ] {
+        let s = &rec[stack];
+        if s["fits"].as_bool() != Some(true) {
+            out.push_str(&format!(
+                "\n{title}: nothing fits: {}\n",
+                text(&s["reason"])
+            ));
+            continue;
+        }
+        out.push_str(&format!(
+            "\n{title}: {} (peak GPU {}, peak host {})\n",
+            text(&s["summary"]),
+            bytes(&s["gpu_peak_allocated_bytes"]),
+            bytes(&s["host_peak_rss_bytes"]),
+        ));
+        for key in ["train", "guarded", "accelerate"] {
+            if let Some(command) = s["commands"][key].as_str() {
+                out.push_str(&format!("  {command}\n"));
+            }
+        }
+        if stack == "pytorch" {
+            out.push_str(&format!(
+                "  DeepSpeed config: {}\n",
+                text(&s["files"]["deepspeed"])
+            ));
+        }
+    }
+    out
 }
 
 fn yes_no(flag: bool) -> &'static str {
