@@ -135,7 +135,10 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(Progress)) -> Res
     // Seq2seq/chat segments need room for one token plus EOS; classification for one token.
     let limits = match opts.task {
         Task::Classification => vec![("--max-len", opts.max_len, 1)],
-        _ => vec![("--max-len", opts.max_len, 2), ("--max-target-len", max_target_len, 2)],
+        _ => vec![
+            ("--max-len", opts.max_len, 2),
+            ("--max-target-len", max_target_len, 2),
+        ],
     };
     for (flag, v, least) in limits {
         if matches!(v, Some(n) if n < least) {
@@ -218,7 +221,11 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(Progress)) -> Res
     std::fs::create_dir_all(&tmp_path).map_err(|e| DataError::write(&tmp_path, e))?;
     let tmp = TempDir(Some(tmp_path.clone()));
 
-    let width = if tokenizer.max_id() <= u16::MAX as u32 { 2 } else { 4 };
+    let width = if tokenizer.max_id() <= u16::MAX as u32 {
+        2
+    } else {
+        4
+    };
     let mut writer = StoreWriter::create(
         &tmp_path,
         width,
