@@ -8,31 +8,17 @@
 # Defaults: 1,000,000 rows, 10,000 random reads for memfit and standard mode, and 20 for ultra
 # mode (it re-reads the whole file per row: 10,000 reads would take hours). Data is generated into
 # target/bench-data/ (ignored by git). The tokenizer is the ChatLM one from ../shared when present,
-# else one trained by `memfit tokenizer train` on the generated file (TOKENIZER=... overrides).
+# else one trained by `memfit tokenizer train` on the generated file (TOKENIZER=... overrides);
+# MEMFIT=/path/to/memfit skips the build.
 set -euo pipefail
 
 ROWS=${1:-1000000}
 RANDOM_ROWS=${2:-10000}
 ULTRA_ROWS=${3:-20}
 PYTHON=${PYTHON:-python3}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-DATA=$ROOT/target/bench-data
-MEMFIT=$ROOT/target/release/memfit
-FILE=$DATA/rows-$ROWS.parquet
+source "$(dirname "$0")/common.sh"
 STORE=$DATA/rows-$ROWS.store
-mkdir -p "$DATA"
 
-(cd "$ROOT" && cargo build --release -p memfit >&2)
-if [ ! -f "$FILE" ]; then
-  echo "generating $FILE" >&2
-  "$PYTHON" "$ROOT/benches/gen_prompt_response.py" --rows "$ROWS" --out "$FILE"
-fi
-TOKENIZER=${TOKENIZER:-$ROOT/../shared/fixtures/chatlm/tokenizer}
-if [ ! -e "$TOKENIZER" ]; then
-  TOKENIZER=$DATA/tokenizer
-  [ -f "$TOKENIZER/tokenizer.json" ] ||
-    "$MEMFIT" tokenizer train --input "$FILE" --vocab-size 8000 --out "$TOKENIZER" >&2
-fi
 echo "preparing $STORE (reused when up to date)" >&2
 "$MEMFIT" data prepare --input "$FILE" --tokenizer "$TOKENIZER" --out "$STORE" --json > "$DATA/prepare.json"
 

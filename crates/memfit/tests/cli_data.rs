@@ -2,7 +2,7 @@
 
 mod cli_data_common;
 
-use cli_data_common::{corpus, memfit, stderr, stdout, trained_tokenizer};
+use cli_data_common::{corpus, memfit_line, stderr, stdout, trained_tokenizer};
 
 #[test]
 fn prepare_info_and_bench_data() {
@@ -10,22 +10,13 @@ fn prepare_info_and_bench_data() {
     let input = corpus(tmp.path(), 300);
     let tok = trained_tokenizer(tmp.path(), &input);
     let store = tmp.path().join("s.store");
-    let args = [
-        "data",
-        "prepare",
-        "--input",
-        input.to_str().unwrap(),
-        "--tokenizer",
-        tok.to_str().unwrap(),
-        "--format",
-        "seq2seq",
-        "--max-len",
-        "6",
-        "--out",
-        store.to_str().unwrap(),
-        "--json",
-    ];
-    let o = memfit(&args);
+    let line = format!(
+        "data prepare --input {} --tokenizer {} --format seq2seq --max-len 6 --out {} --json",
+        input.display(),
+        tok.display(),
+        store.display()
+    );
+    let o = memfit_line(&line);
     assert!(o.status.success(), "{}", stderr(&o));
     let meta: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(meta["reused"], false);
@@ -35,23 +26,18 @@ fn prepare_info_and_bench_data() {
     assert!(meta["counts"]["truncated"].as_u64().unwrap() > 0);
     assert!(meta["lengths"][0]["max"].as_u64().unwrap() <= 6);
 
-    let again = memfit(&args);
+    let again = memfit_line(&line);
     let meta2: serde_json::Value = serde_json::from_str(&stdout(&again)).unwrap();
     assert_eq!(meta2["reused"], true);
 
-    let o = memfit(&["data", "info", store.to_str().unwrap()]);
+    let o = memfit_line(&format!("data info {}", store.display()));
     assert!(o.status.success());
     assert!(stdout(&o).contains("300 rows"), "{}", stdout(&o));
 
-    let o = memfit(&[
-        "bench",
-        "data",
-        "--store",
-        store.to_str().unwrap(),
-        "--random",
-        "500",
-        "--json",
-    ]);
+    let o = memfit_line(&format!(
+        "bench data --store {} --random 500 --json",
+        store.display()
+    ));
     assert!(o.status.success(), "{}", stderr(&o));
     let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(r["rows"], 500);
@@ -71,21 +57,15 @@ fn bad_input_exits_2_with_the_row_and_column_and_no_store() {
     )
     .unwrap();
     let store = tmp.path().join("s.store");
-    let run = |input: &std::path::Path, extra: &[&str]| {
-        let mut args = vec![
-            "data",
-            "prepare",
-            "--input",
-            input.to_str().unwrap(),
-            "--tokenizer",
-            tok.to_str().unwrap(),
-            "--out",
-            store.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        memfit(&args)
+    let run = |input: &std::path::Path, extra: &str| {
+        memfit_line(&format!(
+            "data prepare --input {} --tokenizer {} --out {} {extra}",
+            input.display(),
+            tok.display(),
+            store.display()
+        ))
     };
-    let o = run(&bad, &[]);
+    let o = run(&bad, "");
     assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
     assert!(
@@ -95,7 +75,7 @@ fn bad_input_exits_2_with_the_row_and_column_and_no_store() {
     assert!(!err.contains("panicked"));
     assert!(!store.exists());
 
-    let o = run(&bad, &["--on-invalid", "skip", "--json"]);
+    let o = run(&bad, "--on-invalid skip --json");
     assert!(o.status.success(), "{}", stderr(&o));
     let meta: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(
@@ -103,7 +83,7 @@ fn bad_input_exits_2_with_the_row_and_column_and_no_store() {
         (Some(1), Some(1))
     );
 
-    let o = run(&input, &["--columns", "question,answer", "--force"]);
+    let o = run(&input, "--columns question,answer --force");
     assert_eq!(o.status.code(), Some(2));
     assert!(
         stderr(&o).contains("no column `question`"),
@@ -113,18 +93,14 @@ fn bad_input_exits_2_with_the_row_and_column_and_no_store() {
 
     let garbage = tmp.path().join("garbage.parquet");
     std::fs::write(&garbage, b"PAR1 this is not parquet").unwrap();
-    let o = run(&garbage, &["--force"]);
+    let o = run(&garbage, "--force");
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("garbage.parquet"), "{}", stderr(&o));
 
-    let o = memfit(&[
-        "bench",
-        "data",
-        "--store",
-        tmp.path().to_str().unwrap(),
-        "--random",
-        "5",
-    ]);
+    let o = memfit_line(&format!(
+        "bench data --store {} --random 5",
+        tmp.path().display()
+    ));
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("not a token store"), "{}", stderr(&o));
 }
@@ -139,19 +115,12 @@ fn chatlm_fixture_prepares_with_its_tokenizer() {
     let fx = shared.join("fixtures/chatlm");
     let tmp = tempfile::tempdir().unwrap();
     let store = tmp.path().join("valid.store");
-    let o = memfit(&[
-        "data",
-        "prepare",
-        "--input",
-        fx.join("my_valid_dataset_1k.parquet").to_str().unwrap(),
-        "--tokenizer",
-        fx.join("tokenizer").to_str().unwrap(),
-        "--max-len",
-        "256",
-        "--out",
-        store.to_str().unwrap(),
-        "--json",
-    ]);
+    let o = memfit_line(&format!(
+        "data prepare --input {} --tokenizer {} --max-len 256 --out {} --json",
+        fx.join("my_valid_dataset_1k.parquet").display(),
+        fx.join("tokenizer").display(),
+        store.display()
+    ));
     assert!(o.status.success(), "{}", stderr(&o));
     let meta: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(meta["rows"], 1000);
@@ -162,14 +131,10 @@ fn chatlm_fixture_prepares_with_its_tokenizer() {
         (Some(1), Some(0))
     );
     // The first prompt (see the golden file) ends in EOS.
-    let o = memfit(&[
-        "tokenizer",
-        "encode",
-        "--tokenizer",
-        fx.join("tokenizer").to_str().unwrap(),
-        "--json",
-        "我要不要去当2021成都大运会志愿者？",
-    ]);
+    let o = memfit_line(&format!(
+        "tokenizer encode --tokenizer {} --json 我要不要去当2021成都大运会志愿者？",
+        fx.join("tokenizer").display()
+    ));
     let ids: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(ids["ids"].as_array().unwrap().len(), 21);
     assert!(

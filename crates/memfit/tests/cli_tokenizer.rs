@@ -2,26 +2,18 @@
 
 mod cli_data_common;
 
-use cli_data_common::{corpus, memfit, stderr, stdout};
+use cli_data_common::{corpus, memfit, memfit_line, stderr, stdout};
 
 #[test]
 fn train_writes_the_transformers_files_and_encodes() {
     let tmp = tempfile::tempdir().unwrap();
     let input = corpus(tmp.path(), 200);
     let out = tmp.path().join("tok");
-    let o = memfit(&[
-        "tokenizer",
-        "train",
-        "--input",
-        input.to_str().unwrap(),
-        "--vocab-size",
-        "150",
-        "--model",
-        "unigram",
-        "--out",
-        out.to_str().unwrap(),
-        "--json",
-    ]);
+    let o = memfit_line(&format!(
+        "tokenizer train --input {} --vocab-size 150 --model unigram --out {} --json",
+        input.display(),
+        out.display()
+    ));
     assert!(o.status.success(), "{}", stderr(&o));
     let report: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(report["rows"], 200);
@@ -55,31 +47,21 @@ fn train_writes_the_transformers_files_and_encodes() {
 fn bad_training_input_exits_2_naming_it() {
     let tmp = tempfile::tempdir().unwrap();
     let input = corpus(tmp.path(), 10);
-    let o = memfit(&[
-        "tokenizer",
-        "train",
-        "--input",
-        input.to_str().unwrap(),
-        "--vocab-size",
-        "100",
-        "--columns",
-        "question",
-        "--out",
-        tmp.path().join("t").to_str().unwrap(),
-    ]);
+    let o = memfit_line(&format!(
+        "tokenizer train --input {} --vocab-size 100 --columns question --out {}",
+        input.display(),
+        tmp.path().join("t").display()
+    ));
     assert_eq!(o.status.code(), Some(2));
     assert!(
         stderr(&o).contains("no column `question`"),
         "{}",
         stderr(&o)
     );
-    let o = memfit(&[
-        "tokenizer",
-        "encode",
-        "--tokenizer",
-        tmp.path().to_str().unwrap(),
-        "x",
-    ]);
+    let o = memfit_line(&format!(
+        "tokenizer encode --tokenizer {} x",
+        tmp.path().display()
+    ));
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("tokenizer.json"), "{}", stderr(&o));
 }

@@ -187,17 +187,16 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(Progress)) -> Res
         sha256_bytes(key.to_string().as_bytes())
     };
 
-    if !opts.force {
-        if let Ok(existing) = TokenStore::open(&opts.out) {
-            if existing.meta().fingerprint == fingerprint {
-                tracing::info!(store = %opts.out.display(), "store is up to date; reusing it");
-                return Ok(PrepareReport {
-                    store: opts.out.clone(),
-                    reused: true,
-                    meta: existing.meta().clone(),
-                });
-            }
-        }
+    if !opts.force
+        && let Ok(existing) = TokenStore::open(&opts.out)
+        && existing.meta().fingerprint == fingerprint
+    {
+        tracing::info!(store = %opts.out.display(), "store is up to date; reusing it");
+        return Ok(PrepareReport {
+            store: opts.out.clone(),
+            reused: true,
+            meta: existing.meta().clone(),
+        });
     }
     if opts.out.exists() && !opts.out.join(META_FILE).exists() {
         // Replace only what a store (or an unfinished one) holds, never someone's other files.

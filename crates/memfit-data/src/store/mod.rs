@@ -1,4 +1,4 @@
-//! The token store on disk and its memory-mapped reader.
+//! The token store on disk and its reader.
 //!
 //! A store is a directory:
 //! - `tokens.bin` — every token id of every row, little-endian, `token_width` bytes each (u16 when

@@ -12,6 +12,11 @@ pub fn memfit(args: &[&str]) -> Output {
         .expect("run memfit")
 }
 
+/// `memfit` with a command line split on whitespace (the tests' paths have no spaces).
+pub fn memfit_line(line: &str) -> Output {
+    memfit(&line.split_whitespace().collect::<Vec<_>>())
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
