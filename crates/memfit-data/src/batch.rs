@@ -4,7 +4,7 @@
 //! not depend on memfit-train; the trainer converts field by field).
 
 use crate::error::{DataError, Result};
-use crate::store::{Row, Task, TokenStore};
+use crate::store::{Row, RowBuf, Task, TokenStore};
 
 /// A padded seq2seq micro-batch, row-major `[batch, len]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,10 +71,28 @@ pub fn pad_seq2seq(rows: &[Row<'_>], pad_id: u32) -> PaddedSeq2Seq {
         label_mask: Vec::with_capacity(rows.len() * tgt_len),
     };
     for r in rows {
-        push_padded(&mut out.input_ids, &mut out.input_mask, r.source().iter(), src_len, pad_id);
+        push_padded(
+            &mut out.input_ids,
+            &mut out.input_mask,
+            r.source().iter(),
+            src_len,
+            pad_id,
+        );
         match r.target() {
-            Some(t) => push_padded(&mut out.labels, &mut out.label_mask, t.iter(), tgt_len, pad_id),
-            None => push_padded(&mut out.labels, &mut out.label_mask, std::iter::empty(), tgt_len, pad_id),
+            Some(t) => push_padded(
+                &mut out.labels,
+                &mut out.label_mask,
+                t.iter(),
+                tgt_len,
+                pad_id,
+            ),
+            None => push_padded(
+                &mut out.labels,
+                &mut out.label_mask,
+                std::iter::empty(),
+                tgt_len,
+                pad_id,
+            ),
         }
     }
     out
@@ -91,35 +109,39 @@ pub fn pad_classification(rows: &[Row<'_>], pad_id: u32) -> PaddedClassification
         labels: Vec::with_capacity(rows.len()),
     };
     for r in rows {
-        push_padded(&mut out.input_ids, &mut out.input_mask, r.source().iter(), len, pad_id);
+        push_padded(
+            &mut out.input_ids,
+            &mut out.input_mask,
+            r.source().iter(),
+            len,
+            pad_id,
+        );
         out.labels.push(r.label().unwrap_or(0));
     }
     out
 }
 
 impl TokenStore {
-    fn rows_at(&self, indices: &[usize]) -> Result<Vec<Row<'_>>> {
-        indices
-            .iter()
-            .map(|&i| {
-                self.get(i).ok_or_else(|| {
-                    DataError::store(self.dir(), format!("row {i} is past the end ({} rows)", self.len()))
-                })
-            })
-            .collect()
-    }
-
     fn require_pad(&self) -> Result<u32> {
         self.pad_id()
             .ok_or_else(|| DataError::store(self.dir(), "meta.json has no pad id"))
     }
 
-    /// The padded seq2seq batch of rows `indices` (a seq2seq or chat store).
-    pub fn seq2seq_batch(&self, indices: &[usize]) -> Result<PaddedSeq2Seq> {
+    /// The padded seq2seq batch of rows `indices` (a seq2seq or chat store), read through `buf`.
+    pub fn seq2seq_batch_with(&self, indices: &[usize], buf: &mut RowBuf) -> Result<PaddedSeq2Seq> {
         if self.task() == Task::Classification {
-            return Err(DataError::store(self.dir(), "a classification store has no targets"));
+            return Err(DataError::store(
+                self.dir(),
+                "a classification store has no targets",
+            ));
         }
-        Ok(pad_seq2seq(&self.rows_at(indices)?, self.require_pad()?))
+        let pad = self.require_pad()?;
+        Ok(pad_seq2seq(&self.read_rows(indices, buf)?, pad))
+    }
+
+    /// [`TokenStore::seq2seq_batch_with`] with a fresh buffer.
+    pub fn seq2seq_batch(&self, indices: &[usize]) -> Result<PaddedSeq2Seq> {
+        self.seq2seq_batch_with(indices, &mut RowBuf::default())
     }
 
     /// The padded classification batch of rows `indices` (a classification store).
@@ -127,6 +149,10 @@ impl TokenStore {
         if self.task() != Task::Classification {
             return Err(DataError::store(self.dir(), "not a classification store"));
         }
-        Ok(pad_classification(&self.rows_at(indices)?, self.require_pad()?))
+        let pad = self.require_pad()?;
+        Ok(pad_classification(
+            &self.read_rows(indices, &mut RowBuf::default())?,
+            pad,
+        ))
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::error::Result;
 use crate::rng::SplitMix64;
-use crate::store::TokenStore;
+use crate::store::{RowBuf, TokenStore};
 use std::path::Path;
 use std::time::Instant;
 
@@ -14,23 +14,25 @@ pub struct RandomAccessReport {
     pub peak_rss_bytes: u64,
 }
 
-/// Opens the store and reads `rows` uniformly random rows (seeded), copying every segment's ids
-/// into a reused buffer as a loader would. Each read is timed on its own; the median is reported.
+/// Opens the store and reads `rows` uniformly random rows (seeded), decoding every segment's ids
+/// into a reused `Vec<u32>` as a loader would. Each read is timed on its own; the median is
+/// reported.
 pub fn random_access(store_dir: &Path, rows: usize, seed: u64) -> Result<RandomAccessReport> {
     let store = TokenStore::open(store_dir)?;
     let mut rng = SplitMix64::new(seed);
     let picks: Vec<usize> = (0..rows).map(|_| rng.below(store.len())).collect();
     let mut times = Vec::with_capacity(rows);
-    let mut buf: Vec<u32> = Vec::with_capacity(4096);
+    let mut ids: Vec<u32> = Vec::with_capacity(4096);
+    let mut row_buf = RowBuf::default();
     let mut checksum = 0u64;
     for &i in &picks {
         let t = Instant::now();
-        buf.clear();
-        let row = store.row(i);
+        ids.clear();
+        let row = store.read_row(i, &mut row_buf)?;
         for seg in row.segments() {
-            seg.extend_into(&mut buf);
+            seg.extend_into(&mut ids);
         }
-        checksum = checksum.wrapping_add(buf.iter().map(|&x| x as u64).sum::<u64>());
+        checksum = checksum.wrapping_add(ids.iter().map(|&x| x as u64).sum::<u64>());
         times.push(t.elapsed().as_nanos() as u64);
     }
     std::hint::black_box(checksum);

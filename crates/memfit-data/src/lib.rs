@@ -8,8 +8,9 @@
 //! - [`prepare`]   — source → token store ([`prepare::prepare`]): EOS appended by id, truncation by
 //!   tokens, empty/invalid rows counted under an `--on-invalid` policy, built in a temporary
 //!   directory and renamed into place, reused when up to date.
-//! - [`store`]     — the memory-mapped store ([`TokenStore`]): O(1) [`TokenStore::row`], RSS
-//!   independent of the store's size.
+//! - [`store`]     — the token store ([`TokenStore`]): O(1) [`TokenStore::read_row`] by positioned
+//!   reads through the page cache; RSS independent of the store's size (why not mmap: see
+//!   [`store`]).
 //! - [`sampler`]   — seeded shuffle per epoch, sharding by (rank, world) with equal steps,
 //!   length-grouped batches by rows or by token budget, and the resumable [`Cursor`].
 //! - [`batch`]     — dynamic padding into [`PaddedSeq2Seq`] / [`PaddedClassification`].
@@ -54,5 +55,5 @@ pub use batch::{PaddedClassification, PaddedSeq2Seq, pad_classification, pad_seq
 pub use error::{DataError, Location};
 pub use prepare::{InvalidPolicy, PrepareOptions, PrepareReport, prepare};
 pub use sampler::{Batching, Cursor, Sampler, SamplerConfig};
-pub use store::{Row, StoreMeta, Task, TokenStore, Tokens};
+pub use store::{Row, RowBuf, StoreMeta, Task, TokenStore, Tokens};
 pub use tokenizer::Tokenizer;

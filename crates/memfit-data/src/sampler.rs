@@ -57,7 +57,10 @@ impl SamplerConfig {
     fn validate(&self, rows: usize) -> Result<()> {
         let bad = |m: String| Err(DataError::Options(m));
         if self.world == 0 || self.rank >= self.world {
-            return bad(format!("rank {} of world size {}: need rank < world", self.rank, self.world));
+            return bad(format!(
+                "rank {} of world size {}: need rank < world",
+                self.rank, self.world
+            ));
         }
         match self.batching {
             Batching::Samples(0) => return bad("batch size must be at least 1".into()),
@@ -212,7 +215,11 @@ impl Sampler {
                 cursor.seed, config.seed
             )));
         }
-        let plan = shard(&config, &global_batches(&config, &lengths, cursor.epoch), cursor.epoch);
+        let plan = shard(
+            &config,
+            &global_batches(&config, &lengths, cursor.epoch),
+            cursor.epoch,
+        );
         let position = usize::try_from(cursor.position).unwrap_or(usize::MAX);
         if position > plan.steps() {
             return Err(DataError::Options(format!(
@@ -264,7 +271,12 @@ impl Sampler {
             );
             self.position = 0;
         }
-        let batch = self.plan.batch(self.position).iter().map(|&k| k as usize).collect();
+        let batch = self
+            .plan
+            .batch(self.position)
+            .iter()
+            .map(|&k| k as usize)
+            .collect();
         self.position += 1;
         batch
     }
@@ -303,7 +315,10 @@ mod tests {
         let mut cfg = SamplerConfig::new(1, Batching::Samples(4));
         cfg.shuffle = false;
         let mut s = Sampler::new(cfg, vec![5; 10]).unwrap();
-        assert_eq!(take(&mut s, 3), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
+        assert_eq!(
+            take(&mut s, 3),
+            vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]
+        );
     }
 
     #[test]
@@ -318,7 +333,10 @@ mod tests {
                 .sum()
         };
         let (plain, grouped) = (padded(None), padded(Some(50)));
-        assert!(grouped * 10 < plain * 7, "grouped {grouped} vs plain {plain}");
+        assert!(
+            grouped * 10 < plain * 7,
+            "grouped {grouped} vs plain {plain}"
+        );
     }
 
     #[test]
@@ -330,15 +348,25 @@ mod tests {
         assert!(Sampler::new(SamplerConfig::new(1, Batching::Tokens(0)), vec![1; 8]).is_err());
         assert!(Sampler::new(SamplerConfig::new(1, Batching::Samples(2)), vec![]).is_err());
         let s = Sampler::new(SamplerConfig::new(1, Batching::Samples(2)), vec![1; 8]).unwrap();
-        let wrong_seed = Cursor { seed: 2, ..s.cursor() };
+        let wrong_seed = Cursor {
+            seed: 2,
+            ..s.cursor()
+        };
         assert!(Sampler::resume(s.config().clone(), vec![1; 8], wrong_seed).is_err());
-        let too_far = Cursor { position: 99, ..s.cursor() };
+        let too_far = Cursor {
+            position: 99,
+            ..s.cursor()
+        };
         assert!(Sampler::resume(s.config().clone(), vec![1; 8], too_far).is_err());
     }
 
     #[test]
     fn cursor_round_trips_through_json() {
-        let c = Cursor { epoch: 3, position: 17, seed: 42 };
+        let c = Cursor {
+            epoch: 3,
+            position: 17,
+            seed: 42,
+        };
         let json = serde_json::to_string(&c).unwrap();
         assert_eq!(json, r#"{"epoch":3,"position":17,"seed":42}"#);
         assert_eq!(serde_json::from_str::<Cursor>(&json).unwrap(), c);
@@ -349,17 +377,22 @@ mod tests {
             any::<u64>(),
             any::<bool>(),
             1usize..5,
-            prop_oneof![(1usize..9).prop_map(Batching::Samples), (1usize..900).prop_map(Batching::Tokens)],
+            prop_oneof![
+                (1usize..9).prop_map(Batching::Samples),
+                (1usize..900).prop_map(Batching::Tokens)
+            ],
             prop_oneof![Just(None), (1usize..6).prop_map(Some)],
         )
-            .prop_map(|(seed, shuffle, world, batching, group_window)| SamplerConfig {
-                seed,
-                shuffle,
-                rank: 0,
-                world,
-                batching,
-                group_window,
-            })
+            .prop_map(
+                |(seed, shuffle, world, batching, group_window)| SamplerConfig {
+                    seed,
+                    shuffle,
+                    rank: 0,
+                    world,
+                    batching,
+                    group_window,
+                },
+            )
     }
 
     proptest! {

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{EOS, PAD, ids, words};
+use common::{EOS, PAD, ids, row, words};
 use memfit_data::prepare::{InvalidPolicy, PrepareOptions, PrepareReport, prepare};
 use memfit_data::{Batching, DataError, Location, Sampler, SamplerConfig, Task, TokenStore};
 use std::path::{Path, PathBuf};
@@ -13,7 +13,12 @@ fn run(opts: &PrepareOptions) -> Result<PrepareReport, DataError> {
 }
 
 fn opts(dir: &Path, input: PathBuf, task: Task) -> PrepareOptions {
-    PrepareOptions::new(vec![input], common::tokenizer(dir), task, dir.join("out.store"))
+    PrepareOptions::new(
+        vec![input],
+        common::tokenizer(dir),
+        task,
+        dir.join("out.store"),
+    )
 }
 
 fn with_eos(mut v: Vec<u32>) -> Vec<u32> {
@@ -33,13 +38,20 @@ fn seq2seq_jsonl_rows_are_ids_plus_eos() {
     assert_eq!((store.eos_id(), store.pad_id()), (Some(EOS), Some(PAD)));
     for i in [0, 1, 7, 250, 499] {
         let (s, t) = common::seq2seq_row(i);
-        let row = store.row(i);
-        assert_eq!(row.source().to_vec(), with_eos(ids(&s)), "row {i}");
-        assert_eq!(row.target().unwrap().to_vec(), with_eos(ids(&t)), "row {i}");
+        let r = row(&store, i);
+        assert_eq!(r.source().to_vec(), with_eos(ids(&s)), "row {i}");
+        assert_eq!(r.target().unwrap().to_vec(), with_eos(ids(&t)), "row {i}");
     }
-    assert!(store.get(500).is_none());
+    assert!(
+        store
+            .read_row(500, &mut memfit_data::RowBuf::default())
+            .is_err()
+    );
     let m = store.meta();
-    assert_eq!((m.counts.read, m.counts.written, m.counts.truncated), (500, 500, 0));
+    assert_eq!(
+        (m.counts.read, m.counts.written, m.counts.truncated),
+        (500, 500, 0)
+    );
     // Prompt lengths 1..=7 words + EOS: min 2, max 8, all in the first (≤ 8) bucket.
     assert_eq!((m.lengths[0].min, m.lengths[0].max), (2, 8));
     assert_eq!(m.lengths[0].histogram[0].rows, 500);
@@ -57,11 +69,17 @@ fn parquet_with_many_row_groups_gives_the_same_store_as_jsonl() {
     let mut b = opts(tmp.path(), jl, Task::Seq2seq);
     b.out = tmp.path().join("jsonl.store");
     let (sa, sb) = (run(&a).unwrap(), run(&b).unwrap());
-    let (sa, sb) = (TokenStore::open(&sa.store).unwrap(), TokenStore::open(&sb.store).unwrap());
+    let (sa, sb) = (
+        TokenStore::open(&sa.store).unwrap(),
+        TokenStore::open(&sb.store).unwrap(),
+    );
     assert_eq!(sa.len(), 1000);
     for i in 0..1000 {
-        assert_eq!(sa.row(i).source().to_vec(), sb.row(i).source().to_vec());
-        assert_eq!(sa.row(i).target().unwrap().to_vec(), sb.row(i).target().unwrap().to_vec());
+        assert_eq!(row(&sa, i).source().to_vec(), row(&sb, i).source().to_vec());
+        assert_eq!(
+            row(&sa, i).target().unwrap().to_vec(),
+            row(&sb, i).target().unwrap().to_vec()
+        );
     }
     assert_eq!(sa.row_lengths().unwrap(), sb.row_lengths().unwrap());
 }
@@ -81,9 +99,12 @@ fn truncation_counts_tokens_and_keeps_eos_last() {
     o.max_len = Some(3);
     o.max_target_len = Some(4);
     let store = TokenStore::open(&run(&o).unwrap().store).unwrap();
-    assert_eq!(store.row(0).source().to_vec(), with_eos(ids(&[1, 2])));
-    assert_eq!(store.row(1).target().unwrap().to_vec(), with_eos(ids(&[7, 8, 9])));
-    assert_eq!(store.row(2).source().to_vec(), with_eos(ids(&[1, 2])));
+    assert_eq!(row(&store, 0).source().to_vec(), with_eos(ids(&[1, 2])));
+    assert_eq!(
+        row(&store, 1).target().unwrap().to_vec(),
+        with_eos(ids(&[7, 8, 9]))
+    );
+    assert_eq!(row(&store, 2).source().to_vec(), with_eos(ids(&[1, 2])));
     assert_eq!(store.meta().counts.truncated, 2);
     o.max_len = Some(1);
     assert!(matches!(run(&o), Err(DataError::Options(_))));
@@ -108,7 +129,12 @@ fn invalid_policy_fail_names_file_line_and_column() {
     let o = opts(tmp.path(), messy_rows(tmp.path()), Task::Seq2seq);
     let err = run(&o).unwrap_err();
     match &err {
-        DataError::InvalidRow { path, location, column, reason } => {
+        DataError::InvalidRow {
+            path,
+            location,
+            column,
+            reason,
+        } => {
             assert!(path.ends_with("messy.jsonl"));
             assert_eq!(*location, Location::Line(2));
             assert_eq!(column, "prompt");
@@ -129,15 +155,22 @@ fn invalid_policy_skip_and_keep_count_rows() {
     o.on_invalid = InvalidPolicy::Skip;
     let m = run(&o).unwrap().meta;
     assert_eq!((m.counts.read, m.counts.written), (5, 2));
-    assert_eq!((m.counts.empty, m.counts.invalid, m.counts.skipped), (1, 2, 3));
+    assert_eq!(
+        (m.counts.empty, m.counts.invalid, m.counts.skipped),
+        (1, 2, 3)
+    );
     let store = TokenStore::open(&o.out).unwrap();
-    assert_eq!(store.row(1).source().to_vec(), with_eos(ids(&[5])));
+    assert_eq!(row(&store, 1).source().to_vec(), with_eos(ids(&[5])));
 
     o.on_invalid = InvalidPolicy::Keep;
     let m = run(&o).unwrap().meta;
     assert_eq!((m.counts.written, m.counts.skipped), (5, 0));
     let store = TokenStore::open(&o.out).unwrap();
-    assert_eq!(store.row(1).source().to_vec(), vec![EOS], "a null prompt kept as empty");
+    assert_eq!(
+        row(&store, 1).source().to_vec(),
+        vec![EOS],
+        "a null prompt kept as empty"
+    );
 }
 
 #[test]
@@ -152,14 +185,24 @@ fn bad_parquet_inputs_are_errors_that_name_the_problem() {
         r.unwrap_err()
     };
     // Missing column.
-    let p = common::write_parquet(&d.join("a.parquet"), vec![("prompt", common::string_array(vec![Some("w1")]))], 8);
+    let p = common::write_parquet(
+        &d.join("a.parquet"),
+        vec![("prompt", common::string_array(vec![Some("w1")]))],
+        8,
+    );
     let e = try_prepare(p);
-    assert!(matches!(&e, DataError::MissingColumn { column, .. } if column == "response"), "{e}");
+    assert!(
+        matches!(&e, DataError::MissingColumn { column, .. } if column == "response"),
+        "{e}"
+    );
     assert!(e.to_string().contains("a.parquet") && e.to_string().contains("response"));
     // Wrong type.
     let p = common::write_parquet(
         &d.join("b.parquet"),
-        vec![("prompt", common::string_array(vec![Some("w1")])), ("response", common::int_array(vec![Some(3)]))],
+        vec![
+            ("prompt", common::string_array(vec![Some("w1")])),
+            ("response", common::int_array(vec![Some(3)])),
+        ],
         8,
     );
     assert!(matches!(try_prepare(p), DataError::ColumnType { column, .. } if column == "response"));
@@ -168,31 +211,50 @@ fn bad_parquet_inputs_are_errors_that_name_the_problem() {
     v[17] = None;
     let p = common::write_parquet(
         &d.join("c.parquet"),
-        vec![("prompt", common::string_array(vec![Some("w2"); 20])), ("response", common::string_array(v))],
+        vec![
+            ("prompt", common::string_array(vec![Some("w2"); 20])),
+            ("response", common::string_array(v)),
+        ],
         8,
     );
     let e = try_prepare(p);
-    assert!(e.to_string().contains("row 17, column `response`: null"), "{e}");
+    assert!(
+        e.to_string().contains("row 17, column `response`: null"),
+        "{e}"
+    );
     // Non-UTF-8 bytes in a binary column.
     let bad: &[u8] = b"w1 \xff\xfe";
     let p = common::write_parquet(
         &d.join("d.parquet"),
         vec![
             ("prompt", common::binary_array(vec![Some(b"w1"), Some(bad)])),
-            ("response", common::string_array(vec![Some("w2"), Some("w3")])),
+            (
+                "response",
+                common::string_array(vec![Some("w2"), Some("w3")]),
+            ),
         ],
         8,
     );
     let e = try_prepare(p);
-    assert!(e.to_string().contains("row 1, column `prompt`: not valid UTF-8"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("row 1, column `prompt`: not valid UTF-8"),
+        "{e}"
+    );
     // Empty file and truncated file.
     std::fs::write(d.join("e.parquet"), b"").unwrap();
-    assert!(matches!(try_prepare(d.join("e.parquet")), DataError::Corrupt { .. }));
+    assert!(matches!(
+        try_prepare(d.join("e.parquet")),
+        DataError::Corrupt { .. }
+    ));
     let good = common::seq2seq_parquet(&d.join("f.parquet"), 100, 10);
     let bytes = std::fs::read(&good).unwrap();
     std::fs::write(d.join("g.parquet"), &bytes[..bytes.len() / 2]).unwrap();
     let e = try_prepare(d.join("g.parquet"));
-    assert!(matches!(e, DataError::Corrupt { .. }) && e.to_string().contains("g.parquet"), "{e}");
+    assert!(
+        matches!(e, DataError::Corrupt { .. }) && e.to_string().contains("g.parquet"),
+        "{e}"
+    );
     // Garbage in the middle of the data pages (footer intact).
     let mut corrupt = bytes.clone();
     for b in &mut corrupt[200..600] {
@@ -200,15 +262,25 @@ fn bad_parquet_inputs_are_errors_that_name_the_problem() {
     }
     std::fs::write(d.join("h.parquet"), &corrupt).unwrap();
     let e = try_prepare(d.join("h.parquet"));
-    assert!(e.is_bad_input() && e.to_string().contains("h.parquet"), "{e}");
+    assert!(
+        e.is_bad_input() && e.to_string().contains("h.parquet"),
+        "{e}"
+    );
     // A parquet file with no rows.
     let p = common::write_parquet(
         &d.join("i.parquet"),
-        vec![("prompt", common::string_array(vec![])), ("response", common::string_array(vec![]))],
+        vec![
+            ("prompt", common::string_array(vec![])),
+            ("response", common::string_array(vec![])),
+        ],
         8,
     );
     assert!(matches!(try_prepare(p), DataError::EmptySource { .. }));
-    assert_eq!(common::hidden_entries(d), Vec::<String>::new(), "no temporary directories left");
+    assert_eq!(
+        common::hidden_entries(d),
+        Vec::<String>::new(),
+        "no temporary directories left"
+    );
 }
 
 #[test]
@@ -231,14 +303,25 @@ fn bad_jsonl_inputs_are_errors_that_name_the_problem() {
     assert!(e.contains("no column `response`"), "{e}");
     let e = try_prepare("utf8.jsonl", b"{\"prompt\": \"w1\", \"response\": \"w2\"}\n{\"prompt\": \"\xff\", \"response\": \"w2\"}\n");
     assert!(e.contains("line 2") && e.contains("UTF-8"), "{e}");
-    let e = try_prepare("json.jsonl", b"{\"prompt\": \"w1\", \"response\": \"w2\"}\n{\"prompt\": \n");
+    let e = try_prepare(
+        "json.jsonl",
+        b"{\"prompt\": \"w1\", \"response\": \"w2\"}\n{\"prompt\": \n",
+    );
     assert!(e.contains("line 2") && e.contains("not valid JSON"), "{e}");
     let e = try_prepare("nope.jsonl.missing", b"x");
     assert!(e.contains("nope.jsonl.missing"), "{e}");
     std::fs::remove_file(d.join("nope.jsonl.missing")).unwrap();
-    let o = PrepareOptions::new(vec![d.join("absent.jsonl")], tok.clone(), Task::Seq2seq, d.join("s"));
+    let o = PrepareOptions::new(
+        vec![d.join("absent.jsonl")],
+        tok.clone(),
+        Task::Seq2seq,
+        d.join("s"),
+    );
     let e = run(&o).unwrap_err();
-    assert!(e.is_bad_input() && e.to_string().contains("absent.jsonl"), "{e}");
+    assert!(
+        e.is_bad_input() && e.to_string().contains("absent.jsonl"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -246,13 +329,27 @@ fn a_tokenizer_without_eos_or_pad_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let input = common::seq2seq_jsonl(&tmp.path().join("d.jsonl"), 10);
     let no_eos = common::word_tokenizer(&tmp.path().join("no_eos"), 20, &["[PAD]"]);
-    let o = PrepareOptions::new(vec![input.clone()], no_eos, Task::Seq2seq, tmp.path().join("s"));
+    let o = PrepareOptions::new(
+        vec![input.clone()],
+        no_eos,
+        Task::Seq2seq,
+        tmp.path().join("s"),
+    );
     let e = run(&o).unwrap_err();
-    assert!(matches!(e, DataError::MissingSpecialToken { role: "EOS", .. }), "{e}");
-    assert!(e.to_string().contains("[EOS]") && e.to_string().contains("seq2seq"), "{e}");
+    assert!(
+        matches!(e, DataError::MissingSpecialToken { role: "EOS", .. }),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("[EOS]") && e.to_string().contains("seq2seq"),
+        "{e}"
+    );
     let no_pad = common::word_tokenizer(&tmp.path().join("no_pad"), 20, &["[EOS]"]);
     let o = PrepareOptions::new(vec![input], no_pad, Task::Seq2seq, tmp.path().join("s"));
-    assert!(matches!(run(&o), Err(DataError::MissingSpecialToken { role: "PAD", .. })));
+    assert!(matches!(
+        run(&o),
+        Err(DataError::MissingSpecialToken { role: "PAD", .. })
+    ));
     let o = PrepareOptions::new(
         vec![tmp.path().join("d.jsonl")],
         tmp.path().join("nowhere"),
@@ -274,7 +371,10 @@ fn an_up_to_date_store_is_reused_and_a_changed_source_rebuilds() {
     let again = run(&o).unwrap();
     assert!(again.reused);
     assert_eq!(again.meta.fingerprint, first.meta.fingerprint);
-    assert_eq!(std::fs::metadata(&tokens).unwrap().modified().unwrap(), mtime);
+    assert_eq!(
+        std::fs::metadata(&tokens).unwrap().modified().unwrap(),
+        mtime
+    );
     // A different max length is different content.
     let mut o2 = o.clone();
     o2.max_len = Some(3);
@@ -299,7 +399,10 @@ fn interrupted_builds_leave_nothing_that_looks_like_a_store() {
     let dead = tmp.path().join(".out.store.partial-4000000");
     std::fs::create_dir_all(&dead).unwrap();
     std::fs::write(dead.join("tokens.bin"), b"xx").unwrap();
-    assert!(TokenStore::open(&dead).is_err(), "no meta.json: not a store");
+    assert!(
+        TokenStore::open(&dead).is_err(),
+        "no meta.json: not a store"
+    );
     run(&o).unwrap();
     assert!(!dead.exists(), "stale partial build removed");
     // A directory without meta.json (an unfinished store) is not opened…
@@ -329,14 +432,24 @@ fn corrupt_store_files_are_refused_on_open() {
     let mut bytes = std::fs::read(&index).unwrap();
     bytes[8 * 5..8 * 6].copy_from_slice(&u64::MAX.to_le_bytes());
     std::fs::write(&index, &bytes).unwrap();
-    assert!(TokenStore::open(&o.out).unwrap_err().to_string().contains("index is corrupt"));
+    assert!(
+        TokenStore::open(&o.out)
+            .unwrap_err()
+            .to_string()
+            .contains("index is corrupt")
+    );
     let mut o2 = o.clone();
     o2.force = true;
     run(&o2).unwrap();
     let tokens = o.out.join("tokens.bin");
     let t = std::fs::read(&tokens).unwrap();
     std::fs::write(&tokens, &t[..t.len() - 2]).unwrap();
-    assert!(TokenStore::open(&o.out).unwrap_err().to_string().contains("tokens.bin"));
+    assert!(
+        TokenStore::open(&o.out)
+            .unwrap_err()
+            .to_string()
+            .contains("tokens.bin")
+    );
 }
 
 #[test]
@@ -351,8 +464,8 @@ fn large_vocabularies_use_u32_tokens() {
     let m = run(&o).unwrap().meta;
     assert_eq!(m.token_width, 4);
     let store = TokenStore::open(&o.out).unwrap();
-    assert_eq!(store.row(0).source().to_vec(), vec![70_002, 4, EOS]);
-    assert_eq!(store.row(0).target().unwrap().to_vec(), vec![65_536, EOS]);
+    assert_eq!(row(&store, 0).source().to_vec(), vec![70_002, 4, EOS]);
+    assert_eq!(row(&store, 0).target().unwrap().to_vec(), vec![65_536, EOS]);
 }
 
 #[test]
@@ -371,9 +484,13 @@ fn classification_with_string_and_integer_labels() {
     assert_eq!(report.meta.label_names, vec!["neg", "pos", "neutral"]);
     assert_eq!(report.meta.counts.truncated, 6, "{:?}", report.meta);
     let store = TokenStore::open(&o.out).unwrap();
-    assert_eq!(store.row(4).source().to_vec(), ids(&[4]), "no EOS: the tokenizer's own specials");
-    assert_eq!(store.row(4).label(), Some(1));
-    assert!(store.row(4).target().is_none());
+    assert_eq!(
+        row(&store, 4).source().to_vec(),
+        ids(&[4]),
+        "no EOS: the tokenizer's own specials"
+    );
+    assert_eq!(row(&store, 4).label(), Some(1));
+    assert!(row(&store, 4).target().is_none());
     let b = store.classification_batch(&[0, 2]).unwrap();
     assert_eq!((b.batch, b.len, b.labels.clone()), (2, 1, vec![0, 2]));
     assert!(store.seq2seq_batch(&[0]).is_err());
@@ -381,19 +498,30 @@ fn classification_with_string_and_integer_labels() {
     let pq = common::write_parquet(
         &tmp.path().join("c.parquet"),
         vec![
-            ("sentence", common::string_array(vec![Some("w1"), Some("w2 w3"), Some("w4")])),
+            (
+                "sentence",
+                common::string_array(vec![Some("w1"), Some("w2 w3"), Some("w4")]),
+            ),
             ("y", common::int_array(vec![Some(1), Some(0), Some(-3)])),
         ],
         2,
     );
-    let mut o = PrepareOptions::new(vec![pq], common::tokenizer(tmp.path()), Task::Classification, tmp.path().join("c2"));
+    let mut o = PrepareOptions::new(
+        vec![pq],
+        common::tokenizer(tmp.path()),
+        Task::Classification,
+        tmp.path().join("c2"),
+    );
     o.columns = Some(vec!["sentence".into(), "y".into()]);
     let e = run(&o).unwrap_err();
     assert!(e.to_string().contains("row 2, column `y`"), "{e}");
     o.on_invalid = InvalidPolicy::Skip;
     let store = TokenStore::open(&run(&o).unwrap().store).unwrap();
     assert_eq!(store.len(), 2);
-    assert_eq!((store.row(0).label(), store.row(1).label()), (Some(1), Some(0)));
+    assert_eq!(
+        (row(&store, 0).label(), row(&store, 1).label()),
+        (Some(1), Some(0))
+    );
     assert!(store.meta().label_names.is_empty());
 }
 
@@ -407,10 +535,14 @@ fn chat_joins_instruction_and_input() {
             serde_json::json!({"instruction": "w5", "input": null, "output": "w6 w7"}),
         ],
     );
-    let store = TokenStore::open(&run(&opts(tmp.path(), input, Task::Chat)).unwrap().store).unwrap();
-    assert_eq!(store.row(0).source().to_vec(), with_eos(ids(&[1, 2, 3])));
-    assert_eq!(store.row(1).source().to_vec(), with_eos(ids(&[5])));
-    assert_eq!(store.row(1).target().unwrap().to_vec(), with_eos(ids(&[6, 7])));
+    let store =
+        TokenStore::open(&run(&opts(tmp.path(), input, Task::Chat)).unwrap().store).unwrap();
+    assert_eq!(row(&store, 0).source().to_vec(), with_eos(ids(&[1, 2, 3])));
+    assert_eq!(row(&store, 1).source().to_vec(), with_eos(ids(&[5])));
+    assert_eq!(
+        row(&store, 1).target().unwrap().to_vec(),
+        with_eos(ids(&[6, 7]))
+    );
 }
 
 #[test]
@@ -423,14 +555,18 @@ fn padded_seq2seq_batch_layout() {
             serde_json::json!({"prompt": words(&[4]), "response": words(&[5, 6, 7])}),
         ],
     );
-    let store = TokenStore::open(&run(&opts(tmp.path(), input, Task::Seq2seq)).unwrap().store).unwrap();
+    let store =
+        TokenStore::open(&run(&opts(tmp.path(), input, Task::Seq2seq)).unwrap().store).unwrap();
     let b = store.seq2seq_batch(&[1, 0]).unwrap();
     let w = |k: u32| common::FIRST_WORD_ID + k;
     assert_eq!((b.batch, b.src_len, b.tgt_len), (2, 3, 4));
     assert_eq!(b.input_ids, vec![w(4), EOS, PAD, w(1), w(2), EOS]);
     assert_eq!(b.input_mask, vec![true, true, false, true, true, true]);
     assert_eq!(b.labels, vec![w(5), w(6), w(7), EOS, w(3), EOS, PAD, PAD]);
-    assert_eq!(b.label_mask, vec![true, true, true, true, true, true, false, false]);
+    assert_eq!(
+        b.label_mask,
+        vec![true, true, true, true, true, true, false, false]
+    );
     assert!(store.seq2seq_batch(&[2]).is_err());
 }
 
@@ -438,25 +574,34 @@ fn padded_seq2seq_batch_layout() {
 fn sampler_over_a_store_resumes_mid_epoch() {
     let tmp = tempfile::tempdir().unwrap();
     let input = common::seq2seq_jsonl(&tmp.path().join("d.jsonl"), 300);
-    let store = TokenStore::open(&run(&opts(tmp.path(), input, Task::Seq2seq)).unwrap().store).unwrap();
+    let store =
+        TokenStore::open(&run(&opts(tmp.path(), input, Task::Seq2seq)).unwrap().store).unwrap();
     let lengths = store.row_lengths().unwrap();
-    assert_eq!(lengths[3], store.row(3).total_tokens() as u32);
+    assert_eq!(lengths[3], row(&store, 3).total_tokens() as u32);
     let mut cfg = SamplerConfig::new(11, Batching::Tokens(64));
     cfg.group_window = Some(8);
     cfg.world = 2;
     cfg.rank = 1;
     let mut straight = Sampler::new(cfg.clone(), lengths.clone()).unwrap();
     let steps = straight.steps_in_epoch();
-    let all: Vec<_> = (0..steps + 5).map(|_| store.seq2seq_batch(&straight.next_batch()).unwrap()).collect();
+    let all: Vec<_> = (0..steps + 5)
+        .map(|_| store.seq2seq_batch(&straight.next_batch()).unwrap())
+        .collect();
     let mut first = Sampler::new(cfg.clone(), lengths.clone()).unwrap();
     for _ in 0..steps - 2 {
         first.next_batch();
     }
     let saved = serde_json::to_value(first.cursor()).unwrap();
-    let mut resumed = Sampler::resume(cfg, lengths, serde_json::from_value(saved).unwrap()).unwrap();
-    let rest: Vec<_> = (0..7).map(|_| store.seq2seq_batch(&resumed.next_batch()).unwrap()).collect();
+    let mut resumed =
+        Sampler::resume(cfg, lengths, serde_json::from_value(saved).unwrap()).unwrap();
+    let rest: Vec<_> = (0..7)
+        .map(|_| store.seq2seq_batch(&resumed.next_batch()).unwrap())
+        .collect();
     assert_eq!(rest, all[steps - 2..]);
     for b in &all {
-        assert!(b.batch == 1 || b.batch * (b.src_len + b.tgt_len) <= 64 * 2, "budget roughly kept");
+        assert!(
+            b.batch == 1 || b.batch * (b.src_len + b.tgt_len) <= 64 * 2,
+            "budget roughly kept"
+        );
     }
 }

@@ -24,14 +24,24 @@ fn chatlm_tokenizer_matches_python_tokenizers() {
         return;
     };
     let dir = shared.join("fixtures/chatlm/tokenizer");
-    let golden: Golden = serde_json::from_str(include_str!("golden/chatlm_tokenizer.json")).unwrap();
+    let golden: Golden =
+        serde_json::from_str(include_str!("golden/chatlm_tokenizer.json")).unwrap();
     let tok = Tokenizer::load(&dir).unwrap();
-    assert_eq!(tok.sha256(), golden.tokenizer_sha256, "the fixture tokenizer changed");
+    assert_eq!(
+        tok.sha256(),
+        golden.tokenizer_sha256,
+        "the fixture tokenizer changed"
+    );
     assert_eq!(tok.vocab_size(), 29298);
     assert_eq!(tok.eos().map(|t| t.id), Some(1));
     assert_eq!(tok.pad().map(|t| t.id), Some(0));
     assert!(golden.cases.len() >= 20);
     for case in &golden.cases {
-        assert_eq!(tok.encode(&case.text).unwrap(), case.ids, "text {:?}", case.text);
+        assert_eq!(
+            tok.encode(&case.text).unwrap(),
+            case.ids,
+            "text {:?}",
+            case.text
+        );
     }
 }

@@ -34,20 +34,37 @@ fn check_trained(model: TokenizerModel, vocab: usize) {
     let report = train(&opts).unwrap();
     assert_eq!(report.rows, 300);
     assert_eq!(report.texts, 600);
-    assert!(report.vocab_size <= vocab && report.vocab_size > 7, "{}", report.vocab_size);
-    for f in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"] {
+    assert!(
+        report.vocab_size <= vocab && report.vocab_size > 7,
+        "{}",
+        report.vocab_size
+    );
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ] {
         assert!(out.join(f).exists(), "{f} missing");
     }
     let tok = Tokenizer::load(&out).unwrap();
-    for (id, s) in ["[PAD]", "[EOS]", "[SEP]", "[BOS]", "[CLS]", "[MASK]", "[UNK]"].iter().enumerate() {
+    for (id, s) in [
+        "[PAD]", "[EOS]", "[SEP]", "[BOS]", "[CLS]", "[MASK]", "[UNK]",
+    ]
+    .iter()
+    .enumerate()
+    {
         assert_eq!(tok.inner().token_to_id(s), Some(id as u32), "{s}");
     }
     assert_eq!(tok.eos().unwrap().id, 1);
     assert_eq!(tok.pad().unwrap().id, 0);
     let ids = tok.encode("the quick brown fox").unwrap();
-    assert!(!ids.is_empty() && !ids.contains(&6), "no [UNK] for seen text: {ids:?}");
+    assert!(
+        !ids.is_empty() && !ids.contains(&6),
+        "no [UNK] for seen text: {ids:?}"
+    );
     let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer_config.json")).unwrap())
+            .unwrap();
     assert_eq!(config["eos_token"], "[EOS]");
     assert_eq!(config["added_tokens_decoder"]["6"]["content"], "[UNK]");
 }
@@ -85,11 +102,17 @@ fn bad_training_inputs_are_named() {
     opts.vocab_size = 100;
     opts.columns = vec!["nope".into()];
     let err = train(&opts).unwrap_err();
-    assert!(matches!(err, DataError::MissingColumn { ref column, .. } if column == "nope"), "{err}");
+    assert!(
+        matches!(err, DataError::MissingColumn { ref column, .. } if column == "nope"),
+        "{err}"
+    );
     assert!(err.is_bad_input());
     let labels = common::write_parquet(
         &tmp.path().join("ints.parquet"),
-        vec![("prompt", common::int_array(vec![Some(1)]) as Arc<dyn arrow_array::Array>)],
+        vec![(
+            "prompt",
+            common::int_array(vec![Some(1)]) as Arc<dyn arrow_array::Array>,
+        )],
         16,
     );
     let opts = TrainOptions::new(vec![labels], 100, tmp.path().join("tok2"));

@@ -135,7 +135,10 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(Progress)) -> Res
     // Seq2seq/chat segments need room for one token plus EOS; classification for one token.
     let limits = match opts.task {
         Task::Classification => vec![("--max-len", opts.max_len, 1)],
-        _ => vec![("--max-len", opts.max_len, 2), ("--max-target-len", max_target_len, 2)],
+        _ => vec![
+            ("--max-len", opts.max_len, 2),
+            ("--max-target-len", max_target_len, 2),
+        ],
     };
     for (flag, v, least) in limits {
         if matches!(v, Some(n) if n < least) {
@@ -184,17 +187,16 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(Progress)) -> Res
         sha256_bytes(key.to_string().as_bytes())
     };
 
-    if !opts.force {
-        if let Ok(existing) = TokenStore::open(&opts.out) {
-            if existing.meta().fingerprint == fingerprint {
-                tracing::info!(store = %opts.out.display(), "store is up to date; reusing it");
-                return Ok(PrepareReport {
-                    store: opts.out.clone(),
-                    reused: true,
-                    meta: existing.meta().clone(),
-                });
-            }
-        }
+    if !opts.force
+        && let Ok(existing) = TokenStore::open(&opts.out)
+        && existing.meta().fingerprint == fingerprint
+    {
+        tracing::info!(store = %opts.out.display(), "store is up to date; reusing it");
+        return Ok(PrepareReport {
+            store: opts.out.clone(),
+            reused: true,
+            meta: existing.meta().clone(),
+        });
     }
     if opts.out.exists() && !opts.out.join(META_FILE).exists() {
         // Replace only what a store (or an unfinished one) holds, never someone's other files.
@@ -218,7 +220,11 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(Progress)) -> Res
     std::fs::create_dir_all(&tmp_path).map_err(|e| DataError::write(&tmp_path, e))?;
     let tmp = TempDir(Some(tmp_path.clone()));
 
-    let width = if tokenizer.max_id() <= u16::MAX as u32 { 2 } else { 4 };
+    let width = if tokenizer.max_id() <= u16::MAX as u32 {
+        2
+    } else {
+        4
+    };
     let mut writer = StoreWriter::create(
         &tmp_path,
         width,

@@ -135,7 +135,11 @@ impl RowRules<'_> {
                         }
                         Err(_) => {
                             label_usable = false;
-                            note(Verdict::Invalid, &spec.name, format!("label {i} is not in 0..2^32"));
+                            note(
+                                Verdict::Invalid,
+                                &spec.name,
+                                format!("label {i} is not in 0..2^32"),
+                            );
                         }
                     },
                     Value::Text(s) if s.trim().is_empty() => {
@@ -174,7 +178,11 @@ impl RowRules<'_> {
                     String::new()
                 }
                 Value::Int(i) => {
-                    note(Verdict::Invalid, &spec.name, format!("integer {i} where text was expected"));
+                    note(
+                        Verdict::Invalid,
+                        &spec.name,
+                        format!("integer {i} where text was expected"),
+                    );
                     i.to_string()
                 }
                 Value::Invalid { reason, lossy } => {

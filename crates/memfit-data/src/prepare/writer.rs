@@ -20,7 +20,11 @@ pub struct LengthTally {
 
 impl LengthTally {
     pub fn add(&mut self, len: u64) {
-        self.min = if self.rows == 0 { len } else { self.min.min(len) };
+        self.min = if self.rows == 0 {
+            len
+        } else {
+            self.min.min(len)
+        };
         self.max = self.max.max(len);
         self.sum += len;
         self.rows += 1;
@@ -143,7 +147,11 @@ impl StoreWriter {
             labels,
             ..
         } = self;
-        for (name, w) in [(TOKENS_FILE, Some(tokens)), (INDEX_FILE, Some(index)), (LABELS_FILE, labels)] {
+        for (name, w) in [
+            (TOKENS_FILE, Some(tokens)),
+            (INDEX_FILE, Some(index)),
+            (LABELS_FILE, labels),
+        ] {
             if let Some(w) = w {
                 let path = dir.join(name);
                 let f = w

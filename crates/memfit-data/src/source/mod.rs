@@ -50,7 +50,10 @@ pub enum Value {
     Text(String),
     Int(i64),
     /// The cell exists but cannot be used; the text says why (and, for `keep`, a lossy stand-in).
-    Invalid { reason: String, lossy: String },
+    Invalid {
+        reason: String,
+        lossy: String,
+    },
 }
 
 /// One row, its cells in the order of the requested columns.
@@ -102,7 +105,11 @@ impl SourceKind {
 }
 
 /// Opens `path` for the given columns; `chunk_rows` bounds the rows held at once.
-pub fn open(path: &Path, columns: &[ColumnSpec], chunk_rows: usize) -> Result<Box<dyn RecordReader>> {
+pub fn open(
+    path: &Path,
+    columns: &[ColumnSpec],
+    chunk_rows: usize,
+) -> Result<Box<dyn RecordReader>> {
     let chunk_rows = chunk_rows.max(1);
     Ok(match SourceKind::detect(path)? {
         SourceKind::Parquet => Box::new(parquet::ParquetReader::open(path, columns, chunk_rows)?),

@@ -171,26 +171,23 @@ impl RecordReader for ParquetReader {
                 return Err(DataError::Corrupt {
                     path: self.path.clone(),
                     kind: "parquet",
-                    reason: format!(
-                        "cannot decode rows from {} on: {e}",
-                        self.next_row
-                    ),
+                    reason: format!("cannot decode rows from {} on: {e}", self.next_row),
                 });
             }
         };
-        let arrays: Vec<ArrayRef> = self
-            .columns
-            .iter()
-            .map(|spec| {
-                batch.column_by_name(&spec.name).cloned().ok_or_else(|| {
-                    DataError::MissingColumn {
-                        path: self.path.clone(),
-                        column: spec.name.clone(),
-                        available: String::from("(lost in projection)"),
-                    }
+        let arrays: Vec<ArrayRef> =
+            self.columns
+                .iter()
+                .map(|spec| {
+                    batch.column_by_name(&spec.name).cloned().ok_or_else(|| {
+                        DataError::MissingColumn {
+                            path: self.path.clone(),
+                            column: spec.name.clone(),
+                            available: String::from("(lost in projection)"),
+                        }
+                    })
                 })
-            })
-            .collect::<Result<_>>()?;
+                .collect::<Result<_>>()?;
         let n = batch.num_rows();
         let mut out = Vec::with_capacity(n);
         for r in 0..n {

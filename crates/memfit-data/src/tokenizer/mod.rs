@@ -63,10 +63,11 @@ impl Tokenizer {
             (path.to_path_buf(), path.parent().map(Path::to_path_buf))
         };
         let bytes = std::fs::read(&file).map_err(|e| DataError::read(&file, e))?;
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| DataError::Tokenizer {
-            path: file.clone(),
-            reason: format!("not a Hugging Face tokenizer.json: {e}"),
-        })?;
+        let inner =
+            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| DataError::Tokenizer {
+                path: file.clone(),
+                reason: format!("not a Hugging Face tokenizer.json: {e}"),
+            })?;
         let resolve = |key: &str, defaults: &[&str]| -> (Option<SpecialToken>, Vec<String>) {
             let mut tried = Vec::new();
             if let Some(dir) = &dir {
@@ -145,22 +146,26 @@ impl Tokenizer {
 
     /// The EOS token, or an error naming what was looked for and which format needs it.
     pub fn require_eos(&self, format: &'static str) -> Result<&SpecialToken> {
-        self.eos.as_ref().ok_or_else(|| DataError::MissingSpecialToken {
-            path: self.path.clone(),
-            role: "EOS",
-            tried: self.eos_tried.join(", "),
-            format,
-        })
+        self.eos
+            .as_ref()
+            .ok_or_else(|| DataError::MissingSpecialToken {
+                path: self.path.clone(),
+                role: "EOS",
+                tried: self.eos_tried.join(", "),
+                format,
+            })
     }
 
     /// The PAD token, or an error naming what was looked for and which format needs it.
     pub fn require_pad(&self, format: &'static str) -> Result<&SpecialToken> {
-        self.pad.as_ref().ok_or_else(|| DataError::MissingSpecialToken {
-            path: self.path.clone(),
-            role: "PAD",
-            tried: self.pad_tried.join(", "),
-            format,
-        })
+        self.pad
+            .as_ref()
+            .ok_or_else(|| DataError::MissingSpecialToken {
+                path: self.path.clone(),
+                role: "PAD",
+                tried: self.pad_tried.join(", "),
+                format,
+            })
     }
 
     /// Token ids of `text` without the tokenizer's post-processor specials (callers append EOS by id).
@@ -172,7 +177,11 @@ impl Tokenizer {
     }
 
     /// [`Tokenizer::encode`] for many texts at once (parallel over the available cores).
-    pub fn encode_batch(&self, texts: Vec<String>, add_special_tokens: bool) -> Result<Vec<Vec<u32>>> {
+    pub fn encode_batch(
+        &self,
+        texts: Vec<String>,
+        add_special_tokens: bool,
+    ) -> Result<Vec<Vec<u32>>> {
         self.inner
             .encode_batch(texts, add_special_tokens)
             .map(|encs| encs.into_iter().map(|e| e.get_ids().to_vec()).collect())

@@ -23,7 +23,9 @@ use tokenizers::pre_tokenizers::whitespace::Whitespace;
 use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
 
 /// The seed's special tokens, in id order: [PAD]=0 [EOS]=1 [SEP]=2 [BOS]=3 [CLS]=4 [MASK]=5 [UNK]=6.
-pub const DEFAULT_SPECIALS: &[&str] = &["[PAD]", "[EOS]", "[SEP]", "[BOS]", "[CLS]", "[MASK]", "[UNK]"];
+pub const DEFAULT_SPECIALS: &[&str] = &[
+    "[PAD]", "[EOS]", "[SEP]", "[BOS]", "[CLS]", "[MASK]", "[UNK]",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -23,8 +23,10 @@ pub fn word_tokenizer(dir: &Path, words: usize, specials: &[&str]) -> PathBuf {
     for (id, s) in ["[PAD]", "[EOS]", "[UNK]"].iter().enumerate() {
         if specials.contains(s) || *s == "[UNK]" {
             vocab.insert(s.to_string(), (id as u32).into());
-            added.push(serde_json::json!({"id": id, "content": s, "single_word": false,
-                "lstrip": false, "rstrip": false, "normalized": false, "special": true}));
+            added.push(
+                serde_json::json!({"id": id, "content": s, "single_word": false,
+                "lstrip": false, "rstrip": false, "normalized": false, "special": true}),
+            );
         }
     }
     for k in 0..words {
@@ -48,7 +50,10 @@ pub fn tokenizer(dir: &Path) -> PathBuf {
 
 /// Text of words `ks`, e.g. [1, 2] → "w1 w2".
 pub fn words(ks: &[u32]) -> String {
-    ks.iter().map(|k| format!("w{k}")).collect::<Vec<_>>().join(" ")
+    ks.iter()
+        .map(|k| format!("w{k}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Ids of `words(ks)`.
@@ -138,4 +143,36 @@ pub fn hidden_entries(dir: &Path) -> Vec<String> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with('.'))
         .collect()
+}
+
+/// A row read out of a store, owned (tests compare whole rows).
+pub struct OwnedRow {
+    pub source: Vec<u32>,
+    pub target: Option<Vec<u32>>,
+    pub label: Option<u32>,
+}
+
+impl OwnedRow {
+    pub fn source(&self) -> Vec<u32> {
+        self.source.clone()
+    }
+    pub fn target(&self) -> Option<Vec<u32>> {
+        self.target.clone()
+    }
+    pub fn label(&self) -> Option<u32> {
+        self.label
+    }
+    pub fn total_tokens(&self) -> usize {
+        self.source.len() + self.target.as_ref().map_or(0, Vec::len)
+    }
+}
+
+pub fn row(store: &memfit_data::TokenStore, i: usize) -> OwnedRow {
+    let mut buf = memfit_data::RowBuf::default();
+    let r = store.read_row(i, &mut buf).unwrap();
+    OwnedRow {
+        source: r.source().to_vec(),
+        target: r.target().map(|t| t.to_vec()),
+        label: r.label(),
+    }
 }

@@ -84,7 +84,8 @@ pub fn run(args: Args) -> Outcome {
 }
 
 fn data(a: DataArgs) -> Outcome {
-    let report = memfit_data::bench::random_access(&a.store, a.random, a.seed).map_err(data_error)?;
+    let report =
+        memfit_data::bench::random_access(&a.store, a.random, a.seed).map_err(data_error)?;
     if a.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

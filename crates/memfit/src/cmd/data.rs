@@ -15,7 +15,7 @@ pub struct Args {
 
 #[derive(Subcommand)]
 enum DataCommand {
-    /// Tokenize parquet/JSONL files into a memory-mapped token store (tokens.bin, index.bin, meta.json).
+    /// Tokenize parquet/JSONL files into a token store (tokens.bin, index.bin, meta.json).
     Prepare(PrepareArgs),
     /// Show a store's meta.json (rows, tokens, counts, length histogram).
     Info(InfoArgs),
@@ -131,16 +131,16 @@ fn prepare(a: PrepareArgs) -> Outcome {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     let mut on_progress = |p: Progress| {
-        if let Some(total) = p.rows_total {
-            if bar.length() != Some(total) {
-                bar.set_length(total);
-                bar.set_style(
-                    indicatif::ProgressStyle::with_template(
-                        "{elapsed_precise} [{wide_bar}] {pos}/{len} rows ({per_sec}, eta {eta})",
-                    )
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-                );
-            }
+        if let Some(total) = p.rows_total
+            && bar.length() != Some(total)
+        {
+            bar.set_length(total);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{elapsed_precise} [{wide_bar}] {pos}/{len} rows ({per_sec}, eta {eta})",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
         }
         bar.set_position(p.rows_read);
     };

@@ -3,8 +3,8 @@
 use super::data::data_error;
 use crate::exit::Outcome;
 use clap::{Subcommand, ValueEnum};
-use memfit_data::tokenizer::train::{TokenizerModel, TrainOptions, train};
 use memfit_data::Tokenizer;
+use memfit_data::tokenizer::train::{TokenizerModel, TrainOptions, train};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -42,7 +42,11 @@ struct TrainArgs {
     #[arg(long, value_delimiter = ',', default_value = "prompt,response")]
     columns: Vec<String>,
     /// Special tokens, ids 0.. in this order.
-    #[arg(long, value_delimiter = ',', default_value = "[PAD],[EOS],[SEP],[BOS],[CLS],[MASK],[UNK]")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "[PAD],[EOS],[SEP],[BOS],[CLS],[MASK],[UNK]"
+    )]
     specials: Vec<String>,
     #[arg(long, default_value = "[UNK]")]
     unk: String,
