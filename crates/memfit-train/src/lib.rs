@@ -8,3 +8,17 @@
 //! - `guard`      — the in-process memory guard.
 
 pub mod engine;
+
+// The loop half (plain Rust, no tensors): see each module's doc.
+pub mod batches;
+pub mod checkpoint;
+pub mod config;
+pub mod eval;
+pub mod metrics;
+pub mod presets;
+pub mod run_dir;
+pub mod schedule;
+pub mod signals;
+pub mod text;
+pub mod train_loop;
+pub mod session;
