@@ -1,7 +1,58 @@
 //! memfit-data: data without the memory bill.
 //!
-//! - `source`    — parquet and JSONL readers, streamed one row group / chunk at a time.
-//! - `tokenizer` — load a Hugging Face tokenizer.json, or train one.
-//! - `prepare`   — source → memory-mapped token store (`tokens.bin`, `index.bin`, `meta.json`).
-//! - `store`     — the memory-mapped store: O(1) random access, RSS independent of its size.
-//! - `sampler`   — seeded shuffle, sharding, length-grouped batching, dynamic padding, resumable cursor.
+//! Data flows through the modules in this order:
+//!
+//! - [`source`]    — parquet and JSONL readers, one chunk of rows at a time (bounded memory).
+//! - [`tokenizer`] — load a Hugging Face `tokenizer.json` ([`Tokenizer::load`]) or train one
+//!   ([`tokenizer::train::train`]).
+//! - [`prepare`]   — source → token store ([`prepare::prepare`]): EOS appended by id, truncation by
+//!   tokens, empty/invalid rows counted under an `--on-invalid` policy, built in a temporary
+//!   directory and renamed into place, reused when up to date.
+//! - [`store`]     — the memory-mapped store ([`TokenStore`]): O(1) [`TokenStore::row`], RSS
+//!   independent of the store's size.
+//! - [`sampler`]   — seeded shuffle per epoch, sharding by (rank, world) with equal steps,
+//!   length-grouped batches by rows or by token budget, and the resumable [`Cursor`].
+//! - [`batch`]     — dynamic padding into [`PaddedSeq2Seq`] / [`PaddedClassification`].
+//! - [`bench`]     — the random-access measurement behind `memfit bench data`.
+//!
+//! # What a trainer calls
+//!
+//! ```no_run
+//! use memfit_data::{Batching, Cursor, Sampler, SamplerConfig, TokenStore};
+//! # fn main() -> Result<(), memfit_data::DataError> {
+//! let store = TokenStore::open("data/train.store".as_ref())?;
+//! let mut config = SamplerConfig::new(42, Batching::Tokens(8192)); // or Batching::Samples(16)
+//! config.group_window = Some(50);              // sort by length inside 50-batch windows
+//! (config.rank, config.world) = (0, 1);        // this process's shard
+//! let mut sampler = Sampler::new(config.clone(), store.row_lengths()?)?;
+//! // …or, from a checkpoint: Sampler::resume(config, store.row_lengths()?, saved_cursor)?
+//! loop {
+//!     let rows = sampler.next_batch();         // row indices
+//!     let batch = store.seq2seq_batch(&rows)?; // PaddedSeq2Seq: input_ids/input_mask/labels/label_mask
+//!     let cursor: Cursor = sampler.cursor();   // serde: save it in trainer_state.json
+//!     # let _ = (batch, cursor); break;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Errors are [`DataError`]; [`DataError::is_bad_input`] tells a user's mistake (exit 2) from a
+//! run-time failure.
+
+pub mod batch;
+pub mod bench;
+pub mod error;
+mod fsutil;
+mod hash;
+pub mod prepare;
+mod rng;
+pub mod sampler;
+pub mod source;
+pub mod store;
+pub mod tokenizer;
+
+pub use batch::{PaddedClassification, PaddedSeq2Seq, pad_classification, pad_seq2seq};
+pub use error::{DataError, Location};
+pub use prepare::{InvalidPolicy, PrepareOptions, PrepareReport, prepare};
+pub use sampler::{Batching, Cursor, Sampler, SamplerConfig};
+pub use store::{Row, StoreMeta, Task, TokenStore, Tokens};
+pub use tokenizer::Tokenizer;

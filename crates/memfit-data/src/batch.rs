@@ -1,0 +1,132 @@
+//! Dynamic padding: a list of rows becomes one rectangular batch padded to its longest row.
+//!
+//! [`PaddedSeq2Seq`] has the field layout of `memfit_train::engine::Seq2SeqBatch` (this crate may
+//! not depend on memfit-train; the trainer converts field by field).
+
+use crate::error::{DataError, Result};
+use crate::store::{Row, Task, TokenStore};
+
+/// A padded seq2seq micro-batch, row-major `[batch, len]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaddedSeq2Seq {
+    pub batch: usize,
+    /// Longest source in the batch.
+    pub src_len: usize,
+    /// Longest target in the batch.
+    pub tgt_len: usize,
+    /// `[batch, src_len]` source ids, padded with the pad id.
+    pub input_ids: Vec<u32>,
+    /// `[batch, src_len]`, true on real tokens.
+    pub input_mask: Vec<bool>,
+    /// `[batch, tgt_len]` target ids (ending in EOS), padded with the pad id.
+    pub labels: Vec<u32>,
+    /// `[batch, tgt_len]`, true on real target tokens (the ones that count in the loss).
+    pub label_mask: Vec<bool>,
+}
+
+/// A padded classification batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaddedClassification {
+    pub batch: usize,
+    pub len: usize,
+    /// `[batch, len]` ids, padded with the pad id.
+    pub input_ids: Vec<u32>,
+    /// `[batch, len]`, true on real tokens.
+    pub input_mask: Vec<bool>,
+    /// One label id per row.
+    pub labels: Vec<u32>,
+}
+
+/// Appends `tokens` then pads to `len`.
+fn push_padded(
+    ids: &mut Vec<u32>,
+    mask: &mut Vec<bool>,
+    tokens: impl ExactSizeIterator<Item = u32>,
+    len: usize,
+    pad: u32,
+) {
+    let n = tokens.len();
+    ids.extend(tokens);
+    ids.extend(std::iter::repeat_n(pad, len - n));
+    mask.extend(std::iter::repeat_n(true, n));
+    mask.extend(std::iter::repeat_n(false, len - n));
+}
+
+/// Pads seq2seq rows (source, target) to the longest source and longest target of the batch.
+/// A row without a target (classification) gets an empty one.
+pub fn pad_seq2seq(rows: &[Row<'_>], pad_id: u32) -> PaddedSeq2Seq {
+    let src_len = rows.iter().map(|r| r.source().len()).max().unwrap_or(0);
+    let tgt_len = rows
+        .iter()
+        .map(|r| r.target().map_or(0, |t| t.len()))
+        .max()
+        .unwrap_or(0);
+    let mut out = PaddedSeq2Seq {
+        batch: rows.len(),
+        src_len,
+        tgt_len,
+        input_ids: Vec::with_capacity(rows.len() * src_len),
+        input_mask: Vec::with_capacity(rows.len() * src_len),
+        labels: Vec::with_capacity(rows.len() * tgt_len),
+        label_mask: Vec::with_capacity(rows.len() * tgt_len),
+    };
+    for r in rows {
+        push_padded(&mut out.input_ids, &mut out.input_mask, r.source().iter(), src_len, pad_id);
+        match r.target() {
+            Some(t) => push_padded(&mut out.labels, &mut out.label_mask, t.iter(), tgt_len, pad_id),
+            None => push_padded(&mut out.labels, &mut out.label_mask, std::iter::empty(), tgt_len, pad_id),
+        }
+    }
+    out
+}
+
+/// Pads classification rows to the longest text of the batch.
+pub fn pad_classification(rows: &[Row<'_>], pad_id: u32) -> PaddedClassification {
+    let len = rows.iter().map(|r| r.source().len()).max().unwrap_or(0);
+    let mut out = PaddedClassification {
+        batch: rows.len(),
+        len,
+        input_ids: Vec::with_capacity(rows.len() * len),
+        input_mask: Vec::with_capacity(rows.len() * len),
+        labels: Vec::with_capacity(rows.len()),
+    };
+    for r in rows {
+        push_padded(&mut out.input_ids, &mut out.input_mask, r.source().iter(), len, pad_id);
+        out.labels.push(r.label().unwrap_or(0));
+    }
+    out
+}
+
+impl TokenStore {
+    fn rows_at(&self, indices: &[usize]) -> Result<Vec<Row<'_>>> {
+        indices
+            .iter()
+            .map(|&i| {
+                self.get(i).ok_or_else(|| {
+                    DataError::store(self.dir(), format!("row {i} is past the end ({} rows)", self.len()))
+                })
+            })
+            .collect()
+    }
+
+    fn require_pad(&self) -> Result<u32> {
+        self.pad_id()
+            .ok_or_else(|| DataError::store(self.dir(), "meta.json has no pad id"))
+    }
+
+    /// The padded seq2seq batch of rows `indices` (a seq2seq or chat store).
+    pub fn seq2seq_batch(&self, indices: &[usize]) -> Result<PaddedSeq2Seq> {
+        if self.task() == Task::Classification {
+            return Err(DataError::store(self.dir(), "a classification store has no targets"));
+        }
+        Ok(pad_seq2seq(&self.rows_at(indices)?, self.require_pad()?))
+    }
+
+    /// The padded classification batch of rows `indices` (a classification store).
+    pub fn classification_batch(&self, indices: &[usize]) -> Result<PaddedClassification> {
+        if self.task() != Task::Classification {
+            return Err(DataError::store(self.dir(), "not a classification store"));
+        }
+        Ok(pad_classification(&self.rows_at(indices)?, self.require_pad()?))
+    }
+}
