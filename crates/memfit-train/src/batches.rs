@@ -1,11 +1,11 @@
-//! From tokenized (source, target) rows to padded micro-batches, in a seeded order that a cursor can
-//! resume mid-epoch.
+//! From tokenized (source, target) rows to padded micro-batches.
 //!
-//! The order of epoch `e` is a Fisher–Yates shuffle seeded by `(seed, e)`, so it is a pure function of
-//! the cursor: a resumed run reads exactly the micro-batches the uninterrupted run would have read.
+//! The order comes from memfit-data's [`memfit_data::Sampler`] (seeded shuffle per epoch, resumable
+//! from its [`memfit_data::Cursor`]); this module gives the loop uniform access to rows — a memory-mapped
+//! [`memfit_data::TokenStore`] or rows held in memory (tests) — and pads them into the engine's batch.
 
 use crate::engine::Seq2SeqBatch;
-use serde::{Deserialize, Serialize};
+use memfit_data::TokenStore;
 
 /// Tokenized seq2seq rows, addressable by index.
 pub trait PairSource {
@@ -15,9 +15,18 @@ pub trait PairSource {
     }
     /// Source and target token ids of row `index` (`index < len()`).
     fn pair(&self, index: usize) -> (Vec<u32>, Vec<u32>);
+    /// Token count of every row (the sampler's length grouping and token budgets use it).
+    fn lengths(&self) -> Vec<u32> {
+        (0..self.len())
+            .map(|i| {
+                let (s, t) = self.pair(i);
+                (s.len() + t.len()) as u32
+            })
+            .collect()
+    }
 }
 
-/// Rows held in memory (the demo task, tests).
+/// Rows held in memory (tests).
 #[derive(Debug, Clone, Default)]
 pub struct InMemoryPairs {
     pub rows: Vec<(Vec<u32>, Vec<u32>)>,
@@ -32,16 +41,28 @@ impl PairSource for InMemoryPairs {
     }
 }
 
-/// Where the data stream stands, saved in `trainer_state.json`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Cursor {
-    pub epoch: u32,
-    /// Index of the next micro-batch within the epoch.
-    pub micro_batch: u64,
-    pub seed: u64,
+/// A seq2seq token store (prepared by memfit-data; rows already end in EOS and are truncated).
+pub struct StoreRows(pub TokenStore);
+
+impl PairSource for StoreRows {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn pair(&self, index: usize) -> (Vec<u32>, Vec<u32>) {
+        let row = self.0.row(index);
+        let target = row.target().map(|t| t.to_vec()).unwrap_or_default();
+        (row.source().to_vec(), target)
+    }
+    fn lengths(&self) -> Vec<u32> {
+        self.0.row_lengths().unwrap_or_else(|_| {
+            (0..self.0.len())
+                .map(|i| self.0.row(i).total_tokens() as u32)
+                .collect()
+        })
+    }
 }
 
-/// splitmix64 (Steele, Lea & Flood 2014): a tiny, well-mixed generator; enough for shuffling.
+/// splitmix64 (Steele, Lea & Flood 2014): a tiny, well-mixed generator for derived seeds.
 #[derive(Debug, Clone)]
 pub struct SplitMix64(pub u64);
 
@@ -75,17 +96,6 @@ pub fn derive_seed(seed: u64, parts: &[u64]) -> u64 {
         out = rng.next_u64();
     }
     out
-}
-
-/// The row order of one epoch.
-pub fn epoch_order(rows: usize, seed: u64, epoch: u32) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..rows).collect();
-    let mut rng = SplitMix64(derive_seed(seed, &[0x5348_5546, u64::from(epoch)]));
-    for i in (1..rows).rev() {
-        let j = rng.below(i as u64 + 1) as usize;
-        order.swap(i, j);
-    }
-    order
 }
 
 /// Micro-batches per epoch (the last one may be short).
@@ -159,17 +169,6 @@ pub fn real_tokens(b: &Seq2SeqBatch) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn epoch_order_is_a_seeded_permutation() {
-        let a = epoch_order(100, 7, 0);
-        let mut sorted = a.clone();
-        sorted.sort();
-        assert_eq!(sorted, (0..100).collect::<Vec<_>>());
-        assert_eq!(a, epoch_order(100, 7, 0));
-        assert_ne!(a, epoch_order(100, 7, 1));
-        assert_ne!(a, epoch_order(100, 8, 0));
-    }
 
     #[test]
     fn step_counts_round_up() {

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 pub struct StepMetrics {
     /// Optimizer steps completed, counting this one (1-based).
     pub step: u64,
-    pub epoch: u32,
+    pub epoch: u64,
     /// Micro-batches of the epoch consumed after this step.
     pub micro_batch: u64,
     /// Micro-batches accumulated into this step (the configured accumulation, less at an epoch's end).

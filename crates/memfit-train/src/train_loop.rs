@@ -5,7 +5,8 @@
 //! Everything that decides the weights is a function of (config, step, cursor), all saved in
 //! `trainer_state.json`, so a run resumed from a checkpoint computes what the uninterrupted run would have.
 
-use crate::batches::{self, Collate, Cursor, PairSource};
+use crate::batches::{self, Collate, PairSource};
+use memfit_data::{Batching, Cursor, Sampler, SamplerConfig};
 use crate::checkpoint::{
     BestRecord, CheckpointError, Checkpointer, RngState, SaveOutcome, SchedulerState, TrainerState,
 };
@@ -25,6 +26,8 @@ use std::time::Instant;
 pub enum LoopError {
     #[error("the training data has no rows")]
     EmptyData,
+    #[error("the training data cannot be sampled: {0}")]
+    Data(String),
     #[error("at step {step}: the engine failed: {message}")]
     Engine { step: u64, message: String },
     #[error("at step {step}: the loss is {loss} (not finite); stopping — lower --lr or check the data")]
@@ -41,6 +44,15 @@ const DROPOUT_SEED_TAG: u64 = 0x4452_4f50; // "DROP"
 /// The seed handed to `Engine::accumulate` for micro-batch `micro` of optimizer step `step` (0-based).
 pub fn micro_batch_seed(run_seed: u64, step: u64, micro: u64) -> u64 {
     batches::derive_seed(run_seed, &[DROPOUT_SEED_TAG, step, micro])
+}
+
+/// The epoch the next micro-batch belongs to (a cursor at the end of an epoch points past it).
+fn next_epoch(cursor: &Cursor, micro_per_epoch: u64) -> u64 {
+    if cursor.position >= micro_per_epoch {
+        cursor.epoch + 1
+    } else {
+        cursor.epoch
+    }
 }
 
 /// Hooks for a progress display; every method has a no-op default.
@@ -149,7 +161,7 @@ impl<'a, E: Engine> Trainer<'a, E> {
                 step: 0,
                 cursor: Cursor {
                     epoch: 0,
-                    micro_batch: 0,
+                    position: 0,
                     seed: config.seed,
                 },
                 best: None,
@@ -172,28 +184,28 @@ impl<'a, E: Engine> Trainer<'a, E> {
             last_eval = Some(report);
         }
 
-        let mut order: Option<(u32, Vec<usize>)> = None;
+        let sampler_config = SamplerConfig::new(config.seed, Batching::Samples(config.batch));
+        let mut sampler = Sampler::resume(sampler_config, self.train.lengths(), p.cursor)
+            .map_err(|e| LoopError::Data(e.to_string()))?;
         let mut finish = Finish::Completed;
         while p.step < total {
-            let epoch = p.cursor.epoch;
-            if order.as_ref().is_none_or(|(e, _)| *e != epoch) {
-                order = Some((epoch, batches::epoch_order(rows, config.seed, epoch)));
-            }
-            let Some((_, rows_order)) = order.as_ref() else {
-                break;
+            // The sampler moves to the next epoch when it hands out that epoch's first batch.
+            let at = sampler.cursor();
+            let (epoch, first) = if sampler.epoch_finished() {
+                (at.epoch + 1, 0)
+            } else {
+                (at.epoch, at.position)
             };
-            let first = p.cursor.micro_batch;
-            let last = (first + config.accum as u64).min(micro_per_epoch);
-            let k = last - first;
+            let k = (config.accum as u64).min(micro_per_epoch - first);
+            let last = first + k;
             let t0 = Instant::now();
             let (mut loss_sum, mut tokens) = (0.0f64, 0u64);
-            for (i, micro) in (first..last).enumerate() {
-                let lo = micro as usize * config.batch;
-                let hi = (lo + config.batch).min(rows);
-                let pairs: Vec<_> = rows_order[lo..hi].iter().map(|&r| self.train.pair(r)).collect();
+            for i in 0..k {
+                let rows = sampler.next_batch();
+                let pairs: Vec<_> = rows.iter().map(|&r| self.train.pair(r)).collect();
                 let batch = self.collate.batch(&pairs);
                 tokens += batches::real_tokens(&batch);
-                let seed = micro_batch_seed(config.seed, p.step, i as u64);
+                let seed = micro_batch_seed(config.seed, p.step, i);
                 let loss = self
                     .engine
                     .accumulate(&batch, 1.0 / k as f32, seed)
@@ -219,7 +231,7 @@ impl<'a, E: Engine> Trainer<'a, E> {
             }
             p.first_loss.get_or_insert(loss);
             p.last_loss = Some(loss);
-            p.cursor.micro_batch = last;
+            p.cursor = sampler.cursor();
             let epoch_end = last == micro_per_epoch;
             let step_s = t0.elapsed().as_secs_f64();
             tokens_total += tokens;
@@ -256,14 +268,6 @@ impl<'a, E: Engine> Trainer<'a, E> {
                     rss.peak, budget
                 ));
             }
-            if epoch_end {
-                p.cursor = Cursor {
-                    epoch: epoch + 1,
-                    micro_batch: 0,
-                    seed: config.seed,
-                };
-            }
-
             let eval_due = self.valid.is_some()
                 && (epoch_end
                     || p.step == total
@@ -423,15 +427,19 @@ impl<'a, E: Engine> Trainer<'a, E> {
         Ok(())
     }
 
+    fn micro_per_epoch(&self) -> u64 {
+        batches::micro_batches_per_epoch(self.train.len(), self.config.batch)
+    }
+
     fn state(&self, p: &Progress, schedule: &Schedule, total: u64) -> TrainerState {
         TrainerState {
             format: TrainerState::FORMAT,
-            epoch: p.cursor.epoch,
+            epoch: next_epoch(&p.cursor, self.micro_per_epoch()),
             step: p.step,
             cursor: p.cursor,
             rng: RngState {
                 seed: self.config.seed,
-                scheme: "splitmix64 derived per (epoch) for shuffling and per (step, micro-batch) for dropout"
+                scheme: "memfit-data sampler shuffle per (seed, epoch); splitmix64 dropout seeds per (seed, step, micro-batch)"
                     .into(),
             },
             scheduler: SchedulerState {

@@ -34,7 +34,7 @@ fn save_steps_and_epoch_ends_with_retention_and_best() {
         assert!(last.join(f).is_file(), "{f} missing");
     }
     let state: TrainerState = serde_json::from_str(&fs::read_to_string(last.join("trainer_state.json")).unwrap()).unwrap();
-    assert_eq!((state.step, state.epoch, state.cursor.micro_batch), (12, 3, 0));
+    assert_eq!((state.step, state.epoch, state.cursor.position), (12, 3, 7));
     assert_eq!(state.config_hash, config.hash());
     assert_eq!(state.scheduler.total_steps, 12);
     // best/ exists and holds the step its record names.
@@ -116,9 +116,9 @@ fn state_at(step: u64) -> TrainerState {
         format: TrainerState::FORMAT,
         epoch: 0,
         step,
-        cursor: memfit_train::batches::Cursor {
+        cursor: memfit_data::Cursor {
             epoch: 0,
-            micro_batch: step,
+            position: step,
             seed: 1,
         },
         rng: memfit_train::checkpoint::RngState {

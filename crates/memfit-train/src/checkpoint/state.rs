@@ -1,6 +1,6 @@
 //! `trainer_state.json`: everything besides the tensors that an exact resume needs.
 
-use crate::batches::Cursor;
+use memfit_data::Cursor;
 use serde::{Deserialize, Serialize};
 
 /// The best evaluation so far (what `best/` holds).
@@ -35,7 +35,7 @@ pub struct SchedulerState {
 pub struct TrainerState {
     pub format: u32,
     /// Epoch the next micro-batch belongs to.
-    pub epoch: u32,
+    pub epoch: u64,
     /// Optimizer steps completed.
     pub step: u64,
     /// Data cursor at this step boundary.
