@@ -1,14 +1,324 @@
-//! `memfit estimate` (not built yet).
+//! `memfit estimate`: predicted peak GPU and host memory of one training setup, by component.
 
 use crate::exit::{Outcome, bad_input};
+use comfy_table::{Cell, CellAlignment, Table, presets::UTF8_FULL_CONDENSED};
+use memfit_plan::Task;
+use memfit_plan::arch::{self, Arch};
+use memfit_plan::memory::{
+    self, Attention, Component, DatasetMode, Device, Estimate, Framework, FreezeGroup, LoraTarget,
+    Method, Optimizer, Precision, Quant, Runtime, Setup, Zero, gib,
+};
+use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Arguments, once the command exists.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-    rest: Vec<String>,
+    /// A preset name (e.g. chatlm-mini, qwen2.5-0.5b) or a Hugging Face config.json path.
+    #[arg(long)]
+    pub model: String,
+    /// seq2seq, causal-lm or classification (default: from the architecture).
+    #[arg(long, value_parser = parse_task)]
+    pub task: Option<Task>,
+    /// Micro-batch per GPU.
+    #[arg(long)]
+    pub batch: u64,
+    /// Tokens per sample (encoder length for seq2seq).
+    #[arg(long)]
+    pub seq: u64,
+    /// Decoder length for seq2seq (default: seq / 4).
+    #[arg(long)]
+    pub tgt_seq: Option<u64>,
+    #[arg(long, default_value_t = 1)]
+    pub accum: u64,
+    #[arg(long, default_value = "fp32", value_parser = parse_enum::<Precision>)]
+    pub precision: Precision,
+    #[arg(long, default_value = "adamw", value_parser = parse_enum::<Optimizer>)]
+    pub optimizer: Optimizer,
+    #[arg(long)]
+    pub grad_ckpt: bool,
+    #[command(flatten)]
+    pub method: MethodArgs,
+    #[arg(long, default_value = "0", value_parser = parse_enum::<Zero>)]
+    pub zero: Zero,
+    /// Offload optimizer states to the host: `cpu`.
+    #[arg(long, value_parser = parse_cpu)]
+    pub offload_optimizer: Option<bool>,
+    /// Offload parameters to the host: `cpu` (ZeRO-3).
+    #[arg(long, value_parser = parse_cpu)]
+    pub offload_params: Option<bool>,
+    /// GPUs per node.
+    #[arg(long, default_value_t = 1)]
+    pub gpus: u64,
+    #[arg(long, default_value_t = 1)]
+    pub nodes: u64,
+    #[arg(long, default_value = "eager", value_parser = parse_enum::<Attention>)]
+    pub attention: Attention,
+    #[arg(long, default_value = "cuda", value_parser = parse_enum::<Device>)]
+    pub device: Device,
+    #[arg(long, default_value = "pytorch", value_parser = parse_enum::<Runtime>)]
+    pub runtime: Runtime,
+    /// DataLoader workers.
+    #[arg(long, default_value_t = 0)]
+    pub workers: u64,
+    #[arg(long)]
+    pub pin_memory: bool,
+    /// Rows of the training set (held in memory by the pytorch runtime, memory-mapped by memfit).
+    #[arg(long, default_value_t = 0)]
+    pub dataset_rows: u64,
+    /// One JSON object on stdout (DESIGN.md §3).
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub fn run(_args: Args) -> Outcome {
-    Err(bad_input("`memfit estimate` is not implemented yet"))
+/// What is trained: shared by `memfit estimate` and `memfit plan`.
+#[derive(clap::Args)]
+pub struct MethodArgs {
+    #[arg(long, default_value = "full", value_parser = parse_enum::<Method>)]
+    pub method: Method,
+    #[arg(long, default_value_t = 8)]
+    pub lora_r: u64,
+    #[arg(long, default_value_t = 16)]
+    pub lora_alpha: u64,
+    /// Comma list of q,k,v,o,qkv,gate,up,down,mlp,lm_head.
+    #[arg(long, default_value = "q,v", value_parser = parse_list::<LoraTarget>)]
+    pub lora_targets: ListOf<LoraTarget>,
+    #[arg(long, value_parser = parse_enum::<Quant>)]
+    pub quant: Option<Quant>,
+    /// Comma list of embeddings,encoder,decoder (with --method freeze).
+    #[arg(long, value_parser = parse_list::<FreezeGroup>)]
+    pub freeze: Option<ListOf<FreezeGroup>>,
+}
+
+impl MethodArgs {
+    pub fn apply(&self, s: &mut Setup) {
+        s.method = self.method;
+        s.lora_r = self.lora_r;
+        s.lora_alpha = self.lora_alpha;
+        s.lora_targets = self.lora_targets.0.clone();
+        s.quant = self.quant;
+        s.freeze = self
+            .freeze
+            .as_ref()
+            .map(|l| l.0.clone())
+            .unwrap_or_default();
+    }
+}
+
+/// Task and lengths: the task defaults to the architecture's, the target length to seq / 4.
+pub fn apply_task(s: &mut Setup, task: Option<Task>, seq: u64, tgt_seq: Option<u64>) {
+    s.task = task.unwrap_or(s.task);
+    s.seq = seq;
+    s.tgt_seq = match (s.task, tgt_seq) {
+        (Task::Seq2seq, Some(t)) => t,
+        (Task::Seq2seq, None) => (seq / 4).max(1),
+        _ => 0,
+    };
+}
+
+/// The dataset mode a runtime uses: pytorch holds the table in memory, memfit maps its store.
+pub fn dataset_of(runtime: Runtime) -> DatasetMode {
+    match runtime {
+        Runtime::Pytorch => DatasetMode::InMemory,
+        Runtime::Memfit => DatasetMode::TokenStore,
+    }
+}
+
+/// A comma-separated list of enum values (a newtype so clap treats it as one value).
+#[derive(Debug, Clone)]
+pub struct ListOf<T>(pub Vec<T>);
+
+/// Enums spelled as on the command line.
+pub trait CliEnum: Sized + Copy + Send + Sync + 'static {
+    fn parse_cli(s: &str) -> Option<Self>;
+    fn names_cli() -> String;
+}
+
+macro_rules! cli_enum {
+    ($($t:ty),*) => {$(
+        impl CliEnum for $t {
+            fn parse_cli(s: &str) -> Option<Self> { <$t>::parse(s) }
+            fn names_cli() -> String { <$t>::names() }
+        }
+    )*};
+}
+cli_enum!(
+    Precision,
+    Optimizer,
+    Method,
+    Quant,
+    Zero,
+    Attention,
+    Device,
+    Runtime,
+    LoraTarget,
+    FreezeGroup
+);
+
+pub fn parse_enum<T: CliEnum>(s: &str) -> Result<T, String> {
+    T::parse_cli(s).ok_or_else(|| format!("{s:?} is not one of: {}", T::names_cli()))
+}
+
+pub fn parse_list<T: CliEnum>(s: &str) -> Result<ListOf<T>, String> {
+    s.split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|x| parse_enum::<T>(x.trim()))
+        .collect::<Result<Vec<_>, _>>()
+        .map(ListOf)
+}
+
+pub fn parse_task(s: &str) -> Result<Task, String> {
+    Task::parse(s).ok_or_else(|| format!("{s:?} is not one of: {}", Task::NAMES))
+}
+
+fn parse_cpu(s: &str) -> Result<bool, String> {
+    match s {
+        "cpu" => Ok(true),
+        "none" => Ok(false),
+        _ => Err(format!("{s:?}: only `cpu` (or `none`) is supported")),
+    }
+}
+
+/// Resolves `--model`: an existing file is read as config.json, otherwise a preset name.
+pub fn load_model(model: &str) -> anyhow::Result<Arch> {
+    let path = std::path::Path::new(model);
+    if path.is_file() || model.ends_with(".json") {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| bad_input(format!("--model {model}: cannot read: {e}")))?;
+        let name = path
+            .parent()
+            .and_then(|p| p.file_name())
+            .filter(|_| path.file_name().is_some_and(|f| f == "config.json"))
+            .or_else(|| path.file_stem())
+            .map_or_else(|| model.to_string(), |n| n.to_string_lossy().into_owned());
+        arch::parse_config(model, &text, &name).map_err(|e| bad_input(e.to_string()))
+    } else {
+        arch::preset(model).map_err(|e| bad_input(e.to_string()))
+    }
+}
+
+impl Args {
+    /// The fully resolved setup.
+    fn setup(&self, arch: &Arch) -> Setup {
+        let mut s = Setup::new(arch);
+        apply_task(&mut s, self.task, self.seq, self.tgt_seq);
+        self.method.apply(&mut s);
+        s.batch = self.batch;
+        s.accum = self.accum;
+        s.precision = self.precision;
+        s.optimizer = self.optimizer;
+        s.grad_ckpt = self.grad_ckpt;
+        s.zero = self.zero;
+        s.offload_optimizer = self.offload_optimizer.unwrap_or(false);
+        s.offload_params = self.offload_params.unwrap_or(false);
+        s.gpus = self.gpus;
+        s.nodes = self.nodes;
+        s.attention = self.attention;
+        s.device = self.device;
+        s.runtime = self.runtime;
+        s.workers = self.workers;
+        s.pin_memory = self.pin_memory;
+        s.dataset_rows = self.dataset_rows;
+        s.dataset = dataset_of(self.runtime);
+        s
+    }
+}
+
+pub fn run(args: Args) -> Outcome {
+    let arch = load_model(&args.model)?;
+    let setup = args.setup(&arch);
+    let arch = arch.with_task(setup.task);
+    let est = memory::estimate(&arch, &setup, &Framework::default()).map_err(bad_input)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&estimate_json(&arch, &setup, &est))?
+        );
+    } else {
+        print_human(&arch, &setup, &est);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The `--json` object of DESIGN.md §3 (also embedded by `memfit plan --json`).
+pub fn estimate_json(arch: &Arch, setup: &Setup, est: &Estimate) -> serde_json::Value {
+    let tr = memory::states::trainable(arch, setup);
+    serde_json::json!({
+        "model": {
+            "name": arch.name,
+            "family": arch.model_type,
+            "params_total": arch.params_total(),
+            "params_trainable": tr.total(),
+        },
+        "setup": setup,
+        "gpu": est.gpu,
+        "host": {
+            "peak_rss_bytes": est.host.peak_rss_bytes,
+            "components": est.host.components,
+        },
+    })
+}
+
+/// A component table: name, GiB, what it scales with, note.
+pub fn component_table(components: &[Component]) -> Table {
+    let mut t = Table::new();
+    t.load_style(UTF8_FULL_CONDENSED);
+    t.set_header(vec!["component", "GiB", "scales with", "note"]);
+    for c in components.iter().filter(|c| c.bytes > 0) {
+        t.add_row(vec![
+            Cell::new(&c.name),
+            Cell::new(gib(c.bytes)).set_alignment(CellAlignment::Right),
+            Cell::new(c.scales.as_str()),
+            Cell::new(&c.note),
+        ]);
+    }
+    t
+}
+
+fn print_human(arch: &Arch, setup: &Setup, est: &Estimate) {
+    let tr = memory::states::trainable(arch, setup);
+    println!(
+        "{} ({}): {} parameters, {} trainable",
+        arch.name,
+        arch.model_type,
+        arch.params_total(),
+        tr.total()
+    );
+    println!(
+        "setup: {:?} batch {} × seq {}{} accum {}, {}, {}, {}{}{}, {} GPU(s) × {} node(s)",
+        setup.task,
+        setup.batch,
+        setup.seq,
+        if setup.tgt_seq > 0 {
+            format!(" → {}", setup.tgt_seq)
+        } else {
+            String::new()
+        },
+        setup.accum,
+        setup.precision,
+        setup.optimizer,
+        setup.method,
+        if setup.grad_ckpt { ", grad ckpt" } else { "" },
+        if setup.zero != Zero::Z0 {
+            format!(", zero {}", setup.zero)
+        } else {
+            String::new()
+        },
+        setup.gpus,
+        setup.nodes
+    );
+    match &est.gpu {
+        Some(g) => {
+            println!("\nGPU (per rank)");
+            println!("{}", component_table(&g.components));
+            println!(
+                "peak allocated {} GiB · peak reserved {} GiB · nvml used {} GiB",
+                gib(g.peak_allocated_bytes),
+                gib(g.peak_reserved_bytes),
+                gib(g.nvml_used_bytes)
+            );
+        }
+        None => println!("\nGPU: none (--device cpu: activations are host memory)"),
+    }
+    println!("\nHost (per node)");
+    println!("{}", component_table(&est.host.components));
+    println!("peak RSS {} GiB", gib(est.host.peak_rss_bytes));
 }

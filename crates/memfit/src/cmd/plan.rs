@@ -1,14 +1,334 @@
-//! `memfit plan` (not built yet).
+//! `memfit plan`: the fastest setup that fits the budgets, the alternatives, why faster ones were
+//! rejected, the tier table, and config files for the tools that run it.
 
-use crate::exit::{Outcome, bad_input};
+use super::estimate::{
+    MethodArgs, apply_task, component_table, dataset_of, estimate_json, load_model, parse_enum,
+    parse_task,
+};
+use crate::exit::{Outcome, bad_input, does_not_fit};
+use anyhow::Context;
+use comfy_table::{Table, presets::ASCII_MARKDOWN, presets::UTF8_FULL_CONDENSED};
+use memfit_plan::Task;
+use memfit_plan::emit::{self, Hyper, Kind};
+use memfit_plan::memory::{Framework, Optimizer, Runtime, Setup, gib};
+use memfit_plan::search::{self, Budget, Candidate, Request, tiers};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Arguments, once the command exists.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-    rest: Vec<String>,
+    /// A preset name or a Hugging Face config.json path.
+    #[arg(long)]
+    pub model: String,
+    #[arg(long, value_parser = parse_task)]
+    pub task: Option<Task>,
+    /// GPUs per node.
+    #[arg(long, default_value_t = 1)]
+    pub gpus: u64,
+    #[arg(long, default_value_t = 1)]
+    pub nodes: u64,
+    /// Memory of each GPU (e.g. 24GiB), `auto` (NVML), or `none` to train on the CPU.
+    #[arg(long, default_value = "auto")]
+    pub gpu_mem: String,
+    /// Host RAM to plan for (e.g. 16GiB) or `auto` (what this machine can give a new job).
+    #[arg(long, default_value = "auto")]
+    pub host_mem: String,
+    #[arg(long, default_value_t = 512)]
+    pub seq: u64,
+    /// Decoder length for seq2seq (default: seq / 4).
+    #[arg(long)]
+    pub tgt_seq: Option<u64>,
+    /// Samples per optimizer step over all GPUs (held by micro-batch × accumulation).
+    #[arg(long, default_value_t = 32)]
+    pub target_batch: u64,
+    #[command(flatten)]
+    pub method: MethodArgs,
+    #[arg(long, default_value = "adamw", value_parser = parse_enum::<Optimizer>)]
+    pub optimizer: Optimizer,
+    #[arg(long, default_value = "pytorch", value_parser = parse_enum::<Runtime>)]
+    pub runtime: Runtime,
+    /// Memory kept free on GPU and host: `10%` or `0.1`.
+    #[arg(long, default_value = "10%", value_parser = parse_headroom)]
+    pub headroom: f64,
+    /// Config files to write: deepspeed,accelerate,hf,memfit,profiles (needs --out).
+    #[arg(long, value_delimiter = ',')]
+    pub emit: Vec<String>,
+    /// Directory for --emit files.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the tier table (host RAM × GPU memory) instead of one plan.
+    #[arg(long)]
+    pub tiers: bool,
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub fn run(_args: Args) -> Outcome {
-    Err(bad_input("`memfit plan` is not implemented yet"))
+fn parse_headroom(s: &str) -> Result<f64, String> {
+    let v = match s.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|x| x / 100.0),
+        None => s.trim().parse::<f64>(),
+    }
+    .map_err(|_| format!("{s:?} is not a fraction like 10% or 0.1"))?;
+    if (0.0..0.9).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s:?}: headroom must be in [0%, 90%)"))
+    }
+}
+
+/// "24GiB", "16G", "512MiB", "2e10" (bytes): binary units for GiB/MiB/G/M, decimal for GB/MB.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like 24GiB"))?;
+    let scale = match unit.trim() {
+        "" | "B" => 1.0,
+        "KiB" | "K" => 1024.0,
+        "MiB" | "M" => 1024.0 * 1024.0,
+        "GiB" | "G" => (1u64 << 30) as f64,
+        "TiB" | "T" => (1u64 << 40) as f64,
+        "KB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        u => return Err(format!("{s:?}: unknown unit {u:?}")),
+    };
+    if n < 0.0 || !n.is_finite() {
+        return Err(format!("{s:?} must be positive"));
+    }
+    Ok((n * scale) as u64)
+}
+
+fn gpu_budget(arg: &str) -> anyhow::Result<Option<u64>> {
+    match arg {
+        "none" | "cpu" | "0" => Ok(None),
+        "auto" => match memfit_sys::probe::gpus() {
+            Ok(gpus) if !gpus.is_empty() => Ok(gpus.iter().map(|g| g.total_bytes).min()),
+            Ok(_) => Ok(None),
+            Err(e) => {
+                tracing::info!("no GPU found ({e}); planning for the CPU");
+                Ok(None)
+            }
+        },
+        s => parse_size(s)
+            .map(Some)
+            .map_err(|e| bad_input(format!("--gpu-mem {e}"))),
+    }
+}
+
+fn host_budget(arg: &str) -> anyhow::Result<u64> {
+    match arg {
+        "auto" => Ok(memfit_sys::probe::host_memory()
+            .context("--host-mem auto: reading this machine's memory")?
+            .effective_available_bytes),
+        s => parse_size(s).map_err(|e| bad_input(format!("--host-mem {e}"))),
+    }
+}
+
+impl Args {
+    fn base(&self, arch: &memfit_plan::arch::Arch) -> Setup {
+        let mut s = Setup::new(arch);
+        apply_task(&mut s, self.task, self.seq, self.tgt_seq);
+        self.method.apply(&mut s);
+        s.optimizer = self.optimizer;
+        s.runtime = self.runtime;
+        s.gpus = self.gpus;
+        s.nodes = self.nodes;
+        s.dataset = dataset_of(self.runtime);
+        s
+    }
+}
+
+pub fn run(args: Args) -> Outcome {
+    let kinds: Vec<Kind> = args
+        .emit
+        .iter()
+        .map(|k| {
+            Kind::parse(k.trim())
+                .ok_or_else(|| bad_input(format!("--emit {k:?}: not one of {}", Kind::NAMES)))
+        })
+        .collect::<Result<_, _>>()?;
+    if !kinds.is_empty() && args.out.is_none() {
+        return Err(bad_input("--emit needs --out DIR"));
+    }
+    let arch = load_model(&args.model)?;
+    let base = args.base(&arch);
+    let arch = arch.with_task(base.task);
+    let fw = Framework::default();
+    if args.tiers {
+        let table = tiers::tier_table(&arch, &base, args.target_batch, args.headroom, &fw)
+            .map_err(bad_input)?;
+        if args.json {
+            let cells: Vec<Vec<Option<String>>> = table
+                .cells
+                .iter()
+                .map(|row| {
+                    row.iter()
+                        .map(|c| c.as_ref().map(|c| tiers::cell_text(Some(c))))
+                        .collect()
+                })
+                .collect();
+            let v = serde_json::json!({"model": arch.name, "target_batch": args.target_batch,
+                "headroom": args.headroom, "host_gib": table.host_gib, "gpu_gib": table.gpu_gib, "cells": cells});
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        } else {
+            println!("{}", tier_heading(&arch.name, &args));
+            let mut t = Table::new();
+            t.load_style(ASCII_MARKDOWN);
+            let mut header = vec!["host RAM".to_string()];
+            header.extend(table.column_labels());
+            t.set_header(header);
+            for (host, row) in table.host_gib.iter().zip(&table.cells) {
+                let mut r = vec![format!("{host} GiB")];
+                r.extend(row.iter().map(|c| tiers::cell_text(c.as_ref())));
+                t.add_row(r);
+            }
+            println!("{t}");
+            println!(
+                "cells: micro-batch×accumulation precision [ckpt = gradient checkpointing] [zN = ZeRO stage, +off-opt/+off-all = CPU offload]; — = nothing fits"
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let budget = Budget {
+        gpu_bytes: gpu_budget(&args.gpu_mem)?,
+        host_bytes: host_budget(&args.host_mem)?,
+        headroom: args.headroom,
+    };
+    let req = Request {
+        base,
+        target_batch: args.target_batch,
+        budget,
+    };
+    let plan = search::plan(&arch, &req, &fw).map_err(bad_input)?;
+    if args.json {
+        let cand = |c: &Candidate| {
+            let mut v = estimate_json(&arch, &c.setup, &c.estimate);
+            v["summary"] = c.summary().into();
+            v["tokens_per_s"] = c.tokens_per_s.into();
+            v
+        };
+        let v = serde_json::json!({
+            "model": {"name": arch.name, "family": arch.model_type, "params_total": arch.params_total()},
+            "budget": {"gpu_bytes": budget.gpu_bytes, "host_bytes": budget.host_bytes, "headroom": budget.headroom},
+            "target_batch": args.target_batch,
+            "chosen": plan.chosen.as_ref().map(cand),
+            "alternatives": plan.alternatives.iter().map(cand).collect::<Vec<_>>(),
+            "rejected": plan.rejected.iter().map(|c| serde_json::json!({"summary": c.summary(), "tokens_per_s": c.tokens_per_s, "reason": c.rejected})).collect::<Vec<_>>(),
+            "considered": plan.considered,
+            "reason": plan.reason,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print_plan(&arch.name, &budget, &plan);
+    }
+    let Some(chosen) = plan.chosen.as_ref() else {
+        return Err(does_not_fit(
+            plan.reason.unwrap_or_else(|| "nothing fits".into()),
+        ));
+    };
+    if let Some(dir) = &args.out {
+        let hyper = Hyper::defaults(&args.model, &chosen.setup);
+        for (name, text) in emit::render(&kinds, &arch, &chosen.setup, &hyper) {
+            write_atomic(&dir.join(name), &text)?;
+            if !args.json {
+                println!("wrote {}", dir.join(name).display());
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn tier_heading(model: &str, args: &Args) -> String {
+    format!(
+        "{model}: method {}, seq {}, effective batch {}, {} runtime, {:.0}% headroom; the fastest setup per cell",
+        args.method.method,
+        args.seq,
+        args.target_batch,
+        args.runtime,
+        args.headroom * 100.0
+    )
+}
+
+/// Writes through a temporary file in the same directory and renames it into place.
+fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name()
+            .map_or("out".into(), |f| f.to_string_lossy())
+    ));
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
+    Ok(())
+}
+
+fn print_plan(model: &str, budget: &Budget, plan: &search::Plan) {
+    let gpu = budget
+        .gpu_bytes
+        .map_or("none (CPU training)".to_string(), |g| {
+            format!("{} GiB per GPU", gib(g))
+        });
+    println!(
+        "{model}: budget GPU {gpu}, host {} GiB, {:.0}% headroom; {} setups considered",
+        gib(budget.host_bytes),
+        budget.headroom * 100.0,
+        plan.considered
+    );
+    let row_table = |rows: &[Candidate], with_reason: bool| {
+        let mut t = Table::new();
+        t.load_style(UTF8_FULL_CONDENSED);
+        let mut h = vec!["setup", "tokens/s (model)", "GPU GiB", "host GiB"];
+        if with_reason {
+            h.push("why not");
+        }
+        t.set_header(h);
+        for c in rows {
+            let mut r = vec![
+                c.summary(),
+                format!("{:.0}", c.tokens_per_s),
+                c.gpu_need().map_or("-".into(), gib),
+                gib(c.host_need()),
+            ];
+            if with_reason {
+                r.push(c.rejected.clone().unwrap_or_default());
+            }
+            t.add_row(r);
+        }
+        t
+    };
+    if let Some(c) = &plan.chosen {
+        println!(
+            "\nchosen: {} — {:.0} tokens/s (throughput model)",
+            c.summary(),
+            c.tokens_per_s
+        );
+        if let Some(g) = &c.estimate.gpu {
+            println!(
+                "GPU: peak allocated {} GiB, reserved {} GiB, nvml used {} GiB",
+                gib(g.peak_allocated_bytes),
+                gib(g.peak_reserved_bytes),
+                gib(g.nvml_used_bytes)
+            );
+            println!("{}", component_table(&g.components));
+        }
+        println!("host: peak RSS {} GiB", gib(c.estimate.host.peak_rss_bytes));
+        println!("{}", component_table(&c.estimate.host.components));
+    }
+    if !plan.alternatives.is_empty() {
+        println!("\nnext best:");
+        println!("{}", row_table(&plan.alternatives, false));
+    }
+    if !plan.rejected.is_empty() {
+        println!("\nfaster but rejected:");
+        println!("{}", row_table(&plan.rejected, true));
+    }
+    if let Some(r) = &plan.reason {
+        println!("\n{r}");
+    }
 }

@@ -1,0 +1,416 @@
+//! Hugging Face `config.json` → [`Arch`]. Field names and defaults follow each model's
+//! `configuration_*.py` in transformers (the default used when a key is absent is noted inline).
+
+use super::params::{self, Dims};
+use super::{Activation, Arch, Family, Head};
+use serde_json::Value;
+
+/// A config that cannot be read as an architecture. Names the file (or preset) and the field.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ArchError {
+    #[error("{file}: not valid JSON: {message}")]
+    Json { file: String, message: String },
+    #[error(
+        "{file}: field `model_type` is {model_type:?}, which memfit does not know (supported: {supported})"
+    )]
+    UnknownModelType {
+        file: String,
+        model_type: String,
+        supported: &'static str,
+    },
+    #[error("{file}: field `{field}` {problem}")]
+    Field {
+        file: String,
+        field: String,
+        problem: String,
+    },
+    #[error("unknown model {name:?}: not a preset ({presets}) and not a config.json path")]
+    UnknownPreset { name: String, presets: String },
+}
+
+const SUPPORTED: &str =
+    "t5, mt5, bert, roberta, gpt2, llama, mistral, qwen2, gemma, phi, stablelm, falcon, bloom";
+
+/// Reads one config. `file` is only used in error messages; `name` becomes [`Arch::name`].
+pub fn parse_config(file: &str, text: &str, name: &str) -> Result<Arch, ArchError> {
+    let value: Value = serde_json::from_str(text).map_err(|e| ArchError::Json {
+        file: file.to_string(),
+        message: e.to_string(),
+    })?;
+    from_value(file, &value, name)
+}
+
+/// Field access that names the file and field in its errors.
+struct Cfg<'a> {
+    file: &'a str,
+    v: &'a Value,
+}
+
+impl Cfg<'_> {
+    fn err(&self, field: &str, problem: impl Into<String>) -> ArchError {
+        ArchError::Field {
+            file: self.file.to_string(),
+            field: field.to_string(),
+            problem: problem.into(),
+        }
+    }
+    /// An optional positive integer; `null` counts as absent (gpt2's `n_inner: null`).
+    fn opt_u64(&self, field: &str) -> Result<Option<u64>, ArchError> {
+        match self.v.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => match x.as_u64() {
+                Some(n) if n > 0 => Ok(Some(n)),
+                _ => Err(self.err(field, format!("must be a positive integer, found {x}"))),
+            },
+        }
+    }
+    fn u64(&self, field: &str) -> Result<u64, ArchError> {
+        self.opt_u64(field)?
+            .ok_or_else(|| self.err(field, "is missing"))
+    }
+    /// The first of several alternative names (bloom's `n_embed`/`hidden_size`).
+    fn u64_any(&self, fields: &[&str]) -> Result<u64, ArchError> {
+        for f in fields {
+            if let Some(n) = self.opt_u64(f)? {
+                return Ok(n);
+            }
+        }
+        Err(self.err(&fields.join("` or `"), "is missing"))
+    }
+    fn u64_or(&self, field: &str, default: u64) -> Result<u64, ArchError> {
+        Ok(self.opt_u64(field)?.unwrap_or(default))
+    }
+    fn bool_or(&self, field: &str, default: bool) -> Result<bool, ArchError> {
+        match self.v.get(field) {
+            None | Some(Value::Null) => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(x) => Err(self.err(field, format!("must be true or false, found {x}"))),
+        }
+    }
+    fn f64_or(&self, field: &str, default: f64) -> Result<f64, ArchError> {
+        match self.v.get(field) {
+            None | Some(Value::Null) => Ok(default),
+            Some(x) => x
+                .as_f64()
+                .filter(|p| (0.0..1.0).contains(p))
+                .ok_or_else(|| {
+                    self.err(field, format!("must be a probability in [0, 1), found {x}"))
+                }),
+        }
+    }
+    fn str_or<'s>(&'s self, field: &str, default: &'s str) -> Result<&'s str, ArchError> {
+        match self.v.get(field) {
+            None | Some(Value::Null) => Ok(default),
+            Some(Value::String(s)) => Ok(s),
+            Some(x) => Err(self.err(field, format!("must be a string, found {x}"))),
+        }
+    }
+    fn architecture(&self) -> String {
+        self.v
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    }
+    /// `num_labels`, else the size of `id2label`, else 2 (PretrainedConfig default).
+    fn labels(&self) -> Result<u64, ArchError> {
+        if let Some(n) = self.opt_u64("num_labels")? {
+            return Ok(n);
+        }
+        Ok(self
+            .v
+            .get("id2label")
+            .and_then(Value::as_object)
+            .map_or(2, |m| m.len().max(1) as u64))
+    }
+    fn divides(&self, hidden: u64, heads: u64, field: &str) -> Result<u64, ArchError> {
+        if !hidden.is_multiple_of(heads) {
+            return Err(self.err(
+                field,
+                format!("({heads}) does not divide the hidden size {hidden}"),
+            ));
+        }
+        Ok(hidden / heads)
+    }
+}
+
+fn activation_of(cfg: &Cfg, field: &str, default: &str) -> Result<Activation, ArchError> {
+    match cfg.str_or(field, default)? {
+        "relu" => Ok(Activation::Relu),
+        "gelu" | "gelu_python" => Ok(Activation::Gelu),
+        "gelu_new" | "gelu_fast" => Ok(Activation::GeluNew),
+        "gelu_pytorch_tanh" => Ok(Activation::GeluTanh),
+        "silu" | "swish" => Ok(Activation::Silu),
+        other => Err(cfg.err(field, format!("activation {other:?} is not supported"))),
+    }
+}
+
+/// Builds an [`Arch`] from a parsed config.json value.
+pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> {
+    let cfg = Cfg { file, v };
+    if !v.is_object() {
+        return Err(ArchError::Json {
+            file: file.to_string(),
+            message: "the top level must be an object".to_string(),
+        });
+    }
+    let model_type = match v.get("model_type") {
+        Some(Value::String(s)) => s.clone(),
+        Some(x) => return Err(cfg.err("model_type", format!("must be a string, found {x}"))),
+        None => return Err(cfg.err("model_type", "is missing")),
+    };
+    let arch_name = cfg.architecture();
+    let mut d = Dims::default();
+    let (family, activation, head, hidden_dropout, attention_dropout);
+    match model_type.as_str() {
+        "t5" | "mt5" => {
+            family = Family::T5;
+            d.hidden = cfg.u64("d_model")?;
+            d.head_dim = cfg.u64("d_kv")?;
+            d.heads = cfg.u64("num_heads")?;
+            d.kv_heads = d.heads;
+            d.ffn = cfg.u64("d_ff")?;
+            d.vocab = cfg.u64("vocab_size")?;
+            d.encoder_layers = cfg.u64("num_layers")?;
+            // configuration_t5.py: num_decoder_layers defaults to num_layers
+            d.decoder_layers = cfg.u64_or("num_decoder_layers", d.encoder_layers)?;
+            d.rel_buckets = cfg.u64_or("relative_attention_num_buckets", 32)?;
+            let proj = cfg.str_or("feed_forward_proj", "relu")?;
+            let (gated, act) = match proj.strip_prefix("gated-") {
+                Some(a) => (true, a),
+                None => (false, proj),
+            };
+            d.gated = gated;
+            // T5 v1.1 / mT5 "gated-gelu" means gelu_new (configuration_t5.py rewrites it).
+            activation = match act {
+                "relu" => Activation::Relu,
+                "gelu" | "gelu_new" => Activation::GeluNew,
+                "silu" => Activation::Silu,
+                other => {
+                    return Err(cfg.err(
+                        "feed_forward_proj",
+                        format!("{other:?} is not relu, gelu or silu"),
+                    ));
+                }
+            };
+            // T5Config: tie_word_embeddings default True; MT5Config: False.
+            let tied = cfg.bool_or("tie_word_embeddings", model_type == "t5")?;
+            if arch_name == "T5EncoderModel" || arch_name == "MT5EncoderModel" {
+                d.decoder_layers = 0;
+                head = Head::None;
+            } else {
+                head = if tied {
+                    Head::LmTied
+                } else {
+                    Head::LmUntied { bias: false }
+                };
+            }
+            hidden_dropout = cfg.f64_or("dropout_rate", 0.1)?;
+            attention_dropout = hidden_dropout;
+        }
+        "bert" | "roberta" => {
+            family = Family::Bert;
+            let roberta = model_type == "roberta";
+            d.hidden = cfg.u64("hidden_size")?;
+            d.heads = cfg.u64("num_attention_heads")?;
+            d.kv_heads = d.heads;
+            d.head_dim = cfg.divides(d.hidden, d.heads, "num_attention_heads")?;
+            d.encoder_layers = cfg.u64("num_hidden_layers")?;
+            d.ffn = cfg.u64("intermediate_size")?;
+            d.vocab = cfg.u64("vocab_size")?;
+            d.max_positions =
+                cfg.u64_or("max_position_embeddings", if roberta { 514 } else { 512 })?;
+            d.type_vocab = cfg.u64_or("type_vocab_size", if roberta { 1 } else { 2 })?;
+            activation = activation_of(&cfg, "hidden_act", "gelu")?;
+            hidden_dropout = cfg.f64_or("hidden_dropout_prob", 0.1)?;
+            attention_dropout = cfg.f64_or("attention_probs_dropout_prob", 0.1)?;
+            if arch_name.ends_with("ForSequenceClassification") {
+                head = Head::Classifier {
+                    labels: cfg.labels()?,
+                };
+                // BertForSequenceClassification keeps the pooler; RobertaClassificationHead has a
+                // dense hidden×hidden+bias of the same size in its place.
+                d.pooler = true;
+            } else {
+                // BertModel/RobertaModel (AutoModel) with pooler; MLM/other heads are not modelled.
+                head = Head::None;
+                d.pooler = true;
+            }
+        }
+        "gpt2" => {
+            family = Family::Gpt2;
+            d.hidden = cfg.u64_any(&["n_embd", "hidden_size"])?;
+            d.heads = cfg.u64_any(&["n_head", "num_attention_heads"])?;
+            d.kv_heads = d.heads;
+            d.head_dim = cfg.divides(d.hidden, d.heads, "n_head")?;
+            d.decoder_layers = cfg.u64_any(&["n_layer", "num_hidden_layers"])?;
+            d.ffn = cfg.u64_or("n_inner", 4 * d.hidden)?;
+            d.vocab = cfg.u64("vocab_size")?;
+            d.max_positions = cfg.u64_or("n_positions", 1024)?;
+            d.fused_qkv = true;
+            (d.qkv_bias, d.o_bias, d.mlp_bias, d.norm_bias) = (true, true, true, true);
+            d.norms_per_block = 2;
+            activation = activation_of(&cfg, "activation_function", "gelu_new")?;
+            hidden_dropout = cfg.f64_or("resid_pdrop", 0.1)?;
+            attention_dropout = cfg.f64_or("attn_pdrop", 0.1)?;
+            head = lm_head(&cfg, true, false)?;
+        }
+        "llama" | "mistral" | "qwen2" | "gemma" => {
+            family = Family::Llama;
+            decoder_dims(&cfg, &mut d)?;
+            d.gated = true;
+            d.norms_per_block = 2;
+            let gemma = model_type == "gemma";
+            if gemma {
+                d.head_dim = cfg.u64_or("head_dim", 256)?;
+            }
+            // qwen2 always has q/k/v biases; llama has `attention_bias` (default false).
+            d.qkv_bias = model_type == "qwen2" || cfg.bool_or("attention_bias", false)?;
+            d.o_bias = model_type != "qwen2" && cfg.bool_or("attention_bias", false)?;
+            d.mlp_bias = cfg.bool_or("mlp_bias", false)?;
+            let default_act = if gemma { "gelu_pytorch_tanh" } else { "silu" };
+            activation = activation_of(&cfg, "hidden_act", default_act)?;
+            hidden_dropout = 0.0;
+            attention_dropout = cfg.f64_or("attention_dropout", 0.0)?;
+            head = lm_head(&cfg, gemma, false)?;
+        }
+        "phi" => {
+            family = Family::Phi;
+            decoder_dims(&cfg, &mut d)?;
+            (d.qkv_bias, d.o_bias, d.mlp_bias, d.norm_bias) = (true, true, true, true);
+            // PhiDecoderLayer: one input_layernorm feeding attention and MLP in parallel.
+            d.norms_per_block = 1;
+            activation = activation_of(&cfg, "hidden_act", "gelu_new")?;
+            hidden_dropout = cfg.f64_or("resid_pdrop", 0.0)?;
+            attention_dropout = cfg.f64_or("attention_dropout", 0.0)?;
+            head = lm_head(&cfg, false, true)?;
+        }
+        "stablelm" => {
+            family = Family::StableLm;
+            decoder_dims(&cfg, &mut d)?;
+            d.gated = true;
+            d.norm_bias = true;
+            d.qkv_bias = cfg.bool_or("use_qkv_bias", false)?;
+            d.qk_layernorm = cfg.bool_or("qk_layernorm", false)?;
+            d.norms_per_block = if cfg.bool_or("use_parallel_residual", false)? {
+                1
+            } else {
+                2
+            };
+            activation = activation_of(&cfg, "hidden_act", "silu")?;
+            hidden_dropout = cfg.f64_or("hidden_dropout", 0.0)?;
+            attention_dropout = cfg.f64_or("attention_dropout", 0.0)?;
+            head = lm_head(&cfg, false, false)?;
+        }
+        "falcon" => {
+            family = Family::Falcon;
+            d.hidden = cfg.u64("hidden_size")?;
+            d.heads = cfg.u64("num_attention_heads")?;
+            d.head_dim = cfg.divides(d.hidden, d.heads, "num_attention_heads")?;
+            d.decoder_layers = cfg.u64("num_hidden_layers")?;
+            d.vocab = cfg.u64("vocab_size")?;
+            d.ffn = cfg.u64_or("ffn_hidden_size", 4 * d.hidden)?;
+            let new_arch = cfg.bool_or("new_decoder_architecture", false)?;
+            // FalconConfig: multi_query default True; new_decoder_architecture uses num_kv_heads.
+            d.kv_heads = if new_arch {
+                cfg.u64_or("num_kv_heads", d.heads)?
+            } else if cfg.bool_or("multi_query", true)? {
+                1
+            } else {
+                d.heads
+            };
+            d.fused_qkv = true;
+            let bias = cfg.bool_or("bias", false)?;
+            (d.qkv_bias, d.o_bias, d.mlp_bias) = (bias, bias, bias);
+            d.norm_bias = true;
+            d.norms_per_block = if new_arch {
+                cfg.u64_or("num_ln_in_parallel_attn", 2)?
+            } else if cfg.bool_or("parallel_attn", true)? {
+                1
+            } else {
+                2
+            };
+            activation = activation_of(&cfg, "activation", "gelu")?;
+            hidden_dropout = cfg.f64_or("hidden_dropout", 0.0)?;
+            attention_dropout = cfg.f64_or("attention_dropout", 0.0)?;
+            head = lm_head(&cfg, true, false)?;
+        }
+        "bloom" => {
+            family = Family::Bloom;
+            d.hidden = cfg.u64_any(&["hidden_size", "n_embed"])?;
+            d.heads = cfg.u64_any(&["n_head", "num_attention_heads"])?;
+            d.kv_heads = d.heads;
+            d.head_dim = cfg.divides(d.hidden, d.heads, "n_head")?;
+            d.decoder_layers = cfg.u64_any(&["n_layer", "num_hidden_layers"])?;
+            d.vocab = cfg.u64("vocab_size")?;
+            d.ffn = 4 * d.hidden; // BloomMLP: dense_h_to_4h
+            d.fused_qkv = true;
+            (d.qkv_bias, d.o_bias, d.mlp_bias, d.norm_bias) = (true, true, true, true);
+            d.norms_per_block = 2;
+            activation = Activation::GeluTanh; // bloom_gelu_forward (tanh approximation)
+            hidden_dropout = cfg.f64_or("hidden_dropout", 0.0)?;
+            attention_dropout = cfg.f64_or("attention_dropout", 0.0)?;
+            head = lm_head(&cfg, true, false)?;
+        }
+        other => {
+            return Err(ArchError::UnknownModelType {
+                file: file.to_string(),
+                model_type: other.to_string(),
+                supported: SUPPORTED,
+            });
+        }
+    }
+    let tensors = params::build(family, &d, head);
+    Ok(Arch {
+        name: name.to_string(),
+        model_type,
+        family,
+        hidden: d.hidden,
+        heads: d.heads,
+        kv_heads: d.kv_heads,
+        head_dim: d.head_dim,
+        ffn: d.ffn,
+        gated_ffn: d.gated,
+        activation,
+        vocab: d.vocab,
+        encoder_layers: d.encoder_layers,
+        decoder_layers: d.decoder_layers,
+        hidden_dropout,
+        attention_dropout,
+        head,
+        tensors,
+    })
+}
+
+/// Shared fields of llama-style configs (llama, mistral, qwen2, gemma, phi, stablelm).
+fn decoder_dims(cfg: &Cfg, d: &mut Dims) -> Result<(), ArchError> {
+    d.hidden = cfg.u64("hidden_size")?;
+    d.heads = cfg.u64("num_attention_heads")?;
+    d.kv_heads = cfg.u64_or("num_key_value_heads", d.heads)?;
+    if !d.heads.is_multiple_of(d.kv_heads) {
+        return Err(cfg.err(
+            "num_key_value_heads",
+            format!(
+                "({}) does not divide num_attention_heads ({})",
+                d.kv_heads, d.heads
+            ),
+        ));
+    }
+    d.head_dim = match cfg.opt_u64("head_dim")? {
+        Some(h) => h,
+        None => cfg.divides(d.hidden, d.heads, "num_attention_heads")?,
+    };
+    d.decoder_layers = cfg.u64("num_hidden_layers")?;
+    d.ffn = cfg.u64("intermediate_size")?;
+    d.vocab = cfg.u64("vocab_size")?;
+    Ok(())
+}
+
+fn lm_head(cfg: &Cfg, tied_default: bool, bias: bool) -> Result<Head, ArchError> {
+    Ok(if cfg.bool_or("tie_word_embeddings", tied_default)? {
+        Head::LmTied
+    } else {
+        Head::LmUntied { bias }
+    })
+}

@@ -1,0 +1,142 @@
+//! Architectures: what a model is made of, read from a Hugging Face `config.json` or a preset.
+//!
+//! - [`config`]  — `config.json` → [`Arch`] for every supported `model_type`.
+//! - [`presets`] — named models (`t5-small`, `chatlm-mini`, `qwen2.5-0.5b`, …) as config.json values.
+//! - [`params`]  — the parameter inventory: every weight tensor with its shape, role and group, so the
+//!   count is exact (tied weights once) and later stages can ask "which tensors are trainable / LoRA
+//!   targets / larger than N elements".
+
+pub mod config;
+pub mod params;
+pub mod presets;
+
+pub use config::{ArchError, parse_config};
+pub use params::{Group, ParamTensor, Role};
+pub use presets::{PRESET_NAMES, preset, preset_config_json};
+
+use serde::Serialize;
+
+/// The family decides the block layout (which linears, norms and dropouts a block has).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Family {
+    /// t5 and mt5: encoder-decoder, RMS norm without bias, relative position bias, no linear biases.
+    T5,
+    /// bert and roberta: post-LN encoder with biases and absolute positions.
+    Bert,
+    /// gpt2: pre-LN decoder with fused qkv (`c_attn`) and learned positions.
+    Gpt2,
+    /// llama, mistral, qwen2, gemma: pre-RMS-norm decoder with gated SiLU/GELU MLP and GQA.
+    Llama,
+    /// phi: parallel attention + MLP sharing one LayerNorm, biases everywhere.
+    Phi,
+    /// stablelm: llama-like but LayerNorm with bias and optional qkv bias.
+    StableLm,
+    /// falcon: fused qkv, multi-query or grouped, parallel attention.
+    Falcon,
+    /// bloom: fused qkv with biases, ALiBi, embedding LayerNorm.
+    Bloom,
+}
+
+/// How the FFN turns its up-projection into the down-projection's input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Activation {
+    Relu,
+    /// erf GELU (`gelu`): one fused kernel, saves its input.
+    Gelu,
+    /// tanh GELU written out in Python in transformers (`gelu_new`, T5 v1.1/mT5): saves several tensors.
+    GeluNew,
+    /// fused tanh GELU kernel (`gelu_pytorch_tanh`, bloom's jit gelu).
+    GeluTanh,
+    Silu,
+}
+
+/// The task head on top of the trunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum Head {
+    /// The bare trunk (`AutoModel`, e.g. `BertModel`): no head.
+    None,
+    /// Sequence classification: a linear `hidden → labels` (with bias) on the pooled output.
+    Classifier { labels: u64 },
+    /// Language-model head, tied to the input embedding (counted once).
+    LmTied,
+    /// Language-model head with its own matrix.
+    LmUntied { bias: bool },
+}
+
+/// Everything later stages need to know about a model.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Arch {
+    /// Preset name or the config's `_name_or_path` / file stem.
+    pub name: String,
+    pub model_type: String,
+    pub family: Family,
+    pub hidden: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub head_dim: u64,
+    pub ffn: u64,
+    pub gated_ffn: bool,
+    pub activation: Activation,
+    pub vocab: u64,
+    /// Encoder blocks (encoder-only and encoder-decoder models), 0 for decoder-only.
+    pub encoder_layers: u64,
+    /// Decoder blocks (decoder-only and encoder-decoder models), 0 for encoder-only.
+    pub decoder_layers: u64,
+    /// Dropout on the residual branches / hidden states (0 = no dropout kernels, no masks saved).
+    pub hidden_dropout: f64,
+    /// Dropout on the attention probabilities.
+    pub attention_dropout: f64,
+    pub head: Head,
+    /// The parameter inventory (see [`params`]).
+    pub tensors: Vec<ParamTensor>,
+}
+
+impl Arch {
+    pub fn is_encoder_decoder(&self) -> bool {
+        self.encoder_layers > 0 && self.decoder_layers > 0
+    }
+
+    /// Total parameters, tied tensors once.
+    pub fn params_total(&self) -> u64 {
+        self.tensors.iter().map(ParamTensor::elements).sum()
+    }
+
+    /// Parameters in one group.
+    pub fn params_in(&self, group: Group) -> u64 {
+        self.tensors
+            .iter()
+            .filter(|t| t.group == group)
+            .map(ParamTensor::elements)
+            .sum()
+    }
+
+    /// Total parameters of the trunk blocks (what one transformer layer costs × layers).
+    pub fn layers_total(&self) -> u64 {
+        self.encoder_layers + self.decoder_layers
+    }
+
+    /// Replaces the head the config described with the one a task needs (e.g. a bare `BertModel`
+    /// config used for classification gets a 2-label classifier). Keeps the config's head when it
+    /// already fits the task.
+    pub fn with_task(mut self, task: crate::Task) -> Self {
+        let wanted = match (task, self.head) {
+            (crate::Task::Classification, Head::Classifier { .. }) => return self,
+            (crate::Task::Classification, _) => Head::Classifier { labels: 2 },
+            (_, Head::LmTied | Head::LmUntied { .. }) => return self,
+            (_, _) => Head::LmTied,
+        };
+        self.tensors.retain(|t| t.group != Group::Head);
+        self.head = wanted;
+        params::push_head(
+            &mut self.tensors,
+            self.hidden,
+            self.vocab,
+            wanted,
+            self.family,
+        );
+        self
+    }
+}

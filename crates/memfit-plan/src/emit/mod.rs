@@ -1,0 +1,321 @@
+//! Config files for the tools that run a planned setup. Each function returns file contents; the
+//! binary writes them (atomically). Keys are those the tools document:
+//! - DeepSpeed: docs "DeepSpeed Configuration JSON" (deepspeed/runtime/config.py, zero/config.py);
+//! - accelerate: the YAML `accelerate config` writes (accelerate/commands/config/config_args.py);
+//! - Hugging Face `TrainingArguments` fields (transformers/training_args.py);
+//! - memfit train: the TOML keys documented in docs/memory-model.md ("memfit train TOML").
+
+use crate::arch::Arch;
+use crate::memory::{Method, Optimizer, Precision, Setup, Zero};
+use serde_json::{Value, json};
+
+/// What `--emit` accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Deepspeed,
+    Accelerate,
+    Hf,
+    Memfit,
+    Profiles,
+}
+
+impl Kind {
+    pub const NAMES: &'static str = "deepspeed, accelerate, hf, memfit, profiles";
+    pub fn parse(s: &str) -> Option<Kind> {
+        match s {
+            "deepspeed" => Some(Kind::Deepspeed),
+            "accelerate" => Some(Kind::Accelerate),
+            "hf" => Some(Kind::Hf),
+            "memfit" => Some(Kind::Memfit),
+            "profiles" => Some(Kind::Profiles),
+            _ => None,
+        }
+    }
+    /// The file each kind writes.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Kind::Deepspeed => "deepspeed.json",
+            Kind::Accelerate => "accelerate.yaml",
+            Kind::Hf => "training_args.json",
+            Kind::Memfit => "memfit-train.toml",
+            Kind::Profiles => "profiles.toml",
+        }
+    }
+}
+
+/// Training hyper-parameters the planner does not choose but the files need.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hyper {
+    /// Model as the user named it (preset or config path).
+    pub model: String,
+    pub lr: f64,
+    pub epochs: u64,
+    /// 0 = run the epochs.
+    pub max_steps: u64,
+}
+
+impl Hyper {
+    /// Usual starting points: 1e-4 for full fine-tuning (T5/BERT guides), 2e-4 for LoRA (QLoRA paper).
+    pub fn defaults(model: &str, setup: &Setup) -> Hyper {
+        Hyper {
+            model: model.to_string(),
+            lr: if matches!(setup.method, Method::Lora | Method::Qlora) {
+                2e-4
+            } else {
+                1e-4
+            },
+            epochs: 1,
+            max_steps: 0,
+        }
+    }
+}
+
+/// DeepSpeed config JSON.
+pub fn deepspeed(arch: &Arch, setup: &Setup, hyper: &Hyper) -> Value {
+    let h2 = arch.hidden * arch.hidden;
+    let mut zero = json!({
+        "stage": setup.zero.stage(),
+        "overlap_comm": true,
+        "contiguous_gradients": true,
+        "reduce_bucket_size": h2,
+    });
+    if setup.zero.stage() == 3 {
+        zero["stage3_prefetch_bucket_size"] = json!(9 * h2 / 10);
+        zero["stage3_param_persistence_threshold"] = json!(10 * arch.hidden);
+        zero["stage3_max_live_parameters"] = json!(1_000_000_000u64);
+        zero["stage3_max_reuse_distance"] = json!(1_000_000_000u64);
+        zero["stage3_gather_16bit_weights_on_model_save"] = json!(true);
+    } else if setup.zero.stage() > 0 {
+        zero["allgather_bucket_size"] = json!(h2);
+    }
+    if setup.offload_optimizer {
+        zero["offload_optimizer"] = json!({"device": "cpu", "pin_memory": true});
+    }
+    if setup.offload_params {
+        zero["offload_param"] = json!({"device": "cpu", "pin_memory": true});
+    }
+    let mut v = json!({
+        "train_batch_size": setup.effective_batch(),
+        "train_micro_batch_size_per_gpu": setup.batch,
+        "gradient_accumulation_steps": setup.accum,
+        "gradient_clipping": 1.0,
+        "zero_optimization": zero,
+        "bf16": {"enabled": matches!(setup.precision, Precision::AmpBf16 | Precision::Bf16)},
+        "fp16": {"enabled": matches!(setup.precision, Precision::AmpFp16 | Precision::Fp16),
+                 "loss_scale": 0, "initial_scale_power": 16},
+        "steps_per_print": 100,
+        "wall_clock_breakdown": false,
+    });
+    // DeepSpeed builds these optimizers itself (CPU Adam when offloading); others come from the script.
+    match setup.optimizer {
+        Optimizer::AdamW
+        | Optimizer::AdamW8bit
+        | Optimizer::PagedAdamW8bit
+        | Optimizer::PagedAdamW32bit => {
+            v["optimizer"] = json!({"type": "AdamW", "params": {"lr": hyper.lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}});
+        }
+        Optimizer::Sgd | Optimizer::Adafactor => {}
+    }
+    v
+}
+
+/// accelerate config YAML.
+pub fn accelerate(setup: &Setup) -> String {
+    let world = setup.world();
+    let distributed = if setup.zero.is_fsdp() {
+        "FSDP"
+    } else if setup.zero != Zero::Z0 {
+        "DEEPSPEED"
+    } else if world > 1 {
+        "MULTI_GPU"
+    } else {
+        "NO"
+    };
+    let mixed = match setup.precision {
+        Precision::AmpBf16 | Precision::Bf16 => "bf16",
+        Precision::AmpFp16 | Precision::Fp16 => "fp16",
+        Precision::Fp32 => "'no'",
+    };
+    let mut y = String::from("compute_environment: LOCAL_MACHINE\n");
+    y += &format!("distributed_type: {distributed}\n");
+    if distributed == "DEEPSPEED" {
+        y += "deepspeed_config:\n";
+        y += "  deepspeed_config_file: deepspeed.json\n";
+        y += &format!("  zero3_init_flag: {}\n", setup.zero.stage() == 3);
+    }
+    if distributed == "FSDP" {
+        y += "fsdp_config:\n";
+        let strategy = if setup.zero == Zero::FsdpFull {
+            "FULL_SHARD"
+        } else {
+            "SHARD_GRAD_OP"
+        };
+        y += &format!("  fsdp_sharding_strategy: {strategy}\n");
+        y += "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n";
+        y += &format!("  fsdp_offload_params: {}\n", setup.offload_params);
+        y += "  fsdp_state_dict_type: SHARDED_STATE_DICT\n";
+    } else if distributed != "DEEPSPEED" {
+        y += &format!("mixed_precision: {mixed}\n");
+    }
+    y += "machine_rank: 0\n";
+    y += "main_training_function: main\n";
+    y += &format!("num_machines: {}\n", setup.nodes);
+    y += &format!("num_processes: {world}\n");
+    y += "rdzv_backend: static\n";
+    y += "same_network: true\n";
+    y += &format!("use_cpu: {}\n", setup.device == crate::memory::Device::Cpu);
+    y
+}
+
+/// Hugging Face TrainingArguments as JSON (`TrainingArguments(**json.load(f))`).
+pub fn hf_training_args(setup: &Setup, hyper: &Hyper) -> Value {
+    let optim = match setup.optimizer {
+        Optimizer::AdamW => "adamw_torch",
+        Optimizer::Adafactor => "adafactor",
+        Optimizer::Sgd => "sgd",
+        Optimizer::AdamW8bit => "adamw_bnb_8bit",
+        Optimizer::PagedAdamW8bit => "paged_adamw_8bit",
+        Optimizer::PagedAdamW32bit => "paged_adamw_32bit",
+    };
+    let mut v = json!({
+        "output_dir": "out",
+        "per_device_train_batch_size": setup.batch,
+        "gradient_accumulation_steps": setup.accum,
+        "gradient_checkpointing": setup.grad_ckpt,
+        "bf16": matches!(setup.precision, Precision::AmpBf16 | Precision::Bf16),
+        "fp16": matches!(setup.precision, Precision::AmpFp16 | Precision::Fp16),
+        "optim": optim,
+        "learning_rate": hyper.lr,
+        "num_train_epochs": hyper.epochs as f64,
+        "max_steps": if hyper.max_steps == 0 { -1 } else { hyper.max_steps as i64 },
+        "max_grad_norm": 1.0,
+        "dataloader_num_workers": setup.workers,
+        "dataloader_pin_memory": setup.pin_memory,
+        "use_cpu": setup.device == crate::memory::Device::Cpu,
+        "save_strategy": "steps",
+        "logging_steps": 10,
+    });
+    if setup.zero != Zero::Z0 && !setup.zero.is_fsdp() {
+        v["deepspeed"] = json!("deepspeed.json");
+    }
+    v
+}
+
+/// memfit train TOML: model, task, batch, accum, seq, tgt_seq, precision, optimizer, grad_ckpt,
+/// lr, epochs, max_steps.
+pub fn memfit_train(setup: &Setup, hyper: &Hyper) -> String {
+    let mut t = toml::Table::new();
+    t.insert("model".into(), hyper.model.clone().into());
+    let task = serde_json::to_value(setup.task)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    t.insert("task".into(), task.into());
+    t.insert("batch".into(), (setup.batch as i64).into());
+    t.insert("accum".into(), (setup.accum as i64).into());
+    t.insert("seq".into(), (setup.seq as i64).into());
+    t.insert("tgt_seq".into(), (setup.tgt_seq as i64).into());
+    t.insert("precision".into(), setup.precision.as_str().into());
+    t.insert("optimizer".into(), setup.optimizer.as_str().into());
+    t.insert("grad_ckpt".into(), setup.grad_ckpt.into());
+    t.insert("lr".into(), hyper.lr.into());
+    t.insert("epochs".into(), (hyper.epochs as i64).into());
+    t.insert("max_steps".into(), (hyper.max_steps as i64).into());
+    toml::to_string(&t).unwrap_or_default()
+}
+
+/// Lower-memory variants of a setup for `memfit run --profiles`, leanest last: each overrides
+/// --batch/--accum/--grad-ckpt and keeps the effective batch.
+pub fn profile_setups(setup: &Setup) -> Vec<(String, Setup)> {
+    let mut out = Vec::new();
+    let per_rank = setup.batch * setup.accum;
+    let mut push = |name: String, batch: u64, ckpt: bool| {
+        let mut s = setup.clone();
+        s.batch = batch.max(1);
+        s.accum = per_rank / s.batch;
+        s.grad_ckpt = ckpt;
+        if !out
+            .iter()
+            .any(|(_, o): &(String, Setup)| o.batch == s.batch && o.grad_ckpt == s.grad_ckpt)
+            && (s.batch, s.grad_ckpt) != (setup.batch, setup.grad_ckpt)
+        {
+            out.push((name, s));
+        }
+    };
+    let half = setup.batch / 2;
+    if half >= 1 && per_rank.is_multiple_of(half) {
+        push(format!("half-batch-{half}"), half, setup.grad_ckpt);
+    }
+    push(
+        format!("grad-ckpt-batch-{}", setup.batch),
+        setup.batch,
+        true,
+    );
+    if half >= 1 && per_rank.is_multiple_of(half) {
+        push(format!("grad-ckpt-half-batch-{half}"), half, true);
+    }
+    push("grad-ckpt-batch-1".to_string(), 1, true);
+    out
+}
+
+/// The profiles TOML: `[[profile]] name = …, args = [...], env = {…}`.
+pub fn profiles(setup: &Setup) -> String {
+    let mut list = Vec::new();
+    for (name, s) in profile_setups(setup) {
+        let mut p = toml::Table::new();
+        p.insert("name".into(), name.into());
+        let mut args = vec![
+            "--batch".to_string(),
+            s.batch.to_string(),
+            "--accum".to_string(),
+            s.accum.to_string(),
+        ];
+        if s.grad_ckpt {
+            args.push("--grad-ckpt".to_string());
+        }
+        p.insert(
+            "args".into(),
+            toml::Value::Array(args.into_iter().map(Into::into).collect()),
+        );
+        let mut env = toml::Table::new();
+        if s.device == crate::memory::Device::Cuda {
+            // lets the caching allocator grow segments instead of stranding split blocks
+            // (PyTorch CUDA semantics docs, "Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF")
+            env.insert(
+                "PYTORCH_CUDA_ALLOC_CONF".into(),
+                "expandable_segments:True".into(),
+            );
+        }
+        p.insert("env".into(), toml::Value::Table(env));
+        list.push(toml::Value::Table(p));
+    }
+    let mut root = toml::Table::new();
+    root.insert("profile".into(), toml::Value::Array(list));
+    toml::to_string(&root).unwrap_or_default()
+}
+
+/// Renders the requested kinds: (file name, contents).
+pub fn render(
+    kinds: &[Kind],
+    arch: &Arch,
+    setup: &Setup,
+    hyper: &Hyper,
+) -> Vec<(&'static str, String)> {
+    kinds
+        .iter()
+        .map(|k| {
+            let text = match k {
+                Kind::Deepspeed => pretty(&deepspeed(arch, setup, hyper)),
+                Kind::Accelerate => accelerate(setup),
+                Kind::Hf => pretty(&hf_training_args(setup, hyper)),
+                Kind::Memfit => memfit_train(setup, hyper),
+                Kind::Profiles => profiles(setup),
+            };
+            (k.file_name(), text)
+        })
+        .collect()
+}
+
+fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_default() + "\n"
+}

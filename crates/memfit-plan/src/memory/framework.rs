@@ -1,0 +1,93 @@
+//! Constants of the software stack that trains: measured, each with its source. Nothing here is
+//! fitted to a validation row; `validation/constants.csv` holds the measurements quoted.
+
+use serde::Serialize;
+
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
+/// The PyTorch/transformers behaviour an estimate assumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Framework {
+    /// NVML-visible memory of a CUDA context with PyTorch's kernels loaded, outside the allocator.
+    pub cuda_context_bytes: u64,
+    /// `torch.optim.AdamW` uses the multi-tensor (`foreach`) path: its step allocates a copy of
+    /// all second-moment states at once. Default on CUDA since PyTorch 2.0; 2022 code
+    /// (transformers.AdamW, torch ≤ 1.13) stepped tensor by tensor.
+    pub foreach_optimizer: bool,
+    /// `zero_grad()` keeps gradient tensors between steps (`set_to_none=False`, the default before
+    /// PyTorch 2.0 and what transformers' Trainer called in 2022); otherwise they are freed.
+    pub grads_persist: bool,
+}
+
+impl Framework {
+    /// PyTorch ≥ 2.1 with lazy CUDA module loading (the default since CUDA 11.7):
+    /// K5 in constants.csv = 0.47 GiB context on an A100 (stas00/ml-engineering).
+    pub const TORCH_2: Framework = Framework {
+        cuda_context_bytes: 470 * GIB / 1000,
+        foreach_optimizer: true,
+        grads_persist: false,
+    };
+
+    /// PyTorch 1.x / transformers 4.1x-4.2x (2022), eager CUDA module loading: the software of the
+    /// published 2022 measurements. `cuda_context_bytes` is the machine's measured context.
+    pub fn torch_1x(cuda_context_bytes: u64) -> Framework {
+        Framework {
+            cuda_context_bytes,
+            foreach_optimizer: false,
+            grads_persist: true,
+        }
+    }
+}
+
+impl Default for Framework {
+    fn default() -> Self {
+        Framework::TORCH_2
+    }
+}
+
+/// cuBLAS workspace PyTorch allocates per handle through its caching allocator:
+/// 4096 KiB × 2 + 16 KiB × 8 (`getChosenWorkspaceSize`, aten/src/ATen/cuda/CublasHandlePool.cpp).
+pub const CUBLAS_WORKSPACE: u64 = 4096 * 1024 * 2 + 16 * 1024 * 8;
+
+/// NCCL communicator buffers outside PyTorch's allocator after the first collective:
+/// K6 in constants.csv, 2.00 − 0.55 GiB on 2 GPUs of one node (torch-dist-mem-usage.py).
+pub const NCCL_BUFFERS: u64 = 1450 * MIB;
+
+/// Caching allocator (c10/cuda/CUDACachingAllocator.cpp): requests are rounded to 512 B; requests
+/// above 1 MiB come from the large pool, which cudaMallocs 20 MiB segments for requests under
+/// 10 MiB and rounds larger ones up to 2 MiB.
+pub const ALLOC_ROUND: u64 = 512;
+pub const LARGE_SEGMENT_ROUND: u64 = 2 * MIB;
+
+/// Host RSS of a Python process that imported torch + transformers and created a CUDA context
+/// with eager module loading (CUDA 11): the kernels of cuBLAS/cuDNN are resident in host memory.
+/// Measured in the PEFT 2022 logs (validation B1-CPU/B2-CPU: 2.96 GB with the model already on
+/// the GPU and nothing else on the host); commonly 2.5–3 GB for torch 1.13 + CUDA 11.7.
+pub const PYTORCH_CUDA_RUNTIME_RSS: u64 = 2960 * MIB;
+
+/// Host RSS of a CPU-only PyTorch training process (python + torch + transformers imported,
+/// no CUDA libraries): about 0.5 GiB (`/usr/bin/time -v python -c "import torch, transformers"`
+/// on torch 2.x CPU wheels reports 450–550 MB).
+pub const PYTORCH_CPU_RUNTIME_RSS: u64 = 512 * MIB;
+
+/// Host RSS of the memfit trainer before its model: the binary, burn's CPU backend thread pool
+/// and the tokenizer (an upper bound; `memfit bench train --json` reports the measured peak).
+pub const MEMFIT_RUNTIME_RSS: u64 = 96 * MIB;
+
+/// A PyTorch DataLoader worker is a forked Python process; what it adds beyond copy-on-write
+/// sharing is about 200 MiB (dataset indexing, collate buffers, its own allocator arenas; torch
+/// docs "Multi-process data loading" note RSS growth per worker from refcount copy-on-write).
+pub const PYTORCH_WORKER_RSS: u64 = 200 * MIB;
+
+/// memfit's loader workers are threads over the memory-mapped token store: their own state is
+/// the prefetched batches only (counted separately) plus a thread stack.
+pub const MEMFIT_WORKER_RSS: u64 = 8 * MIB;
+
+/// DataLoader `prefetch_factor` default (torch.utils.data.DataLoader): batches in flight per worker.
+pub const PREFETCH_FACTOR: u64 = 2;
+
+/// DeepSpeed defaults (deepspeed/runtime/zero/config.py) as transformers' "auto" fills them:
+/// reduce_bucket_size = hidden², stage3_prefetch_bucket_size = 0.9·hidden²,
+/// stage3_param_persistence_threshold = 10·hidden; stage3_max_live_parameters = 1e9.
+pub const ZERO3_MAX_LIVE_PARAMETERS: u64 = 1_000_000_000;

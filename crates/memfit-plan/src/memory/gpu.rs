@@ -1,0 +1,306 @@
+//! GPU peak of one rank: persistent state + the worst phase + overheads + allocator slack.
+
+use super::activations::activations;
+use super::framework::{self, Framework};
+use super::setup::{Optimizer, Setup};
+use super::states::{self, model_states, trainable};
+use super::{Component, GpuEstimate, Scaling};
+use crate::arch::Arch;
+
+/// Temporaries of one optimizer step (on the GPU; none when the optimizer is offloaded).
+pub fn optimizer_step_transient(arch: &Arch, setup: &Setup, fw: &Framework) -> u64 {
+    if setup.offload_optimizer {
+        return 0;
+    }
+    let tr = trainable(arch, setup);
+    let state_b = if setup.precision.weight_bytes() == 2 && !states::uses_master(setup) {
+        2
+    } else {
+        4
+    };
+    let sharded = |x: u64| {
+        if setup.zero.stage() >= 1 {
+            x.div_ceil(setup.world())
+        } else {
+            x
+        }
+    };
+    match setup.optimizer {
+        Optimizer::AdamW | Optimizer::PagedAdamW32bit if fw.foreach_optimizer => {
+            // _multi_tensor_adamw: exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs) — one copy of all
+            // second moments (torch/optim/adamw.py)
+            sharded(state_b * tr.total())
+        }
+        // single-tensor AdamW: sqrt(exp_avg_sq) and its division by the bias correction exist
+        // together for the largest tensor (torch ≤ 1.13 _single_tensor_adamw)
+        Optimizer::AdamW | Optimizer::PagedAdamW32bit => 2 * state_b * tr.largest_tensor,
+        // transformers.Adafactor: grad², the rebuilt second moment and the update, per tensor
+        Optimizer::Adafactor => 3 * 4 * tr.largest_tensor,
+        // in-place momentum update
+        Optimizer::Sgd => 0,
+        // bitsandbytes 8-bit kernels update in place blockwise
+        Optimizer::AdamW8bit | Optimizer::PagedAdamW8bit => 0,
+    }
+}
+
+/// Rounds a live-set total the way the caching allocator's segments do (2 MiB granularity).
+fn round_segments(bytes: u64) -> u64 {
+    bytes.div_ceil(framework::LARGE_SEGMENT_ROUND) * framework::LARGE_SEGMENT_ROUND
+}
+
+pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
+    let st = model_states(arch, setup);
+    let act = activations(arch, setup);
+    let tr = trainable(arch, setup);
+    let world = setup.world();
+    let stage = setup.zero.stage();
+    let grad_b = if states::uses_master(setup) {
+        2
+    } else {
+        setup.precision.weight_bytes()
+    };
+    let hidden2 = arch.hidden * arch.hidden;
+
+    // Communication buffers.
+    let ddp_buckets = if world > 1 && stage == 0 {
+        // DDP's reducer copies every gradient into flat buckets (gradient_as_bucket_view=False,
+        // the default): one more gradient-sized buffer (torch DistributedDataParallel docs).
+        tr.total() * grad_b
+    } else {
+        0
+    };
+    let zero_buffers = match stage {
+        0 => 0,
+        // ipg reduce bucket + all-gather bucket at reduce_bucket_size = hidden² ("auto")
+        1 | 2 => 2 * hidden2 * grad_b,
+        // reduce bucket + prefetch bucket (0.9·hidden²) of 16-bit parameters
+        _ => hidden2 * grad_b + 9 * hidden2 / 10 * 2,
+    };
+    // ZeRO-3: DeepSpeed's own estimate keeps the largest layer gathered (`gathered`); in a
+    // step, parameters fetched for forward stay resident while they will be reused within
+    // stage3_max_reuse_distance (1e9 by default) up to stage3_max_live_parameters (1e9):
+    // DeepSpeed holds min(1e9, all parameters) gathered. FSDP frees each unit after use and
+    // prefetches the next: two blocks.
+    let gathered = st.gpu_gathered;
+    let param_b = if states::uses_master(setup) {
+        2
+    } else {
+        setup.precision.weight_bytes()
+    };
+    let live_params = match (stage, setup.zero.is_fsdp()) {
+        (3, false) => framework::ZERO3_MAX_LIVE_PARAMETERS.min(arch.params_total()) * param_b,
+        (3, true) => 2 * block_params(arch) * param_b,
+        _ => 0,
+    };
+
+    let persistent_no_grads = st.gpu_weights
+        + st.gpu_optimizer
+        + gathered
+        + live_params
+        + zero_buffers
+        + ddp_buckets
+        + framework::CUBLAS_WORKSPACE;
+    let grads = st.gpu_grads;
+    let act_total = act.total();
+    let activation_phase = if fw.grads_persist {
+        persistent_no_grads + grads + act_total
+    } else {
+        // gradients are created while activations are freed, block by block: the live sum is
+        // largest at one of the two ends of the backward pass
+        persistent_no_grads + act_total.max(grads + act.transient)
+    };
+    let step_transient = optimizer_step_transient(arch, setup, fw);
+    let step_phase = persistent_no_grads + grads + step_transient;
+    let peak_allocated = activation_phase.max(step_phase);
+    // Eager attention leaves, per block, the freed score temporary whose segment the block's
+    // later, smaller tensors split (masks, hidden-size outputs): the next block cannot reuse it
+    // for its own seq² temporaries, so reserved exceeds allocated by about one score-sized block
+    // per layer at the end of the forward pass (c10 CUDACachingAllocator block splitting).
+    let stranded = if setup.grad_ckpt {
+        act.stranded_per_block
+    } else {
+        act.stranded_per_block * arch.layers_total()
+    };
+    let peak_reserved = round_segments(
+        peak_allocated
+            + if activation_phase >= step_phase {
+                stranded
+            } else {
+                0
+            },
+    );
+    let nccl = if world > 1 {
+        framework::NCCL_BUFFERS
+    } else {
+        0
+    };
+    let nvml_used = fw.cuda_context_bytes + peak_reserved + nccl + st.gpu_paged;
+
+    let bs = Scaling::BatchAndSequence;
+    let mut c = vec![
+        Component::new(
+            "weights",
+            st.gpu_weights,
+            Scaling::Neither,
+            weights_note(setup),
+        ),
+        Component::new(
+            "gradients",
+            grads,
+            Scaling::Neither,
+            "trainable parameters × gradient dtype",
+        ),
+        Component::new(
+            "optimizer states",
+            st.gpu_optimizer,
+            Scaling::Neither,
+            format!(
+                "{} (+ fp32 master under ZeRO mixed precision)",
+                setup.optimizer
+            ),
+        ),
+    ];
+    c.push(Component::new(
+        "zero-3 live parameters",
+        live_params,
+        Scaling::Neither,
+        "gathered parameters kept for reuse (stage3_max_live_parameters)",
+    ));
+    c.push(Component::new(
+        "zero-3 gathered layer",
+        gathered,
+        Scaling::Neither,
+        "largest layer's parameters + gradients, gathered whole",
+    ));
+    c.push(Component::new(
+        "paged optimizer states",
+        st.gpu_paged,
+        Scaling::Neither,
+        "CUDA unified memory: in nvml_used, not in torch's counters; pages out under pressure",
+    ));
+    c.push(Component::new(
+        "activations (blocks)",
+        act.blocks + act.recompute,
+        bs,
+        if setup.grad_ckpt {
+            "checkpointed block inputs + one block recomputed"
+        } else {
+            "saved for backward, every block"
+        },
+    ));
+    c.push(Component::new(
+        "  of which attention matrices",
+        act.attention_matrices,
+        bs,
+        "batch × heads × seq² scores/probabilities (eager)",
+    ));
+    c.push(Component::new(
+        "embeddings + inputs",
+        act.embeddings,
+        bs,
+        "embedding output, dropout masks, token ids",
+    ));
+    c.push(Component::new(
+        "logits + loss",
+        act.logits,
+        bs,
+        "logits, shifted copy, log-softmax",
+    ));
+    c.push(Component::new(
+        "autocast weight copies",
+        act.autocast_weights,
+        Scaling::Neither,
+        "16-bit casts of the linear weights kept for backward",
+    ));
+    c.push(Component::new(
+        "backward temporaries",
+        act.transient,
+        bs,
+        "loss gradient or one block's gradient tensors",
+    ));
+    c.push(Component::new(
+        "optimizer step temporaries",
+        step_transient,
+        Scaling::Neither,
+        if fw.foreach_optimizer {
+            "foreach step copies (only when larger than the activations phase)"
+        } else {
+            "per-tensor step copies"
+        },
+    ));
+    c.push(Component::new(
+        "ddp gradient buckets",
+        ddp_buckets,
+        Scaling::Neither,
+        "flat copies of all gradients for all-reduce",
+    ));
+    c.push(Component::new(
+        "zero buckets",
+        zero_buffers,
+        Scaling::Neither,
+        "reduce / all-gather / prefetch buckets at hidden² elements",
+    ));
+    c.push(Component::new(
+        "cublas workspace",
+        framework::CUBLAS_WORKSPACE,
+        Scaling::Neither,
+        "per handle, through the caching allocator",
+    ));
+    c.push(Component::new(
+        "allocator slack",
+        peak_reserved - peak_allocated,
+        Scaling::Neither,
+        "reserved − allocated: seq² temporaries stranded by block splitting, 2 MiB segments",
+    ));
+    c.push(Component::new(
+        "cuda context",
+        fw.cuda_context_bytes,
+        Scaling::Neither,
+        "kernels and driver state, outside the allocator",
+    ));
+    c.push(Component::new(
+        "nccl buffers",
+        nccl,
+        Scaling::Neither,
+        "communicator buffers outside the allocator",
+    ));
+    // zero-sized lines (no offload, one GPU, …) say nothing
+    c.retain(|x| x.bytes > 0);
+    GpuEstimate {
+        peak_allocated_bytes: peak_allocated,
+        peak_reserved_bytes: peak_reserved,
+        nvml_used_bytes: nvml_used,
+        components: c,
+    }
+}
+
+fn weights_note(setup: &Setup) -> String {
+    let mut n = format!("{} weights", setup.precision);
+    if let Some(q) = setup.quant {
+        n += &format!(", {q}-quantized base");
+    }
+    if setup.zero.stage() == 3 {
+        n += if setup.offload_params {
+            ", offloaded to host"
+        } else {
+            ", partitioned across ranks"
+        };
+    }
+    n
+}
+
+/// Parameters of one transformer block (the FSDP wrapping unit).
+fn block_params(arch: &Arch) -> u64 {
+    let blocks: u64 = arch
+        .tensors
+        .iter()
+        .filter(|t| {
+            matches!(
+                t.group,
+                crate::arch::Group::Encoder | crate::arch::Group::Decoder
+            )
+        })
+        .map(|t| t.elements())
+        .sum();
+    blocks / arch.layers_total().max(1)
+}

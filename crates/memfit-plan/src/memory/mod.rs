@@ -1,0 +1,116 @@
+//! The memory model: GPU and host peak of a training setup, as a breakdown by component.
+//!
+//! - [`setup`]       — the resolved setup (precision, optimizer, LoRA, ZeRO, …).
+//! - [`states`]      — weights, gradients, optimizer states; ZeRO sharding and offload.
+//! - [`activations`] — saved tensors per block, logits, autocast copies, temporaries.
+//! - [`framework`]   — measured constants of the software stack (CUDA context, allocator, NCCL…).
+//! - [`gpu`] / [`host`] — the two peaks, assembled from the above.
+//!
+//! GPU peak = persistent state + max over phases (forward/backward with activations; optimizer
+//! step with its temporaries) + framework overheads + allocator slack (DESIGN.md §2).
+
+pub mod activations;
+pub mod framework;
+pub mod gpu;
+pub mod host;
+pub mod setup;
+pub mod states;
+
+pub use framework::Framework;
+pub use setup::*;
+
+use crate::arch::Arch;
+use serde::Serialize;
+
+/// What a component's size grows with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scaling {
+    /// Fixed for the model and setup.
+    Neither,
+    /// Grows with micro-batch size.
+    Batch,
+    /// Grows with sequence length (linearly or quadratically).
+    Sequence,
+    /// Grows with both.
+    BatchAndSequence,
+}
+
+impl Scaling {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scaling::Neither => "neither",
+            Scaling::Batch => "batch",
+            Scaling::Sequence => "sequence",
+            Scaling::BatchAndSequence => "batch × sequence",
+        }
+    }
+}
+
+/// One line of a breakdown.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Component {
+    pub name: String,
+    pub bytes: u64,
+    pub note: String,
+    #[serde(skip)]
+    pub scales: Scaling,
+}
+
+impl Component {
+    pub fn new(name: &str, bytes: u64, scales: Scaling, note: impl Into<String>) -> Component {
+        Component {
+            name: name.to_string(),
+            bytes,
+            note: note.into(),
+            scales,
+        }
+    }
+}
+
+/// GPU memory of one rank.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuEstimate {
+    /// `torch.cuda.max_memory_allocated()`.
+    pub peak_allocated_bytes: u64,
+    /// `torch.cuda.max_memory_reserved()`.
+    pub peak_reserved_bytes: u64,
+    /// What nvidia-smi / NVML shows as used.
+    pub nvml_used_bytes: u64,
+    pub components: Vec<Component>,
+}
+
+/// Host memory of one node (all ranks and loader workers on it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HostEstimate {
+    /// Peak over loading and training.
+    pub peak_rss_bytes: u64,
+    /// Peak while training (after loading), what a mid-epoch RSS reading shows.
+    #[serde(skip)]
+    pub train_rss_bytes: u64,
+    pub components: Vec<Component>,
+}
+
+/// A whole estimate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Estimate {
+    /// `None` with `--device cpu`.
+    pub gpu: Option<GpuEstimate>,
+    pub host: HostEstimate,
+}
+
+/// Estimates a setup under a software stack (`Framework::default()` = current PyTorch).
+pub fn estimate(arch: &Arch, setup: &Setup, fw: &Framework) -> Result<Estimate, String> {
+    setup.validate()?;
+    let gpu = match setup.device {
+        Device::Cuda => Some(gpu::gpu(arch, setup, fw)),
+        Device::Cpu => None,
+    };
+    let host = host::host(arch, setup, fw);
+    Ok(Estimate { gpu, host })
+}
+
+/// Bytes → GiB with two decimals, the display unit everywhere.
+pub fn gib(bytes: u64) -> String {
+    format!("{:.2}", bytes as f64 / (1u64 << 30) as f64)
+}

@@ -1,0 +1,333 @@
+//! A training setup: every choice that changes memory, resolved (no "auto" left).
+
+use crate::Task;
+use crate::arch::{Arch, Group, Role};
+use serde::{Deserialize, Serialize};
+
+macro_rules! named_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum $name { $($(#[$vm])* #[serde(rename = $text)] $variant),+ }
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+            /// The CLI spelling.
+            pub fn as_str(self) -> &'static str { match self { $($name::$variant => $text),+ } }
+            /// Parses the CLI spelling.
+            pub fn parse(s: &str) -> Option<Self> { match s { $($text => Some($name::$variant),)+ _ => None } }
+            /// All spellings, comma separated (for error messages).
+            pub fn names() -> String { [$($text),+].join(", ") }
+        }
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str(self.as_str()) }
+        }
+    };
+}
+
+named_enum!(
+    /// Numeric format of weights and activations.
+    Precision {
+        /// fp32 weights and activations.
+        Fp32 = "fp32",
+        /// fp32 weights, fp16 autocast activations, GradScaler.
+        AmpFp16 = "amp-fp16",
+        /// fp32 weights, bf16 autocast activations.
+        AmpBf16 = "amp-bf16",
+        /// bf16 weights, gradients, optimizer states and activations.
+        Bf16 = "bf16",
+        /// fp16 weights (no fp32 copy).
+        Fp16 = "fp16",
+    }
+);
+
+named_enum!(
+    Optimizer {
+        AdamW = "adamw",
+        /// Factored second moment, no first moment (transformers.Adafactor defaults).
+        Adafactor = "adafactor",
+        /// SGD with momentum.
+        Sgd = "sgd",
+        /// bitsandbytes blockwise 8-bit states.
+        AdamW8bit = "adamw-8bit",
+        /// bitsandbytes paged 8-bit states in CUDA unified memory.
+        PagedAdamW8bit = "paged-adamw-8bit",
+        PagedAdamW32bit = "paged-adamw-32bit",
+    }
+);
+
+named_enum!(
+    Method {
+        Full = "full",
+        Lora = "lora",
+        /// LoRA on a 4-bit (or 8-bit) quantized frozen base.
+        Qlora = "qlora",
+        /// Some groups frozen (`--freeze`), the rest trained.
+        Freeze = "freeze",
+    }
+);
+
+named_enum!(
+    Quant {
+        Nf4 = "nf4",
+        Nf4Dq = "nf4-dq",
+        Int8 = "int8",
+    }
+);
+
+named_enum!(
+    /// Sharding of model states across data-parallel ranks.
+    Zero {
+        Z0 = "0",
+        Z1 = "1",
+        Z2 = "2",
+        Z3 = "3",
+        /// FSDP FULL_SHARD (like ZeRO-3).
+        FsdpFull = "fsdp-full",
+        /// FSDP SHARD_GRAD_OP (like ZeRO-2).
+        FsdpGradOp = "fsdp-grad-op",
+    }
+);
+
+named_enum!(
+    Attention {
+        /// Explicit score and probability matrices (batch × heads × seq × seq).
+        Eager = "eager",
+        /// torch scaled_dot_product_attention (memory-efficient / flash kernels).
+        Sdpa = "sdpa",
+        Flash = "flash",
+    }
+);
+
+named_enum!(
+    Device {
+        Cuda = "cuda",
+        Cpu = "cpu",
+    }
+);
+
+named_enum!(
+    /// Which program trains: a PyTorch/transformers process or memfit's own trainer.
+    Runtime {
+        Pytorch = "pytorch",
+        Memfit = "memfit",
+    }
+);
+
+named_enum!(
+    /// How the training data is held.
+    DatasetMode {
+        /// The whole tokenized table in process memory (pandas/datasets in RAM).
+        InMemory = "in-memory",
+        /// memfit's memory-mapped token store (page cache, not RSS growth).
+        TokenStore = "token-store",
+        /// Re-read and tokenize each row on demand.
+        Reread = "reread",
+    }
+);
+
+named_enum!(
+    LoraTarget {
+        Q = "q",
+        K = "k",
+        V = "v",
+        O = "o",
+        Qkv = "qkv",
+        Gate = "gate",
+        Up = "up",
+        Down = "down",
+        Mlp = "mlp",
+        LmHead = "lm_head",
+    }
+);
+
+impl Precision {
+    /// Bytes of a stored weight.
+    pub fn weight_bytes(self) -> u64 {
+        match self {
+            Precision::Bf16 | Precision::Fp16 => 2,
+            _ => 4,
+        }
+    }
+    /// Bytes of a matmul output activation.
+    pub fn compute_bytes(self) -> u64 {
+        match self {
+            Precision::Fp32 => 4,
+            _ => 2,
+        }
+    }
+    pub fn is_amp(self) -> bool {
+        matches!(self, Precision::AmpFp16 | Precision::AmpBf16)
+    }
+    pub fn is_half(self) -> bool {
+        self != Precision::Fp32
+    }
+}
+
+impl Zero {
+    /// ZeRO stage equivalent (FSDP full = 3, grad-op = 2).
+    pub fn stage(self) -> u8 {
+        match self {
+            Zero::Z0 => 0,
+            Zero::Z1 => 1,
+            Zero::Z2 | Zero::FsdpGradOp => 2,
+            Zero::Z3 | Zero::FsdpFull => 3,
+        }
+    }
+    pub fn is_fsdp(self) -> bool {
+        matches!(self, Zero::FsdpFull | Zero::FsdpGradOp)
+    }
+}
+
+impl LoraTarget {
+    /// Whether this target adapts tensors of `role`.
+    pub fn covers(self, role: Role) -> bool {
+        match self {
+            LoraTarget::Q => role == Role::Q,
+            LoraTarget::K => role == Role::K,
+            LoraTarget::V => role == Role::V,
+            LoraTarget::O => role == Role::O,
+            LoraTarget::Qkv => role == Role::Qkv,
+            LoraTarget::Gate => role == Role::Gate,
+            LoraTarget::Up => role == Role::Up,
+            LoraTarget::Down => role == Role::Down,
+            LoraTarget::Mlp => matches!(role, Role::Gate | Role::Up | Role::Down),
+            LoraTarget::LmHead => role == Role::LmHead,
+        }
+    }
+}
+
+/// Every memory-relevant choice of a training run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Setup {
+    pub task: Task,
+    /// Micro-batch per GPU (samples per forward).
+    pub batch: u64,
+    /// Tokens per sample (the encoder length for seq2seq).
+    pub seq: u64,
+    /// Decoder length (seq2seq only).
+    pub tgt_seq: u64,
+    pub accum: u64,
+    pub precision: Precision,
+    pub optimizer: Optimizer,
+    pub grad_ckpt: bool,
+    pub method: Method,
+    pub lora_r: u64,
+    pub lora_alpha: u64,
+    pub lora_targets: Vec<LoraTarget>,
+    pub quant: Option<Quant>,
+    /// Frozen groups (`--freeze embeddings,encoder`); with `method = freeze`.
+    pub freeze: Vec<FreezeGroup>,
+    pub zero: Zero,
+    pub offload_optimizer: bool,
+    pub offload_params: bool,
+    /// GPUs per node.
+    pub gpus: u64,
+    pub nodes: u64,
+    pub attention: Attention,
+    pub device: Device,
+    pub runtime: Runtime,
+    pub workers: u64,
+    pub pin_memory: bool,
+    pub dataset: DatasetMode,
+    pub dataset_rows: u64,
+}
+
+named_enum!(
+    FreezeGroup {
+        Embeddings = "embeddings",
+        Encoder = "encoder",
+        Decoder = "decoder",
+    }
+);
+
+impl FreezeGroup {
+    pub fn group(self) -> Group {
+        match self {
+            FreezeGroup::Embeddings => Group::Embeddings,
+            FreezeGroup::Encoder => Group::Encoder,
+            FreezeGroup::Decoder => Group::Decoder,
+        }
+    }
+}
+
+impl Setup {
+    /// The defaults of `memfit estimate` for a model: full fp32 AdamW, batch 8, seq 512, one GPU.
+    pub fn new(arch: &Arch) -> Setup {
+        let task = Task::default_for(arch);
+        Setup {
+            task,
+            batch: 8,
+            seq: 512,
+            tgt_seq: if task == Task::Seq2seq { 128 } else { 0 },
+            accum: 1,
+            precision: Precision::Fp32,
+            optimizer: Optimizer::AdamW,
+            grad_ckpt: false,
+            method: Method::Full,
+            lora_r: 8,
+            lora_alpha: 16,
+            lora_targets: vec![LoraTarget::Q, LoraTarget::V],
+            quant: None,
+            freeze: Vec::new(),
+            zero: Zero::Z0,
+            offload_optimizer: false,
+            offload_params: false,
+            gpus: 1,
+            nodes: 1,
+            attention: Attention::Eager,
+            device: Device::Cuda,
+            runtime: Runtime::Pytorch,
+            workers: 0,
+            pin_memory: false,
+            dataset: DatasetMode::InMemory,
+            dataset_rows: 0,
+        }
+    }
+
+    /// Data-parallel world size.
+    pub fn world(&self) -> u64 {
+        self.gpus.max(1) * self.nodes.max(1)
+    }
+
+    /// Samples per optimizer step over all ranks.
+    pub fn effective_batch(&self) -> u64 {
+        self.batch * self.accum * self.world()
+    }
+
+    /// Checks ranges and combinations; the message names the flag.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.batch == 0 || self.seq == 0 || self.accum == 0 {
+            return Err("--batch, --seq and --accum must be at least 1".into());
+        }
+        if self.task == Task::Seq2seq && self.tgt_seq == 0 {
+            return Err("--tgt-seq must be at least 1 for seq2seq".into());
+        }
+        if self.gpus == 0 || self.nodes == 0 {
+            return Err("--gpus and --nodes must be at least 1".into());
+        }
+        if matches!(self.method, Method::Lora | Method::Qlora) {
+            if self.lora_r == 0 {
+                return Err("--lora-r must be at least 1".into());
+            }
+            if self.lora_targets.is_empty() {
+                return Err("--lora-targets must name at least one module".into());
+            }
+        }
+        if self.method == Method::Qlora && self.quant.is_none() {
+            return Err("--method qlora needs --quant nf4|nf4-dq|int8".into());
+        }
+        if self.method == Method::Freeze && self.freeze.is_empty() {
+            return Err("--method freeze needs --freeze embeddings,encoder,…".into());
+        }
+        if self.device == Device::Cpu && (self.zero != Zero::Z0 || self.gpus > 1) {
+            return Err("--device cpu trains in one process: --zero 0 and --gpus 1".into());
+        }
+        if self.offload_params && self.zero.stage() != 3 {
+            return Err("--offload-params cpu needs --zero 3 (or fsdp-full)".into());
+        }
+        if self.offload_optimizer && self.zero.stage() == 0 {
+            return Err("--offload-optimizer cpu needs --zero 1, 2 or 3".into());
+        }
+        Ok(())
+    }
+}

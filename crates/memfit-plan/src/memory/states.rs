@@ -1,0 +1,392 @@
+//! Model states: weights, gradients, optimizer states and master weights, by dtype and by what is
+//! trainable, sharded by ZeRO/FSDP and optionally offloaded to host memory.
+
+use super::setup::{Method, Optimizer, Quant, Setup};
+use crate::arch::{Arch, ParamTensor, Role};
+
+/// What is trainable, in elements.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Trainable {
+    /// Base-model parameters that receive gradients.
+    pub base: u64,
+    /// LoRA adapter parameters (A and B of every adapted linear).
+    pub adapters: u64,
+    /// Number of trainable tensors with fewer than 4096 elements (bitsandbytes keeps 32-bit
+    /// states for them: `min_8bit_size = 4096` in bnb.optim.Optimizer8bit).
+    pub small_tensor_elements: u64,
+    /// The largest trainable tensor (the per-tensor optimizer step's temporaries are its size).
+    pub largest_tensor: u64,
+    /// Rows + columns of every trainable matrix, and the size of every trainable vector:
+    /// Adafactor's factored second moment.
+    pub adafactor_elements: u64,
+}
+
+impl Trainable {
+    pub fn total(&self) -> u64 {
+        self.base + self.adapters
+    }
+}
+
+/// Whether the base tensor `t` trains under `setup`.
+pub fn base_trains(t: &ParamTensor, setup: &Setup) -> bool {
+    match setup.method {
+        Method::Full => true,
+        Method::Lora | Method::Qlora => false,
+        Method::Freeze => {
+            // A tied LM head is the embedding matrix: it trains with the embeddings.
+            !setup.freeze.iter().any(|f| f.group() == t.group)
+        }
+    }
+}
+
+/// LoRA adapter elements of one base tensor: A (in × r) + B (r × out).
+pub fn adapter_elements(t: &ParamTensor, setup: &Setup) -> u64 {
+    if !matches!(setup.method, Method::Lora | Method::Qlora)
+        || !t.is_linear() && t.role != Role::LmHead
+    {
+        return 0;
+    }
+    if setup.lora_targets.iter().any(|l| l.covers(t.role)) {
+        (t.rows + t.cols) * setup.lora_r * t.count
+    } else {
+        0
+    }
+}
+
+pub fn trainable(arch: &Arch, setup: &Setup) -> Trainable {
+    let mut tr = Trainable::default();
+    for t in &arch.tensors {
+        let adapters = adapter_elements(t, setup);
+        if adapters > 0 {
+            tr.adapters += adapters;
+            tr.largest_tensor = tr.largest_tensor.max(t.rows.max(t.cols) * setup.lora_r);
+            tr.adafactor_elements += adapters / setup.lora_r.max(1) + 2 * setup.lora_r * t.count;
+            tr.small_tensor_elements += if t.rows * setup.lora_r < 4096 {
+                adapters
+            } else {
+                0
+            };
+        }
+        if base_trains(t, setup) {
+            tr.base += t.elements();
+            tr.largest_tensor = tr.largest_tensor.max(t.size());
+            tr.adafactor_elements += if t.rows > 1 {
+                (t.rows + t.cols) * t.count
+            } else {
+                t.elements()
+            };
+            if t.size() < 4096 {
+                tr.small_tensor_elements += t.elements();
+            }
+        }
+    }
+    tr
+}
+
+/// Millionths of a byte stored per base-weight element (quantized bases store less).
+pub fn base_weight_micro_bytes(setup: &Setup, t: &ParamTensor) -> u64 {
+    let quantized = setup.method == Method::Qlora && t.is_linear() && t.role != Role::LmHead;
+    match (quantized, setup.quant) {
+        // bitsandbytes NF4: 4-bit codes + one fp32 absmax per 64-element block (QLoRA paper §2).
+        (true, Some(Quant::Nf4)) => 500_000 + 4_000_000 / 64,
+        // Double quantization: 8-bit absmax per 64 + one fp32 per 256 absmax blocks
+        // (QLoRA paper: 0.127 bits/param instead of 0.5).
+        (true, Some(Quant::Nf4Dq)) => 500_000 + 1_000_000 / 64 + 4_000_000 / (64 * 256),
+        // LLM.int8: int8 weights + an fp32 scale per output row (≈ 1 byte/param).
+        (true, Some(Quant::Int8)) => 1_000_000,
+        _ => setup.precision.weight_bytes() * 1_000_000,
+    }
+}
+
+/// Optimizer state bytes for the trainable parameters (not including master weights).
+pub fn optimizer_state_bytes(setup: &Setup, tr: &Trainable) -> u64 {
+    let n = tr.total();
+    // States follow the parameter dtype in torch optimizers (pure bf16 keeps bf16 states).
+    let state = if setup.precision.weight_bytes() == 2 && !uses_master(setup) {
+        2
+    } else {
+        4
+    };
+    match setup.optimizer {
+        Optimizer::AdamW | Optimizer::PagedAdamW32bit => 2 * state * n,
+        // transformers.Adafactor (beta1=None): row + column second-moment factors only.
+        Optimizer::Adafactor => state * tr.adafactor_elements,
+        Optimizer::Sgd => state * n,
+        // bnb blockwise 8-bit: 2 × 1 byte + 2 fp32 absmax per 2048-element block; tensors under
+        // 4096 elements keep 2 × fp32 (bitsandbytes optim/optimizer.py, min_8bit_size).
+        Optimizer::AdamW8bit | Optimizer::PagedAdamW8bit => {
+            let big = n - tr.small_tensor_elements.min(n);
+            2 * big + 2 * 4 * big / 2048 + 8 * tr.small_tensor_elements
+        }
+    }
+}
+
+/// Whether an fp32 master copy of the trainable weights exists beside half-precision weights
+/// (DeepSpeed/FSDP mixed precision with ZeRO ≥ 1 keeps fp32 master weights in the optimizer).
+pub fn uses_master(setup: &Setup) -> bool {
+    setup.precision.is_amp() && setup.zero.stage() >= 1
+}
+
+/// The persistent model-state bytes of one rank, split by where they live.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateBytes {
+    pub gpu_weights: u64,
+    pub gpu_grads: u64,
+    pub gpu_optimizer: u64,
+    /// ZeRO-3: the largest layer gathered in full (parameters and gradients, DeepSpeed's
+    /// `largest_layer_memory = 4 * largest_layer_params`).
+    pub gpu_gathered: u64,
+    /// Optimizer states living in CUDA unified memory (paged optimizers): not in torch's counters.
+    pub gpu_paged: u64,
+    pub host_weights: u64,
+    pub host_grads: u64,
+    pub host_optimizer: u64,
+}
+
+/// Model states per rank.
+pub fn model_states(arch: &Arch, setup: &Setup) -> StateBytes {
+    let tr = trainable(arch, setup);
+    let world = setup.world();
+    let stage = setup.zero.stage();
+    // Stored weights: quantized bases store less; LoRA adapters follow the precision.
+    let mut weights: u64 = arch
+        .tensors
+        .iter()
+        .map(|t| t.elements() * base_weight_micro_bytes(setup, t) / 1_000_000)
+        .sum();
+    let wb = setup.precision.weight_bytes();
+    weights += tr.adapters * wb;
+    let mixed_zero = uses_master(setup);
+    // With ZeRO mixed precision DeepSpeed holds 16-bit model weights and 16-bit gradients.
+    let (param_b, grad_b) = if mixed_zero { (2, 2) } else { (wb, wb) };
+    if mixed_zero {
+        weights = weights * 2 / 4;
+    }
+    let grads = tr.total() * grad_b;
+    // fp32 master weights + fp32 gradient partition (the optimizer's view) under ZeRO mixed precision:
+    // DeepSpeed counts 16 B/param = master 4 + momentum 4 + variance 4 + fp32 grad 4.
+    let master = if mixed_zero { 4 * tr.total() * 2 } else { 0 };
+    let optim = optimizer_state_bytes(setup, &tr) + master;
+    let paged = matches!(
+        setup.optimizer,
+        Optimizer::PagedAdamW8bit | Optimizer::PagedAdamW32bit
+    );
+    let mut s = StateBytes::default();
+    let shard = |x: u64| x.div_ceil(world);
+    match stage {
+        0 => {
+            s.gpu_weights = weights;
+            s.gpu_grads = grads;
+            s.gpu_optimizer = optim;
+        }
+        1 | 2 => {
+            // DeepSpeed estimate_zero2_model_states_mem_needs: 16-bit params and grads stay whole
+            // (4 B/param), the 16 B/param optimizer side is partitioned.
+            s.gpu_weights = weights;
+            if setup.offload_optimizer {
+                // Gradients leave the GPU bucket by bucket into the host fp32 partition.
+                s.host_optimizer = shard(optim);
+                if !mixed_zero {
+                    s.host_grads = shard(grads);
+                }
+            } else {
+                s.gpu_grads = grads;
+                s.gpu_optimizer = shard(optim);
+            }
+        }
+        _ => {
+            // ZeRO-3: everything partitioned; the largest layer is gathered whole.
+            let largest_layer = largest_layer_params(arch);
+            s.gpu_gathered = (param_b + grad_b) * largest_layer;
+            let weights_shard = shard(weights);
+            if setup.offload_params {
+                s.host_weights = weights_shard;
+            } else {
+                s.gpu_weights = weights_shard;
+            }
+            // DeepSpeed's stage-3 estimate folds the 16-bit gradients into the gathered layer
+            // (they are reduce-scattered layer by layer): no whole gradient buffer.
+            if setup.offload_optimizer {
+                s.host_optimizer = shard(optim);
+            } else {
+                s.gpu_optimizer = shard(optim);
+            }
+            if !mixed_zero {
+                // Without mixed precision the gradient partition is the fp32 gradient itself.
+                if setup.offload_optimizer {
+                    s.host_grads = shard(grads);
+                } else {
+                    s.gpu_grads = shard(grads);
+                }
+            }
+        }
+    }
+    if paged {
+        s.gpu_paged = s.gpu_optimizer;
+        s.gpu_optimizer = 0;
+    }
+    s
+}
+
+/// DeepSpeed's "largest layer": the most parameters owned directly by one module (one linear
+/// or the embedding), what `model_to_params` in stage3.py measures (biases are negligible here).
+pub fn largest_layer_params(arch: &Arch) -> u64 {
+    arch.tensors
+        .iter()
+        .filter(|t| t.rows > 1)
+        .map(ParamTensor::size)
+        .max()
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::preset;
+    use crate::memory::setup::{Precision, Zero};
+
+    /// deepspeed/runtime/zero/stage_1_and_2.py, estimate_zero2_model_states_mem_needs
+    /// (transcribed; returns (cpu_mem, gpu_mem)).
+    fn ds_zero2(
+        p: u64,
+        gpus_per_node: u64,
+        nodes: u64,
+        cpu_offload: bool,
+        buffer: f64,
+    ) -> (u64, u64) {
+        let total_gpus = nodes * gpus_per_node;
+        if cpu_offload {
+            let gpu = 2 * p;
+            let cpu = p as f64 * (4 * total_gpus).max(16) as f64 * buffer;
+            (cpu as u64, gpu)
+        } else {
+            let gpu = 4 * p + 16 * p / total_gpus;
+            let cpu = p as f64 * 4.0 * gpus_per_node as f64 * buffer;
+            (cpu as u64, gpu)
+        }
+    }
+
+    /// deepspeed/runtime/zero/stage3.py, estimate_zero3_model_states_mem_needs with
+    /// zero_init=True (transcribed; returns (cpu_mem, gpu_mem)).
+    fn ds_zero3(
+        p: u64,
+        largest: u64,
+        gpus_per_node: u64,
+        nodes: u64,
+        offload: bool,
+        offload_params: bool,
+        buffer: f64,
+    ) -> (u64, u64) {
+        let total_gpus = nodes * gpus_per_node;
+        let gpus_factor = 1.0 / nodes as f64;
+        let largest_layer_memory = 4 * largest;
+        if offload {
+            if offload_params {
+                (
+                    (p as f64 * 18.0 * gpus_factor * buffer) as u64,
+                    largest_layer_memory,
+                )
+            } else {
+                (
+                    (p as f64 * 16.0 * gpus_factor * buffer) as u64,
+                    largest_layer_memory + 2 * p / total_gpus,
+                )
+            }
+        } else {
+            (
+                (largest as f64 * 4.0 * gpus_per_node as f64 * buffer) as u64,
+                largest_layer_memory + 18 * p / total_gpus,
+            )
+        }
+    }
+
+    fn setup(arch: &Arch, zero: Zero, gpus: u64, offload_opt: bool, offload_params: bool) -> Setup {
+        let mut s = Setup::new(arch);
+        s.precision = Precision::AmpFp16; // DeepSpeed fp16 mixed precision
+        s.zero = zero;
+        s.gpus = gpus;
+        s.offload_optimizer = offload_opt;
+        s.offload_params = offload_params;
+        s
+    }
+
+    fn gpu_total(s: &StateBytes) -> u64 {
+        s.gpu_weights + s.gpu_grads + s.gpu_optimizer + s.gpu_gathered
+    }
+
+    /// DeepSpeed's estimator has no runtime or staging in its offloaded CPU figure beyond the
+    /// states; its `additional_buffer_factor` 1.5 is a margin we do not add, so compare ×1.5.
+    const BUFFER: f64 = 1.5;
+
+    #[test]
+    fn zero2_matches_deepspeed_estimator() {
+        let arch = preset("t5-3b").unwrap();
+        let p = arch.params_total();
+        for gpus in [1, 2, 4, 8] {
+            let s = model_states(&arch, &setup(&arch, Zero::Z2, gpus, false, false));
+            assert_eq!(
+                gpu_total(&s),
+                ds_zero2(p, gpus, 1, false, BUFFER).1,
+                "gpus {gpus}"
+            );
+            let s = model_states(&arch, &setup(&arch, Zero::Z2, gpus, true, false));
+            let (cpu, gpu) = ds_zero2(p, gpus, 1, true, BUFFER);
+            assert_eq!(gpu_total(&s), gpu, "offload, gpus {gpus}");
+            // per node: every rank's optimizer partition (16 B/param over the node)
+            let host = (s.host_optimizer * gpus) as f64 * BUFFER;
+            if gpus <= 4 {
+                assert_eq!(host as u64, cpu, "offload cpu, gpus {gpus}");
+            } else {
+                // DeepSpeed's other term: one fp32 model per rank while loading
+                assert_eq!((4 * p * gpus) as f64 * BUFFER, cpu as f64);
+            }
+        }
+    }
+
+    #[test]
+    fn zero3_matches_deepspeed_estimator() {
+        let arch = preset("t5-3b").unwrap();
+        let p = arch.params_total();
+        let largest = largest_layer_params(&arch);
+        for (gpus, nodes) in [(1, 1), (2, 1), (8, 1), (4, 2)] {
+            let mut base = setup(&arch, Zero::Z3, gpus, false, false);
+            base.nodes = nodes;
+            let s = model_states(&arch, &base);
+            let (_, gpu) = ds_zero3(p, largest, gpus, nodes, false, false, BUFFER);
+            assert_eq!(gpu_total(&s), gpu, "{gpus}x{nodes}");
+
+            let mut off = base.clone();
+            off.offload_optimizer = true;
+            let s = model_states(&arch, &off);
+            let (cpu, gpu) = ds_zero3(p, largest, gpus, nodes, true, false, BUFFER);
+            assert_eq!(gpu_total(&s), gpu, "offload opt {gpus}x{nodes}");
+            let host = ((s.host_optimizer + s.host_weights + s.host_grads) * gpus) as f64 * BUFFER;
+            assert!(
+                (host - cpu as f64).abs() <= 2.0 * BUFFER * gpus as f64,
+                "{host} vs {cpu}"
+            );
+
+            off.offload_params = true;
+            let s = model_states(&arch, &off);
+            let (cpu, gpu) = ds_zero3(p, largest, gpus, nodes, true, true, BUFFER);
+            assert_eq!(gpu_total(&s), gpu, "offload all {gpus}x{nodes}");
+            let host = ((s.host_optimizer + s.host_weights + s.host_grads) * gpus) as f64 * BUFFER;
+            assert!(
+                (host - cpu as f64).abs() <= 2.0 * BUFFER * gpus as f64,
+                "{host} vs {cpu}"
+            );
+        }
+    }
+
+    #[test]
+    fn lora_trains_only_adapters() {
+        let arch = preset("t5-base").unwrap();
+        let mut s = Setup::new(&arch);
+        s.method = Method::Lora;
+        s.lora_r = 8;
+        let tr = trainable(&arch, &s);
+        assert_eq!(tr.base, 0);
+        // q and v of 12 encoder + 2 × 12 decoder attentions, each (768 + 768) × 8
+        assert_eq!(tr.adapters, 2 * 36 * (768 + 768) * 8);
+    }
+}

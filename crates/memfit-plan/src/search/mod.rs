@@ -1,0 +1,308 @@
+//! The planner: enumerate the setup space, estimate each setup, keep those within the budgets,
+//! rank by the [`throughput`] model.
+//!
+//! Searched: micro-batch (powers of two dividing the per-rank target batch; accumulation makes up
+//! the rest so the effective batch is held), precision, gradient checkpointing, ZeRO stage and
+//! offload, loader workers and pinned memory. Fixed by the request: model, task, lengths, method
+//! (LoRA/QLoRA/freeze settings), optimizer, runtime, GPU count.
+
+pub mod throughput;
+pub mod tiers;
+
+use crate::arch::Arch;
+use crate::memory::{self, Device, Estimate, Framework, Precision, Setup, Zero};
+use serde::Serialize;
+
+/// What the machine offers.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Budget {
+    /// Memory of each GPU; `None` trains on the CPU.
+    pub gpu_bytes: Option<u64>,
+    pub host_bytes: u64,
+    /// Fraction kept free on both (0.10 = plan for 90%).
+    pub headroom: f64,
+}
+
+impl Budget {
+    pub fn usable_gpu(&self) -> Option<u64> {
+        self.gpu_bytes
+            .map(|g| (g as f64 * (1.0 - self.headroom)) as u64)
+    }
+    pub fn usable_host(&self) -> u64 {
+        (self.host_bytes as f64 * (1.0 - self.headroom)) as u64
+    }
+}
+
+/// A planning request: the fixed part of the setup and the effective batch to hold.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// Carries task, lengths, method, LoRA, freeze, optimizer, runtime, gpus, nodes, attention.
+    pub base: Setup,
+    /// Samples per optimizer step over all ranks.
+    pub target_batch: u64,
+    pub budget: Budget,
+}
+
+/// One evaluated setup.
+#[derive(Debug, Clone, Serialize)]
+pub struct Candidate {
+    pub setup: Setup,
+    pub estimate: Estimate,
+    pub tokens_per_s: f64,
+    /// Why it does not fit; `None` when it does.
+    pub rejected: Option<String>,
+}
+
+impl Candidate {
+    /// The memory the budget is compared with: what nvidia-smi would show, and host RSS.
+    pub fn gpu_need(&self) -> Option<u64> {
+        self.estimate.gpu.as_ref().map(|g| g.nvml_used_bytes)
+    }
+    pub fn host_need(&self) -> u64 {
+        self.estimate.host.peak_rss_bytes
+    }
+    /// A one-line description: "micro 8 × accum 4, amp-bf16, grad ckpt, zero 2 + offload opt".
+    pub fn summary(&self) -> String {
+        let s = &self.setup;
+        let mut out = format!("micro {} × accum {}, {}", s.batch, s.accum, s.precision);
+        if s.grad_ckpt {
+            out += ", grad ckpt";
+        }
+        if s.zero != Zero::Z0 {
+            out += &format!(", zero {}", s.zero);
+        }
+        if s.offload_optimizer {
+            out += " + offload opt";
+        }
+        if s.offload_params {
+            out += " + offload params";
+        }
+        out += &format!(", {} worker(s)", s.workers);
+        if s.pin_memory {
+            out += ", pinned";
+        }
+        out
+    }
+}
+
+/// The planner's answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub chosen: Option<Candidate>,
+    /// Next best fitting setups, fastest first.
+    pub alternatives: Vec<Candidate>,
+    /// The fastest setups that did not fit, with the reason.
+    pub rejected: Vec<Candidate>,
+    pub considered: usize,
+    /// Set when nothing fits: the leanest setup's shortfall.
+    pub reason: Option<String>,
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Micro-batches to try: powers of two dividing the per-rank batch, and the per-rank batch itself.
+fn micro_batches(per_rank: u64) -> Vec<u64> {
+    let mut v: Vec<u64> = (0..20)
+        .map(|i| 1u64 << i)
+        .filter(|m| *m <= per_rank && per_rank.is_multiple_of(*m))
+        .collect();
+    if !v.contains(&per_rank) && per_rank > 0 {
+        v.push(per_rank);
+    }
+    v
+}
+
+/// Sharding options: ZeRO stages need several ranks unless they offload.
+fn zero_options(setup: &Setup) -> Vec<(Zero, bool, bool)> {
+    if setup.device == Device::Cpu {
+        return vec![(Zero::Z0, false, false)];
+    }
+    let mut v = vec![(Zero::Z0, false, false)];
+    if setup.world() > 1 {
+        v.extend([
+            (Zero::Z1, false, false),
+            (Zero::Z2, false, false),
+            (Zero::Z3, false, false),
+        ]);
+    }
+    v.extend([
+        (Zero::Z2, true, false),
+        (Zero::Z3, true, false),
+        (Zero::Z3, true, true),
+    ]);
+    v
+}
+
+fn precisions(device: Device) -> &'static [Precision] {
+    match device {
+        // amp-fp16 costs what amp-bf16 costs; bf16-capable GPUs are assumed (emit fp16 by hand for V100)
+        Device::Cuda => &[Precision::AmpBf16, Precision::Fp32],
+        Device::Cpu => &[Precision::Fp32, Precision::Bf16],
+    }
+}
+
+/// Runs the search.
+pub fn plan(arch: &Arch, req: &Request, fw: &Framework) -> Result<Plan, String> {
+    let mut base = req.base.clone();
+    base.device = if req.budget.gpu_bytes.is_some() {
+        Device::Cuda
+    } else {
+        Device::Cpu
+    };
+    if base.device == Device::Cpu {
+        base.gpus = 1;
+        base.nodes = 1;
+    }
+    let world = base.world();
+    if req.target_batch == 0 || !req.target_batch.is_multiple_of(world) {
+        return Err(format!(
+            "--target-batch {} must be a positive multiple of the {world} GPU(s)",
+            req.target_batch
+        ));
+    }
+    base.validate()?;
+    let per_rank = req.target_batch / world;
+    let usable_gpu = req.budget.usable_gpu();
+    let usable_host = req.budget.usable_host();
+    let mut all = Vec::new();
+    for &(zero, off_opt, off_params) in &zero_options(&base) {
+        for &precision in precisions(base.device) {
+            for grad_ckpt in [false, true] {
+                for &micro in &micro_batches(per_rank) {
+                    for (workers, pin) in [(0, false), (2, false), (2, true)] {
+                        if pin && base.device == Device::Cpu {
+                            continue;
+                        }
+                        let mut s = base.clone();
+                        s.zero = zero;
+                        s.offload_optimizer = off_opt;
+                        s.offload_params = off_params;
+                        s.precision = precision;
+                        s.grad_ckpt = grad_ckpt;
+                        s.batch = micro;
+                        s.accum = per_rank / micro;
+                        s.workers = workers;
+                        s.pin_memory = pin;
+                        let Ok(estimate) = memory::estimate(arch, &s, fw) else {
+                            continue;
+                        };
+                        let tokens_per_s = throughput::tokens_per_second(arch, &s);
+                        let mut c = Candidate {
+                            setup: s,
+                            estimate,
+                            tokens_per_s,
+                            rejected: None,
+                        };
+                        c.rejected = rejection(&c, usable_gpu, usable_host, &req.budget);
+                        all.push(c);
+                    }
+                }
+            }
+        }
+    }
+    let considered = all.len();
+    // fastest first; ties → less GPU memory, then less host memory
+    all.sort_by(|a, b| {
+        b.tokens_per_s
+            .total_cmp(&a.tokens_per_s)
+            .then(a.gpu_need().cmp(&b.gpu_need()))
+            .then(a.host_need().cmp(&b.host_need()))
+    });
+    let (fits, misses): (Vec<_>, Vec<_>) = all.into_iter().partition(|c| c.rejected.is_none());
+    let reason = if fits.is_empty() {
+        let leanest = misses
+            .iter()
+            .min_by_key(|c| (c.gpu_need().unwrap_or(0), c.host_need()));
+        Some(match leanest {
+            Some(c) => format!(
+                "nothing fits: the leanest setup ({}) {}",
+                c.summary(),
+                c.rejected.clone().unwrap_or_default()
+            ),
+            None => "nothing fits: no setup could be estimated".to_string(),
+        })
+    } else {
+        None
+    };
+    let chosen_speed = fits.first().map_or(f64::INFINITY, |c| c.tokens_per_s);
+    let mut fits = fits.into_iter();
+    let chosen = fits.next();
+    let alternatives = distinct(fits, chosen.as_ref(), 3);
+    // the rejected setups that would have been faster than the choice
+    let rejected = misses
+        .into_iter()
+        .filter(|c| c.tokens_per_s >= chosen_speed || chosen_speed.is_infinite())
+        .take(3)
+        .collect();
+    Ok(Plan {
+        chosen,
+        alternatives,
+        rejected,
+        considered,
+        reason,
+    })
+}
+
+/// Up to `n` alternatives that differ from the choice (and each other) in more than the loader.
+fn distinct(
+    rest: impl Iterator<Item = Candidate>,
+    chosen: Option<&Candidate>,
+    n: usize,
+) -> Vec<Candidate> {
+    let key = |c: &Candidate| {
+        let s = &c.setup;
+        (
+            s.batch,
+            s.precision,
+            s.grad_ckpt,
+            s.zero,
+            s.offload_optimizer,
+            s.offload_params,
+        )
+    };
+    let mut seen: Vec<_> = chosen.map(key).into_iter().collect();
+    let mut out = Vec::new();
+    for c in rest {
+        if seen.contains(&key(&c)) {
+            continue;
+        }
+        seen.push(key(&c));
+        out.push(c);
+        if out.len() == n {
+            break;
+        }
+    }
+    out
+}
+
+fn rejection(
+    c: &Candidate,
+    usable_gpu: Option<u64>,
+    usable_host: u64,
+    budget: &Budget,
+) -> Option<String> {
+    let mut why = Vec::new();
+    if let (Some(need), Some(have)) = (c.gpu_need(), usable_gpu)
+        && need > have
+    {
+        why.push(format!(
+            "needs {:.2} GiB per GPU > {:.2} GiB usable ({:.0}% headroom of {:.2} GiB)",
+            need as f64 / GIB,
+            have as f64 / GIB,
+            100.0 * budget.headroom,
+            budget.gpu_bytes.unwrap_or(0) as f64 / GIB
+        ));
+    }
+    if c.host_need() > usable_host {
+        why.push(format!(
+            "needs {:.2} GiB host RAM > {:.2} GiB usable",
+            c.host_need() as f64 / GIB,
+            usable_host as f64 / GIB
+        ));
+    }
+    if why.is_empty() {
+        None
+    } else {
+        Some(why.join("; "))
+    }
+}

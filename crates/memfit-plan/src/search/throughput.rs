@@ -1,0 +1,173 @@
+//! The throughput model that ranks setups. It only has to order setups correctly, so it uses
+//! nominal hardware rates (documented below) and the standard FLOP count of training:
+//!
+//! - FLOPs per token = 2·N forward + 4·N backward for trained weights (input and weight
+//!   gradients, Kaplan et al. 2020 "Scaling laws", C ≈ 6N), 2·N backward for frozen weights whose
+//!   input gradient is still needed, nothing for a frozen prefix without graph; + the attention
+//!   score/value matmuls 4·L·s·d per token forward (×3 with backward); + one more forward with
+//!   gradient checkpointing (Chen et al. 2016).
+//! - small micro-batches underuse the device: utilisation = T / (T + T½), T = tokens per
+//!   micro-batch, T½ = 1024 tokens on a GPU (kernel launch and tile under-occupancy), 64 on CPU.
+//! - offload moves data over PCIe each step (gradients down, 16-bit weights up; with parameter
+//!   offload every parameter crosses twice per micro-batch) and runs Adam on the CPU;
+//! - data-parallel communication: ring all-reduce moves 2·(w−1)/w of the gradient bytes;
+//!   ZeRO-3 adds all-gathers of the parameters in forward and backward.
+
+use crate::Task;
+use crate::arch::{Arch, Group};
+use crate::memory::states::{adapter_elements, base_trains, trainable};
+use crate::memory::{Device, Precision, Runtime, Setup};
+
+/// Nominal rates (a mid-range datacenter GPU / a few desktop CPU cores). Only ratios matter.
+pub mod rates {
+    /// 16-bit tensor-core matmul throughput sustained in training (≈ 1/3 of an A100's 312 TFLOP/s).
+    pub const GPU_HALF_FLOPS: f64 = 100e12;
+    /// fp32 (TF32 disabled, PyTorch's default for matmul since 1.12): A100 19.5 TFLOP/s peak.
+    pub const GPU_FP32_FLOPS: f64 = 15e12;
+    /// HBM bandwidth for the optimizer step (A100 40GB: 1.55 TB/s).
+    pub const GPU_MEM_BW: f64 = 1.5e12;
+    /// PCIe 4.0 x16 effective host↔device bandwidth.
+    pub const PCIE_BW: f64 = 20e9;
+    /// DeepSpeed CPUAdam: parameters updated per second on a multi-core host (its paper reports
+    /// ~1e9/s on 32 cores; desktop-class hosts manage about half).
+    pub const CPU_ADAM_PARAMS_PER_S: f64 = 0.5e9;
+    /// Intra-node all-reduce bus bandwidth (NVLink/PCIe mix) and inter-node (100 Gb/s).
+    pub const INTRA_NODE_BW: f64 = 100e9;
+    pub const INTER_NODE_BW: f64 = 12.5e9;
+    /// CPU training: sustained fp32 matmul rate of a few cores with AVX2 (burn flex / MKL).
+    pub const CPU_FP32_FLOPS: f64 = 0.2e12;
+    /// bf16 on CPU ran ~50% slower than fp32 in burn flex (DESIGN.md §6 measurement).
+    pub const CPU_BF16_SLOWDOWN: f64 = 1.5;
+    /// Host memory bandwidth for a CPU optimizer step.
+    pub const CPU_MEM_BW: f64 = 10e9;
+}
+
+/// Training FLOPs per token of one forward + backward (+ recompute) pass.
+pub fn flops_per_token(arch: &Arch, setup: &Setup) -> f64 {
+    let mut flops = 0.0;
+    let mut live = false;
+    for group in [
+        Group::Embeddings,
+        Group::Encoder,
+        Group::Decoder,
+        Group::Head,
+    ] {
+        let tensors: Vec<_> = arch.tensors.iter().filter(|t| t.group == group).collect();
+        let trains = tensors
+            .iter()
+            .any(|t| base_trains(t, setup) || adapter_elements(t, setup) > 0);
+        live = live || trains;
+        for t in tensors {
+            if !t.is_linear() && t.role != crate::arch::Role::LmHead {
+                continue; // embeddings are lookups; norms and biases are negligible
+            }
+            let n = t.elements() as f64;
+            let fwd = 2.0 * n;
+            let bwd = if base_trains(t, setup) {
+                4.0 * n
+            } else if live {
+                2.0 * n
+            } else {
+                0.0
+            };
+            let recompute = if setup.grad_ckpt && live && group != Group::Head {
+                fwd
+            } else {
+                0.0
+            };
+            flops += fwd + bwd + recompute;
+        }
+    }
+    // attention matmuls: QKᵀ and PV, 2 · 2 · s · (heads·head_dim) per token per layer forward
+    let ctx = match setup.task {
+        Task::Seq2seq => (setup.seq + setup.tgt_seq) as f64 / 2.0,
+        _ => setup.seq as f64,
+    };
+    let inner = (arch.heads * arch.head_dim) as f64;
+    flops += 3.0 * 4.0 * ctx * inner * arch.layers_total() as f64;
+    flops
+}
+
+/// Tokens processed per second (higher is better) and the step time breakdown.
+pub fn tokens_per_second(arch: &Arch, setup: &Setup) -> f64 {
+    use rates::*;
+    let world = setup.world() as f64;
+    let tokens_per_sample = setup.seq
+        + if setup.task == Task::Seq2seq {
+            setup.tgt_seq
+        } else {
+            0
+        };
+    let micro_tokens = (setup.batch * tokens_per_sample) as f64;
+    let step_tokens = micro_tokens * setup.accum as f64; // per rank
+    let (rate, half_tokens) = match setup.device {
+        Device::Cuda => (
+            if setup.precision == Precision::Fp32 {
+                GPU_FP32_FLOPS
+            } else {
+                GPU_HALF_FLOPS
+            },
+            1024.0,
+        ),
+        Device::Cpu => (
+            if setup.precision == Precision::Bf16 {
+                CPU_FP32_FLOPS / CPU_BF16_SLOWDOWN
+            } else {
+                CPU_FP32_FLOPS
+            },
+            64.0,
+        ),
+    };
+    let utilisation = micro_tokens / (micro_tokens + half_tokens);
+    let compute = step_tokens * flops_per_token(arch, setup) / (rate * utilisation);
+    let tr = trainable(arch, setup).total() as f64;
+    let params = arch.params_total() as f64;
+    let wb = setup.precision.weight_bytes() as f64;
+    let optimizer = if setup.offload_optimizer {
+        // gradients down, updated 16-bit weights up, Adam on the CPU
+        tr * (wb + 2.0) / PCIE_BW + tr / CPU_ADAM_PARAMS_PER_S
+    } else if setup.device == Device::Cpu {
+        tr * 16.0 / CPU_MEM_BW
+    } else {
+        tr * 16.0 / GPU_MEM_BW
+    };
+    let param_offload = if setup.offload_params {
+        // every parameter crosses PCIe for forward and backward (and recompute) per micro-batch
+        let passes = if setup.grad_ckpt { 3.0 } else { 2.0 };
+        passes * params * wb * setup.accum as f64 / PCIE_BW
+    } else {
+        0.0
+    };
+    let comm = if world > 1.0 {
+        let bw = if setup.nodes > 1 {
+            INTER_NODE_BW
+        } else {
+            INTRA_NODE_BW
+        };
+        let ring = 2.0 * (world - 1.0) / world;
+        let grads = ring * tr * wb / bw;
+        let gathers = if setup.zero.stage() == 3 {
+            2.0 * params * wb * setup.accum as f64 * (world - 1.0) / world / bw
+        } else {
+            0.0
+        };
+        grads + gathers
+    } else {
+        0.0
+    };
+    // Data loading on the training thread stalls the device; workers overlap it. pytorch
+    // tokenises/collates in Python (≈5% of a step), memfit reads a memory-mapped store (≈1%).
+    let data_stall = match (setup.runtime, setup.workers) {
+        (_, w) if w > 0 => 0.0,
+        (Runtime::Pytorch, _) => 0.05,
+        (Runtime::Memfit, _) => 0.01,
+    };
+    // Pinned memory lets the host→device copy of the batch overlap compute (≈1% of a step).
+    let pin = if setup.device == Device::Cuda && !setup.pin_memory {
+        0.01
+    } else {
+        0.0
+    };
+    let step = (compute + optimizer + param_offload + comm) * (1.0 + data_stall + pin);
+    step_tokens * world / step
+}

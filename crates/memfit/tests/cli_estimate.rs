@@ -1,0 +1,167 @@
+//! `memfit estimate` as a user runs it: the --json contract of DESIGN.md §3 and exit codes.
+
+mod cli_estimate_support;
+use cli_estimate_support::{assert_exit, json, memfit};
+
+#[test]
+fn json_has_the_documented_schema() {
+    let v = json(&[
+        "estimate",
+        "--model",
+        "chatlm-mini",
+        "--batch",
+        "8",
+        "--seq",
+        "256",
+        "--tgt-seq",
+        "128",
+        "--precision",
+        "amp-bf16",
+        "--method",
+        "freeze",
+        "--freeze",
+        "embeddings,encoder",
+        "--json",
+    ]);
+    let model = &v["model"];
+    assert_eq!(model["name"], "chatlm-mini");
+    assert_eq!(model["family"], "t5");
+    assert_eq!(model["params_total"], 187_692_288u64);
+    assert_eq!(model["params_trainable"], 94_396_032u64);
+    let setup = &v["setup"];
+    for key in [
+        "task",
+        "batch",
+        "seq",
+        "tgt_seq",
+        "accum",
+        "precision",
+        "optimizer",
+        "grad_ckpt",
+        "method",
+        "lora_r",
+        "lora_alpha",
+        "lora_targets",
+        "quant",
+        "freeze",
+        "zero",
+        "offload_optimizer",
+        "offload_params",
+        "gpus",
+        "nodes",
+        "attention",
+        "device",
+        "runtime",
+        "workers",
+        "pin_memory",
+        "dataset_rows",
+    ] {
+        assert!(setup.get(key).is_some(), "setup.{key} missing");
+    }
+    assert_eq!(setup["precision"], "amp-bf16");
+    assert_eq!(setup["task"], "seq2seq");
+    let gpu = &v["gpu"];
+    let alloc = gpu["peak_allocated_bytes"].as_u64().unwrap();
+    let reserved = gpu["peak_reserved_bytes"].as_u64().unwrap();
+    let nvml = gpu["nvml_used_bytes"].as_u64().unwrap();
+    assert!(alloc > 0 && reserved >= alloc && nvml > reserved);
+    let comps = gpu["components"].as_array().unwrap();
+    assert!(comps.iter().any(|c| c["name"] == "weights"));
+    for c in comps {
+        assert!(c["name"].is_string() && c["bytes"].is_u64() && c["note"].is_string());
+    }
+    assert!(v["host"]["peak_rss_bytes"].as_u64().unwrap() > 0);
+    assert!(
+        v["host"]["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "runtime")
+    );
+}
+
+#[test]
+fn bigger_batch_needs_more_memory() {
+    let peak = |b: &str| {
+        json(&[
+            "estimate",
+            "--model",
+            "bert-base-chinese",
+            "--batch",
+            b,
+            "--seq",
+            "256",
+            "--json",
+        ])["gpu"]["peak_allocated_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(peak("16") > peak("4"));
+}
+
+#[test]
+fn device_cpu_has_no_gpu_object_and_counts_activations_on_the_host() {
+    let v = json(&[
+        "estimate", "--model", "t5-small", "--batch", "4", "--seq", "128", "--device", "cpu",
+        "--json",
+    ]);
+    assert!(v["gpu"].is_null());
+    let comps = v["host"]["components"].as_array().unwrap();
+    assert!(
+        comps
+            .iter()
+            .any(|c| c["name"] == "activations" && c["bytes"].as_u64().unwrap() > 0)
+    );
+}
+
+#[test]
+fn human_output_is_a_table_with_scaling() {
+    let out = memfit(&[
+        "estimate", "--model", "gpt2", "--batch", "2", "--seq", "512",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("weights") && text.contains("batch × sequence") && text.contains("GiB"));
+}
+
+#[test]
+fn bad_config_exits_2_naming_file_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    let stderr_for = |config: &str| {
+        std::fs::write(&path, config).unwrap();
+        let out = memfit(&[
+            "estimate",
+            "--model",
+            path.to_str().unwrap(),
+            "--batch",
+            "1",
+            "--seq",
+            "8",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{config}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = stderr_for(r#"{"model_type": "mamba", "hidden_size": 768}"#);
+    assert!(
+        err.contains("config.json") && err.contains("model_type") && err.contains("mamba"),
+        "{err}"
+    );
+    let err = stderr_for(r#"{"model_type": "llama", "hidden_size": 768}"#);
+    assert!(
+        err.contains("config.json") && err.contains("num_attention_heads"),
+        "{err}"
+    );
+    let err = stderr_for("{ not json");
+    assert!(err.contains("config.json"), "{err}");
+    assert_exit(
+        2,
+        &[
+            "estimate --model no-such-model --batch 1 --seq 8",
+            "estimate --model t5-small --batch 1 --seq 8 --precision fp8",
+            "estimate --model t5-small --batch 0 --seq 8",
+            "estimate --model t5-small --batch 1 --seq 8 --method qlora",
+            "estimate --model t5-small --batch 1 --seq 8 --offload-params cpu",
+        ],
+    );
+}

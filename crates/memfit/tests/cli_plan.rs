@@ -1,0 +1,184 @@
+//! `memfit plan` as a user runs it: choice, exit 3, emitted files, tiers, auto budgets.
+
+mod cli_estimate_support;
+use cli_estimate_support::{assert_exit, json, memfit};
+
+#[test]
+fn chooses_a_setup_within_budget_holding_the_target_batch() {
+    let v = json(&[
+        "plan",
+        "--model",
+        "chatlm-mini",
+        "--gpus",
+        "2",
+        "--gpu-mem",
+        "12GiB",
+        "--host-mem",
+        "32GiB",
+        "--seq",
+        "256",
+        "--target-batch",
+        "64",
+        "--json",
+    ]);
+    let c = &v["chosen"];
+    let s = &c["setup"];
+    let (b, a, g) = (
+        s["batch"].as_u64().unwrap(),
+        s["accum"].as_u64().unwrap(),
+        s["gpus"].as_u64().unwrap(),
+    );
+    assert_eq!(b * a * g, 64);
+    assert!(c["gpu"]["nvml_used_bytes"].as_u64().unwrap() <= (12u64 << 30) * 9 / 10);
+    assert!(c["host"]["peak_rss_bytes"].as_u64().unwrap() <= (32u64 << 30) * 9 / 10);
+    assert!(c["tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert!(v["alternatives"].as_array().unwrap().len() <= 3);
+    for r in v["rejected"].as_array().unwrap() {
+        assert!(r["reason"].as_str().unwrap().contains("GiB"));
+    }
+}
+
+#[test]
+fn nothing_fits_exits_3_with_the_reason() {
+    let out = memfit(&[
+        "plan",
+        "--model",
+        "llama-2-7b",
+        "--gpu-mem",
+        "4GiB",
+        "--host-mem",
+        "8GiB",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nothing fits") && err.contains("GiB"), "{err}");
+}
+
+#[test]
+fn emits_every_config_atomically() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("cfg");
+    let out = memfit(&[
+        "plan",
+        "--model",
+        "t5-small",
+        "--gpus",
+        "2",
+        "--gpu-mem",
+        "8GiB",
+        "--host-mem",
+        "16GiB",
+        "--emit",
+        "deepspeed,accelerate,hf,memfit,profiles",
+        "--out",
+        out_dir.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &plan["chosen"]["setup"];
+    let ds: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("deepspeed.json")).unwrap())
+            .unwrap();
+    assert_eq!(ds["train_micro_batch_size_per_gpu"], s["batch"]);
+    assert_eq!(ds["gradient_accumulation_steps"], s["accum"]);
+    assert_eq!(ds["train_batch_size"].as_u64().unwrap(), 32);
+    let hf: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("training_args.json")).unwrap())
+            .unwrap();
+    assert_eq!(hf["per_device_train_batch_size"], s["batch"]);
+    let yaml = std::fs::read_to_string(out_dir.join("accelerate.yaml")).unwrap();
+    assert!(yaml.contains("num_processes: 2"));
+    let train: toml::Table =
+        toml::from_str(&std::fs::read_to_string(out_dir.join("memfit-train.toml")).unwrap())
+            .unwrap();
+    assert_eq!(train["model"].as_str(), Some("t5-small"));
+    assert_eq!(
+        train["batch"].as_integer().map(|b| b as u64),
+        s["batch"].as_u64()
+    );
+    let profiles: toml::Table =
+        toml::from_str(&std::fs::read_to_string(out_dir.join("profiles.toml")).unwrap()).unwrap();
+    assert!(!profiles["profile"].as_array().unwrap().is_empty());
+    // no temporary files left behind
+    let leftovers: Vec<_> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty());
+}
+
+#[test]
+fn bad_input_exits_2() {
+    let budget = "--gpu-mem 8GiB --host-mem 8GiB";
+    assert_exit(
+        2,
+        &[
+            &format!("plan --model t5-small --emit deepspeed {budget}"), // --emit without --out
+            "plan --model t5-small --gpu-mem lots --host-mem 8GiB",
+            &format!("plan --model t5-small --headroom 200% {budget}"),
+            &format!("plan --model t5-small --emit docker --out x {budget}"),
+            &format!("plan --model no-such-model {budget}"),
+        ],
+    );
+}
+
+#[test]
+fn auto_budgets_read_this_machine() {
+    // No GPU here (or one): either way the plan must come back with a host budget from /proc.
+    let out = memfit(&["plan", "--model", "t5-small", "--seq", "128", "--json"]);
+    assert!(
+        matches!(out.status.code(), Some(0) | Some(3)),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["budget"]["host_bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn tiers_json_has_every_cell() {
+    let v = json(&["plan", "--model", "bert-base-chinese", "--tiers", "--json"]);
+    let cells = v["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 5);
+    assert!(cells.iter().all(|r| r.as_array().unwrap().len() == 8));
+    // 64 GiB host, 80 GiB GPU: something fits
+    assert!(cells[4][7].is_string());
+}
+
+/// The README's tier tables are exactly what the commands beside them print.
+#[test]
+fn readme_tier_tables_are_current() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    for args in [
+        &["chatlm-mini"][..],
+        &["bert-base-chinese"],
+        &["qwen2.5-0.5b", "--method", "lora"],
+    ] {
+        let mut full = vec!["plan", "--model"];
+        full.extend_from_slice(args);
+        full.push("--tiers");
+        let out = memfit(&full);
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        let table: String = text
+            .lines()
+            .filter(|l| l.starts_with('|'))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(
+            readme.contains(&format!("$ memfit {}\n", full.join(" "))),
+            "README lacks the command {full:?}"
+        );
+        assert!(
+            readme.contains(&table),
+            "README tier table for {args:?} is stale; rerun the command beside it"
+        );
+    }
+}
