@@ -22,3 +22,7 @@ pub mod signals;
 pub mod text;
 pub mod train_loop;
 pub mod session;
+pub mod demo;
+pub mod model_spec;
+pub mod plan_file;
+pub mod run_data;
