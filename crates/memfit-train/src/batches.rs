@@ -134,8 +134,14 @@ impl Collate {
             }
             v
         };
-        let srcs: Vec<Vec<u32>> = rows.iter().map(|(s, _)| cut(s, self.max_src, true)).collect();
-        let tgts: Vec<Vec<u32>> = rows.iter().map(|(_, t)| cut(t, self.max_tgt, true)).collect();
+        let srcs: Vec<Vec<u32>> = rows
+            .iter()
+            .map(|(s, _)| cut(s, self.max_src, true))
+            .collect();
+        let tgts: Vec<Vec<u32>> = rows
+            .iter()
+            .map(|(_, t)| cut(t, self.max_tgt, true))
+            .collect();
         let src_len = srcs.iter().map(Vec::len).max().unwrap_or(0).max(1);
         let tgt_len = tgts.iter().map(Vec::len).max().unwrap_or(0).max(1);
         let mut b = Seq2SeqBatch {
@@ -185,7 +191,10 @@ mod tests {
             pad_id: 0,
             eos_id: 1,
         };
-        let b = c.batch(&[(vec![7, 8], vec![9, 10, 11, 1]), (vec![5, 6, 7, 8, 1], vec![12, 1])]);
+        let b = c.batch(&[
+            (vec![7, 8], vec![9, 10, 11, 1]),
+            (vec![5, 6, 7, 8, 1], vec![12, 1]),
+        ]);
         assert_eq!((b.batch, b.src_len, b.tgt_len), (2, 3, 3));
         assert_eq!(b.input_ids, vec![7, 8, 0, 5, 6, 1]);
         assert_eq!(b.input_mask, vec![true, true, false, true, true, true]);

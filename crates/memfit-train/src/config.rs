@@ -65,6 +65,9 @@ pub struct TrainConfig {
     pub tgt_seq: usize,
     pub precision: Precision,
     pub optimizer: OptimizerKind,
+    /// Adafactor's own relative step size `min(1e-2, 1/√step)` (what the seed's `torch_optimizer`
+    /// Adafactor ran: its scheduler's rate was ignored); `false`: the scheduled rate (external LR).
+    pub adafactor_relative_step: bool,
     pub grad_ckpt: bool,
     /// Frozen parameter groups: `embeddings`, `encoder`.
     pub freeze: Vec<String>,
@@ -108,6 +111,7 @@ impl Default for TrainConfig {
             tgt_seq: 24,
             precision: Precision::Fp32,
             optimizer: OptimizerKind::Adamw,
+            adafactor_relative_step: true,
             grad_ckpt: false,
             freeze: Vec::new(),
             lr: 3e-3,
@@ -146,6 +150,7 @@ pub struct ConfigLayer {
     pub tgt_seq: Option<usize>,
     pub precision: Option<Precision>,
     pub optimizer: Option<OptimizerKind>,
+    pub adafactor_relative_step: Option<bool>,
     pub grad_ckpt: Option<bool>,
     pub freeze: Option<Vec<String>>,
     pub lr: Option<f64>,
@@ -205,6 +210,7 @@ impl ConfigLayer {
             tgt_seq,
             precision,
             optimizer,
+            adafactor_relative_step,
             grad_ckpt,
             freeze,
             lr,
@@ -446,7 +452,10 @@ mod tests {
             ..a.clone()
         };
         assert_eq!(a.hash(), b.hash());
-        let c = TrainConfig { lr: 1.0, ..a.clone() };
+        let c = TrainConfig {
+            lr: 1.0,
+            ..a.clone()
+        };
         assert_ne!(a.hash(), c.hash());
         let changes = c.changes_from(&a);
         assert_eq!(changes.len(), 1);

@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The specials every memfit tokenizer starts with, in id order (the ChatLM tokenizer's layout).
-pub const SPECIALS: [&str; 7] = ["[PAD]", "[EOS]", "[SEP]", "[BOS]", "[CLS]", "[MASK]", "[UNK]"];
+pub const SPECIALS: [&str; 7] = [
+    "[PAD]", "[EOS]", "[SEP]", "[BOS]", "[CLS]", "[MASK]", "[UNK]",
+];
 const DIGITS: [char; 10] = ['0', '1', '2', '3', '4', '5', '6', '7', '8', '9'];
 const NUMERALS: [char; 10] = ['零', '一', '二', '三', '四', '五', '六', '七', '八', '九'];
 const UNITS: [char; 4] = ['十', '百', '千', '万'];
@@ -77,7 +79,11 @@ pub fn pairs(rows: usize, seed: u64) -> Vec<(String, String)> {
     (0..rows)
         .map(|_| {
             let digits = 1 + rng.below(5) as u32;
-            let lo = if digits == 1 { 0 } else { 10u32.pow(digits - 1) };
+            let lo = if digits == 1 {
+                0
+            } else {
+                10u32.pow(digits - 1)
+            };
             let hi = 10u32.pow(digits) - 1;
             let n = lo + rng.below(u64::from(hi - lo + 1)) as u32;
             (n.to_string(), chinese_numeral(n))
@@ -100,7 +106,11 @@ pub fn vocabulary() -> Vec<String> {
 /// isolates every character), specials as added tokens, a `Fuse` decoder (no spaces between characters).
 pub fn tokenizer_json() -> Value {
     let vocab = vocabulary();
-    let ids: BTreeMap<&str, usize> = vocab.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
+    let ids: BTreeMap<&str, usize> = vocab
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.as_str(), i))
+        .collect();
     let added: Vec<Value> = SPECIALS
         .iter()
         .enumerate()
@@ -180,18 +190,32 @@ pub fn write(dir: &Path, seed: u64) -> std::io::Result<DemoFiles> {
         tokenizer_dir: tokenizer_dir.clone(),
         model_config: dir.join("config.json"),
     };
-    let write_atomic = |path: &Path, text: String| crate::run_dir::write_atomic(path, text.as_bytes())
-        .map_err(|e| std::io::Error::other(e.to_string()));
+    let write_atomic = |path: &Path, text: String| {
+        crate::run_dir::write_atomic(path, text.as_bytes())
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    };
     write_atomic(&files.train, jsonl(pairs(TRAIN_ROWS, seed)))?;
-    write_atomic(&files.valid, jsonl(pairs(VALID_ROWS, seed ^ 0x5641_4c49_44)))?;
+    write_atomic(
+        &files.valid,
+        jsonl(pairs(VALID_ROWS, seed ^ 0x5641_4c49_44)),
+    )?;
     let pretty = |v: Value| serde_json::to_string_pretty(&v).unwrap_or_default();
-    write_atomic(&tokenizer_dir.join("tokenizer.json"), pretty(tokenizer_json()))?;
+    write_atomic(
+        &tokenizer_dir.join("tokenizer.json"),
+        pretty(tokenizer_json()),
+    )?;
     let specials = json!({"eos_token": "[EOS]", "pad_token": "[PAD]", "unk_token": "[UNK]"});
-    write_atomic(&tokenizer_dir.join("special_tokens_map.json"), pretty(specials.clone()))?;
+    write_atomic(
+        &tokenizer_dir.join("special_tokens_map.json"),
+        pretty(specials.clone()),
+    )?;
     let mut config = specials;
     config["tokenizer_class"] = "PreTrainedTokenizerFast".into();
     write_atomic(&tokenizer_dir.join("tokenizer_config.json"), pretty(config))?;
-    write_atomic(&files.model_config, pretty(model_config(vocabulary().len())))?;
+    write_atomic(
+        &files.model_config,
+        pretty(model_config(vocabulary().len())),
+    )?;
     Ok(files)
 }
 
@@ -257,8 +281,16 @@ mod tests {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         write(a.path(), 9).unwrap();
         write(b.path(), 9).unwrap();
-        for f in ["train.jsonl", "valid.jsonl", "config.json", "tokenizer/tokenizer.json"] {
-            assert_eq!(std::fs::read(a.path().join(f)).unwrap(), std::fs::read(b.path().join(f)).unwrap());
+        for f in [
+            "train.jsonl",
+            "valid.jsonl",
+            "config.json",
+            "tokenizer/tokenizer.json",
+        ] {
+            assert_eq!(
+                std::fs::read(a.path().join(f)).unwrap(),
+                std::fs::read(b.path().join(f)).unwrap()
+            );
         }
     }
 }

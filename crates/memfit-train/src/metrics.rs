@@ -46,7 +46,13 @@ fn parse_status(status: &str) -> Rss {
         status
             .lines()
             .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
             .map_or(0, |k| k * 1024)
     };
     Rss {
@@ -62,7 +68,13 @@ mod tests {
     #[test]
     fn parses_proc_status() {
         let r = parse_status("Name:\tx\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n");
-        assert_eq!(r, Rss { current: 1 << 20, peak: 2 << 20 });
+        assert_eq!(
+            r,
+            Rss {
+                current: 1 << 20,
+                peak: 2 << 20
+            }
+        );
     }
 
     #[test]

@@ -80,13 +80,25 @@ mod tests {
 
     #[test]
     fn presets_files_and_unknown_names() {
-        assert_eq!(vocab_size(&model_config("chatlm-mini", None).unwrap()), Some(29298));
+        assert_eq!(
+            vocab_size(&model_config("chatlm-mini", None).unwrap()),
+            Some(29298)
+        );
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("config.json");
         std::fs::write(&f, "{\"model_type\": \"t5\", \"vocab_size\": 10}").unwrap();
-        assert_eq!(vocab_size(&model_config(f.to_str().unwrap(), None).unwrap()), Some(10));
-        assert_eq!(vocab_size(&model_config(dir.path().to_str().unwrap(), None).unwrap()), Some(10));
-        assert!(matches!(model_config("no-such-model", None), Err(ModelSpecError::Unknown(_))));
+        assert_eq!(
+            vocab_size(&model_config(f.to_str().unwrap(), None).unwrap()),
+            Some(10)
+        );
+        assert_eq!(
+            vocab_size(&model_config(dir.path().to_str().unwrap(), None).unwrap()),
+            Some(10)
+        );
+        assert!(matches!(
+            model_config("no-such-model", None),
+            Err(ModelSpecError::Unknown(_))
+        ));
     }
 
     #[test]
@@ -96,7 +108,10 @@ mod tests {
         let tok = memfit_data::Tokenizer::load(&files.tokenizer_dir).unwrap();
         let small = serde_json::json!({"vocab_size": 20});
         let err = check_vocab(&small, "tiny", &tok).unwrap_err().to_string();
-        assert!(err.contains("ids up to 30") && err.contains("vocab_size 20"), "{err}");
+        assert!(
+            err.contains("ids up to 30") && err.contains("vocab_size 20"),
+            "{err}"
+        );
         check_vocab(&serde_json::json!({"vocab_size": 31}), "demo", &tok).unwrap();
     }
 }

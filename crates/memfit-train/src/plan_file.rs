@@ -2,11 +2,17 @@
 //! `--runtime memfit --device cpu`, beside the setup itself.
 
 use crate::config::{OptimizerKind, Precision, TrainConfig};
-use memfit_plan::memory::{self, DatasetMode, Device, Framework, FreezeGroup, Method, Runtime, Setup};
+use memfit_plan::memory::{
+    self, DatasetMode, Device, Framework, FreezeGroup, Method, Runtime, Setup,
+};
 use serde_json::{Value, json};
 
 /// The plan of `config` for the model described by `model_config` (a `config.json` value).
-pub fn plan(config: &TrainConfig, model_config: &Value, dataset_rows: u64) -> Result<Value, String> {
+pub fn plan(
+    config: &TrainConfig,
+    model_config: &Value,
+    dataset_rows: u64,
+) -> Result<Value, String> {
     let arch = memfit_plan::arch::config::from_value("config.json", model_config, &config.model)
         .map_err(|e| e.to_string())?;
     let mut setup = Setup::new(&arch);
@@ -24,7 +30,11 @@ pub fn plan(config: &TrainConfig, model_config: &Value, dataset_rows: u64) -> Re
         OptimizerKind::Adafactor => memory::Optimizer::Adafactor,
     };
     setup.grad_ckpt = config.grad_ckpt;
-    setup.freeze = config.freeze.iter().filter_map(|g| FreezeGroup::parse(g)).collect();
+    setup.freeze = config
+        .freeze
+        .iter()
+        .filter_map(|g| FreezeGroup::parse(g))
+        .collect();
     if !setup.freeze.is_empty() {
         setup.method = Method::Freeze;
     }

@@ -1,8 +1,9 @@
 //! The seed's named training configurations as data (layers over the defaults), not code paths.
 //!
 //! Sources, in charent/ChatLM-mini-Chinese (commit 2696eb8):
-//! - `pretrain`: `config.py` `TrainConfig` as `model/trainer.py` runs it — Adafactor at an external rate
-//!   driven by torch `OneCycleLR(max_lr = div_factor × learn_rate = 50 × 1e-4, div_factor = 50)`,
+//! - `pretrain`: `config.py` `TrainConfig` as `model/trainer.py` runs it — `torch_optimizer.Adafactor`
+//!   with its default relative step (so the attached `OneCycleLR(max_lr = div_factor × learn_rate =
+//!   50 × 1e-4, div_factor = 50)` is computed and logged but does not move the weights),
 //!   batch 16 × accumulation 8, 8 epochs, max_seq_len 256, clip 1.0, save every 10,000 steps, keep 8,
 //!   seed 23333.
 //! - `sft`: `config.py` `SFTconfig` as `sft_train.py` runs it through `Seq2SeqTrainer` — Adafactor at
@@ -32,6 +33,8 @@ pub fn profile(name: &str) -> Option<ConfigLayer> {
         seq: Some(256),
         tgt_seq: Some(256),
         optimizer: Some(OptimizerKind::Adafactor),
+        // torch_optimizer.Adafactor(lr=...) keeps `relative_step=True`: the OneCycle rate is ignored.
+        adafactor_relative_step: Some(true),
         schedule: Some(ScheduleKind::Onecycle),
         lr: Some(50.0 * 1e-4),
         div_factor: Some(50.0),
@@ -53,6 +56,8 @@ pub fn profile(name: &str) -> Option<ConfigLayer> {
             seq: Some(384 + 8),
             tgt_seq: Some(384 + 8),
             lr: Some(1e-5),
+            // transformers' Trainer builds Adafactor with `relative_step=False`: the scheduled rate.
+            adafactor_relative_step: Some(false),
             schedule: Some(ScheduleKind::Cosine),
             warmup_steps: Some(100),
             epochs: Some(4),

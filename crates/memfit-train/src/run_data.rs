@@ -13,7 +13,9 @@ pub enum RunDataError {
     Missing(&'static str),
     #[error("{path}: a {task} store, but memfit train needs a seq2seq store")]
     WrongTask { path: String, task: String },
-    #[error("{path}: the store was tokenized with vocabulary {store} but the tokenizer has {tokenizer}")]
+    #[error(
+        "{path}: the store was tokenized with vocabulary {store} but the tokenizer has {tokenizer}"
+    )]
     OtherTokenizer {
         path: String,
         store: usize,
@@ -48,13 +50,37 @@ impl RunData {
 pub type PrepareProgress<'a> = &'a mut dyn FnMut(&str, u64, Option<u64>);
 
 /// Loads the tokenizer and opens (preparing if needed) the stores the config names.
-pub fn open(config: &TrainConfig, run_root: &Path, progress: PrepareProgress<'_>) -> Result<RunData, RunDataError> {
-    let data = config.data.as_deref().ok_or(RunDataError::Missing("--data"))?;
-    let tokenizer_path = config.tokenizer.as_deref().ok_or(RunDataError::Missing("--tokenizer"))?;
+pub fn open(
+    config: &TrainConfig,
+    run_root: &Path,
+    progress: PrepareProgress<'_>,
+) -> Result<RunData, RunDataError> {
+    let data = config
+        .data
+        .as_deref()
+        .ok_or(RunDataError::Missing("--data"))?;
+    let tokenizer_path = config
+        .tokenizer
+        .as_deref()
+        .ok_or(RunDataError::Missing("--tokenizer"))?;
     let tokenizer = Tokenizer::load(Path::new(tokenizer_path))?;
-    let train = store(config, Path::new(data), "train", run_root, &tokenizer, progress)?;
+    let train = store(
+        config,
+        Path::new(data),
+        "train",
+        run_root,
+        &tokenizer,
+        progress,
+    )?;
     let valid = match &config.valid {
-        Some(v) => Some(store(config, Path::new(v), "valid", run_root, &tokenizer, progress)?),
+        Some(v) => Some(store(
+            config,
+            Path::new(v),
+            "valid",
+            run_root,
+            &tokenizer,
+            progress,
+        )?),
         None => None,
     };
     Ok(RunData {
@@ -120,12 +146,19 @@ mod tests {
             ..TrainConfig::default()
         };
         let mut seen = Vec::new();
-        let data = open(&config, dir.path(), &mut |name, rows, _| seen.push((name.to_string(), rows))).unwrap();
+        let data = open(&config, dir.path(), &mut |name, rows, _| {
+            seen.push((name.to_string(), rows))
+        })
+        .unwrap();
         assert_eq!(data.train.len(), crate::demo::TRAIN_ROWS);
         assert_eq!(data.valid.as_ref().unwrap().len(), crate::demo::VALID_ROWS);
         assert!(seen.iter().any(|(n, _)| n == "train"));
         let (src, tgt) = data.train.pair(0);
-        assert_eq!((src.last(), tgt.last()), (Some(&1), Some(&1)), "rows end in EOS");
+        assert_eq!(
+            (src.last(), tgt.last()),
+            (Some(&1), Some(&1)),
+            "rows end in EOS"
+        );
         // A second open reuses the stores.
         open(&config, dir.path(), &mut |_, _, _| {}).unwrap();
         assert!(dir.path().join("data/train.store/meta.json").is_file());
@@ -133,7 +166,9 @@ mod tests {
 
     #[test]
     fn missing_data_or_tokenizer_is_named() {
-        let err = open(&TrainConfig::default(), Path::new("."), &mut |_, _, _| {}).err().unwrap();
+        let err = open(&TrainConfig::default(), Path::new("."), &mut |_, _, _| {})
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("--data"));
     }
 }

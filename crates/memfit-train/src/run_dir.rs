@@ -34,7 +34,9 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RunDirError + '_ {
 /// Writes `bytes` to `path` through a temporary file in the same directory, fsynced, then renamed.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RunDirError> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().map_or("file".into(), |n| n.to_string_lossy().into_owned());
+    let name = path
+        .file_name()
+        .map_or("file".into(), |n| n.to_string_lossy().into_owned());
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
         let mut f = File::create(&tmp)?;
@@ -144,7 +146,12 @@ impl RunDir {
     }
 
     /// Appends `{"time", "step", "kind", ...fields}` to `events.jsonl` and a line to `train.log`.
-    pub fn event(&mut self, step: u64, kind: &str, fields: impl Serialize) -> Result<(), RunDirError> {
+    pub fn event(
+        &mut self,
+        step: u64,
+        kind: &str,
+        fields: impl Serialize,
+    ) -> Result<(), RunDirError> {
         let mut obj = serde_json::Map::new();
         obj.insert("time".into(), unix_time().into());
         obj.insert("step".into(), step.into());
@@ -200,17 +207,26 @@ mod tests {
             RunDirError::AlreadyARun { .. }
         ));
         for step in 1..=4 {
-            run.event(step, "test", serde_json::json!({"n": step})).unwrap();
+            run.event(step, "test", serde_json::json!({"n": step}))
+                .unwrap();
         }
         run.cut_logs_after(2).unwrap();
         run.event(3, "again", serde_json::json!({})).unwrap();
         let events = fs::read_to_string(root.join(RunDir::EVENTS)).unwrap();
         let steps: Vec<u64> = events
             .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                    .as_u64()
+                    .unwrap()
+            })
             .collect();
         assert_eq!(steps, vec![1, 2, 3]);
-        assert!(fs::read_to_string(root.join(RunDir::LOG)).unwrap().contains("again"));
+        assert!(
+            fs::read_to_string(root.join(RunDir::LOG))
+                .unwrap()
+                .contains("again")
+        );
     }
 
     #[test]

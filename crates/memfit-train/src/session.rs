@@ -18,7 +18,9 @@ pub enum SessionError {
     RunDir(#[from] RunDirError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
-    #[error("{dir}: no complete checkpoint to resume from (checkpoints/step-N/ with trainer_state.json)")]
+    #[error(
+        "{dir}: no complete checkpoint to resume from (checkpoints/step-N/ with trainer_state.json)"
+    )]
     NoCheckpoint { dir: String },
     #[error(
         "{dir}: the config differs from the run's (hash {old} → {new}): {changes}; pass --allow-config-change to continue anyway"
@@ -74,7 +76,11 @@ pub struct CheckpointSpec {
     pub expected_bytes: u64,
 }
 
-fn checkpointer(run: &RunDir, config: &TrainConfig, spec: CheckpointSpec) -> Result<Checkpointer, SessionError> {
+fn checkpointer(
+    run: &RunDir,
+    config: &TrainConfig,
+    spec: CheckpointSpec,
+) -> Result<Checkpointer, SessionError> {
     Ok(Checkpointer::new(
         run.checkpoints(),
         run.best(),
@@ -86,7 +92,11 @@ fn checkpointer(run: &RunDir, config: &TrainConfig, spec: CheckpointSpec) -> Res
 }
 
 /// A new run in `out` with a validated config.
-pub fn start(config: TrainConfig, out: &Path, spec: CheckpointSpec) -> Result<Session, SessionError> {
+pub fn start(
+    config: TrainConfig,
+    out: &Path,
+    spec: CheckpointSpec,
+) -> Result<Session, SessionError> {
     config.validate()?;
     let mut run = RunDir::create(out, &config.to_toml())?;
     run.event(

@@ -6,7 +6,6 @@
 //! `trainer_state.json`, so a run resumed from a checkpoint computes what the uninterrupted run would have.
 
 use crate::batches::{self, Collate, PairSource};
-use memfit_data::{Batching, Cursor, Sampler, SamplerConfig};
 use crate::checkpoint::{
     BestRecord, CheckpointError, Checkpointer, RngState, SaveOutcome, SchedulerState, TrainerState,
 };
@@ -18,6 +17,7 @@ use crate::run_dir::{RunDir, RunDirError};
 use crate::schedule::Schedule;
 use crate::signals::StopFlag;
 use crate::text::TextDecoder;
+use memfit_data::{Batching, Cursor, Sampler, SamplerConfig};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -30,7 +30,9 @@ pub enum LoopError {
     Data(String),
     #[error("at step {step}: the engine failed: {message}")]
     Engine { step: u64, message: String },
-    #[error("at step {step}: the loss is {loss} (not finite); stopping — lower --lr or check the data")]
+    #[error(
+        "at step {step}: the loss is {loss} (not finite); stopping — lower --lr or check the data"
+    )]
     NonFinite { step: u64, loss: f64 },
     #[error(transparent)]
     RunDir(#[from] RunDirError),
@@ -135,7 +137,8 @@ impl<'a, E: Engine> Trainer<'a, E> {
     /// Optimizer steps of the whole run: `--max-steps`, else epochs × steps per epoch.
     pub fn total_steps(config: &TrainConfig, train_rows: usize) -> u64 {
         config.max_steps.unwrap_or_else(|| {
-            u64::from(config.epochs) * batches::steps_per_epoch(train_rows, config.batch, config.accum)
+            u64::from(config.epochs)
+                * batches::steps_per_epoch(train_rows, config.batch, config.accum)
         })
     }
 
@@ -216,17 +219,18 @@ impl<'a, E: Engine> Trainer<'a, E> {
                 loss_sum += f64::from(loss);
             }
             let lr = schedule.lr_at(p.step);
-            let stats = self
-                .engine
-                .step(lr, config.max_grad_norm)
-                .map_err(|e| LoopError::Engine {
-                    step: p.step + 1,
-                    message: e.to_string(),
-                })?;
+            let stats =
+                self.engine
+                    .step(lr, config.max_grad_norm)
+                    .map_err(|e| LoopError::Engine {
+                        step: p.step + 1,
+                        message: e.to_string(),
+                    })?;
             p.step += 1;
             let loss = loss_sum / k as f64;
             if !loss.is_finite() {
-                self.run.event(p.step, "error", json!({"loss": loss.to_string()}))?;
+                self.run
+                    .event(p.step, "error", json!({"loss": loss.to_string()}))?;
                 return Err(LoopError::NonFinite { step: p.step, loss });
             }
             p.first_loss.get_or_insert(loss);
@@ -245,7 +249,11 @@ impl<'a, E: Engine> Trainer<'a, E> {
                 lr,
                 grad_norm: stats.grad_norm,
                 tokens,
-                tokens_per_s: if step_s > 0.0 { tokens as f64 / step_s } else { 0.0 },
+                tokens_per_s: if step_s > 0.0 {
+                    tokens as f64 / step_s
+                } else {
+                    0.0
+                },
                 step_s,
                 rss_bytes: rss.current,
                 peak_rss_bytes: rss.peak,
@@ -283,13 +291,12 @@ impl<'a, E: Engine> Trainer<'a, E> {
                 || p.step == total
                 || stop
                 || config.save_steps.is_some_and(|n| n > 0 && p.step % n == 0);
-            if save_due
-                && let Some(path) = self.save(&p, &schedule, total)?
-            {
+            if save_due && let Some(path) = self.save(&p, &schedule, total)? {
                 last_checkpoint = Some(path);
             }
             if stop {
-                self.run.event(p.step, "stop", json!({"reason": "signal", "exit": 75}))?;
+                self.run
+                    .event(p.step, "stop", json!({"reason": "signal", "exit": 75}))?;
                 finish = Finish::Stopped;
                 break;
             }
@@ -326,10 +333,11 @@ impl<'a, E: Engine> Trainer<'a, E> {
             decoder: self.decoder,
         };
         let t0 = Instant::now();
-        let report = eval::evaluate(&*self.engine, valid, &setup).map_err(|e| LoopError::Engine {
-            step,
-            message: format!("evaluation: {e}"),
-        })?;
+        let report =
+            eval::evaluate(&*self.engine, valid, &setup).map_err(|e| LoopError::Engine {
+                step,
+                message: format!("evaluation: {e}"),
+            })?;
         self.run.event(
             step,
             "eval",
@@ -414,7 +422,13 @@ impl<'a, E: Engine> Trainer<'a, E> {
         }
     }
 
-    fn skipped(&mut self, step: u64, path: &std::path::Path, needed: u64, free: u64) -> Result<(), LoopError> {
+    fn skipped(
+        &mut self,
+        step: u64,
+        path: &std::path::Path,
+        needed: u64,
+        free: u64,
+    ) -> Result<(), LoopError> {
         self.run.event(
             step,
             "checkpoint_skipped",

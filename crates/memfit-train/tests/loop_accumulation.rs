@@ -12,7 +12,15 @@ fn one_accumulate_per_micro_batch_scaled_once() {
     let dir = tempfile::tempdir().unwrap();
     let config = small_config();
     let mut engine = LinearEngine::new();
-    let summary = train(&dir.path().join("run"), &config, &mut engine, None, StopFlag::new(), plenty).unwrap();
+    let summary = train(
+        &dir.path().join("run"),
+        &config,
+        &mut engine,
+        None,
+        StopFlag::new(),
+        plenty,
+    )
+    .unwrap();
     assert_eq!(summary.finish, Finish::Completed);
     // 20 rows / batch 3 = 7 micro-batches per epoch; accum 2 → steps of 2,2,2,1 micro-batches.
     assert_eq!(summary.total_steps, 12);
@@ -30,7 +38,11 @@ fn one_accumulate_per_micro_batch_scaled_once() {
     let mut seeds: Vec<u64> = engine.calls.iter().map(|c| c.seed).collect();
     seeds.sort();
     seeds.dedup();
-    assert_eq!(seeds.len(), engine.calls.len(), "every micro-batch draws its own seed");
+    assert_eq!(
+        seeds.len(),
+        engine.calls.len(),
+        "every micro-batch draws its own seed"
+    );
     // The rate of each step is the schedule's at the number of completed steps.
     let schedule = config.schedule(12);
     for (k, lr) in engine.lrs.iter().enumerate() {
@@ -43,14 +55,31 @@ fn metrics_have_one_line_per_step_with_every_field() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("run");
     let mut engine = LinearEngine::new();
-    train(&root, &small_config(), &mut engine, None, StopFlag::new(), plenty).unwrap();
+    train(
+        &root,
+        &small_config(),
+        &mut engine,
+        None,
+        StopFlag::new(),
+        plenty,
+    )
+    .unwrap();
     let lines = read_jsonl(&root.join("metrics.jsonl"));
     assert_eq!(lines.len(), 12);
     for (i, m) in lines.iter().enumerate() {
         assert_eq!(m["step"], i as u64 + 1);
         for key in [
-            "epoch", "micro_batch", "accum", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_s",
-            "rss_bytes", "peak_rss_bytes",
+            "epoch",
+            "micro_batch",
+            "accum",
+            "loss",
+            "lr",
+            "grad_norm",
+            "tokens",
+            "tokens_per_s",
+            "step_s",
+            "rss_bytes",
+            "peak_rss_bytes",
         ] {
             assert!(m.get(key).is_some(), "metrics line lacks {key}");
         }
@@ -75,7 +104,15 @@ fn max_steps_caps_the_run_across_epochs() {
         ..small_config()
     };
     let mut engine = LinearEngine::new();
-    let s = train(&dir.path().join("run"), &config, &mut engine, None, StopFlag::new(), plenty).unwrap();
+    let s = train(
+        &dir.path().join("run"),
+        &config,
+        &mut engine,
+        None,
+        StopFlag::new(),
+        plenty,
+    )
+    .unwrap();
     assert_eq!((s.steps, s.total_steps), (6, 6));
     // Six steps: one epoch (4 steps, 7 micro-batches) + 2 steps (4 micro-batches).
     assert_eq!(engine.calls.len(), 11);

@@ -27,18 +27,30 @@ fn save_steps_and_epoch_ends_with_retention_and_best() {
         .map(|e| e["step"].as_u64().unwrap())
         .collect();
     assert_eq!(saved, vec![3, 4, 6, 8, 9, 12]);
-    let kept: Vec<u64> = checkpoint_steps(&root.join("checkpoints")).iter().map(|(s, _)| *s).collect();
+    let kept: Vec<u64> = checkpoint_steps(&root.join("checkpoints"))
+        .iter()
+        .map(|(s, _)| *s)
+        .collect();
     assert_eq!(kept, vec![9, 12]);
     let last = root.join("checkpoints/step-12");
-    for f in ["config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"] {
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "trainer_state.json",
+    ] {
         assert!(last.join(f).is_file(), "{f} missing");
     }
-    let state: TrainerState = serde_json::from_str(&fs::read_to_string(last.join("trainer_state.json")).unwrap()).unwrap();
+    let state: TrainerState =
+        serde_json::from_str(&fs::read_to_string(last.join("trainer_state.json")).unwrap())
+            .unwrap();
     assert_eq!((state.step, state.epoch, state.cursor.position), (12, 3, 7));
     assert_eq!(state.config_hash, config.hash());
     assert_eq!(state.scheduler.total_steps, 12);
     // best/ exists and holds the step its record names.
-    let best: TrainerState = serde_json::from_str(&fs::read_to_string(root.join("best/trainer_state.json")).unwrap()).unwrap();
+    let best: TrainerState =
+        serde_json::from_str(&fs::read_to_string(root.join("best/trainer_state.json")).unwrap())
+            .unwrap();
     let record = best.best.unwrap();
     assert_eq!(record.step, best.step);
     assert_eq!(record.metric, "bleu4");
@@ -56,12 +68,29 @@ fn a_full_disk_skips_checkpoints_with_a_warning_and_no_partial_files() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("run");
     let mut engine = LinearEngine::new();
-    let s = train(&root, &small_config(), &mut engine, None, StopFlag::new(), full_disk).unwrap();
+    let s = train(
+        &root,
+        &small_config(),
+        &mut engine,
+        None,
+        StopFlag::new(),
+        full_disk,
+    )
+    .unwrap();
     assert_eq!(s.steps, 12);
     assert!(s.last_checkpoint.is_none());
     let events = read_jsonl(&root.join("events.jsonl"));
-    assert!(events.iter().any(|e| e["kind"] == "checkpoint_skipped" && e["free_bytes"] == 10));
-    assert!(fs::read_dir(root.join("checkpoints")).unwrap().next().is_none());
+    assert!(
+        events
+            .iter()
+            .any(|e| e["kind"] == "checkpoint_skipped" && e["free_bytes"] == 10)
+    );
+    assert!(
+        fs::read_dir(root.join("checkpoints"))
+            .unwrap()
+            .next()
+            .is_none()
+    );
     assert!(!root.join("best").exists());
 }
 
@@ -69,7 +98,15 @@ fn a_full_disk_skips_checkpoints_with_a_warning_and_no_partial_files() {
 fn a_failed_write_leaves_the_previous_checkpoint_intact() {
     let dir = tempfile::tempdir().unwrap();
     let ckpts = dir.path().join("checkpoints");
-    let mut cp = Checkpointer::new(ckpts.clone(), dir.path().join("best"), 3, Vec::new(), plenty, 1).unwrap();
+    let mut cp = Checkpointer::new(
+        ckpts.clone(),
+        dir.path().join("best"),
+        3,
+        Vec::new(),
+        plenty,
+        1,
+    )
+    .unwrap();
     let mut engine = LinearEngine::new();
     let mut state = state_at(4);
     cp.save_step(&engine, &state).unwrap();
@@ -78,8 +115,15 @@ fn a_failed_write_leaves_the_previous_checkpoint_intact() {
     engine.w[0] += 1.0;
     engine.fail_save = true;
     assert!(cp.save_step(&engine, &state).is_err());
-    assert_eq!(fs::read(ckpts.join("step-4/model.safetensors")).unwrap(), good);
-    assert_eq!(fs::read_dir(&ckpts).unwrap().count(), 1, "no temporary directory left");
+    assert_eq!(
+        fs::read(ckpts.join("step-4/model.safetensors")).unwrap(),
+        good
+    );
+    assert_eq!(
+        fs::read_dir(&ckpts).unwrap().count(),
+        1,
+        "no temporary directory left"
+    );
     // A later step fails too: the older one stays the newest complete checkpoint.
     state.step = 5;
     assert!(cp.save_step(&engine, &state).is_err());
@@ -95,7 +139,15 @@ fn leftovers_of_a_killed_write_are_cleaned_and_a_swapped_out_checkpoint_restored
     // Killed between "move the old best aside" and "move the new one in".
     fs::create_dir_all(dir.path().join(".old-best-77")).unwrap();
     fs::write(dir.path().join(".old-best-77/trainer_state.json"), b"{}").unwrap();
-    Checkpointer::new(ckpts.clone(), dir.path().join("best"), 3, Vec::new(), plenty, 1).unwrap();
+    Checkpointer::new(
+        ckpts.clone(),
+        dir.path().join("best"),
+        3,
+        Vec::new(),
+        plenty,
+        1,
+    )
+    .unwrap();
     assert!(!ckpts.join(".tmp-step-9-123").exists());
     assert!(dir.path().join("best/trainer_state.json").is_file());
     assert!(!dir.path().join(".old-best-77").exists());
@@ -106,9 +158,20 @@ fn tokenizer_files_are_copied_into_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
     let tok = dir.path().join("tokenizer.json");
     fs::write(&tok, b"{\"fake\": true}").unwrap();
-    let mut cp = Checkpointer::new(dir.path().join("c"), dir.path().join("best"), 1, vec![tok], plenty, 1).unwrap();
+    let mut cp = Checkpointer::new(
+        dir.path().join("c"),
+        dir.path().join("best"),
+        1,
+        vec![tok],
+        plenty,
+        1,
+    )
+    .unwrap();
     cp.save_step(&LinearEngine::new(), &state_at(1)).unwrap();
-    assert_eq!(fs::read(dir.path().join("c/step-1/tokenizer.json")).unwrap(), b"{\"fake\": true}");
+    assert_eq!(
+        fs::read(dir.path().join("c/step-1/tokenizer.json")).unwrap(),
+        b"{\"fake\": true}"
+    );
 }
 
 fn state_at(step: u64) -> TrainerState {

@@ -12,7 +12,15 @@ fn uninterrupted() -> (LinearEngine, Vec<serde_json::Value>) {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("run");
     let mut engine = LinearEngine::new();
-    train(&root, &small_config(), &mut engine, None, StopFlag::new(), plenty).unwrap();
+    train(
+        &root,
+        &small_config(),
+        &mut engine,
+        None,
+        StopFlag::new(),
+        plenty,
+    )
+    .unwrap();
     (engine, read_jsonl(&root.join("metrics.jsonl")))
 }
 
@@ -24,7 +32,10 @@ fn stop_at(step: u64, root: &std::path::Path) -> Vec<Call> {
     let s = train(root, &small_config(), &mut engine, None, stop, plenty).unwrap();
     assert_eq!(s.finish, Finish::Stopped);
     assert_eq!(s.steps, step);
-    assert!(root.join(format!("checkpoints/step-{step}/trainer_state.json")).is_file());
+    assert!(
+        root.join(format!("checkpoints/step-{step}/trainer_state.json"))
+            .is_file()
+    );
     engine.calls
 }
 
@@ -37,11 +48,22 @@ fn resume_from_every_step_is_bit_identical() {
         let mut calls = stop_at(stop, &root);
         // A fresh process: a new engine, its state from the checkpoint only.
         let mut engine = LinearEngine::new();
-        let s = train(&root, &small_config(), &mut engine, Some((&ConfigLayer::default(), false)), StopFlag::new(), plenty)
-            .unwrap();
+        let s = train(
+            &root,
+            &small_config(),
+            &mut engine,
+            Some((&ConfigLayer::default(), false)),
+            StopFlag::new(),
+            plenty,
+        )
+        .unwrap();
         assert_eq!(s.finish, Finish::Completed);
         assert_eq!(s.start_step, stop);
-        assert_eq!(engine.weight_bits(), reference.weight_bits(), "stopped at step {stop}");
+        assert_eq!(
+            engine.weight_bits(),
+            reference.weight_bits(),
+            "stopped at step {stop}"
+        );
         // The same micro-batches, in the same order, with the same seeds and scales.
         calls.extend(engine.calls);
         let key = |c: &Call| (c.seed, c.rows, c.first_label, c.loss_scale.to_bits());
@@ -52,7 +74,10 @@ fn resume_from_every_step_is_bit_identical() {
         let metrics = read_jsonl(&root.join("metrics.jsonl"));
         assert_eq!(metrics.len(), reference_metrics.len());
         for (a, b) in metrics.iter().zip(&reference_metrics) {
-            assert_eq!((a["step"].clone(), a["loss"].clone(), a["lr"].clone()), (b["step"].clone(), b["loss"].clone(), b["lr"].clone()));
+            assert_eq!(
+                (a["step"].clone(), a["loss"].clone(), a["lr"].clone()),
+                (b["step"].clone(), b["loss"].clone(), b["lr"].clone())
+            );
         }
     }
 }
@@ -67,8 +92,19 @@ fn logs_written_after_the_last_checkpoint_are_cut_on_resume() {
     extra.push_str("{\"step\":6,\"loss\":99.0}\n{\"step\":7,\"loss\":99.0}\n");
     std::fs::write(root.join("metrics.jsonl"), extra).unwrap();
     let mut engine = LinearEngine::new();
-    train(&root, &small_config(), &mut engine, Some((&ConfigLayer::default(), false)), StopFlag::new(), plenty).unwrap();
-    let steps: Vec<u64> = read_jsonl(&root.join("metrics.jsonl")).iter().map(|m| m["step"].as_u64().unwrap()).collect();
+    train(
+        &root,
+        &small_config(),
+        &mut engine,
+        Some((&ConfigLayer::default(), false)),
+        StopFlag::new(),
+        plenty,
+    )
+    .unwrap();
+    let steps: Vec<u64> = read_jsonl(&root.join("metrics.jsonl"))
+        .iter()
+        .map(|m| m["step"].as_u64().unwrap())
+        .collect();
     assert_eq!(steps, (1..=12).collect::<Vec<_>>());
 }
 
@@ -82,15 +118,34 @@ fn a_changed_config_is_refused_unless_allowed_and_the_change_is_named() {
         ..Default::default()
     };
     let mut engine = LinearEngine::new();
-    let err = train(&root, &small_config(), &mut engine, Some((&layer, false)), StopFlag::new(), plenty).unwrap_err();
-    assert!(err.contains("lr: 0.05 → 0.5") && err.contains("--allow-config-change"), "{err}");
+    let err = train(
+        &root,
+        &small_config(),
+        &mut engine,
+        Some((&layer, false)),
+        StopFlag::new(),
+        plenty,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("lr: 0.05 → 0.5") && err.contains("--allow-config-change"),
+        "{err}"
+    );
     // Bookkeeping settings may change freely.
     let keep = ConfigLayer {
         keep: Some(5),
         ..Default::default()
     };
     let mut engine = LinearEngine::new();
-    train(&root, &small_config(), &mut engine, Some((&keep, false)), StopFlag::new(), plenty).unwrap();
+    train(
+        &root,
+        &small_config(),
+        &mut engine,
+        Some((&keep, false)),
+        StopFlag::new(),
+        plenty,
+    )
+    .unwrap();
 }
 
 #[test]
@@ -103,10 +158,21 @@ fn allowed_config_change_is_recorded() {
         ..Default::default()
     };
     let mut engine = LinearEngine::new();
-    train(&root, &small_config(), &mut engine, Some((&layer, true)), StopFlag::new(), plenty).unwrap();
+    train(
+        &root,
+        &small_config(),
+        &mut engine,
+        Some((&layer, true)),
+        StopFlag::new(),
+        plenty,
+    )
+    .unwrap();
     let config = std::fs::read_to_string(root.join("config.toml")).unwrap();
     assert!(config.contains("lr = 0.01"));
-    let resume = read_jsonl(&root.join("events.jsonl")).into_iter().find(|e| e["kind"] == "resume").unwrap();
+    let resume = read_jsonl(&root.join("events.jsonl"))
+        .into_iter()
+        .find(|e| e["kind"] == "resume")
+        .unwrap();
     assert!(resume["changes"].as_str().unwrap().contains("lr"));
 }
 
@@ -120,14 +186,27 @@ fn a_checkpoint_of_another_model_or_vocabulary_is_refused() {
         ..Default::default()
     };
     let mut engine = LinearEngine::new();
-    let err = train(&root, &small_config(), &mut engine, Some((&layer, true)), StopFlag::new(), plenty).unwrap_err();
+    let err = train(
+        &root,
+        &small_config(),
+        &mut engine,
+        Some((&layer, true)),
+        StopFlag::new(),
+        plenty,
+    )
+    .unwrap_err();
     assert!(err.contains("checkpoint of model \"linear-test\""), "{err}");
 
     let (_, ckpt) = memfit_train::checkpoint::latest_checkpoint(&root.join("checkpoints")).unwrap();
     let state = memfit_train::checkpoint::read_state(&ckpt).unwrap();
-    let err = memfit_train::session::load_checkpoint(&mut LinearEngine::new(), &ckpt, &state, Some(VOCAB + 1))
-        .unwrap_err()
-        .to_string();
+    let err = memfit_train::session::load_checkpoint(
+        &mut LinearEngine::new(),
+        &ckpt,
+        &state,
+        Some(VOCAB + 1),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("vocabulary 32") && err.contains("33"), "{err}");
 }
 
@@ -135,11 +214,25 @@ fn a_checkpoint_of_another_model_or_vocabulary_is_refused() {
 fn resume_without_a_checkpoint_or_a_run_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let mut engine = LinearEngine::new();
-    let err = train(dir.path(), &small_config(), &mut engine, Some((&ConfigLayer::default(), false)), StopFlag::new(), plenty)
-        .unwrap_err();
+    let err = train(
+        dir.path(),
+        &small_config(),
+        &mut engine,
+        Some((&ConfigLayer::default(), false)),
+        StopFlag::new(),
+        plenty,
+    )
+    .unwrap_err();
     assert!(err.contains("not a run directory"), "{err}");
     std::fs::write(dir.path().join("config.toml"), small_config().to_toml()).unwrap();
-    let err = train(dir.path(), &small_config(), &mut engine, Some((&ConfigLayer::default(), false)), StopFlag::new(), plenty)
-        .unwrap_err();
+    let err = train(
+        dir.path(),
+        &small_config(),
+        &mut engine,
+        Some((&ConfigLayer::default(), false)),
+        StopFlag::new(),
+        plenty,
+    )
+    .unwrap_err();
     assert!(err.contains("no complete checkpoint"), "{err}");
 }

@@ -23,5 +23,8 @@ fn sigterm_finishes_the_step_checkpoints_and_stops() {
     assert!(root.join("checkpoints/step-5/trainer_state.json").is_file());
     let events = read_jsonl(&root.join("events.jsonl"));
     let last = events.last().unwrap();
-    assert_eq!((last["kind"].as_str(), last["exit"].as_u64()), (Some("stop"), Some(75)));
+    assert_eq!(
+        (last["kind"].as_str(), last["exit"].as_u64()),
+        (Some("stop"), Some(75))
+    );
 }

@@ -35,6 +35,8 @@ enum Command {
     Run(cmd::run::Args),
     /// Benchmarks: trainer throughput and memory, token-store random access.
     Bench(cmd::bench::Args),
+    /// Charts of a run: loss, learning rate and memory over time (SVG and PNG).
+    Report(cmd::report::Args),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +50,7 @@ fn main() -> ExitCode {
         Command::Train(a) => cmd::train::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Report(a) => cmd::report::run(a),
     };
     exit::finish(result)
 }

@@ -15,5 +15,6 @@ mod store;
 pub use disk::{FreeSpace, free_bytes};
 pub use state::{BestRecord, RngState, SchedulerState, TrainerState};
 pub use store::{
-    CheckpointError, Checkpointer, SaveOutcome, checkpoint_steps, dir_size, latest_checkpoint, read_state,
+    CheckpointError, Checkpointer, SaveOutcome, checkpoint_steps, dir_size, latest_checkpoint,
+    read_state,
 };

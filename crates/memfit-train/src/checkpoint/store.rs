@@ -29,9 +29,16 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
 /// What happened to a requested checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SaveOutcome {
-    Saved { path: PathBuf, bytes: u64 },
+    Saved {
+        path: PathBuf,
+        bytes: u64,
+    },
     /// Not written: the disk lacks room (nothing partial is left).
-    Skipped { path: PathBuf, needed: u64, free: u64 },
+    Skipped {
+        path: PathBuf,
+        needed: u64,
+        free: u64,
+    },
 }
 
 /// Writes checkpoints of one run.
@@ -248,7 +255,9 @@ pub fn checkpoint_steps(checkpoints_dir: &Path) -> Vec<(u64, PathBuf)> {
             let name = e.file_name().to_string_lossy().into_owned();
             let step = name.strip_prefix("step-")?.parse::<u64>().ok()?;
             let path = e.path();
-            path.join(TrainerState::FILE).is_file().then_some((step, path))
+            path.join(TrainerState::FILE)
+                .is_file()
+                .then_some((step, path))
         })
         .collect();
     steps.sort();

@@ -47,7 +47,8 @@ fn geometric_mean(output: &[char], reference: &[char]) -> Option<f64> {
 
 /// The seed's score (uncapped brevity factor).
 pub fn bleu4_seed(output: &str, reference: &str) -> f64 {
-    let (out, reference): (Vec<char>, Vec<char>) = (output.chars().collect(), reference.chars().collect());
+    let (out, reference): (Vec<char>, Vec<char>) =
+        (output.chars().collect(), reference.chars().collect());
     match geometric_mean(&out, &reference) {
         Some(g) => (1.0 - reference.len() as f64 / out.len() as f64).exp() * g,
         None => 0.0,
@@ -56,11 +57,16 @@ pub fn bleu4_seed(output: &str, reference: &str) -> f64 {
 
 /// Standard sentence BLEU-4 (brevity penalty capped at 1, no smoothing).
 pub fn bleu4_standard(output: &str, reference: &str) -> f64 {
-    let (out, reference): (Vec<char>, Vec<char>) = (output.chars().collect(), reference.chars().collect());
+    let (out, reference): (Vec<char>, Vec<char>) =
+        (output.chars().collect(), reference.chars().collect());
     match geometric_mean(&out, &reference) {
         Some(g) => {
             let ratio = reference.len() as f64 / out.len() as f64;
-            let penalty = if ratio > 1.0 { (1.0 - ratio).exp() } else { 1.0 };
+            let penalty = if ratio > 1.0 {
+                (1.0 - ratio).exp()
+            } else {
+                1.0
+            };
             penalty * g
         }
         None => 0.0,

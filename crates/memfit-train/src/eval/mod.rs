@@ -73,7 +73,8 @@ pub fn evaluate<E: Engine>(
             .map(|i| valid.pair(i))
             .collect();
         let b = setup.collate.batch(&rows);
-        let outputs = engine.generate(b.batch, b.src_len, &b.input_ids, &b.input_mask, &gen_config)?;
+        let outputs =
+            engine.generate(b.batch, b.src_len, &b.input_ids, &b.input_mask, &gen_config)?;
         for ((_, target), out) in rows.iter().zip(&outputs) {
             let reference = setup.decoder.decode(target);
             let generated = setup.decoder.decode(out);
@@ -87,7 +88,11 @@ pub fn evaluate<E: Engine>(
     }
     let mean = |s: f64| if n_gen == 0 { 0.0 } else { s / n_gen as f64 };
     Ok(EvalReport {
-        valid_loss: if weight > 0.0 { loss_sum / weight } else { f64::NAN },
+        valid_loss: if weight > 0.0 {
+            loss_sum / weight
+        } else {
+            f64::NAN
+        },
         bleu4: mean(seed_sum),
         bleu4_standard: mean(std_sum),
         rows_loss: valid.len(),

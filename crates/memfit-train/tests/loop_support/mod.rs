@@ -71,12 +71,19 @@ impl LinearEngine {
     }
 
     pub fn weight_bits(&self) -> Vec<u32> {
-        self.w.iter().chain(&self.momentum).map(|x| x.to_bits()).collect()
+        self.w
+            .iter()
+            .chain(&self.momentum)
+            .map(|x| x.to_bits())
+            .collect()
     }
 }
 
 fn write_f32s(path: &Path, v: &[f32]) -> std::io::Result<()> {
-    std::fs::write(path, v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
+    std::fs::write(
+        path,
+        v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
+    )
 }
 
 fn read_f32s(path: &Path) -> std::io::Result<Vec<f32>> {
@@ -89,7 +96,12 @@ fn read_f32s(path: &Path) -> std::io::Result<Vec<f32>> {
 impl Engine for LinearEngine {
     type Error = MockError;
 
-    fn accumulate(&mut self, b: &Seq2SeqBatch, loss_scale: f32, seed: u64) -> Result<f32, MockError> {
+    fn accumulate(
+        &mut self,
+        b: &Seq2SeqBatch,
+        loss_scale: f32,
+        seed: u64,
+    ) -> Result<f32, MockError> {
         let (loss, grads) = self.loss_and_grad(b, Some(seed));
         for (i, g) in grads {
             self.grad[i] += g * loss_scale;
@@ -104,7 +116,12 @@ impl Engine for LinearEngine {
     }
 
     fn step(&mut self, lr: f64, max_grad_norm: Option<f64>) -> Result<StepStats, MockError> {
-        let norm = self.grad.iter().map(|g| f64::from(*g).powi(2)).sum::<f64>().sqrt();
+        let norm = self
+            .grad
+            .iter()
+            .map(|g| f64::from(*g).powi(2))
+            .sum::<f64>()
+            .sqrt();
         let clip = max_grad_norm.map_or(1.0, |m| if norm > m { m / norm } else { 1.0 });
         for i in 0..VOCAB {
             self.momentum[i] = 0.9 * self.momentum[i] + self.grad[i] * clip as f32;
@@ -154,11 +171,21 @@ impl Engine for LinearEngine {
 
     fn save(&self, dir: &Path) -> Result<(), MockError> {
         let err = |e: std::io::Error| MockError(e.to_string());
-        assert_eq!(std::fs::read_dir(dir).unwrap().count(), 0, "save into an empty dir");
-        std::fs::write(dir.join("config.json"), format!("{{\"vocab_size\": {VOCAB}}}")).map_err(err)?;
+        assert_eq!(
+            std::fs::read_dir(dir).unwrap().count(),
+            0,
+            "save into an empty dir"
+        );
+        std::fs::write(
+            dir.join("config.json"),
+            format!("{{\"vocab_size\": {VOCAB}}}"),
+        )
+        .map_err(err)?;
         write_f32s(&dir.join("model.safetensors"), &self.w).map_err(err)?;
         if self.fail_save {
-            return Err(MockError("simulated failure half-way through a save".into()));
+            return Err(MockError(
+                "simulated failure half-way through a save".into(),
+            ));
         }
         write_f32s(&dir.join("optimizer.safetensors"), &self.momentum).map_err(err)?;
         Ok(())
@@ -255,11 +282,14 @@ pub fn train(
 ) -> Result<Summary, String> {
     let mut s: Session = match resume {
         None => session::start(config.clone(), dir, spec(free)).map_err(|e| e.to_string())?,
-        Some((layer, allow)) => session::resume(dir, layer, allow, spec(free)).map_err(|e| e.to_string())?,
+        Some((layer, allow)) => {
+            session::resume(dir, layer, allow, spec(free)).map_err(|e| e.to_string())?
+        }
     };
     let resume_state = match &s.resume_from {
         Some((ckpt, state)) => {
-            session::load_checkpoint(engine, ckpt, state, Some(VOCAB)).map_err(|e| e.to_string())?;
+            session::load_checkpoint(engine, ckpt, state, Some(VOCAB))
+                .map_err(|e| e.to_string())?;
             Some(state.clone())
         }
         None => None,
