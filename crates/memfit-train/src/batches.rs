@@ -127,10 +127,11 @@ impl Collate {
                 return ids.to_vec();
             }
             let mut v = ids[..max].to_vec();
-            if keep_eos && ids.last() == Some(&self.eos_id) {
-                if let Some(last) = v.last_mut() {
-                    *last = self.eos_id;
-                }
+            if keep_eos
+                && ids.last() == Some(&self.eos_id)
+                && let Some(last) = v.last_mut()
+            {
+                *last = self.eos_id;
             }
             v
         };

@@ -121,7 +121,7 @@ impl Default for TrainConfig {
             pct_start: 0.3,
             final_div_factor: 1e4,
             max_grad_norm: Some(1.0),
-            epochs: 6,
+            epochs: 30,
             max_steps: None,
             seed: 23333,
             threads: 0,

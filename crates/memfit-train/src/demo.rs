@@ -197,7 +197,7 @@ pub fn write(dir: &Path, seed: u64) -> std::io::Result<DemoFiles> {
     write_atomic(&files.train, jsonl(pairs(TRAIN_ROWS, seed)))?;
     write_atomic(
         &files.valid,
-        jsonl(pairs(VALID_ROWS, seed ^ 0x5641_4c49_44)),
+        jsonl(pairs(VALID_ROWS, seed ^ 0x0056_414c_4944)),
     )?;
     let pretty = |v: Value| serde_json::to_string_pretty(&v).unwrap_or_default();
     write_atomic(

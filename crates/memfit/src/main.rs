@@ -17,6 +17,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process; the size of the largest argument set does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// What this machine has (CPU, RAM, swap, cgroup limit, PSI, disk, GPUs) and what to run.

@@ -32,6 +32,25 @@ fn demo_args(out: &Path, steps: u64) -> Vec<String> {
     .collect()
 }
 
+/// Every tensor of a safetensors file: (name, dtype, shape, bytes), sorted by name.
+fn tensors(bytes: &[u8]) -> Vec<(String, String, Vec<usize>, Vec<u8>)> {
+    let st = safetensors::SafeTensors::deserialize(bytes).unwrap();
+    let mut v: Vec<_> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, t)| {
+            (
+                name,
+                format!("{:?}", t.dtype()),
+                t.shape().to_vec(),
+                t.data().to_vec(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
 fn metric_lines(run: &Path) -> usize {
     std::fs::read_to_string(run.join("metrics.jsonl")).map_or(0, |t| t.lines().count())
 }
@@ -87,13 +106,27 @@ fn sigkill_at_a_random_step_then_resume_is_bit_identical() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Tensors and metadata compared by name: the header's key order is not part of the contract.
     for file in ["model.safetensors", "optimizer.safetensors"] {
         let wa = std::fs::read(a.join(format!("checkpoints/step-{STEPS}/{file}"))).unwrap();
         let wb = std::fs::read(b.join(format!("checkpoints/step-{STEPS}/{file}"))).unwrap();
-        assert!(
-            wa == wb,
+        assert_eq!(
+            tensors(&wa),
+            tensors(&wb),
             "{file} differs after a SIGKILL at step {killed_at} and resume"
         );
+        let meta = |bytes: &[u8]| {
+            let (_, m) = safetensors::SafeTensors::read_metadata(bytes).unwrap();
+            let mut kv: Vec<(String, String)> = m
+                .metadata()
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+            kv.sort();
+            kv
+        };
+        assert_eq!(meta(&wa), meta(&wb), "{file} metadata differs");
     }
     // The resumed run's metrics read as one run: steps 1..=12 once each, same losses.
     let read = |p: &Path| -> Vec<(u64, f64)> {

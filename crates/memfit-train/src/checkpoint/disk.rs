@@ -8,7 +8,7 @@ pub type FreeSpace = fn(&Path) -> std::io::Result<u64>;
 /// Bytes available to this (unprivileged) process on the file system holding `path` (statvfs).
 pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
     let st = nix::sys::statvfs::statvfs(path).map_err(std::io::Error::from)?;
-    Ok(u64::from(st.blocks_available()).saturating_mul(st.fragment_size()))
+    Ok(st.blocks_available().saturating_mul(st.fragment_size()))
 }
 
 #[cfg(test)]

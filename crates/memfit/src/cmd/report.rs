@@ -216,8 +216,7 @@ where
 pub fn run(args: Args) -> Outcome {
     let mut panels = Vec::new();
     let mut guard = args.guard.clone();
-    let default_out;
-    if args.path.is_dir() {
+    let default_out = if args.path.is_dir() {
         let metrics_path = args.path.join("metrics.jsonl");
         if !metrics_path.is_file() {
             return Err(bad_input(format!(
@@ -226,12 +225,12 @@ pub fn run(args: Args) -> Outcome {
             )));
         }
         panels.extend(metrics_panels(&read_jsonl(&metrics_path)?));
-        default_out = args.path.join("report");
+        args.path.join("report")
     } else {
         // A guard timeline on its own.
         guard.get_or_insert_with(|| args.path.clone());
-        default_out = args.path.with_extension("report");
-    }
+        args.path.with_extension("report")
+    };
     if let Some(g) = &guard {
         let records = read_jsonl(g)?;
         let panel = guard_panel(&records);
