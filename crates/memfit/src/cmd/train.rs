@@ -316,6 +316,10 @@ pub fn run(args: Args) -> Outcome {
         std::fs::write(&probe, b"")
             .map_err(|e| bad_input(format!("--out {}: not writable: {e}", root.display())))?;
         let _ = std::fs::remove_file(&probe);
+        if config.data.is_some() && args.budget.is_none() {
+            // The 1 GiB default budget is the demo's; a real run states its own (--budget).
+            config.memory_budget_bytes = None;
+        }
         if config.data.is_none() {
             let files = demo::write(&root.join("demo"), config.seed).with_context(|| {
                 format!("writing the demo task into {}", root.join("demo").display())
