@@ -1,10 +1,44 @@
 //! memfit-train: the Rust trainer on burn.
 //!
-//! - `model`      — T5 (v1.0 ReLU and v1.1 gated-GELU), BERT, decoder LM + LoRA.
-//! - `optim`      — AdamW, Adafactor; global-norm gradient clipping.
-//! - `schedule`   — OneCycle, warmup + cosine.
-//! - `train_loop` — gradient accumulation, evaluation, metrics.
-//! - `checkpoint` — HF-compatible checkpoints, atomic writes, exact resume.
-//! - `guard`      — the in-process memory guard.
+//! - `model`      — T5 (v1.0 ReLU and v1.1 gated-GELU): config.json, transformers' tensor names,
+//!   forward pass, masked cross-entropy, safetensors weights. (BERT, decoder LM + LoRA: later.)
+//! - `optim`      — AdamW, Adafactor; global-norm gradient clipping; state in `optimizer.safetensors`.
+//! - `t5_engine`  — `T5Engine`: the `engine::Engine` the loop drives (accumulate, step, eval, generate,
+//!   save/load) on burn's flex backend (cuda / tch behind cargo features).
+//! - `bench`      — `memfit bench train`: synthetic-token throughput and peak RSS.
+//! - `schedule`   — OneCycle (torch semantics), warmup + cosine: pure functions of the step.
+//! - `config`, `presets` — the resolved setup (`config.toml`), its layers and hash; the seed's profiles.
+//! - `batches`    — rows (token store or memory) → padded micro-batches; memfit-data's sampler orders them.
+//! - `train_loop` — accumulation, optimizer steps, metrics, evaluation, best/, checkpoints, graceful stop.
+//! - `eval`       — validation loss, greedy generation, BLEU-4 (the seed's formula and the standard one).
+//! - `checkpoint` — `step-N/` and `best/`: atomic writes, disk check, retention, `trainer_state.json`.
+//! - `session`    — start a run or resume one (config-hash check, newest checkpoint).
+//! - `run_dir`, `metrics`, `signals` — the run directory's files, RSS, SIGINT/SIGTERM.
+//! - `run_data`, `model_spec`, `plan_file`, `engine_setup`, `demo`, `text` — what `memfit train` wires up:
+//!   data stores, the model config, plan.json, the T5 engine, the demo task, tokenizer files.
+//! - `guard`      — the in-process memory guard (not built yet).
 
+pub mod bench;
 pub mod engine;
+pub mod model;
+pub mod optim;
+pub mod t5_engine;
+
+// The loop half (plain Rust, no tensors): see each module's doc.
+pub mod batches;
+pub mod checkpoint;
+pub mod config;
+pub mod demo;
+pub mod engine_setup;
+pub mod eval;
+pub mod metrics;
+pub mod model_spec;
+pub mod plan_file;
+pub mod presets;
+pub mod run_data;
+pub mod run_dir;
+pub mod schedule;
+pub mod session;
+pub mod signals;
+pub mod text;
+pub mod train_loop;

@@ -17,6 +17,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process; the size of the largest argument set does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// What this machine has (CPU, RAM, swap, cgroup limit, PSI, disk, GPUs) and what to run.
@@ -35,6 +37,8 @@ enum Command {
     Run(cmd::run::Args),
     /// Benchmarks: trainer throughput and memory, token-store random access.
     Bench(cmd::bench::Args),
+    /// Charts of a run: loss, learning rate and memory over time (SVG and PNG).
+    Report(cmd::report::Args),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +52,7 @@ fn main() -> ExitCode {
         Command::Train(a) => cmd::train::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Report(a) => cmd::report::run(a),
     };
     exit::finish(result)
 }

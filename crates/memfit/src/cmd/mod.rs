@@ -5,6 +5,7 @@ pub mod check;
 pub mod data;
 pub mod estimate;
 pub mod plan;
+pub mod report;
 pub mod run;
 pub mod tokenizer;
 pub mod train;

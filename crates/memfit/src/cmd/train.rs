@@ -1,14 +1,613 @@
-//! `memfit train` (not built yet).
+//! `memfit train`: the Rust trainer. With no arguments, the demo task; `--data/--valid/--tokenizer` (and
+//! `--preset`/`--profile`) for real runs; `--resume RUN_DIR` to continue one exactly.
 
 use crate::exit::{Outcome, bad_input};
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use memfit_train::config::{BestMetric, ConfigLayer, OptimizerKind, Precision, TrainConfig};
+use memfit_train::engine::Engine;
+use memfit_train::eval::EvalReport;
+use memfit_train::metrics::StepMetrics;
+use memfit_train::schedule::ScheduleKind;
+use memfit_train::session::{self, CheckpointSpec, Session};
+use memfit_train::train_loop::{Finish, Observer, Summary, Trainer};
+use memfit_train::{
+    batches::Collate, checkpoint, demo, engine_setup, model_spec, plan_file, presets, run_data,
+    signals::StopFlag, text,
+};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Arguments, once the command exists.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-    rest: Vec<String>,
+    /// Run directory (default: runs/<UTC timestamp>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue the run in this directory from its newest checkpoint (exactly).
+    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["out", "preset", "profile", "config"])]
+    resume: Option<PathBuf>,
+    /// With --resume: accept flags that change the training trajectory (prints what changed).
+    #[arg(long)]
+    allow_config_change: bool,
+    /// A run.toml (the keys `memfit plan --emit memfit` writes); flags override it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// A model preset (e.g. chatlm-mini, which also takes the seed's `pretrain` profile) or a profile.
+    #[arg(long)]
+    preset: Option<String>,
+    /// The seed's named training configurations: pretrain, sft, sft-small, sft-fast.
+    #[arg(long)]
+    profile: Option<String>,
+    /// Model: a preset name or a config.json (default: the demo's tiny T5).
+    #[arg(long)]
+    model: Option<String>,
+    /// Training data: parquet/JSONL (prepared into the run) or a token store directory.
+    #[arg(long)]
+    data: Option<String>,
+    /// Validation data, as --data.
+    #[arg(long)]
+    valid: Option<String>,
+    /// tokenizer.json, or a directory holding it.
+    #[arg(long)]
+    tokenizer: Option<String>,
+    #[arg(long)]
+    max_steps: Option<u64>,
+    #[arg(long)]
+    epochs: Option<u32>,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Micro-batch size (rows).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Gradient accumulation steps.
+    #[arg(long)]
+    accum: Option<usize>,
+    /// Maximum source tokens (EOS included).
+    #[arg(long)]
+    seq: Option<usize>,
+    /// Maximum target tokens (EOS included).
+    #[arg(long)]
+    tgt_seq: Option<usize>,
+    /// Peak learning rate.
+    #[arg(long)]
+    lr: Option<f64>,
+    #[arg(long, value_parser = ["adamw", "adafactor"])]
+    optimizer: Option<String>,
+    /// Adafactor at the scheduled rate instead of its relative step size.
+    #[arg(long)]
+    adafactor_external_lr: bool,
+    #[arg(long, value_parser = ["onecycle", "cosine"])]
+    schedule: Option<String>,
+    #[arg(long)]
+    warmup_steps: Option<u64>,
+    #[arg(long, value_parser = ["fp32", "bf16"])]
+    precision: Option<String>,
+    /// Gradient checkpointing.
+    #[arg(long)]
+    grad_ckpt: bool,
+    /// Frozen groups, comma-separated: embeddings, encoder.
+    #[arg(long, value_delimiter = ',')]
+    freeze: Option<Vec<String>>,
+    /// Global-norm gradient clipping (0 turns it off).
+    #[arg(long)]
+    max_grad_norm: Option<f64>,
+    /// Checkpoint every N optimizer steps (and at each epoch end).
+    #[arg(long)]
+    save_steps: Option<u64>,
+    /// Step checkpoints to keep (plus best/).
+    #[arg(long)]
+    keep: Option<usize>,
+    /// Evaluate every N optimizer steps (and at each epoch end).
+    #[arg(long)]
+    eval_steps: Option<u64>,
+    /// Validation rows generated and scored by BLEU at each evaluation.
+    #[arg(long)]
+    eval_rows: Option<usize>,
+    /// Metric that picks best/.
+    #[arg(long, value_parser = ["bleu4", "valid-loss"])]
+    best_metric: Option<String>,
+    /// Host-memory budget the summary checks the peak RSS against (e.g. 2GiB, 512MiB, bytes).
+    #[arg(long)]
+    budget: Option<String>,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
-pub fn run(_args: Args) -> Outcome {
-    Err(bad_input("`memfit train` is not implemented yet"))
+fn parse_size(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| bad_input(format!("--budget {s:?}: expected a size like 2GiB")))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1u64,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "kb" => 1000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        _ => return Err(bad_input(format!("--budget {s:?}: unknown unit {unit:?}"))),
+    };
+    Ok((n * mult as f64) as u64)
+}
+
+impl Args {
+    /// The settings given on the command line.
+    fn layer(&self) -> anyhow::Result<ConfigLayer> {
+        let parse_err = |e: String| bad_input(e);
+        Ok(ConfigLayer {
+            model: self.model.clone(),
+            data: self.data.as_deref().map(absolute),
+            valid: self.valid.as_deref().map(absolute),
+            tokenizer: self.tokenizer.as_deref().map(absolute),
+            batch: self.batch,
+            accum: self.accum,
+            seq: self.seq,
+            tgt_seq: self.tgt_seq,
+            precision: self.precision.as_deref().map(|p| match p {
+                "bf16" => Precision::Bf16,
+                _ => Precision::Fp32,
+            }),
+            optimizer: self.optimizer.as_deref().map(|o| match o {
+                "adafactor" => OptimizerKind::Adafactor,
+                _ => OptimizerKind::Adamw,
+            }),
+            adafactor_relative_step: self.adafactor_external_lr.then_some(false),
+            grad_ckpt: self.grad_ckpt.then_some(true),
+            freeze: self.freeze.clone(),
+            lr: self.lr,
+            schedule: self
+                .schedule
+                .as_deref()
+                .map(str::parse::<ScheduleKind>)
+                .transpose()
+                .map_err(parse_err)?,
+            warmup_steps: self.warmup_steps,
+            max_grad_norm: self.max_grad_norm,
+            epochs: self.epochs,
+            max_steps: self.max_steps,
+            seed: self.seed,
+            threads: self.threads,
+            save_steps: self.save_steps,
+            keep: self.keep,
+            eval_steps: self.eval_steps,
+            eval_rows: self.eval_rows,
+            best_metric: self.best_metric.as_deref().map(|m| match m {
+                "valid-loss" => BestMetric::ValidLoss,
+                _ => BestMetric::Bleu4,
+            }),
+            memory_budget_bytes: self.budget.as_deref().map(parse_size).transpose()?,
+            ..ConfigLayer::default()
+        })
+    }
+}
+
+/// Paths in the resolved config are absolute, so a resume from another directory finds them.
+fn absolute(p: &str) -> String {
+    std::path::absolute(p).map_or_else(|_| p.to_string(), |a| a.display().to_string())
+}
+
+fn default_out() -> PathBuf {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's days_from_civil, inverted).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    PathBuf::from(format!(
+        "runs/{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    ))
+}
+
+/// Defaults ← profile ← model preset ← --config file ← flags.
+fn resolve_new(args: &Args) -> anyhow::Result<TrainConfig> {
+    let mut config = TrainConfig::default();
+    let mut profile = args.profile.clone();
+    if let Some(preset) = &args.preset {
+        if presets::PROFILES.contains(&preset.as_str()) {
+            profile.get_or_insert_with(|| preset.clone());
+        } else {
+            // A model preset: the seed's real configuration is its pretrain profile.
+            profile.get_or_insert_with(|| "pretrain".into());
+        }
+    }
+    if let Some(name) = &profile {
+        presets::profile(name)
+            .ok_or_else(|| {
+                bad_input(format!(
+                    "--profile {name:?}: known profiles: {}",
+                    presets::PROFILES.join(", ")
+                ))
+            })?
+            .apply(&mut config);
+    }
+    if let Some(preset) = &args.preset
+        && !presets::PROFILES.contains(&preset.as_str())
+    {
+        config.model = preset.clone();
+    }
+    if let Some(path) = &args.config {
+        let layer = ConfigLayer::from_file(path).map_err(|e| bad_input(e.to_string()))?;
+        for key in layer.unknown.keys() {
+            eprintln!(
+                "warning: {}: key {key:?} is not a memfit train setting; ignored",
+                path.display()
+            );
+        }
+        layer.apply(&mut config);
+    }
+    args.layer()?.apply(&mut config);
+    if config.max_grad_norm == Some(0.0) {
+        config.max_grad_norm = None;
+    }
+    config.validate().map_err(|e| bad_input(e.to_string()))?;
+    if config.model == "demo" && config.data.is_some() {
+        return Err(bad_input(
+            "--data needs --model (a preset such as chatlm-mini, or a config.json) or --preset",
+        ));
+    }
+    Ok(config)
+}
+
+pub fn run(args: Args) -> Outcome {
+    let spec = |files: Vec<PathBuf>, bytes: u64| CheckpointSpec {
+        tokenizer_files: files,
+        free_space: checkpoint::free_bytes,
+        expected_bytes: bytes,
+    };
+    // 1. The run directory and its resolved config (a new run, or the one to continue).
+    let (root, mut config, demo_config) = match &args.resume {
+        Some(dir) => {
+            let text = std::fs::read_to_string(dir.join("config.toml")).map_err(|e| {
+                bad_input(format!(
+                    "--resume {}: not a run directory ({e})",
+                    dir.display()
+                ))
+            })?;
+            let mut config = TrainConfig::from_toml(&text, &dir.join("config.toml"))
+                .map_err(|e| bad_input(e.to_string()))?;
+            // The flags as the session will apply them (it refuses trajectory changes unless allowed).
+            args.layer()?.apply(&mut config);
+            let demo = dir.join("demo/config.json");
+            (dir.clone(), config, demo.is_file().then_some(demo))
+        }
+        None => {
+            let config = resolve_new(&args)?;
+            let root = args.out.clone().unwrap_or_else(default_out);
+            (root, config, None)
+        }
+    };
+    // Compute threads first: the data preparation below already starts the shared thread pool.
+    engine_setup::set_threads(&config).map_err(|e| bad_input(e.to_string()))?;
+    let (mut config_for_data, mut demo_config) = (config.clone(), demo_config);
+    if args.resume.is_none() {
+        if root.join("config.toml").exists() {
+            return Err(bad_input(format!(
+                "{} already holds a run; continue it with --resume {} or choose another --out",
+                root.display(),
+                root.display()
+            )));
+        }
+        std::fs::create_dir_all(&root).map_err(|e| {
+            bad_input(format!(
+                "--out {}: cannot create the run directory: {e}",
+                root.display()
+            ))
+        })?;
+        let probe = root.join(".memfit-write-test");
+        std::fs::write(&probe, b"")
+            .map_err(|e| bad_input(format!("--out {}: not writable: {e}", root.display())))?;
+        let _ = std::fs::remove_file(&probe);
+        if config.data.is_some() && args.budget.is_none() {
+            // The 1 GiB default budget is the demo's; a real run states its own (--budget).
+            config.memory_budget_bytes = None;
+        }
+        if config.data.is_none() {
+            let files = demo::write(&root.join("demo"), config.seed).with_context(|| {
+                format!("writing the demo task into {}", root.join("demo").display())
+            })?;
+            config.data = Some(absolute(&files.train.display().to_string()));
+            config.valid = Some(absolute(&files.valid.display().to_string()));
+            config.tokenizer = Some(absolute(&files.tokenizer_dir.display().to_string()));
+            if config.model == "demo" {
+                demo_config = Some(files.model_config);
+            }
+        }
+        config_for_data = config.clone();
+    }
+
+    // 2. Data, model config, vocabulary check — before the run directory becomes a run.
+    let bar = ProgressBar::new_spinner();
+    let data = run_data::open(&config_for_data, &root, &mut |name, rows, total| {
+        bar.set_message(format!(
+            "preparing {name}: {rows}/{} rows",
+            total.map_or("?".into(), |t| t.to_string())
+        ));
+        bar.tick();
+    })
+    .map_err(|e| {
+        if e.is_bad_input() {
+            bad_input(e.to_string())
+        } else {
+            anyhow::Error::new(e)
+        }
+    })?;
+    bar.finish_and_clear();
+    let model_json = model_spec::model_config(&config.model, demo_config.as_deref())
+        .map_err(|e| bad_input(e.to_string()))?;
+    model_spec::check_vocab(&model_json, &config.model, &data.tokenizer)
+        .map_err(|e| bad_input(e.to_string()))?;
+
+    // 3. The engine (before the session, so a bad model leaves no run behind).
+    let mut engine =
+        engine_setup::build(&config, &model_json).map_err(|e| bad_input(e.to_string()))?;
+    let params = engine.param_counts();
+    // Checkpoint size before the first one exists: f32 weights + up to two f32 optimizer moments.
+    let expected_bytes = params.total * 4 + params.trainable * 8;
+    let tokenizer_files = text::tokenizer_files(data.tokenizer.path());
+
+    let mut s: Session = match &args.resume {
+        Some(dir) => session::resume(
+            dir,
+            &args.layer()?,
+            args.allow_config_change,
+            spec(tokenizer_files, expected_bytes),
+        )
+        .map_err(|e| {
+            if e.is_bad_input() {
+                bad_input(e.to_string())
+            } else {
+                anyhow::Error::new(e)
+            }
+        })?,
+        None => session::start(config.clone(), &root, spec(tokenizer_files, expected_bytes))
+            .map_err(|e| {
+                if e.is_bad_input() {
+                    bad_input(e.to_string())
+                } else {
+                    anyhow::Error::new(e)
+                }
+            })?,
+    };
+    if !s.changes.is_empty() {
+        eprintln!(
+            "config changed (--allow-config-change): {}",
+            session::describe(&s.changes)
+        );
+    }
+    config = s.config.clone();
+    let vocab = data.tokenizer.vocab_size();
+    let resume_state = match &s.resume_from {
+        Some((ckpt, state)) => {
+            session::load_checkpoint(&mut engine, ckpt, state, Some(vocab)).map_err(|e| {
+                if e.is_bad_input() {
+                    bad_input(e.to_string())
+                } else {
+                    anyhow::Error::new(e)
+                }
+            })?;
+            eprintln!(
+                "resuming {} from {} (step {})",
+                root.display(),
+                ckpt.display(),
+                state.step
+            );
+            Some(state.clone())
+        }
+        None => None,
+    };
+    match plan_file::plan(&config, &model_json, data.train.0.len() as u64) {
+        Ok(plan) => s.run.write_plan(&plan)?,
+        Err(e) => eprintln!("warning: no plan.json: memfit-plan cannot estimate this setup: {e}"),
+    }
+    let params_line = format!(
+        "model {}: trainable / total parameters: {} / {}",
+        config.model,
+        thousands(params.trainable),
+        thousands(params.total)
+    );
+    eprintln!("{params_line}");
+    s.run.log(&params_line)?;
+
+    // 4. The loop.
+    let stop = StopFlag::from_signals().context("installing the SIGINT/SIGTERM handlers")?;
+    let eos = data
+        .tokenizer
+        .require_eos("seq2seq training")
+        .map_err(|e| bad_input(e.to_string()))?
+        .id;
+    let pad = data
+        .tokenizer
+        .require_pad("seq2seq training")
+        .map_err(|e| bad_input(e.to_string()))?
+        .id;
+    let mut observer = Bar::new(args.json);
+    let summary = Trainer {
+        engine: &mut engine,
+        config: &config,
+        run: &mut s.run,
+        checkpointer: &mut s.checkpointer,
+        train: &data.train,
+        valid: data.valid_source(),
+        collate: Collate {
+            max_src: config.seq,
+            max_tgt: config.tgt_seq,
+            pad_id: pad,
+            eos_id: eos,
+        },
+        decoder: &data.tokenizer,
+        stop,
+        observer: &mut observer,
+        resume: resume_state,
+        vocab_size: Some(vocab),
+    }
+    .run()?;
+    observer.bar.finish_and_clear();
+    print_summary(&summary, &config, &root, args.json);
+    Ok(match summary.finish {
+        Finish::Completed => ExitCode::SUCCESS,
+        // EX_TEMPFAIL: stopped with a resumable checkpoint (DESIGN.md §3).
+        Finish::Stopped => ExitCode::from(75),
+    })
+}
+
+fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// The progress bar: epoch, step, loss, tokens/s, RSS.
+struct Bar {
+    bar: ProgressBar,
+    quiet: bool,
+}
+
+impl Bar {
+    fn new(quiet: bool) -> Self {
+        let bar = if quiet {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(0)
+        };
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} steps {elapsed_precise} eta {eta} {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        Self { bar, quiet }
+    }
+}
+
+impl Observer for Bar {
+    fn on_start(&mut self, total_steps: u64, start_step: u64) {
+        self.bar.set_length(total_steps);
+        self.bar.set_position(start_step);
+    }
+    fn on_step(&mut self, m: &StepMetrics) {
+        self.bar.set_position(m.step);
+        self.bar.set_message(format!(
+            "epoch {} loss {:.4} {:.0} tok/s RSS {}",
+            m.epoch,
+            m.loss,
+            m.tokens_per_s,
+            gib(m.rss_bytes)
+        ));
+    }
+    fn on_eval(&mut self, step: u64, r: &EvalReport) {
+        if !self.quiet {
+            let sample = r
+                .samples
+                .first()
+                .map(|(want, got)| format!(" e.g. {want:?} → {got:?}"))
+                .unwrap_or_default();
+            self.bar.println(format!(
+                "eval at step {step}: valid loss {:.4}, BLEU-4 {:.4} (standard {:.4}){sample}",
+                r.valid_loss, r.bleu4, r.bleu4_standard
+            ));
+        }
+    }
+    fn on_message(&mut self, message: &str) {
+        self.bar.println(message);
+    }
+}
+
+fn print_summary(s: &Summary, config: &TrainConfig, root: &Path, json: bool) {
+    let best_dir = root.join("best");
+    let bleu_after = s.last_eval.as_ref().map(|e| e.bleu4);
+    if json {
+        let v = serde_json::json!({
+            "finished": s.finish == Finish::Completed,
+            "steps": s.steps,
+            "total_steps": s.total_steps,
+            "loss_first": s.first_loss,
+            "loss_last": s.last_loss,
+            "bleu4_before": s.bleu_before,
+            "bleu4_after": bleu_after,
+            "bleu4_standard_after": s.last_eval.as_ref().map(|e| e.bleu4_standard),
+            "valid_loss_after": s.last_eval.as_ref().map(|e| e.valid_loss),
+            "peak_rss_bytes": s.peak_rss_bytes,
+            "budget_bytes": config.memory_budget_bytes,
+            "tokens_per_s": s.tokens_per_s(),
+            "seconds": s.seconds,
+            "run_dir": root,
+            "best_dir": best_dir.is_dir().then_some(&best_dir),
+            "best": s.best.as_ref().map(|b| serde_json::json!({"metric": b.metric, "value": b.value, "step": b.step})),
+            "last_checkpoint": s.last_checkpoint,
+        });
+        println!("{v}");
+        return;
+    }
+    let opt = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.4}"));
+    let verb = match s.finish {
+        Finish::Completed => "finished",
+        Finish::Stopped => "stopped (resume with --resume)",
+    };
+    println!(
+        "memfit train {verb}: {}/{} steps in {:.1} s",
+        s.steps, s.total_steps, s.seconds
+    );
+    println!("  loss       {} → {}", opt(s.first_loss), opt(s.last_loss));
+    println!(
+        "  BLEU-4     {} → {} (standard, brevity penalty ≤ 1: {})",
+        opt(s.bleu_before),
+        opt(bleu_after),
+        opt(s.last_eval.as_ref().map(|e| e.bleu4_standard))
+    );
+    match config.memory_budget_bytes {
+        Some(b) => println!(
+            "  peak RSS   {} of a {} budget ({})",
+            gib(s.peak_rss_bytes),
+            gib(b),
+            if s.peak_rss_bytes <= b {
+                "within"
+            } else {
+                "OVER"
+            }
+        ),
+        None => println!("  peak RSS   {}", gib(s.peak_rss_bytes)),
+    }
+    println!("  tokens/s   {:.0}", s.tokens_per_s());
+    println!("  run        {}", root.display());
+    if let Some(b) = &s.best {
+        println!(
+            "  best       {} ({} {:.4} at step {})",
+            best_dir.display(),
+            b.metric,
+            b.value,
+            b.step
+        );
+    }
+    if let Some(c) = &s.last_checkpoint {
+        println!("  checkpoint {}", c.display());
+    }
 }

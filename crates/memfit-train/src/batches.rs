@@ -1,0 +1,214 @@
+//! From tokenized (source, target) rows to padded micro-batches.
+//!
+//! The order comes from memfit-data's [`memfit_data::Sampler`] (seeded shuffle per epoch, resumable
+//! from its [`memfit_data::Cursor`]); this module gives the loop uniform access to rows — a memory-mapped
+//! [`memfit_data::TokenStore`] or rows held in memory (tests) — and pads them into the engine's batch.
+
+use crate::engine::Seq2SeqBatch;
+use memfit_data::TokenStore;
+
+/// Tokenized seq2seq rows, addressable by index.
+pub trait PairSource {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Source and target token ids of row `index` (`index < len()`).
+    fn pair(&self, index: usize) -> (Vec<u32>, Vec<u32>);
+    /// Token count of every row (the sampler's length grouping and token budgets use it).
+    fn lengths(&self) -> Vec<u32> {
+        (0..self.len())
+            .map(|i| {
+                let (s, t) = self.pair(i);
+                (s.len() + t.len()) as u32
+            })
+            .collect()
+    }
+}
+
+/// Rows held in memory (tests).
+#[derive(Debug, Clone, Default)]
+pub struct InMemoryPairs {
+    pub rows: Vec<(Vec<u32>, Vec<u32>)>,
+}
+
+impl PairSource for InMemoryPairs {
+    fn len(&self) -> usize {
+        self.rows.len()
+    }
+    fn pair(&self, index: usize) -> (Vec<u32>, Vec<u32>) {
+        self.rows[index].clone()
+    }
+}
+
+/// A seq2seq token store (prepared by memfit-data; rows already end in EOS and are truncated).
+pub struct StoreRows(pub TokenStore);
+
+impl PairSource for StoreRows {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn pair(&self, index: usize) -> (Vec<u32>, Vec<u32>) {
+        let row = self.0.row(index);
+        let target = row.target().map(|t| t.to_vec()).unwrap_or_default();
+        (row.source().to_vec(), target)
+    }
+    fn lengths(&self) -> Vec<u32> {
+        self.0.row_lengths().unwrap_or_else(|_| {
+            (0..self.0.len())
+                .map(|i| self.0.row(i).total_tokens() as u32)
+                .collect()
+        })
+    }
+}
+
+/// splitmix64 (Steele, Lea & Flood 2014): a tiny, well-mixed generator for derived seeds.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (n > 0), by rejection so every value is equally likely.
+    pub fn below(&mut self, n: u64) -> u64 {
+        let zone = u64::MAX - (u64::MAX % n);
+        loop {
+            let x = self.next_u64();
+            if x < zone {
+                return x % n;
+            }
+        }
+    }
+}
+
+/// A seed for one purpose derived from the run seed and coordinates (stable across versions).
+pub fn derive_seed(seed: u64, parts: &[u64]) -> u64 {
+    let mut rng = SplitMix64(seed);
+    let mut out = rng.next_u64();
+    for p in parts {
+        rng.0 ^= p.wrapping_mul(0xD6E8_FEB8_6659_FD93);
+        out = rng.next_u64();
+    }
+    out
+}
+
+/// Micro-batches per epoch (the last one may be short).
+pub fn micro_batches_per_epoch(rows: usize, batch: usize) -> u64 {
+    rows.div_ceil(batch) as u64
+}
+
+/// Optimizer steps per epoch: micro-batches grouped by `accum`, the last group possibly short
+/// (the seed's `ceil(len / (batch × accum))`).
+pub fn steps_per_epoch(rows: usize, batch: usize, accum: usize) -> u64 {
+    micro_batches_per_epoch(rows, batch).div_ceil(accum as u64)
+}
+
+/// Padding and truncation limits and ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Collate {
+    pub max_src: usize,
+    pub max_tgt: usize,
+    pub pad_id: u32,
+    pub eos_id: u32,
+}
+
+impl Collate {
+    /// Pads rows to the longest in the batch (dynamic padding); truncates to the limits, keeping a
+    /// final EOS on targets that had one.
+    pub fn batch(&self, rows: &[(Vec<u32>, Vec<u32>)]) -> Seq2SeqBatch {
+        let cut = |ids: &[u32], max: usize, keep_eos: bool| -> Vec<u32> {
+            if ids.len() <= max {
+                return ids.to_vec();
+            }
+            let mut v = ids[..max].to_vec();
+            if keep_eos
+                && ids.last() == Some(&self.eos_id)
+                && let Some(last) = v.last_mut()
+            {
+                *last = self.eos_id;
+            }
+            v
+        };
+        let srcs: Vec<Vec<u32>> = rows
+            .iter()
+            .map(|(s, _)| cut(s, self.max_src, true))
+            .collect();
+        let tgts: Vec<Vec<u32>> = rows
+            .iter()
+            .map(|(_, t)| cut(t, self.max_tgt, true))
+            .collect();
+        let src_len = srcs.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let tgt_len = tgts.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let mut b = Seq2SeqBatch {
+            batch: rows.len(),
+            src_len,
+            tgt_len,
+            input_ids: Vec::with_capacity(rows.len() * src_len),
+            input_mask: Vec::with_capacity(rows.len() * src_len),
+            labels: Vec::with_capacity(rows.len() * tgt_len),
+            label_mask: Vec::with_capacity(rows.len() * tgt_len),
+        };
+        for (s, t) in srcs.iter().zip(&tgts) {
+            for i in 0..src_len {
+                b.input_ids.push(s.get(i).copied().unwrap_or(self.pad_id));
+                b.input_mask.push(i < s.len());
+            }
+            for i in 0..tgt_len {
+                b.labels.push(t.get(i).copied().unwrap_or(self.pad_id));
+                b.label_mask.push(i < t.len());
+            }
+        }
+        b
+    }
+}
+
+/// Source + target tokens a batch really holds (padding excluded).
+pub fn real_tokens(b: &Seq2SeqBatch) -> u64 {
+    (b.input_mask.iter().filter(|m| **m).count() + b.target_tokens()) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_counts_round_up() {
+        assert_eq!(micro_batches_per_epoch(10, 3), 4);
+        assert_eq!(steps_per_epoch(10, 3, 3), 2);
+        assert_eq!(steps_per_epoch(9, 3, 3), 1);
+    }
+
+    #[test]
+    fn collate_pads_masks_and_keeps_eos_on_truncation() {
+        let c = Collate {
+            max_src: 3,
+            max_tgt: 3,
+            pad_id: 0,
+            eos_id: 1,
+        };
+        let b = c.batch(&[
+            (vec![7, 8], vec![9, 10, 11, 1]),
+            (vec![5, 6, 7, 8, 1], vec![12, 1]),
+        ]);
+        assert_eq!((b.batch, b.src_len, b.tgt_len), (2, 3, 3));
+        assert_eq!(b.input_ids, vec![7, 8, 0, 5, 6, 1]);
+        assert_eq!(b.input_mask, vec![true, true, false, true, true, true]);
+        assert_eq!(b.labels, vec![9, 10, 1, 12, 1, 0]);
+        assert_eq!(b.label_mask, vec![true, true, true, true, true, false]);
+        assert_eq!(real_tokens(&b), 5 + 5);
+    }
+
+    #[test]
+    fn derived_seeds_differ_by_coordinate() {
+        let s = derive_seed(1, &[2, 3]);
+        assert_eq!(s, derive_seed(1, &[2, 3]));
+        assert_ne!(s, derive_seed(1, &[3, 2]));
+        assert_ne!(s, derive_seed(2, &[2, 3]));
+    }
+}

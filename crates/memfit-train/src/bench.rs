@@ -1,0 +1,237 @@
+//! `memfit bench train`: trains a T5 on seeded synthetic tokens for a fixed number of steps and
+//! reports the median step time, tokens/s and peak RSS (DESIGN.md §3), counted as
+//! `../shared/bench/pytorch/bench_t5.py` counts them, so the two can be compared side by side.
+
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::engine::{Engine, Seq2SeqBatch};
+use crate::model::dropout::SplitMix64;
+use crate::model::{ModelError, T5Config};
+use crate::optim::{AdafactorConfig, AdafactorLr, AdamWConfig, OptimizerConfig};
+use crate::t5_engine::{EngineOptions, Precision, T5Engine, set_threads};
+
+/// Steps excluded from the median, as bench_t5.py's `WARMUP`.
+pub const WARMUP_STEPS: usize = 3;
+
+/// Learning rate, weight decay and clipping of bench_t5.py's runs (lr 1e-3, AdamW weight decay 0.01,
+/// clip 1.0).
+const LR: f64 = 1e-3;
+const MAX_GRAD_NORM: f64 = 1.0;
+
+/// The first id bench_t5.py draws words from (`benchcommon.T5_FIRST_WORD`: after pad, eos, unk).
+const FIRST_WORD: u32 = 3;
+
+#[derive(Debug, Clone)]
+pub struct BenchSetup {
+    /// Name shown in the report (preset name or config path).
+    pub model_name: String,
+    pub config: T5Config,
+    pub batch: usize,
+    pub src_len: usize,
+    pub tgt_len: usize,
+    pub accum: usize,
+    pub steps: usize,
+    pub threads: usize,
+    pub grad_ckpt: bool,
+    pub precision: Precision,
+    /// `adamw` or `adafactor` (external lr 1e-3, no parameter scaling, as bench_t5.py's `--optim adafactor`).
+    pub optimizer: String,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub sec_per_step_median: f64,
+    pub tokens_per_s: f64,
+    pub peak_rss_bytes: u64,
+    pub loss_first: f64,
+    pub loss_last: f64,
+    pub steps: usize,
+    pub warmup_steps: usize,
+    pub threads: usize,
+    pub setup: Value,
+    /// Every step's wall time, seconds.
+    pub step_seconds: Vec<f64>,
+    pub params_total: u64,
+}
+
+/// A model spec on the command line: `tiny` (issue 6's configuration a: vocab 8000, d_model 256,
+/// d_ff 1024, 4+4 layers, 4 heads; used until the planner's presets are wired in) or a config.json path.
+pub fn resolve_model(spec: &str) -> Result<T5Config, ModelError> {
+    match spec {
+        "tiny" => T5Config::from_json(&tiny_config_json()),
+        path => T5Config::from_file(std::path::Path::new(path)),
+    }
+}
+
+/// Issue 6 configuration (a), shaped as bench_t5.py builds it (d_kv = d_model / heads).
+pub fn tiny_config_json() -> Value {
+    json!({
+        "model_type": "t5", "vocab_size": 8000, "d_model": 256, "d_kv": 64, "d_ff": 1024,
+        "num_layers": 4, "num_decoder_layers": 4, "num_heads": 4, "feed_forward_proj": "relu",
+        "dropout_rate": 0.1, "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0
+    })
+}
+
+fn optimizer_config(name: &str) -> Result<OptimizerConfig, ModelError> {
+    match name {
+        "adamw" => Ok(OptimizerConfig::AdamW(AdamWConfig::default())),
+        "adafactor" => Ok(OptimizerConfig::Adafactor(AdafactorConfig {
+            lr: AdafactorLr::External,
+            scale_parameter: false,
+            ..Default::default()
+        })),
+        other => Err(ModelError::Input(format!(
+            "--optimizer {other:?}: expected adamw or adafactor"
+        ))),
+    }
+}
+
+/// Peak resident set size of this process (VmHWM in /proc/self/status), 0 where unavailable.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// Random tokens in `[FIRST_WORD, vocab)`, every row ending in EOS, no padding (bench_t5.py `--data random`).
+fn synthetic_batch(
+    rng: &mut SplitMix64,
+    cfg: &T5Config,
+    batch: usize,
+    src: usize,
+    tgt: usize,
+) -> Seq2SeqBatch {
+    let span = (cfg.vocab_size as u64)
+        .saturating_sub(FIRST_WORD as u64)
+        .max(1);
+    let mut row = |len: usize| -> Vec<u32> {
+        (0..batch)
+            .flat_map(|_| {
+                let mut r: Vec<u32> = (0..len)
+                    .map(|_| FIRST_WORD + (rng.next_u64() % span) as u32)
+                    .collect();
+                if let Some(last) = r.last_mut() {
+                    *last = cfg.eos_token_id;
+                }
+                r
+            })
+            .collect()
+    };
+    let input_ids = row(src);
+    let labels = row(tgt);
+    Seq2SeqBatch {
+        batch,
+        src_len: src,
+        tgt_len: tgt,
+        input_mask: vec![true; input_ids.len()],
+        label_mask: vec![true; labels.len()],
+        input_ids,
+        labels,
+    }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Runs the benchmark; `on_step(step, loss, seconds)` is called after every optimizer step.
+pub fn run(
+    setup: &BenchSetup,
+    mut on_step: impl FnMut(usize, f64, f64),
+) -> Result<BenchReport, ModelError> {
+    if setup.steps <= WARMUP_STEPS {
+        return Err(ModelError::Input(format!(
+            "--steps {}: must be more than the {WARMUP_STEPS} warm-up steps",
+            setup.steps
+        )));
+    }
+    if setup.batch == 0
+        || setup.src_len == 0
+        || setup.tgt_len == 0
+        || setup.accum == 0
+        || setup.threads == 0
+    {
+        return Err(ModelError::Input(
+            "--batch, --seq, --tgt-seq, --accum and --threads must be > 0".into(),
+        ));
+    }
+    set_threads(setup.threads)?;
+    let options = EngineOptions {
+        optimizer: optimizer_config(&setup.optimizer)?,
+        precision: setup.precision,
+        grad_ckpt: setup.grad_ckpt,
+        ..Default::default()
+    };
+    let mut engine = T5Engine::new(setup.config.clone(), options, setup.seed)?;
+    let mut rng = SplitMix64::new(setup.seed ^ 0xDA7A);
+    let mut seconds = Vec::with_capacity(setup.steps);
+    let mut losses = Vec::with_capacity(setup.steps);
+    let mut micro = 0u64;
+    for step in 0..setup.steps {
+        let batches: Vec<Seq2SeqBatch> = (0..setup.accum)
+            .map(|_| {
+                synthetic_batch(
+                    &mut rng,
+                    &setup.config,
+                    setup.batch,
+                    setup.src_len,
+                    setup.tgt_len,
+                )
+            })
+            .collect();
+        let t0 = Instant::now();
+        let mut loss = 0.0;
+        for b in &batches {
+            micro += 1;
+            loss +=
+                engine.accumulate(b, 1.0 / setup.accum as f32, setup.seed.wrapping_add(micro))?
+                    as f64;
+        }
+        engine.step(LR, Some(MAX_GRAD_NORM))?;
+        let dt = t0.elapsed().as_secs_f64();
+        loss /= setup.accum as f64;
+        seconds.push(dt);
+        losses.push(loss);
+        on_step(step, loss, dt);
+    }
+    let sec = median(&seconds[WARMUP_STEPS..]);
+    let tokens = (setup.batch * setup.accum * (setup.src_len + setup.tgt_len)) as f64;
+    let precision = match setup.precision {
+        Precision::F32 => "fp32",
+        Precision::Bf16 => "bf16",
+    };
+    Ok(BenchReport {
+        sec_per_step_median: sec,
+        tokens_per_s: tokens / sec,
+        peak_rss_bytes: peak_rss_bytes(),
+        loss_first: losses[0],
+        loss_last: *losses.last().unwrap_or(&f64::NAN),
+        steps: setup.steps,
+        warmup_steps: WARMUP_STEPS,
+        threads: setup.threads,
+        setup: json!({
+            "model": setup.model_name, "batch": setup.batch, "seq": setup.src_len,
+            "tgt_seq": setup.tgt_len, "accum": setup.accum, "grad_ckpt": setup.grad_ckpt,
+            "precision": precision, "optimizer": setup.optimizer, "lr": LR,
+            "max_grad_norm": MAX_GRAD_NORM, "dropout": setup.config.dropout_rate,
+            "seed": setup.seed, "backend": "flex",
+        }),
+        params_total: engine.param_counts().total,
+        step_seconds: seconds,
+    })
+}

@@ -1,0 +1,61 @@
+//! `trainer_state.json`: everything besides the tensors that an exact resume needs.
+
+use memfit_data::Cursor;
+use serde::{Deserialize, Serialize};
+
+/// The best evaluation so far (what `best/` holds).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BestRecord {
+    /// `bleu4` or `valid_loss`.
+    pub metric: String,
+    pub value: f64,
+    pub step: u64,
+}
+
+/// How random draws are made. Every draw is derived from the run seed and its coordinates (epoch for
+/// the shuffle; step and micro-batch for dropout), so the state to restore is the seed itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RngState {
+    pub seed: u64,
+    pub scheme: String,
+}
+
+/// The schedule is a pure function of the step; this records where it stands, for a reader.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SchedulerState {
+    pub kind: String,
+    pub total_steps: u64,
+    /// Completed optimizer steps (the schedule's position).
+    pub step: u64,
+    /// The rate of the next step.
+    pub next_lr: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    pub format: u32,
+    /// Epoch the next micro-batch belongs to.
+    pub epoch: u64,
+    /// Optimizer steps completed.
+    pub step: u64,
+    /// Data cursor at this step boundary.
+    pub cursor: Cursor,
+    pub rng: RngState,
+    pub scheduler: SchedulerState,
+    pub best: Option<BestRecord>,
+    /// `TrainConfig::hash` of the run that wrote this.
+    pub config_hash: String,
+    /// The model this checkpoint belongs to (config `model`) and its vocabulary size.
+    pub model: String,
+    pub vocab_size: Option<usize>,
+    /// Loss of the last step and the first (for the summary of a resumed run).
+    pub first_loss: Option<f64>,
+    pub last_loss: Option<f64>,
+    /// BLEU before any training (the summary's "before").
+    pub bleu_before: Option<f64>,
+}
+
+impl TrainerState {
+    pub const FILE: &'static str = "trainer_state.json";
+    pub const FORMAT: u32 = 1;
+}

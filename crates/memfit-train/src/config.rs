@@ -1,0 +1,485 @@
+//! The fully resolved training setup, how it is layered (defaults ← preset ← `--config` file ← flags),
+//! and the hash that decides whether a resume continues the same run.
+
+use crate::schedule::{OneCycle, Schedule, ScheduleKind, WarmupCosine};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("invalid setting {field} = {value}: {reason}")]
+    Invalid {
+        field: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Precision {
+    Fp32,
+    Bf16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OptimizerKind {
+    Adamw,
+    Adafactor,
+}
+
+/// What picks `best/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BestMetric {
+    /// The seed's BLEU-4 formula on greedy generations (higher is better; the seed's choice).
+    Bleu4,
+    /// Validation loss (lower is better).
+    ValidLoss,
+}
+
+/// The fully resolved setup of a run; `config.toml` in the run directory is this, serialized.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// `demo`, a preset name (`chatlm-mini`, …) or a path to a Hugging Face `config.json`.
+    pub model: String,
+    pub task: String,
+    /// Training data: a token store directory, or a parquet/JSONL file prepared on the fly.
+    pub data: Option<String>,
+    pub valid: Option<String>,
+    /// A directory holding `tokenizer.json` (and its companions, copied into every checkpoint).
+    pub tokenizer: Option<String>,
+    pub batch: usize,
+    pub accum: usize,
+    pub seq: usize,
+    pub tgt_seq: usize,
+    pub precision: Precision,
+    pub optimizer: OptimizerKind,
+    /// Adafactor's own relative step size `min(1e-2, 1/√step)` (what the seed's `torch_optimizer`
+    /// Adafactor ran: its scheduler's rate was ignored); `false`: the scheduled rate (external LR).
+    pub adafactor_relative_step: bool,
+    pub grad_ckpt: bool,
+    /// Frozen parameter groups: `embeddings`, `encoder`.
+    pub freeze: Vec<String>,
+    /// Peak learning rate (OneCycle's `max_lr`; the cosine schedule's base rate).
+    pub lr: f64,
+    pub schedule: ScheduleKind,
+    pub warmup_steps: u64,
+    pub div_factor: f64,
+    pub pct_start: f64,
+    pub final_div_factor: f64,
+    /// Global-norm gradient clipping (the seed: 1.0).
+    pub max_grad_norm: Option<f64>,
+    pub epochs: u32,
+    pub max_steps: Option<u64>,
+    pub seed: u64,
+    /// Compute threads (0: all cores).
+    pub threads: usize,
+    pub save_steps: Option<u64>,
+    pub keep: usize,
+    pub eval_steps: Option<u64>,
+    /// Validation rows scored by generation + BLEU at each evaluation (loss uses all rows).
+    pub eval_rows: usize,
+    pub gen_max_tokens: usize,
+    pub best_metric: BestMetric,
+    /// Host-memory budget the summary compares the peak RSS with.
+    pub memory_budget_bytes: Option<u64>,
+}
+
+impl Default for TrainConfig {
+    /// The demo task's setup (see `demo`): a tiny T5 that learns in about two minutes on 2 cores.
+    fn default() -> Self {
+        Self {
+            model: "demo".into(),
+            task: "seq2seq".into(),
+            data: None,
+            valid: None,
+            tokenizer: None,
+            batch: 32,
+            accum: 1,
+            seq: 16,
+            tgt_seq: 24,
+            precision: Precision::Fp32,
+            optimizer: OptimizerKind::Adamw,
+            adafactor_relative_step: true,
+            grad_ckpt: false,
+            freeze: Vec::new(),
+            lr: 3e-3,
+            schedule: ScheduleKind::Onecycle,
+            warmup_steps: 0,
+            div_factor: 25.0,
+            pct_start: 0.3,
+            final_div_factor: 1e4,
+            max_grad_norm: Some(1.0),
+            epochs: 30,
+            max_steps: None,
+            seed: 23333,
+            threads: 0,
+            save_steps: None,
+            keep: 3,
+            eval_steps: None,
+            eval_rows: 64,
+            gen_max_tokens: 24,
+            best_metric: BestMetric::Bleu4,
+            memory_budget_bytes: Some(1 << 30),
+        }
+    }
+}
+
+/// One layer of settings (a `--config` file, a preset, or the command-line flags): only what it sets.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConfigLayer {
+    pub model: Option<String>,
+    pub task: Option<String>,
+    pub data: Option<String>,
+    pub valid: Option<String>,
+    pub tokenizer: Option<String>,
+    pub batch: Option<usize>,
+    pub accum: Option<usize>,
+    pub seq: Option<usize>,
+    pub tgt_seq: Option<usize>,
+    pub precision: Option<Precision>,
+    pub optimizer: Option<OptimizerKind>,
+    pub adafactor_relative_step: Option<bool>,
+    pub grad_ckpt: Option<bool>,
+    pub freeze: Option<Vec<String>>,
+    pub lr: Option<f64>,
+    pub schedule: Option<ScheduleKind>,
+    pub warmup_steps: Option<u64>,
+    pub div_factor: Option<f64>,
+    pub pct_start: Option<f64>,
+    pub final_div_factor: Option<f64>,
+    pub max_grad_norm: Option<f64>,
+    pub epochs: Option<u32>,
+    pub max_steps: Option<u64>,
+    pub seed: Option<u64>,
+    pub threads: Option<usize>,
+    pub save_steps: Option<u64>,
+    pub keep: Option<usize>,
+    pub eval_steps: Option<u64>,
+    pub eval_rows: Option<usize>,
+    pub gen_max_tokens: Option<usize>,
+    pub best_metric: Option<BestMetric>,
+    pub memory_budget_bytes: Option<u64>,
+    /// Keys this trainer does not know (e.g. from a newer `memfit plan --emit memfit`): reported, unused.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, toml::Value>,
+}
+
+impl ConfigLayer {
+    /// Reads a `run.toml` (the keys `memfit plan --emit memfit` writes, or a run's `config.toml`).
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Applies the settings this layer holds on top of `config`.
+    pub fn apply(&self, config: &mut TrainConfig) {
+        macro_rules! set {
+            ($($field:ident),*) => {$(
+                if let Some(v) = &self.$field { config.$field = v.clone(); }
+            )*};
+        }
+        macro_rules! set_opt {
+            ($($field:ident),*) => {$(
+                if let Some(v) = &self.$field { config.$field = Some(v.clone()); }
+            )*};
+        }
+        set!(
+            model,
+            task,
+            batch,
+            accum,
+            seq,
+            tgt_seq,
+            precision,
+            optimizer,
+            adafactor_relative_step,
+            grad_ckpt,
+            freeze,
+            lr,
+            schedule,
+            warmup_steps,
+            div_factor,
+            pct_start,
+            final_div_factor,
+            epochs,
+            seed,
+            threads,
+            keep,
+            eval_rows,
+            gen_max_tokens,
+            best_metric
+        );
+        set_opt!(
+            data,
+            valid,
+            tokenizer,
+            max_grad_norm,
+            max_steps,
+            save_steps,
+            eval_steps,
+            memory_budget_bytes
+        );
+    }
+}
+
+impl TrainConfig {
+    /// Checks values a user controls; every message names the setting.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let positive = |field: &'static str, v: usize| {
+            if v == 0 {
+                Err(ConfigError::Invalid {
+                    field,
+                    value: v.to_string(),
+                    reason: "must be at least 1",
+                })
+            } else {
+                Ok(())
+            }
+        };
+        positive("batch", self.batch)?;
+        positive("accum", self.accum)?;
+        positive("seq", self.seq)?;
+        positive("tgt_seq", self.tgt_seq)?;
+        positive("keep", self.keep)?;
+        if self.task != "seq2seq" {
+            return Err(ConfigError::Invalid {
+                field: "task",
+                value: self.task.clone(),
+                reason: "memfit train runs seq2seq (T5) tasks",
+            });
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(ConfigError::Invalid {
+                field: "lr",
+                value: self.lr.to_string(),
+                reason: "must be a positive number",
+            });
+        }
+        if !(self.pct_start > 0.0 && self.pct_start < 1.0) {
+            return Err(ConfigError::Invalid {
+                field: "pct_start",
+                value: self.pct_start.to_string(),
+                reason: "must lie strictly between 0 and 1",
+            });
+        }
+        if !(self.div_factor >= 1.0 && self.final_div_factor >= 1.0) {
+            return Err(ConfigError::Invalid {
+                field: "div_factor",
+                value: format!("{} / {}", self.div_factor, self.final_div_factor),
+                reason: "div_factor and final_div_factor must be at least 1",
+            });
+        }
+        if self.epochs == 0 && self.max_steps.is_none() {
+            return Err(ConfigError::Invalid {
+                field: "epochs",
+                value: "0".into(),
+                reason: "give at least one epoch or --max-steps",
+            });
+        }
+        if self.max_steps == Some(0) {
+            return Err(ConfigError::Invalid {
+                field: "max_steps",
+                value: "0".into(),
+                reason: "must be at least 1",
+            });
+        }
+        for group in &self.freeze {
+            if group != "embeddings" && group != "encoder" {
+                return Err(ConfigError::Invalid {
+                    field: "freeze",
+                    value: group.clone(),
+                    reason: "known groups: embeddings, encoder",
+                });
+            }
+        }
+        if let Some(n) = self.max_grad_norm
+            && !(n.is_finite() && n > 0.0)
+        {
+            return Err(ConfigError::Invalid {
+                field: "max_grad_norm",
+                value: n.to_string(),
+                reason: "must be a positive number",
+            });
+        }
+        Ok(())
+    }
+
+    /// The schedule over `total_steps` optimizer steps.
+    pub fn schedule(&self, total_steps: u64) -> Schedule {
+        match self.schedule {
+            ScheduleKind::Onecycle => Schedule::OneCycle(OneCycle {
+                max_lr: self.lr,
+                total_steps,
+                pct_start: self.pct_start,
+                div_factor: self.div_factor,
+                final_div_factor: self.final_div_factor,
+            }),
+            ScheduleKind::Cosine => Schedule::WarmupCosine(WarmupCosine {
+                base_lr: self.lr,
+                warmup_steps: self.warmup_steps,
+                total_steps,
+            }),
+        }
+    }
+
+    pub fn to_toml(&self) -> String {
+        // Serializing plain data with no maps of non-string keys cannot fail.
+        toml::to_string(self).unwrap_or_default()
+    }
+
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// The settings that decide the trajectory of the weights, as name → value. Bookkeeping
+    /// (save/eval cadence, retention, threads, budget) may change across a resume.
+    fn trajectory(&self) -> BTreeMap<String, serde_json::Value> {
+        const BOOKKEEPING: [&str; 8] = [
+            "threads",
+            "save_steps",
+            "keep",
+            "eval_steps",
+            "eval_rows",
+            "gen_max_tokens",
+            "best_metric",
+            "memory_budget_bytes",
+        ];
+        let value = serde_json::to_value(self).unwrap_or_default();
+        let mut map = BTreeMap::new();
+        if let serde_json::Value::Object(fields) = value {
+            for (k, v) in fields {
+                if !BOOKKEEPING.contains(&k.as_str()) {
+                    map.insert(k, v);
+                }
+            }
+        }
+        map
+    }
+
+    /// FNV-1a 64 over the canonical JSON of the trajectory settings, as 16 hex digits.
+    pub fn hash(&self) -> String {
+        let canonical = serde_json::to_string(&self.trajectory()).unwrap_or_default();
+        format!("{:016x}", fnv1a64(canonical.as_bytes()))
+    }
+
+    /// The trajectory settings that differ: `(name, old, new)`.
+    pub fn changes_from(&self, old: &TrainConfig) -> Vec<(String, String, String)> {
+        let (a, b) = (old.trajectory(), self.trajectory());
+        a.iter()
+            .filter_map(|(k, va)| {
+                let vb = b.get(k).cloned().unwrap_or(serde_json::Value::Null);
+                (va != &vb).then(|| (k.clone(), va.to_string(), vb.to_string()))
+            })
+            .collect()
+    }
+}
+
+/// FNV-1a, 64-bit (offset basis 0xcbf29ce484222325, prime 0x100000001b3: the published FNV constants).
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_override_in_order_and_unknown_keys_are_kept_apart() {
+        let file: ConfigLayer = toml::from_str(
+            "model = \"t5-small\"\nbatch = 8\naccum = 4\nlr = 1e-4\nprecision = \"bf16\"\nmax_steps = 10\ngpus = 2\n",
+        )
+        .unwrap();
+        assert_eq!(file.unknown.keys().collect::<Vec<_>>(), vec!["gpus"]);
+        let flags = ConfigLayer {
+            batch: Some(2),
+            ..Default::default()
+        };
+        let mut c = TrainConfig::default();
+        file.apply(&mut c);
+        flags.apply(&mut c);
+        assert_eq!(c.model, "t5-small");
+        assert_eq!(c.batch, 2);
+        assert_eq!(c.accum, 4);
+        assert_eq!(c.precision, Precision::Bf16);
+        assert_eq!(c.max_steps, Some(10));
+    }
+
+    #[test]
+    fn resolved_config_round_trips_through_toml() {
+        let c = TrainConfig {
+            max_steps: Some(7),
+            freeze: vec!["encoder".into()],
+            ..Default::default()
+        };
+        let back = TrainConfig::from_toml(&c.to_toml(), Path::new("x")).unwrap();
+        assert_eq!(back, c);
+        assert_eq!(back.hash(), c.hash());
+    }
+
+    #[test]
+    fn hash_ignores_bookkeeping_but_not_the_trajectory() {
+        let a = TrainConfig::default();
+        let b = TrainConfig {
+            keep: 9,
+            threads: 1,
+            save_steps: Some(5),
+            ..a.clone()
+        };
+        assert_eq!(a.hash(), b.hash());
+        let c = TrainConfig {
+            lr: 1.0,
+            ..a.clone()
+        };
+        assert_ne!(a.hash(), c.hash());
+        let changes = c.changes_from(&a);
+        assert_eq!(changes.len(), 1);
+        assert_eq!(changes[0].0, "lr");
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let c = TrainConfig {
+            batch: 0,
+            ..Default::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("batch"));
+        let c = TrainConfig {
+            freeze: vec!["decoder".into()],
+            ..Default::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("decoder"));
+        TrainConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn fnv_matches_published_test_vector() {
+        // FNV-1a 64 of "a" is 0xaf63dc4c8601ec8c (Fowler/Noll/Vo test vectors).
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

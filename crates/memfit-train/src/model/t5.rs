@@ -1,0 +1,208 @@
+//! The T5 forward pass (transformers' `T5ForConditionalGeneration`), over parameters held as a flat
+//! list of tensors indexed by [`T5Layout`].
+//!
+//! Faithful details: RMS layer norm without mean or bias; no 1/√d_kv attention scaling (folded into
+//! the init of `q`); relative position bias computed in block 0 of each stack and added in every
+//! block; the encoder padding mask and the decoder's causal mask added to the scores; dropout after
+//! the embedding, on attention probabilities, inside the FFN, after each sub-layer and after the final
+//! norm; the tied LM head rescales the decoder output by d_model^-½.
+
+use burn::prelude::*;
+use burn::tensor::activation::{gelu, gelu_approximate, relu, silu, softmax};
+use burn::tensor::{DType, TensorData};
+
+use crate::model::bucket::bucket_grid;
+use crate::model::config::{Activation, T5Config};
+use crate::model::dropout::Dropout;
+use crate::model::layout::{AttnParams, FfnParams, T5Layout};
+
+/// Added to the scores of masked positions. transformers adds `torch.finfo(dtype).min`; any value
+/// whose `exp` underflows to 0 gives the same probabilities, and this one stays finite in bf16.
+const MASKED: f32 = -1e9;
+
+/// A model: configuration, layout and the current parameter tensors (tracked or not).
+pub struct T5Forward<'a> {
+    pub cfg: &'a T5Config,
+    pub layout: &'a T5Layout,
+    pub params: &'a [Tensor<2>],
+    /// Float dtype of the parameters (f32, or bf16); masks are built in it.
+    pub dtype: DType,
+}
+
+impl T5Forward<'_> {
+    fn p(&self, i: usize) -> Tensor<2> {
+        self.params[i].clone()
+    }
+
+    fn embed(&self, ids: Tensor<2, Int>) -> Tensor<3> {
+        let [b, t] = ids.dims();
+        self.p(self.layout.shared)
+            .select(0, ids.reshape([b * t]))
+            .reshape([b, t, self.cfg.d_model])
+    }
+
+    fn rms_norm(&self, x: Tensor<3>, weight: usize) -> Tensor<3> {
+        // T5LayerNorm: x / sqrt(mean(x²) + eps) · w — no mean subtraction, no bias.
+        let var = x.clone().square().mean_dim(2);
+        let w = self.p(weight).unsqueeze::<3>();
+        x * (var + self.cfg.layer_norm_epsilon).sqrt().recip() * w
+    }
+
+    fn linear(&self, x: Tensor<3>, weight: usize) -> Tensor<3> {
+        let [b, t, d] = x.dims();
+        let w = self.p(weight);
+        let out = w.dims()[1];
+        x.reshape([b * t, d]).matmul(w).reshape([b, t, out])
+    }
+
+    fn heads(&self, x: Tensor<3>) -> Tensor<4> {
+        let [b, t, _] = x.dims();
+        x.reshape([b, t, self.cfg.num_heads, self.cfg.d_kv])
+            .swap_dims(1, 2)
+    }
+
+    /// Multi-head attention of `xq` over `xkv`; `bias` (`[b|1, h|1, tq, tk]`) carries the position
+    /// bias and the masks.
+    fn attention(
+        &self,
+        xq: Tensor<3>,
+        xkv: Tensor<3>,
+        a: &AttnParams,
+        bias: &Tensor<4>,
+        drop: &mut Dropout,
+    ) -> Tensor<3> {
+        let [b, tq, _] = xq.dims();
+        let q = self.heads(self.linear(xq, a.q));
+        let k = self.heads(self.linear(xkv.clone(), a.k));
+        let v = self.heads(self.linear(xkv, a.v));
+        let scores = q.matmul(k.swap_dims(2, 3)) + bias.clone();
+        let probs = drop.apply(softmax(scores, 3));
+        let ctx = probs
+            .matmul(v)
+            .swap_dims(1, 2)
+            .reshape([b, tq, self.cfg.inner_dim()]);
+        self.linear(ctx, a.o)
+    }
+
+    fn ffn(&self, x: Tensor<3>, f: &FfnParams, drop: &mut Dropout) -> Tensor<3> {
+        let act = |h: Tensor<3>| match self.cfg.feed_forward.activation {
+            Activation::Relu => relu(h),
+            Activation::Gelu => gelu(h),
+            Activation::GeluNew => gelu_approximate(h),
+            Activation::Silu => silu(h),
+        };
+        let h = match f.wi_1 {
+            // Gated (T5 v1.1): act(x·wi_0) ⊙ (x·wi_1).
+            Some(wi_1) => act(self.linear(x.clone(), f.wi)) * self.linear(x, wi_1),
+            None => act(self.linear(x, f.wi)),
+        };
+        self.linear(drop.apply(h), f.wo)
+    }
+
+    /// `[1, heads, q, k]` relative position bias from the table at `table`.
+    fn position_bias(
+        &self,
+        table: usize,
+        q: usize,
+        k: usize,
+        q_offset: usize,
+        bidirectional: bool,
+        device: &Device,
+    ) -> Tensor<4> {
+        let ids = bucket_grid(
+            q,
+            k,
+            q_offset,
+            bidirectional,
+            self.cfg.relative_attention_num_buckets,
+            self.cfg.relative_attention_max_distance,
+        );
+        let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [q * k]), device);
+        let h = self.cfg.num_heads;
+        self.p(table)
+            .select(0, ids)
+            .reshape([q, k, h])
+            .permute([2, 0, 1])
+            .reshape([1, h, q, k])
+    }
+
+    /// Encoder output `[b, s, d]` (after the final norm and dropout).
+    pub fn encode(&self, ids: Tensor<2, Int>, mask: &Tensor<4>, drop: &mut Dropout) -> Tensor<3> {
+        let [_, s] = ids.dims();
+        let device = ids.device();
+        let bias =
+            self.position_bias(self.layout.encoder_rel_bias, s, s, 0, true, &device) + mask.clone();
+        let mut x = drop.apply(self.embed(ids));
+        for blk in &self.layout.encoder {
+            let h = self.rms_norm(x.clone(), blk.attn_norm);
+            let h = self.attention(h.clone(), h, &blk.attn, &bias, drop);
+            x = x + drop.apply(h);
+            let h = self.rms_norm(x.clone(), blk.ffn_norm);
+            let h = self.ffn(h, &blk.ffn, drop);
+            x = x + drop.apply(h);
+        }
+        drop.apply(self.rms_norm(x, self.layout.encoder_norm))
+    }
+
+    /// Decoder output `[b, t, d]` for decoder inputs `ids` (after the final norm and dropout).
+    pub fn decode(
+        &self,
+        ids: Tensor<2, Int>,
+        encoded: &Tensor<3>,
+        cross_mask: &Tensor<4>,
+        drop: &mut Dropout,
+    ) -> Tensor<3> {
+        let [_, t] = ids.dims();
+        let device = ids.device();
+        let bias = self.position_bias(self.layout.decoder_rel_bias, t, t, 0, false, &device)
+            + causal_mask(t, &device, self.dtype);
+        let mut x = drop.apply(self.embed(ids));
+        for blk in &self.layout.decoder {
+            let h = self.rms_norm(x.clone(), blk.self_norm);
+            let h = self.attention(h.clone(), h, &blk.self_attn, &bias, drop);
+            x = x + drop.apply(h);
+            let h = self.rms_norm(x.clone(), blk.cross_norm);
+            // Cross-attention has no position bias in T5, only the encoder padding mask.
+            let h = self.attention(h, encoded.clone(), &blk.cross_attn, cross_mask, drop);
+            x = x + drop.apply(h);
+            let h = self.rms_norm(x.clone(), blk.ffn_norm);
+            let h = self.ffn(h, &blk.ffn, drop);
+            x = x + drop.apply(h);
+        }
+        drop.apply(self.rms_norm(x, self.layout.decoder_norm))
+    }
+
+    /// Logits `[b·t, vocab]` from decoder output.
+    pub fn lm_logits(&self, hidden: Tensor<3>) -> Tensor<2> {
+        let [b, t, d] = hidden.dims();
+        let h = hidden.reshape([b * t, d]);
+        match self.layout.lm_head {
+            Some(head) => h.matmul(self.p(head)),
+            // Tied: transformers rescales by d_model^-½ before projecting onto the embedding.
+            None => (h * (d as f64).powf(-0.5)).matmul(self.p(self.layout.shared).transpose()),
+        }
+    }
+}
+
+/// Additive key-padding mask `[b, 1, 1, s]`: 0 where `mask` is true, [`MASKED`] elsewhere.
+pub fn padding_mask(
+    mask: &[bool],
+    batch: usize,
+    len: usize,
+    device: &Device,
+    dtype: DType,
+) -> Tensor<4> {
+    let data: Vec<f32> = mask.iter().map(|&m| if m { 0.0 } else { MASKED }).collect();
+    Tensor::from_data(TensorData::new(data, [batch, 1, 1, len]), (device, dtype))
+}
+
+/// Additive causal mask `[1, 1, t, t]`: queries see keys at or before themselves.
+pub fn causal_mask(t: usize, device: &Device, dtype: DType) -> Tensor<4> {
+    let mut data = vec![0.0f32; t * t];
+    for q in 0..t {
+        for k in q + 1..t {
+            data[q * t + k] = MASKED;
+        }
+    }
+    Tensor::from_data(TensorData::new(data, [1, 1, t, t]), (device, dtype))
+}

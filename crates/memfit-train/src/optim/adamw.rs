@@ -1,0 +1,46 @@
+//! AdamW with decoupled weight decay, as `torch.optim.AdamW` computes it (Loshchilov & Hutter 2019).
+
+/// Defaults are torch's: betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdamWConfig {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        Self {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+pub(super) fn update(
+    c: &AdamWConfig,
+    step: u64,
+    lr: f64,
+    w: &mut [f32],
+    g: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+) {
+    let t = step as i32;
+    let bc1 = 1.0 - c.beta1.powi(t);
+    let bc2_sqrt = (1.0 - c.beta2.powi(t)).sqrt();
+    let step_size = (lr / bc1) as f32;
+    let decay = (1.0 - lr * c.weight_decay) as f32;
+    let (b1, b2, eps) = (c.beta1 as f32, c.beta2 as f32, c.eps as f32);
+    let inv_bc2_sqrt = (1.0 / bc2_sqrt) as f32;
+    for i in 0..w.len() {
+        let gi = g[i];
+        m[i] = b1 * m[i] + (1.0 - b1) * gi;
+        v[i] = b2 * v[i] + (1.0 - b2) * gi * gi;
+        let denom = v[i].sqrt() * inv_bc2_sqrt + eps;
+        w[i] = w[i] * decay - step_size * m[i] / denom;
+    }
+}

@@ -1,0 +1,474 @@
+//! The training loop, generic over [`Engine`]: seeded batches from a cursor, gradient accumulation
+//! (each micro-batch's loss scaled by 1/accum exactly once, in the engine), one optimizer step at the
+//! scheduled rate, metrics, evaluation, `best/`, checkpoints with retention, and a graceful stop.
+//!
+//! Everything that decides the weights is a function of (config, step, cursor), all saved in
+//! `trainer_state.json`, so a run resumed from a checkpoint computes what the uninterrupted run would have.
+
+use crate::batches::{self, Collate, PairSource};
+use crate::checkpoint::{
+    BestRecord, CheckpointError, Checkpointer, RngState, SaveOutcome, SchedulerState, TrainerState,
+};
+use crate::config::{BestMetric, TrainConfig};
+use crate::engine::Engine;
+use crate::eval::{self, EvalReport, EvalSetup};
+use crate::metrics::{self, StepMetrics};
+use crate::run_dir::{RunDir, RunDirError};
+use crate::schedule::Schedule;
+use crate::signals::StopFlag;
+use crate::text::TextDecoder;
+use memfit_data::{Batching, Cursor, Sampler, SamplerConfig};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoopError {
+    #[error("the training data has no rows")]
+    EmptyData,
+    #[error("the training data cannot be sampled: {0}")]
+    Data(String),
+    #[error("at step {step}: the engine failed: {message}")]
+    Engine { step: u64, message: String },
+    #[error(
+        "at step {step}: the loss is {loss} (not finite); stopping — lower --lr or check the data"
+    )]
+    NonFinite { step: u64, loss: f64 },
+    #[error(transparent)]
+    RunDir(#[from] RunDirError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+}
+
+/// Tags that keep derived seeds of different purposes apart.
+const DROPOUT_SEED_TAG: u64 = 0x4452_4f50; // "DROP"
+
+/// The seed handed to `Engine::accumulate` for micro-batch `micro` of optimizer step `step` (0-based).
+pub fn micro_batch_seed(run_seed: u64, step: u64, micro: u64) -> u64 {
+    batches::derive_seed(run_seed, &[DROPOUT_SEED_TAG, step, micro])
+}
+
+/// The epoch the next micro-batch belongs to (a cursor at the end of an epoch points past it).
+fn next_epoch(cursor: &Cursor, micro_per_epoch: u64) -> u64 {
+    if cursor.position >= micro_per_epoch {
+        cursor.epoch + 1
+    } else {
+        cursor.epoch
+    }
+}
+
+/// Hooks for a progress display; every method has a no-op default.
+pub trait Observer {
+    fn on_start(&mut self, _total_steps: u64, _start_step: u64) {}
+    fn on_step(&mut self, _metrics: &StepMetrics) {}
+    fn on_eval(&mut self, _step: u64, _report: &EvalReport) {}
+    /// A line worth showing the user (checkpoint skipped, stop requested, …).
+    fn on_message(&mut self, _message: &str) {}
+}
+
+/// An observer that shows nothing.
+pub struct Silent;
+impl Observer for Silent {}
+
+/// How a loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// All steps done.
+    Completed,
+    /// A stop was requested (SIGINT/SIGTERM); the state is checkpointed: exit 75.
+    Stopped,
+}
+
+/// What the summary prints.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    pub finish: Finish,
+    pub start_step: u64,
+    pub steps: u64,
+    pub total_steps: u64,
+    pub first_loss: Option<f64>,
+    pub last_loss: Option<f64>,
+    pub bleu_before: Option<f64>,
+    pub last_eval: Option<EvalReport>,
+    pub best: Option<BestRecord>,
+    pub peak_rss_bytes: u64,
+    pub tokens: u64,
+    pub seconds: f64,
+    pub last_checkpoint: Option<PathBuf>,
+}
+
+impl Summary {
+    pub fn tokens_per_s(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.tokens as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Everything one loop needs. `resume` is the state of the checkpoint the engine was loaded from.
+pub struct Trainer<'a, E: Engine> {
+    pub engine: &'a mut E,
+    pub config: &'a TrainConfig,
+    pub run: &'a mut RunDir,
+    pub checkpointer: &'a mut Checkpointer,
+    pub train: &'a dyn PairSource,
+    pub valid: Option<&'a dyn PairSource>,
+    pub collate: Collate,
+    pub decoder: &'a dyn TextDecoder,
+    pub stop: StopFlag,
+    pub observer: &'a mut dyn Observer,
+    pub resume: Option<TrainerState>,
+    pub vocab_size: Option<usize>,
+}
+
+/// The mutable bookkeeping of a loop.
+struct Progress {
+    step: u64,
+    cursor: Cursor,
+    best: Option<BestRecord>,
+    first_loss: Option<f64>,
+    last_loss: Option<f64>,
+    bleu_before: Option<f64>,
+}
+
+impl<'a, E: Engine> Trainer<'a, E> {
+    /// Optimizer steps of the whole run: `--max-steps`, else epochs × steps per epoch.
+    pub fn total_steps(config: &TrainConfig, train_rows: usize) -> u64 {
+        config.max_steps.unwrap_or_else(|| {
+            u64::from(config.epochs)
+                * batches::steps_per_epoch(train_rows, config.batch, config.accum)
+        })
+    }
+
+    pub fn run(mut self) -> Result<Summary, LoopError> {
+        let config = self.config;
+        let rows = self.train.len();
+        if rows == 0 {
+            return Err(LoopError::EmptyData);
+        }
+        let micro_per_epoch = batches::micro_batches_per_epoch(rows, config.batch);
+        let total = Self::total_steps(config, rows);
+        let schedule = config.schedule(total);
+        let mut p = match self.resume.take() {
+            Some(s) => Progress {
+                step: s.step,
+                cursor: s.cursor,
+                best: s.best,
+                first_loss: s.first_loss,
+                last_loss: s.last_loss,
+                bleu_before: s.bleu_before,
+            },
+            None => Progress {
+                step: 0,
+                cursor: Cursor {
+                    epoch: 0,
+                    position: 0,
+                    seed: config.seed,
+                },
+                best: None,
+                first_loss: None,
+                last_loss: None,
+                bleu_before: None,
+            },
+        };
+        let start_step = p.step;
+        self.observer.on_start(total, start_step);
+        let started = Instant::now();
+        let mut tokens_total = 0u64;
+        let mut last_checkpoint = None;
+        let mut last_eval = None;
+        let mut warned_budget = false;
+
+        if start_step == 0 && self.valid.is_some() {
+            let report = self.evaluate(0)?;
+            p.bleu_before = Some(report.bleu4);
+            last_eval = Some(report);
+        }
+
+        let sampler_config = SamplerConfig::new(config.seed, Batching::Samples(config.batch));
+        let mut sampler = Sampler::resume(sampler_config, self.train.lengths(), p.cursor)
+            .map_err(|e| LoopError::Data(e.to_string()))?;
+        let mut finish = Finish::Completed;
+        while p.step < total {
+            // The sampler moves to the next epoch when it hands out that epoch's first batch.
+            let at = sampler.cursor();
+            let (epoch, first) = if sampler.epoch_finished() {
+                (at.epoch + 1, 0)
+            } else {
+                (at.epoch, at.position)
+            };
+            let k = (config.accum as u64).min(micro_per_epoch - first);
+            let last = first + k;
+            let t0 = Instant::now();
+            let (mut loss_sum, mut tokens) = (0.0f64, 0u64);
+            for i in 0..k {
+                let rows = sampler.next_batch();
+                let pairs: Vec<_> = rows.iter().map(|&r| self.train.pair(r)).collect();
+                let batch = self.collate.batch(&pairs);
+                tokens += batches::real_tokens(&batch);
+                let seed = micro_batch_seed(config.seed, p.step, i);
+                let loss = self
+                    .engine
+                    .accumulate(&batch, 1.0 / k as f32, seed)
+                    .map_err(|e| LoopError::Engine {
+                        step: p.step + 1,
+                        message: e.to_string(),
+                    })?;
+                loss_sum += f64::from(loss);
+            }
+            let lr = schedule.lr_at(p.step);
+            let stats =
+                self.engine
+                    .step(lr, config.max_grad_norm)
+                    .map_err(|e| LoopError::Engine {
+                        step: p.step + 1,
+                        message: e.to_string(),
+                    })?;
+            p.step += 1;
+            let loss = loss_sum / k as f64;
+            if !loss.is_finite() {
+                self.run
+                    .event(p.step, "error", json!({"loss": loss.to_string()}))?;
+                return Err(LoopError::NonFinite { step: p.step, loss });
+            }
+            p.first_loss.get_or_insert(loss);
+            p.last_loss = Some(loss);
+            p.cursor = sampler.cursor();
+            let epoch_end = last == micro_per_epoch;
+            let step_s = t0.elapsed().as_secs_f64();
+            tokens_total += tokens;
+            let rss = metrics::rss();
+            let m = StepMetrics {
+                step: p.step,
+                epoch,
+                micro_batch: last,
+                accum: k,
+                loss,
+                lr,
+                grad_norm: stats.grad_norm,
+                tokens,
+                tokens_per_s: if step_s > 0.0 {
+                    tokens as f64 / step_s
+                } else {
+                    0.0
+                },
+                step_s,
+                rss_bytes: rss.current,
+                peak_rss_bytes: rss.peak,
+                gpu_bytes: None,
+            };
+            self.run.append_metrics(&m)?;
+            self.observer.on_step(&m);
+            if let Some(budget) = config.memory_budget_bytes
+                && rss.peak > budget
+                && !warned_budget
+            {
+                warned_budget = true;
+                self.run.event(
+                    p.step,
+                    "over_budget",
+                    json!({"peak_rss_bytes": rss.peak, "budget_bytes": budget}),
+                )?;
+                self.observer.on_message(&format!(
+                    "warning: peak RSS {} B is over the memory budget {} B",
+                    rss.peak, budget
+                ));
+            }
+            let eval_due = self.valid.is_some()
+                && (epoch_end
+                    || p.step == total
+                    || config.eval_steps.is_some_and(|n| n > 0 && p.step % n == 0));
+            if eval_due {
+                let report = self.evaluate(p.step)?;
+                self.update_best(&mut p, &schedule, total, &report)?;
+                last_eval = Some(report);
+            }
+
+            let stop = self.stop.is_requested();
+            let save_due = epoch_end
+                || p.step == total
+                || stop
+                || config.save_steps.is_some_and(|n| n > 0 && p.step % n == 0);
+            if save_due && let Some(path) = self.save(&p, &schedule, total)? {
+                last_checkpoint = Some(path);
+            }
+            if stop {
+                self.run
+                    .event(p.step, "stop", json!({"reason": "signal", "exit": 75}))?;
+                finish = Finish::Stopped;
+                break;
+            }
+        }
+        if finish == Finish::Completed {
+            self.run.event(p.step, "finish", json!({"steps": p.step}))?;
+        }
+        Ok(Summary {
+            finish,
+            start_step,
+            steps: p.step,
+            total_steps: total,
+            first_loss: p.first_loss,
+            last_loss: p.last_loss,
+            bleu_before: p.bleu_before,
+            last_eval,
+            best: p.best,
+            peak_rss_bytes: metrics::rss().peak,
+            tokens: tokens_total,
+            seconds: started.elapsed().as_secs_f64(),
+            last_checkpoint,
+        })
+    }
+
+    fn evaluate(&mut self, step: u64) -> Result<EvalReport, LoopError> {
+        let Some(valid) = self.valid else {
+            unreachable!("evaluate is only called with validation data")
+        };
+        let setup = EvalSetup {
+            collate: self.collate,
+            batch: self.config.batch,
+            generate_rows: self.config.eval_rows,
+            max_new_tokens: self.config.gen_max_tokens,
+            decoder: self.decoder,
+        };
+        let t0 = Instant::now();
+        let report =
+            eval::evaluate(&*self.engine, valid, &setup).map_err(|e| LoopError::Engine {
+                step,
+                message: format!("evaluation: {e}"),
+            })?;
+        self.run.event(
+            step,
+            "eval",
+            json!({
+                "valid_loss": report.valid_loss,
+                "bleu4": report.bleu4,
+                "bleu4_standard": report.bleu4_standard,
+                "rows_loss": report.rows_loss,
+                "rows_generated": report.rows_generated,
+                "seconds": t0.elapsed().as_secs_f64(),
+                "samples": report.samples,
+            }),
+        )?;
+        self.observer.on_eval(step, &report);
+        Ok(report)
+    }
+
+    fn update_best(
+        &mut self,
+        p: &mut Progress,
+        schedule: &Schedule,
+        total: u64,
+        report: &EvalReport,
+    ) -> Result<(), LoopError> {
+        let (metric, value, higher_is_better) = match self.config.best_metric {
+            BestMetric::Bleu4 => ("bleu4", report.bleu4, true),
+            BestMetric::ValidLoss => ("valid_loss", report.valid_loss, false),
+        };
+        if !value.is_finite() {
+            return Ok(());
+        }
+        let better = p.best.as_ref().is_none_or(|b| {
+            if higher_is_better {
+                value > b.value
+            } else {
+                value < b.value
+            }
+        });
+        if !better {
+            return Ok(());
+        }
+        let candidate = BestRecord {
+            metric: metric.into(),
+            value,
+            step: p.step,
+        };
+        let previous = p.best.replace(candidate);
+        let state = self.state(p, schedule, total);
+        match self.checkpointer.save_best(&*self.engine, &state)? {
+            SaveOutcome::Saved { path, bytes } => {
+                self.run.event(
+                    p.step,
+                    "best",
+                    json!({"path": path, "bytes": bytes, "metric": metric, "value": value}),
+                )?;
+            }
+            SaveOutcome::Skipped { path, needed, free } => {
+                p.best = previous;
+                self.skipped(p.step, &path, needed, free)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn save(
+        &mut self,
+        p: &Progress,
+        schedule: &Schedule,
+        total: u64,
+    ) -> Result<Option<PathBuf>, LoopError> {
+        let state = self.state(p, schedule, total);
+        match self.checkpointer.save_step(&*self.engine, &state)? {
+            SaveOutcome::Saved { path, bytes } => {
+                self.run
+                    .event(p.step, "checkpoint", json!({"path": path, "bytes": bytes}))?;
+                Ok(Some(path))
+            }
+            SaveOutcome::Skipped { path, needed, free } => {
+                self.skipped(p.step, &path, needed, free)?;
+                Ok(None)
+            }
+        }
+    }
+
+    fn skipped(
+        &mut self,
+        step: u64,
+        path: &std::path::Path,
+        needed: u64,
+        free: u64,
+    ) -> Result<(), LoopError> {
+        self.run.event(
+            step,
+            "checkpoint_skipped",
+            json!({"path": path, "needed_bytes": needed, "free_bytes": free}),
+        )?;
+        self.observer.on_message(&format!(
+            "warning: checkpoint {} skipped: {needed} bytes needed, {free} free on its disk",
+            path.display()
+        ));
+        Ok(())
+    }
+
+    fn micro_per_epoch(&self) -> u64 {
+        batches::micro_batches_per_epoch(self.train.len(), self.config.batch)
+    }
+
+    fn state(&self, p: &Progress, schedule: &Schedule, total: u64) -> TrainerState {
+        TrainerState {
+            format: TrainerState::FORMAT,
+            epoch: next_epoch(&p.cursor, self.micro_per_epoch()),
+            step: p.step,
+            cursor: p.cursor,
+            rng: RngState {
+                seed: self.config.seed,
+                scheme: "memfit-data sampler shuffle per (seed, epoch); splitmix64 dropout seeds per (seed, step, micro-batch)"
+                    .into(),
+            },
+            scheduler: SchedulerState {
+                kind: format!("{:?}", self.config.schedule).to_lowercase(),
+                total_steps: total,
+                step: p.step,
+                next_lr: schedule.lr_at(p.step),
+            },
+            best: p.best.clone(),
+            config_hash: self.config.hash(),
+            model: self.config.model.clone(),
+            vocab_size: self.vocab_size,
+            first_loss: p.first_loss,
+            last_loss: p.last_loss,
+            bleu_before: p.bleu_before,
+        }
+    }
+}

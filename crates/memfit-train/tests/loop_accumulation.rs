@@ -1,0 +1,141 @@
+//! Accumulation bookkeeping: one `accumulate` per micro-batch with the loss scaled by 1/accum (1/k for
+//! an epoch's short last step), seeds derived from (seed, step, micro), the scheduled rate per step.
+
+mod loop_support;
+
+use loop_support::*;
+use memfit_train::signals::StopFlag;
+use memfit_train::train_loop::{Finish, micro_batch_seed};
+
+#[test]
+fn one_accumulate_per_micro_batch_scaled_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = small_config();
+    let mut engine = LinearEngine::new();
+    let summary = train(
+        &dir.path().join("run"),
+        &config,
+        &mut engine,
+        None,
+        StopFlag::new(),
+        plenty,
+    )
+    .unwrap();
+    assert_eq!(summary.finish, Finish::Completed);
+    // 20 rows / batch 3 = 7 micro-batches per epoch; accum 2 → steps of 2,2,2,1 micro-batches.
+    assert_eq!(summary.total_steps, 12);
+    assert_eq!(engine.calls.len(), 3 * 7);
+    assert_eq!(engine.steps_done, 12);
+    let scales: Vec<f32> = engine.calls[..7].iter().map(|c| c.loss_scale).collect();
+    assert_eq!(scales, vec![0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 1.0]);
+    // Rows: six full batches of 3, then the remaining 2.
+    let rows: Vec<usize> = engine.calls[..7].iter().map(|c| c.rows).collect();
+    assert_eq!(rows, vec![3, 3, 3, 3, 3, 3, 2]);
+    // Seeds: (run seed, step, micro index within the step).
+    assert_eq!(engine.calls[0].seed, micro_batch_seed(config.seed, 0, 0));
+    assert_eq!(engine.calls[1].seed, micro_batch_seed(config.seed, 0, 1));
+    assert_eq!(engine.calls[2].seed, micro_batch_seed(config.seed, 1, 0));
+    let mut seeds: Vec<u64> = engine.calls.iter().map(|c| c.seed).collect();
+    seeds.sort();
+    seeds.dedup();
+    assert_eq!(
+        seeds.len(),
+        engine.calls.len(),
+        "every micro-batch draws its own seed"
+    );
+    // The rate of each step is the schedule's at the number of completed steps.
+    let schedule = config.schedule(12);
+    for (k, lr) in engine.lrs.iter().enumerate() {
+        assert_eq!(*lr, schedule.lr_at(k as u64));
+    }
+}
+
+#[test]
+fn metrics_have_one_line_per_step_with_every_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("run");
+    let mut engine = LinearEngine::new();
+    train(
+        &root,
+        &small_config(),
+        &mut engine,
+        None,
+        StopFlag::new(),
+        plenty,
+    )
+    .unwrap();
+    let lines = read_jsonl(&root.join("metrics.jsonl"));
+    assert_eq!(lines.len(), 12);
+    for (i, m) in lines.iter().enumerate() {
+        assert_eq!(m["step"], i as u64 + 1);
+        for key in [
+            "epoch",
+            "micro_batch",
+            "accum",
+            "loss",
+            "lr",
+            "grad_norm",
+            "tokens",
+            "tokens_per_s",
+            "step_s",
+            "rss_bytes",
+            "peak_rss_bytes",
+        ] {
+            assert!(m.get(key).is_some(), "metrics line lacks {key}");
+        }
+    }
+    assert_eq!(lines[3]["accum"], 1);
+    assert_eq!(lines[3]["micro_batch"], 7);
+    assert_eq!(lines[4]["epoch"], 1);
+    // Tokens: 5 source + 5 target per row, no padding in this data; step 1 reads 6 rows.
+    assert_eq!(lines[0]["tokens"], 60);
+    // The loss falls on this learnable task.
+    let first = lines[0]["loss"].as_f64().unwrap();
+    let last = lines[11]["loss"].as_f64().unwrap();
+    assert!(last < first, "loss {first} → {last}");
+}
+
+#[test]
+fn max_steps_caps_the_run_across_epochs() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = memfit_train::config::TrainConfig {
+        max_steps: Some(6),
+        epochs: 1,
+        ..small_config()
+    };
+    let mut engine = LinearEngine::new();
+    let s = train(
+        &dir.path().join("run"),
+        &config,
+        &mut engine,
+        None,
+        StopFlag::new(),
+        plenty,
+    )
+    .unwrap();
+    assert_eq!((s.steps, s.total_steps), (6, 6));
+    // Six steps: one epoch (4 steps, 7 micro-batches) + 2 steps (4 micro-batches).
+    assert_eq!(engine.calls.len(), 11);
+}
+
+#[test]
+fn evaluations_run_before_training_each_epoch_and_every_n_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("run");
+    let config = memfit_train::config::TrainConfig {
+        eval_steps: Some(3),
+        ..small_config()
+    };
+    let mut engine = LinearEngine::new();
+    let s = train(&root, &config, &mut engine, None, StopFlag::new(), plenty).unwrap();
+    let eval_steps: Vec<u64> = read_jsonl(&root.join("events.jsonl"))
+        .iter()
+        .filter(|e| e["kind"] == "eval")
+        .map(|e| e["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(eval_steps, vec![0, 3, 4, 6, 8, 9, 12]);
+    let before = s.bleu_before.unwrap();
+    // The mock echoes the source; sources and targets share 3 of 4 leading tokens.
+    assert!(before > 0.0 && before < 1.0);
+    assert!(s.last_eval.unwrap().valid_loss.is_finite());
+}

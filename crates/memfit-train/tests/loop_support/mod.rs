@@ -1,0 +1,323 @@
+//! A tiny engine in plain Rust (one weight per vocabulary entry, squared error, SGD with momentum) and
+//! helpers, so the loop's bookkeeping is tested without burn.
+#![allow(dead_code)]
+
+use memfit_train::batches::{Collate, InMemoryPairs};
+use memfit_train::checkpoint::FreeSpace;
+use memfit_train::engine::{Engine, GenerateConfig, ParamCounts, Seq2SeqBatch, StepStats};
+use memfit_train::session::CheckpointSpec;
+use memfit_train::text::TextDecoder;
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct MockError(pub String);
+
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub loss_scale: f32,
+    pub seed: u64,
+    pub rows: usize,
+    pub first_label: u32,
+}
+
+pub struct LinearEngine {
+    pub w: Vec<f32>,
+    pub momentum: Vec<f32>,
+    pub grad: Vec<f32>,
+    pub calls: Vec<Call>,
+    pub lrs: Vec<f64>,
+    pub steps_done: u64,
+    /// Run a closure after the optimizer step with this (1-based) number.
+    pub after_step: Option<(u64, Box<dyn FnMut()>)>,
+    pub fail_save: bool,
+}
+
+pub const VOCAB: usize = 32;
+
+impl LinearEngine {
+    pub fn new() -> Self {
+        Self {
+            w: (0..VOCAB).map(|i| (i as f32 * 0.37).sin()).collect(),
+            momentum: vec![0.0; VOCAB],
+            grad: vec![0.0; VOCAB],
+            calls: Vec::new(),
+            lrs: Vec::new(),
+            steps_done: 0,
+            after_step: None,
+            fail_save: false,
+        }
+    }
+
+    fn target(label: u32, noise: f32) -> f32 {
+        (label % 5) as f32 * 0.1 * (1.0 + noise)
+    }
+
+    fn loss_and_grad(&self, b: &Seq2SeqBatch, seed: Option<u64>) -> (f32, Vec<(usize, f32)>) {
+        // The "dropout": a seeded perturbation of the targets, so the seed matters.
+        let noise = seed.map_or(0.0, |s| ((s >> 11) % 1000) as f32 * 1e-5);
+        let n = b.target_tokens().max(1) as f32;
+        let mut loss = 0.0;
+        let mut grads = Vec::new();
+        for (t, m) in b.labels.iter().zip(&b.label_mask) {
+            if *m {
+                let i = *t as usize % VOCAB;
+                let d = self.w[i] - Self::target(*t, noise);
+                loss += d * d / n;
+                grads.push((i, 2.0 * d / n));
+            }
+        }
+        (loss, grads)
+    }
+
+    pub fn weight_bits(&self) -> Vec<u32> {
+        self.w
+            .iter()
+            .chain(&self.momentum)
+            .map(|x| x.to_bits())
+            .collect()
+    }
+}
+
+fn write_f32s(path: &Path, v: &[f32]) -> std::io::Result<()> {
+    std::fs::write(
+        path,
+        v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
+    )
+}
+
+fn read_f32s(path: &Path) -> std::io::Result<Vec<f32>> {
+    Ok(std::fs::read(path)?
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+impl Engine for LinearEngine {
+    type Error = MockError;
+
+    fn accumulate(
+        &mut self,
+        b: &Seq2SeqBatch,
+        loss_scale: f32,
+        seed: u64,
+    ) -> Result<f32, MockError> {
+        let (loss, grads) = self.loss_and_grad(b, Some(seed));
+        for (i, g) in grads {
+            self.grad[i] += g * loss_scale;
+        }
+        self.calls.push(Call {
+            loss_scale,
+            seed,
+            rows: b.batch,
+            first_label: b.labels[0],
+        });
+        Ok(loss)
+    }
+
+    fn step(&mut self, lr: f64, max_grad_norm: Option<f64>) -> Result<StepStats, MockError> {
+        let norm = self
+            .grad
+            .iter()
+            .map(|g| f64::from(*g).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let clip = max_grad_norm.map_or(1.0, |m| if norm > m { m / norm } else { 1.0 });
+        for i in 0..VOCAB {
+            self.momentum[i] = 0.9 * self.momentum[i] + self.grad[i] * clip as f32;
+            self.w[i] -= lr as f32 * self.momentum[i];
+            self.grad[i] = 0.0;
+        }
+        self.lrs.push(lr);
+        self.steps_done += 1;
+        if let Some((n, f)) = &mut self.after_step
+            && *n == self.steps_done
+        {
+            f();
+        }
+        Ok(StepStats { grad_norm: norm })
+    }
+
+    fn eval_loss(&self, b: &Seq2SeqBatch) -> Result<f32, MockError> {
+        Ok(self.loss_and_grad(b, None).0)
+    }
+
+    fn generate(
+        &self,
+        batch: usize,
+        src_len: usize,
+        input_ids: &[u32],
+        input_mask: &[bool],
+        _config: &GenerateConfig,
+    ) -> Result<Vec<Vec<u32>>, MockError> {
+        // Echo the source: deterministic, so BLEU is a fixed function of the data.
+        Ok((0..batch)
+            .map(|r| {
+                (0..src_len)
+                    .filter(|j| input_mask[r * src_len + j])
+                    .map(|j| input_ids[r * src_len + j])
+                    .filter(|t| *t != 1)
+                    .collect()
+            })
+            .collect())
+    }
+
+    fn param_counts(&self) -> ParamCounts {
+        ParamCounts {
+            total: VOCAB as u64,
+            trainable: VOCAB as u64,
+        }
+    }
+
+    fn save(&self, dir: &Path) -> Result<(), MockError> {
+        let err = |e: std::io::Error| MockError(e.to_string());
+        assert_eq!(
+            std::fs::read_dir(dir).unwrap().count(),
+            0,
+            "save into an empty dir"
+        );
+        std::fs::write(
+            dir.join("config.json"),
+            format!("{{\"vocab_size\": {VOCAB}}}"),
+        )
+        .map_err(err)?;
+        write_f32s(&dir.join("model.safetensors"), &self.w).map_err(err)?;
+        if self.fail_save {
+            return Err(MockError(
+                "simulated failure half-way through a save".into(),
+            ));
+        }
+        write_f32s(&dir.join("optimizer.safetensors"), &self.momentum).map_err(err)?;
+        Ok(())
+    }
+
+    fn load(&mut self, dir: &Path, with_optimizer: bool) -> Result<(), MockError> {
+        let err = |e: std::io::Error| MockError(e.to_string());
+        self.w = read_f32s(&dir.join("model.safetensors")).map_err(err)?;
+        if with_optimizer {
+            self.momentum = read_f32s(&dir.join("optimizer.safetensors")).map_err(err)?;
+        }
+        Ok(())
+    }
+}
+
+/// Ids shown as letters.
+pub struct Letters;
+impl TextDecoder for Letters {
+    fn decode(&self, ids: &[u32]) -> String {
+        ids.iter()
+            .filter(|t| **t > 1)
+            .map(|t| char::from(b'a' + (*t % 26) as u8))
+            .collect()
+    }
+}
+
+/// `rows` deterministic pairs; sources and targets end in EOS (1).
+pub fn pairs(rows: usize) -> InMemoryPairs {
+    InMemoryPairs {
+        rows: (0..rows)
+            .map(|i| {
+                let i = i as u32;
+                (
+                    vec![2 + i % 7, 3 + i % 5, 4 + i % 3, 5, 1],
+                    vec![2 + i % 7, 3 + i % 5, 4 + i % 3, 5 + i % 2, 1],
+                )
+            })
+            .collect(),
+    }
+}
+
+pub fn collate() -> Collate {
+    Collate {
+        max_src: 8,
+        max_tgt: 8,
+        pad_id: 0,
+        eos_id: 1,
+    }
+}
+
+pub fn spec(free_space: FreeSpace) -> CheckpointSpec {
+    CheckpointSpec {
+        tokenizer_files: Vec::new(),
+        free_space,
+        expected_bytes: 1024,
+    }
+}
+
+pub fn plenty(_: &Path) -> std::io::Result<u64> {
+    Ok(u64::MAX / 2)
+}
+
+pub fn full_disk(_: &Path) -> std::io::Result<u64> {
+    Ok(10)
+}
+
+use memfit_train::config::{ConfigLayer, TrainConfig};
+use memfit_train::session::{self, Session};
+use memfit_train::signals::StopFlag;
+use memfit_train::train_loop::{Silent, Summary, Trainer};
+
+/// A small config: 20 rows, batch 3, accum 2 → 7 micro-batches, 4 steps per epoch.
+pub fn small_config() -> TrainConfig {
+    TrainConfig {
+        model: "linear-test".into(),
+        batch: 3,
+        accum: 2,
+        epochs: 3,
+        lr: 0.05,
+        eval_rows: 4,
+        memory_budget_bytes: None,
+        ..TrainConfig::default()
+    }
+}
+
+/// Starts (or, with `resume`, continues) a run in `dir` on 20 rows with a validation set of 6.
+pub fn train(
+    dir: &Path,
+    config: &TrainConfig,
+    engine: &mut LinearEngine,
+    resume: Option<(&ConfigLayer, bool)>,
+    stop: StopFlag,
+    free: FreeSpace,
+) -> Result<Summary, String> {
+    let mut s: Session = match resume {
+        None => session::start(config.clone(), dir, spec(free)).map_err(|e| e.to_string())?,
+        Some((layer, allow)) => {
+            session::resume(dir, layer, allow, spec(free)).map_err(|e| e.to_string())?
+        }
+    };
+    let resume_state = match &s.resume_from {
+        Some((ckpt, state)) => {
+            session::load_checkpoint(engine, ckpt, state, Some(VOCAB))
+                .map_err(|e| e.to_string())?;
+            Some(state.clone())
+        }
+        None => None,
+    };
+    let train_rows = pairs(20);
+    let valid_rows = pairs(6);
+    Trainer {
+        engine,
+        config: &s.config,
+        run: &mut s.run,
+        checkpointer: &mut s.checkpointer,
+        train: &train_rows,
+        valid: Some(&valid_rows),
+        collate: collate(),
+        decoder: &Letters,
+        stop,
+        observer: &mut Silent,
+        resume: resume_state,
+        vocab_size: Some(VOCAB),
+    }
+    .run()
+    .map_err(|e| e.to_string())
+}
+
+pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}

@@ -1,0 +1,262 @@
+//! `memfit train` end to end on the demo task (tiny T5, seconds): exact resume after SIGKILL, the
+//! run directory's files, bad input → exit 2, and `memfit report`.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn memfit() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_memfit"))
+}
+
+/// A short demo run: fixed seed and threads, a checkpoint every step.
+fn demo_args(out: &Path, steps: u64) -> Vec<String> {
+    [
+        "train",
+        "--out",
+        &out.display().to_string(),
+        "--max-steps",
+        &steps.to_string(),
+        "--save-steps",
+        "1",
+        "--keep",
+        "2",
+        "--threads",
+        "1",
+        "--eval-rows",
+        "4",
+        "--json",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Every tensor of a safetensors file: (name, dtype, shape, bytes), sorted by name.
+fn tensors(bytes: &[u8]) -> Vec<(String, String, Vec<usize>, Vec<u8>)> {
+    let st = safetensors::SafeTensors::deserialize(bytes).unwrap();
+    let mut v: Vec<_> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, t)| {
+            (
+                name,
+                format!("{:?}", t.dtype()),
+                t.shape().to_vec(),
+                t.data().to_vec(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn metric_lines(run: &Path) -> usize {
+    std::fs::read_to_string(run.join("metrics.jsonl")).map_or(0, |t| t.lines().count())
+}
+
+#[test]
+fn sigkill_at_a_random_step_then_resume_is_bit_identical() {
+    const STEPS: u64 = 12;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+
+    let out = memfit().args(demo_args(&a, STEPS)).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["steps"], STEPS);
+
+    // A "random" step in 2..=9 from the clock (the test must not depend on one lucky value).
+    let clock = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as usize;
+    let kill_after = 2 + clock % 8;
+    let mut child = memfit()
+        .args(demo_args(&b, STEPS))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while metric_lines(&b) < kill_after && Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap_or(()); // SIGKILL
+    child.wait().unwrap();
+    let killed_at = metric_lines(&b);
+    assert!(
+        killed_at < STEPS as usize,
+        "the run finished before it could be killed"
+    );
+
+    let out = memfit()
+        .args(["train", "--resume", &b.display().to_string(), "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Tensors and metadata compared by name: the header's key order is not part of the contract.
+    for file in ["model.safetensors", "optimizer.safetensors"] {
+        let wa = std::fs::read(a.join(format!("checkpoints/step-{STEPS}/{file}"))).unwrap();
+        let wb = std::fs::read(b.join(format!("checkpoints/step-{STEPS}/{file}"))).unwrap();
+        assert_eq!(
+            tensors(&wa),
+            tensors(&wb),
+            "{file} differs after a SIGKILL at step {killed_at} and resume"
+        );
+        let meta = |bytes: &[u8]| {
+            let (_, m) = safetensors::SafeTensors::read_metadata(bytes).unwrap();
+            let mut kv: Vec<(String, String)> = m
+                .metadata()
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+            kv.sort();
+            kv
+        };
+        assert_eq!(meta(&wa), meta(&wb), "{file} metadata differs");
+    }
+    // The resumed run's metrics read as one run: steps 1..=12 once each, same losses.
+    let read = |p: &Path| -> Vec<(u64, f64)> {
+        std::fs::read_to_string(p.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap())
+            })
+            .collect()
+    };
+    assert_eq!(read(&a), read(&b));
+}
+
+#[test]
+fn a_run_directory_holds_every_file_of_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = memfit().args(demo_args(&run, 3)).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("trainable / total parameters"), "{stderr}");
+    for f in [
+        "config.toml",
+        "plan.json",
+        "metrics.jsonl",
+        "events.jsonl",
+        "train.log",
+        "best/trainer_state.json",
+    ] {
+        assert!(run.join(f).is_file(), "{f} missing");
+    }
+    let ckpt = run.join("checkpoints/step-3");
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "trainer_state.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ] {
+        assert!(ckpt.join(f).is_file(), "checkpoint lacks {f}");
+    }
+    // Retention: --keep 2.
+    assert!(!run.join("checkpoints/step-1").exists());
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("plan.json")).unwrap()).unwrap();
+    assert!(plan["host"]["peak_rss_bytes"].as_u64().unwrap() > 0);
+
+    // memfit report draws the run.
+    let out = memfit()
+        .args(["report", &run.display().to_string(), "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg = std::fs::read_to_string(run.join("report.svg")).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("polyline"));
+    assert!(
+        std::fs::read(run.join("report.png"))
+            .unwrap()
+            .starts_with(b"\x89PNG")
+    );
+}
+
+#[test]
+fn bad_input_exits_2_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let expect_2 = |args: &[&str], needle: &str| {
+        let out = memfit().args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    };
+    let missing = dir.path().join("missing");
+    expect_2(
+        &["train", "--resume", missing.to_str().unwrap()],
+        "not a run directory",
+    );
+    expect_2(
+        &[
+            "train",
+            "--out",
+            "/proc/memfit-cannot-write",
+            "--max-steps",
+            "1",
+        ],
+        "--out /proc/memfit-cannot-write",
+    );
+    expect_2(&["train", "--profile", "nope"], "known profiles");
+    expect_2(&["train", "--batch", "0"], "batch");
+    // A model whose vocabulary is smaller than the tokenizer's.
+    let cfg = dir.path().join("config.json");
+    std::fs::write(&cfg, r#"{"model_type": "t5", "vocab_size": 10, "d_model": 8, "d_kv": 4, "d_ff": 16, "num_layers": 1, "num_heads": 2}"#).unwrap();
+    let run = dir.path().join("vocab");
+    expect_2(
+        &[
+            "train",
+            "--out",
+            run.to_str().unwrap(),
+            "--model",
+            cfg.to_str().unwrap(),
+        ],
+        "vocab_size 10",
+    );
+    assert!(
+        !run.join("config.toml").exists(),
+        "a refused run leaves no run behind"
+    );
+
+    // A resume that changes the trajectory is refused and names the change.
+    let ok = dir.path().join("ok");
+    let out = memfit().args(demo_args(&ok, 2)).output().unwrap();
+    assert!(out.status.success());
+    expect_2(
+        &["train", "--resume", ok.to_str().unwrap(), "--lr", "0.5"],
+        "--allow-config-change",
+    );
+    // A second run into the same directory is refused.
+    expect_2(
+        &["train", "--out", ok.to_str().unwrap()],
+        "already holds a run",
+    );
+}
