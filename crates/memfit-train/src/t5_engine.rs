@@ -517,7 +517,14 @@ impl Engine for T5Engine {
 
     fn load(&mut self, dir: &Path, with_optimizer: bool) -> Result<(), ModelError> {
         let config = T5Config::from_file(&dir.join("config.json"))?;
-        if crate::model::T5Layout::new(&config).specs != self.model.layout.specs {
+        // Same tensors (names and shapes); init scales and other hyper-parameters may differ.
+        let tensors = |l: &crate::model::T5Layout| {
+            l.specs
+                .iter()
+                .map(|s| (s.name.clone(), s.kind))
+                .collect::<Vec<_>>()
+        };
+        if tensors(&crate::model::T5Layout::new(&config)) != tensors(&self.model.layout) {
             return Err(ModelError::Input(format!(
                 "{}: the checkpoint's config.json describes another model than this engine's",
                 dir.display()
