@@ -45,6 +45,8 @@ pub struct BenchSetup {
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
     pub sec_per_step_median: f64,
+    /// Median CPU time (user + system, all threads) per step: the figure to compare on a busy machine.
+    pub cpu_sec_per_step_median: f64,
     pub tokens_per_s: f64,
     pub peak_rss_bytes: u64,
     pub loss_first: f64,
@@ -100,6 +102,24 @@ pub fn peak_rss_bytes() -> u64 {
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         })
         .map_or(0, |kib| kib * 1024)
+}
+
+/// CPU time of this process (user + system, all threads) from /proc/self/stat, seconds.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th of those.
+    let rest = stat.rfind(')').map_or("", |i| &stat[i + 1..]);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    // USER_HZ: /proc reports clock ticks of 1/100 s on Linux (proc(5)).
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// Random tokens in `[FIRST_WORD, vocab)`, every row ending in EOS, no padding (bench_t5.py `--data random`).
@@ -180,6 +200,7 @@ pub fn run(
     let mut engine = T5Engine::new(setup.config.clone(), options, setup.seed)?;
     let mut rng = SplitMix64::new(setup.seed ^ 0xDA7A);
     let mut seconds = Vec::with_capacity(setup.steps);
+    let mut cpu = Vec::with_capacity(setup.steps);
     let mut losses = Vec::with_capacity(setup.steps);
     let mut micro = 0u64;
     for step in 0..setup.steps {
@@ -195,6 +216,7 @@ pub fn run(
             })
             .collect();
         let t0 = Instant::now();
+        let c0 = cpu_seconds();
         let mut loss = 0.0;
         for b in &batches {
             micro += 1;
@@ -204,6 +226,7 @@ pub fn run(
         }
         engine.step(LR, Some(MAX_GRAD_NORM))?;
         let dt = t0.elapsed().as_secs_f64();
+        cpu.push(cpu_seconds() - c0);
         loss /= setup.accum as f64;
         seconds.push(dt);
         losses.push(loss);
@@ -217,6 +240,7 @@ pub fn run(
     };
     Ok(BenchReport {
         sec_per_step_median: sec,
+        cpu_sec_per_step_median: median(&cpu[WARMUP_STEPS..]),
         tokens_per_s: tokens / sec,
         peak_rss_bytes: peak_rss_bytes(),
         loss_first: losses[0],

@@ -273,14 +273,15 @@ impl T5Engine {
         }
     }
 
-    /// Loss of `batch` under `params` on `device` (tracked or not), with `drop` for dropout.
-    fn loss(
+    /// Logits `[batch·tgt_len, vocab]` of `batch` (teacher-forced) under `params` on `device`
+    /// (tracked or not), with `drop` for dropout.
+    fn forward_logits(
         &self,
         params: &[Tensor<2>],
         batch: &Seq2SeqBatch,
         device: &Device,
         drop: &mut Dropout,
-    ) -> Tensor<1> {
+    ) -> Tensor<2> {
         let cfg = &self.model.config;
         let fwd = T5Forward {
             cfg,
@@ -309,8 +310,19 @@ impl T5Engine {
             TensorData::new(dec_in, [batch.batch, batch.tgt_len]),
             device,
         );
-        let hidden = fwd.decode(dec_in, &encoded, &mask, drop);
-        masked_cross_entropy(fwd.lm_logits(hidden), &batch.labels, &batch.label_mask)
+        fwd.lm_logits(fwd.decode(dec_in, &encoded, &mask, drop))
+    }
+
+    /// Mean token loss of `batch` under `params` on `device`.
+    fn loss(
+        &self,
+        params: &[Tensor<2>],
+        batch: &Seq2SeqBatch,
+        device: &Device,
+        drop: &mut Dropout,
+    ) -> Tensor<1> {
+        let logits = self.forward_logits(params, batch, device, drop);
+        masked_cross_entropy(logits, &batch.labels, &batch.label_mask)
     }
 
     /// Logits `[batch·tgt_len, vocab]` in f32 (row-major) for a batch, without dropout: for checks
@@ -318,37 +330,7 @@ impl T5Engine {
     pub fn logits(&self, batch: &Seq2SeqBatch) -> Result<Vec<f32>, ModelError> {
         self.check_batch(batch)?;
         let params = self.weights_on_device();
-        let cfg = &self.model.config;
-        let fwd = T5Forward {
-            cfg,
-            layout: &self.model.layout,
-            params: &params,
-            dtype: self.dtype(),
-        };
-        let device = &self.device;
-        let mut drop = Dropout::disabled();
-        let ids = int_tensor(&batch.input_ids, batch.batch, batch.src_len, device);
-        let mask = padding_mask(
-            &batch.input_mask,
-            batch.batch,
-            batch.src_len,
-            device,
-            self.dtype(),
-        );
-        let encoded = fwd.encode(ids, &mask, &mut drop);
-        let dec_in = shift_right(
-            &batch.labels,
-            &batch.label_mask,
-            batch.batch,
-            batch.tgt_len,
-            cfg.decoder_start_token_id,
-            cfg.pad_token_id,
-        );
-        let dec_in = Tensor::<2, Int>::from_data(
-            TensorData::new(dec_in, [batch.batch, batch.tgt_len]),
-            device,
-        );
-        let logits = fwd.lm_logits(fwd.decode(dec_in, &encoded, &mask, &mut drop));
+        let logits = self.forward_logits(&params, batch, &self.device, &mut Dropout::disabled());
         to_f32_vec(logits)
     }
 
@@ -535,7 +517,14 @@ impl Engine for T5Engine {
 
     fn load(&mut self, dir: &Path, with_optimizer: bool) -> Result<(), ModelError> {
         let config = T5Config::from_file(&dir.join("config.json"))?;
-        if crate::model::T5Layout::new(&config).specs != self.model.layout.specs {
+        // Same tensors (names and shapes); init scales and other hyper-parameters may differ.
+        let tensors = |l: &crate::model::T5Layout| {
+            l.specs
+                .iter()
+                .map(|s| (s.name.clone(), s.kind))
+                .collect::<Vec<_>>()
+        };
+        if tensors(&crate::model::T5Layout::new(&config)) != tensors(&self.model.layout) {
             return Err(ModelError::Input(format!(
                 "{}: the checkpoint's config.json describes another model than this engine's",
                 dir.display()

@@ -1,0 +1,108 @@
+//! `memfit bench train`: throughput and peak memory of the T5 trainer on synthetic tokens
+//! (DESIGN.md §3). All logic is in `memfit_train::bench`; this parses, calls it, prints.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use memfit_train::bench::{self, BenchSetup};
+use memfit_train::model::ModelError;
+use memfit_train::t5_engine::Precision;
+
+use crate::exit::{Outcome, bad_input};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Model: `tiny` (vocab 8000, d_model 256, d_ff 1024, 4+4 layers, 4 heads) or a T5 config.json.
+    #[arg(long)]
+    model: String,
+    /// Micro-batch size (rows).
+    #[arg(long)]
+    batch: usize,
+    /// Source (encoder) length in tokens.
+    #[arg(long)]
+    seq: usize,
+    /// Target (decoder) length in tokens (default: --seq).
+    #[arg(long)]
+    tgt_seq: Option<usize>,
+    /// Micro-batches per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    accum: usize,
+    /// Optimizer steps, the first 3 of which are warm-up and excluded from the median.
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// burn's gradient checkpointing.
+    #[arg(long)]
+    grad_ckpt: bool,
+    #[arg(long, value_parser = ["fp32", "bf16"], default_value = "fp32")]
+    precision: String,
+    #[arg(long, value_parser = ["adamw", "adafactor"], default_value = "adamw")]
+    optimizer: String,
+    /// Seed of the initial weights, the tokens and dropout.
+    #[arg(long, default_value_t = 1234)]
+    seed: u64,
+    /// Print one JSON object instead of a summary.
+    #[arg(long)]
+    json: bool,
+}
+
+// Called by `cmd::bench` for `memfit bench train` once the lead routes it there at merge.
+#[allow(dead_code)]
+pub fn run(args: Args) -> Outcome {
+    let config =
+        bench::resolve_model(&args.model).map_err(|e| bad_input(format!("--model: {e}")))?;
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let setup = BenchSetup {
+        model_name: args.model.clone(),
+        config,
+        batch: args.batch,
+        src_len: args.seq,
+        tgt_len: args.tgt_seq.unwrap_or(args.seq),
+        accum: args.accum,
+        steps: args.steps,
+        threads,
+        grad_ckpt: args.grad_ckpt,
+        precision: if args.precision == "bf16" {
+            Precision::Bf16
+        } else {
+            Precision::F32
+        },
+        optimizer: args.optimizer.clone(),
+        seed: args.seed,
+    };
+    let quiet = args.json;
+    let report = bench::run(&setup, |step, loss, secs| {
+        if !quiet {
+            eprintln!("step {step:>3}  loss {loss:.4}  {secs:.3} s");
+        }
+    })
+    .map_err(|e| match e {
+        ModelError::Input(m) | ModelError::Config(m) => bad_input(m),
+        other => anyhow::Error::new(other),
+    })?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&report).context("serialising the report")?
+        );
+    } else {
+        println!(
+            "{}: {:.3} s/step, {:.3} CPU-s/step (medians of {} after {} warm-up), {:.0} tokens/s, peak RSS {:.2} GiB, loss {:.4} -> {:.4}, {} threads",
+            args.model,
+            report.sec_per_step_median,
+            report.cpu_sec_per_step_median,
+            report.steps - report.warmup_steps,
+            report.warmup_steps,
+            report.tokens_per_s,
+            report.peak_rss_bytes as f64 / (1u64 << 30) as f64,
+            report.loss_first,
+            report.loss_last,
+            report.threads
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
