@@ -5,7 +5,7 @@
 //! [`memfit_data::TokenStore`] or rows held in memory (tests) — and pads them into the engine's batch.
 
 use crate::engine::Seq2SeqBatch;
-use memfit_data::TokenStore;
+use memfit_data::{DataError, RowBuf, TokenStore};
 
 /// Tokenized seq2seq rows, addressable by index.
 pub trait PairSource {
@@ -13,14 +13,14 @@ pub trait PairSource {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Source and target token ids of row `index` (`index < len()`).
-    fn pair(&self, index: usize) -> (Vec<u32>, Vec<u32>);
+    /// Source and target token ids of row `index` (`index < len()`); a store read can fail.
+    fn pair(&self, index: usize) -> Result<(Vec<u32>, Vec<u32>), DataError>;
     /// Token count of every row (the sampler's length grouping and token budgets use it).
-    fn lengths(&self) -> Vec<u32> {
+    fn lengths(&self) -> Result<Vec<u32>, DataError> {
         (0..self.len())
             .map(|i| {
-                let (s, t) = self.pair(i);
-                (s.len() + t.len()) as u32
+                let (s, t) = self.pair(i)?;
+                Ok((s.len() + t.len()) as u32)
             })
             .collect()
     }
@@ -36,8 +36,8 @@ impl PairSource for InMemoryPairs {
     fn len(&self) -> usize {
         self.rows.len()
     }
-    fn pair(&self, index: usize) -> (Vec<u32>, Vec<u32>) {
-        self.rows[index].clone()
+    fn pair(&self, index: usize) -> Result<(Vec<u32>, Vec<u32>), DataError> {
+        Ok(self.rows[index].clone())
     }
 }
 
@@ -48,17 +48,14 @@ impl PairSource for StoreRows {
     fn len(&self) -> usize {
         self.0.len()
     }
-    fn pair(&self, index: usize) -> (Vec<u32>, Vec<u32>) {
-        let row = self.0.row(index);
+    fn pair(&self, index: usize) -> Result<(Vec<u32>, Vec<u32>), DataError> {
+        let mut buf = RowBuf::default();
+        let row = self.0.read_row(index, &mut buf)?;
         let target = row.target().map(|t| t.to_vec()).unwrap_or_default();
-        (row.source().to_vec(), target)
+        Ok((row.source().to_vec(), target))
     }
-    fn lengths(&self) -> Vec<u32> {
-        self.0.row_lengths().unwrap_or_else(|_| {
-            (0..self.0.len())
-                .map(|i| self.0.row(i).total_tokens() as u32)
-                .collect()
-        })
+    fn lengths(&self) -> Result<Vec<u32>, DataError> {
+        self.0.row_lengths()
     }
 }
 

@@ -153,7 +153,7 @@ mod tests {
         assert_eq!(data.train.len(), crate::demo::TRAIN_ROWS);
         assert_eq!(data.valid.as_ref().unwrap().len(), crate::demo::VALID_ROWS);
         assert!(seen.iter().any(|(n, _)| n == "train"));
-        let (src, tgt) = data.train.pair(0);
+        let (src, tgt) = data.train.pair(0).unwrap();
         assert_eq!(
             (src.last(), tgt.last()),
             (Some(&1), Some(&1)),

@@ -188,8 +188,14 @@ impl<'a, E: Engine> Trainer<'a, E> {
         }
 
         let sampler_config = SamplerConfig::new(config.seed, Batching::Samples(config.batch));
-        let mut sampler = Sampler::resume(sampler_config, self.train.lengths(), p.cursor)
-            .map_err(|e| LoopError::Data(e.to_string()))?;
+        let mut sampler = Sampler::resume(
+            sampler_config,
+            self.train
+                .lengths()
+                .map_err(|e| LoopError::Data(e.to_string()))?,
+            p.cursor,
+        )
+        .map_err(|e| LoopError::Data(e.to_string()))?;
         let mut finish = Finish::Completed;
         while p.step < total {
             // The sampler moves to the next epoch when it hands out that epoch's first batch.
@@ -205,7 +211,11 @@ impl<'a, E: Engine> Trainer<'a, E> {
             let (mut loss_sum, mut tokens) = (0.0f64, 0u64);
             for i in 0..k {
                 let rows = sampler.next_batch();
-                let pairs: Vec<_> = rows.iter().map(|&r| self.train.pair(r)).collect();
+                let pairs = rows
+                    .iter()
+                    .map(|&r| self.train.pair(r))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| LoopError::Data(e.to_string()))?;
                 let batch = self.collate.batch(&pairs);
                 tokens += batches::real_tokens(&batch);
                 let seed = micro_batch_seed(config.seed, p.step, i);

@@ -42,6 +42,15 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Rust ignores SIGPIPE; restore the default so `memfit … | head` ends quietly, as Unix tools do,
+    // instead of panicking in `println!`.
+    // SAFETY: called first thing, before any thread exists; SIG_DFL installs no handler code.
+    unsafe {
+        let _ = nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigDfl,
+        );
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check(a) => cmd::check::run(a),

@@ -44,14 +44,14 @@ pub fn evaluate<E: Engine>(
     engine: &E,
     valid: &dyn PairSource,
     setup: &EvalSetup<'_>,
-) -> Result<EvalReport, E::Error> {
+) -> Result<EvalReport, Box<dyn std::error::Error + Send + Sync>> {
     let batch = setup.batch.max(1);
     let (mut loss_sum, mut weight) = (0.0f64, 0.0f64);
     let mut start = 0;
     while start < valid.len() {
         let rows: Vec<_> = (start..(start + batch).min(valid.len()))
             .map(|i| valid.pair(i))
-            .collect();
+            .collect::<Result<_, _>>()?;
         let b = setup.collate.batch(&rows);
         let w = b.target_tokens() as f64;
         loss_sum += f64::from(engine.eval_loss(&b)?) * w;
@@ -71,7 +71,7 @@ pub fn evaluate<E: Engine>(
     while start < n_gen {
         let rows: Vec<_> = (start..(start + batch).min(n_gen))
             .map(|i| valid.pair(i))
-            .collect();
+            .collect::<Result<_, _>>()?;
         let b = setup.collate.batch(&rows);
         let outputs =
             engine.generate(b.batch, b.src_len, &b.input_ids, &b.input_mask, &gen_config)?;

@@ -2,7 +2,7 @@
 
 use super::data::data_error;
 use crate::exit::Outcome;
-use clap::{Subcommand, ValueEnum};
+use clap::Subcommand;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -17,7 +17,7 @@ enum BenchCommand {
     /// Read N random rows from a token store; median time per row and peak RSS.
     Data(DataArgs),
     /// Train on synthetic tokens; seconds per step, tokens/s, peak RSS (DESIGN.md §3).
-    Train(TrainArgs),
+    Train(super::bench_train::Args),
 }
 
 #[derive(clap::Args)]
@@ -36,50 +36,10 @@ struct DataArgs {
     json: bool,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-pub enum BenchPrecision {
-    Fp32,
-    Bf16,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-pub enum BenchOptimizer {
-    Adamw,
-    Adafactor,
-}
-
-/// `memfit bench train` arguments (DESIGN.md §3).
-#[derive(clap::Args)]
-pub struct TrainArgs {
-    /// A preset name or a Hugging Face config.json.
-    #[arg(long)]
-    pub model: String,
-    #[arg(long)]
-    pub batch: usize,
-    /// Source length in tokens.
-    #[arg(long)]
-    pub seq: usize,
-    /// Target length in tokens (seq2seq).
-    #[arg(long)]
-    pub tgt_seq: Option<usize>,
-    #[arg(long, default_value_t = 10)]
-    pub steps: usize,
-    #[arg(long)]
-    pub threads: Option<usize>,
-    #[arg(long)]
-    pub grad_ckpt: bool,
-    #[arg(long, value_enum, default_value = "fp32")]
-    pub precision: BenchPrecision,
-    #[arg(long, value_enum, default_value = "adamw")]
-    pub optimizer: BenchOptimizer,
-    #[arg(long)]
-    pub json: bool,
-}
-
 pub fn run(args: Args) -> Outcome {
     match args.command {
         BenchCommand::Data(a) => data(a),
-        BenchCommand::Train(a) => train(a),
+        BenchCommand::Train(a) => super::bench_train::run(a),
     }
 }
 
@@ -97,9 +57,4 @@ fn data(a: DataArgs) -> Outcome {
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Placeholder until the trainer exists; its engineer replaces this function.
-fn train(_a: TrainArgs) -> Outcome {
-    Err(anyhow::anyhow!("`memfit bench train` is not built yet"))
 }

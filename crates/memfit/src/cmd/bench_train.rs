@@ -48,8 +48,6 @@ pub struct Args {
     json: bool,
 }
 
-// Called by `cmd::bench` for `memfit bench train` once the lead routes it there at merge.
-#[allow(dead_code)]
 pub fn run(args: Args) -> Outcome {
     let config =
         bench::resolve_model(&args.model).map_err(|e| bad_input(format!("--model: {e}")))?;
