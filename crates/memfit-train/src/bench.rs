@@ -63,9 +63,14 @@ pub struct BenchReport {
 /// A model spec on the command line: `tiny` (issue 6's configuration a: vocab 8000, d_model 256,
 /// d_ff 1024, 4+4 layers, 4 heads; used until the planner's presets are wired in) or a config.json path.
 pub fn resolve_model(spec: &str) -> Result<T5Config, ModelError> {
-    match spec {
-        "tiny" => T5Config::from_json(&tiny_config_json()),
-        path => T5Config::from_file(std::path::Path::new(path)),
+    if spec == "tiny" {
+        return T5Config::from_json(&tiny_config_json());
+    }
+    // A planner preset (t5-small, chatlm-mini, …) unless a file of that name exists.
+    let path = std::path::Path::new(spec);
+    match memfit_plan::arch::preset_config_json(spec) {
+        Some(config) if !path.exists() => T5Config::from_json(&config),
+        _ => T5Config::from_file(path),
     }
 }
 
@@ -258,4 +263,21 @@ pub fn run(
         params_total: engine.param_counts().total,
         step_seconds: seconds,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resolve_model;
+
+    #[test]
+    fn planner_presets_resolve_to_t5_configs() {
+        let chatlm = resolve_model("chatlm-mini").unwrap();
+        assert_eq!(
+            (chatlm.vocab_size, chatlm.d_model, chatlm.num_layers),
+            (29_298, 768, 10)
+        );
+        let tiny = resolve_model("tiny").unwrap();
+        assert_eq!((tiny.vocab_size, tiny.d_model), (8000, 256));
+        assert!(resolve_model("no-such-model-or-file").is_err());
+    }
 }

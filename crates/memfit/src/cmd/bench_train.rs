@@ -12,7 +12,7 @@ use crate::exit::{Outcome, bad_input};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Model: `tiny` (vocab 8000, d_model 256, d_ff 1024, 4+4 layers, 4 heads) or a T5 config.json.
+    /// Model: `tiny` (vocab 8000, d_model 256, d_ff 1024, 4+4 layers, 4 heads), a T5 preset (t5-small, chatlm-mini, …) or a T5 config.json.
     #[arg(long)]
     model: String,
     /// Micro-batch size (rows).
