@@ -1,7 +1,6 @@
 //! Dynamic padding: a list of rows becomes one rectangular batch padded to its longest row.
 //!
-//! [`PaddedSeq2Seq`] has the field layout of `memfit_train::engine::Seq2SeqBatch` (this crate may
-//! not depend on memfit-train; the trainer converts field by field).
+//! [`PaddedSeq2Seq`] is also the trainer's micro-batch (`memfit_train::engine::Seq2SeqBatch`).
 
 use crate::error::{DataError, Result};
 use crate::store::{Row, RowBuf, Task, TokenStore};
@@ -22,6 +21,13 @@ pub struct PaddedSeq2Seq {
     pub labels: Vec<u32>,
     /// `[batch, tgt_len]`, true on real target tokens (the ones that count in the loss).
     pub label_mask: Vec<bool>,
+}
+
+impl PaddedSeq2Seq {
+    /// Target tokens that count in the loss (non-padding labels).
+    pub fn target_tokens(&self) -> usize {
+        self.label_mask.iter().filter(|m| **m).count()
+    }
 }
 
 /// A padded classification batch.

@@ -7,28 +7,10 @@
 
 use std::path::Path;
 
-/// One padded seq2seq micro-batch, row-major `[batch, len]`, as token ids.
-///
-/// `input_ids` are padded with the pad id and masked by `input_mask`; `labels` hold the target tokens
-/// (ending in EOS) with padded positions set to `None`-equivalent `label_mask = false`. The engine builds
+/// One padded seq2seq micro-batch, row-major `[batch, len]`: memfit-data's padded batch, so the
+/// store's rows reach the engine without a copy into a twin type. Labels end in EOS; the engine builds
 /// the decoder input itself (labels shifted right, starting with the decoder start token).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Seq2SeqBatch {
-    pub batch: usize,
-    pub src_len: usize,
-    pub tgt_len: usize,
-    pub input_ids: Vec<u32>,
-    pub input_mask: Vec<bool>,
-    pub labels: Vec<u32>,
-    pub label_mask: Vec<bool>,
-}
-
-impl Seq2SeqBatch {
-    /// Target tokens that count in the loss (non-padding labels).
-    pub fn target_tokens(&self) -> usize {
-        self.label_mask.iter().filter(|m| **m).count()
-    }
-}
+pub type Seq2SeqBatch = memfit_data::PaddedSeq2Seq;
 
 /// What one optimizer step reports.
 #[derive(Debug, Clone, Copy, PartialEq)]
