@@ -104,6 +104,39 @@ pub fn pad_seq2seq(rows: &[Row<'_>], pad_id: u32) -> PaddedSeq2Seq {
     out
 }
 
+/// Pads (source, target) token lists to the longest source and longest target of the batch, each
+/// at least `min_len` long (the trainer asks for 1 so that no tensor has a zero-sized axis).
+pub fn pad_token_pairs(rows: &[(&[u32], &[u32])], pad_id: u32, min_len: usize) -> PaddedSeq2Seq {
+    let src_len = rows
+        .iter()
+        .map(|(s, _)| s.len())
+        .max()
+        .unwrap_or(0)
+        .max(min_len);
+    let tgt_len = rows
+        .iter()
+        .map(|(_, t)| t.len())
+        .max()
+        .unwrap_or(0)
+        .max(min_len);
+    let mut out = PaddedSeq2Seq {
+        batch: rows.len(),
+        src_len,
+        tgt_len,
+        input_ids: Vec::with_capacity(rows.len() * src_len),
+        input_mask: Vec::with_capacity(rows.len() * src_len),
+        labels: Vec::with_capacity(rows.len() * tgt_len),
+        label_mask: Vec::with_capacity(rows.len() * tgt_len),
+    };
+    for (source, target) in rows {
+        let (ids, mask) = (&mut out.input_ids, &mut out.input_mask);
+        push_padded(ids, mask, source.iter().copied(), src_len, pad_id);
+        let (ids, mask) = (&mut out.labels, &mut out.label_mask);
+        push_padded(ids, mask, target.iter().copied(), tgt_len, pad_id);
+    }
+    out
+}
+
 /// Pads classification rows to the longest text of the batch.
 pub fn pad_classification(rows: &[Row<'_>], pad_id: u32) -> PaddedClassification {
     let len = rows.iter().map(|r| r.source().len()).max().unwrap_or(0);
@@ -160,5 +193,29 @@ impl TokenStore {
             &self.read_rows(indices, &mut RowBuf::default())?,
             pad,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pad_token_pairs;
+
+    #[test]
+    fn token_pairs_pad_to_longest_and_min_len() {
+        let b = pad_token_pairs(
+            &[(&[5, 6, 1][..], &[7, 1][..]), (&[8, 1][..], &[][..])],
+            0,
+            1,
+        );
+        assert_eq!((b.batch, b.src_len, b.tgt_len), (2, 3, 2));
+        assert_eq!(b.input_ids, vec![5, 6, 1, 8, 1, 0]);
+        assert_eq!(b.input_mask, vec![true, true, true, true, true, false]);
+        assert_eq!(b.labels, vec![7, 1, 0, 0]);
+        assert_eq!(b.label_mask, vec![true, true, false, false]);
+        let empty = pad_token_pairs(&[(&[][..], &[][..])], 0, 1);
+        assert_eq!(
+            (empty.src_len, empty.tgt_len, empty.input_mask),
+            (1, 1, vec![false])
+        );
     }
 }

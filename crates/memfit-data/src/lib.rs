@@ -51,7 +51,9 @@ pub mod source;
 pub mod store;
 pub mod tokenizer;
 
-pub use batch::{PaddedClassification, PaddedSeq2Seq, pad_classification, pad_seq2seq};
+pub use batch::{
+    PaddedClassification, PaddedSeq2Seq, pad_classification, pad_seq2seq, pad_token_pairs,
+};
 pub use error::{DataError, Location};
 pub use prepare::{InvalidPolicy, PrepareOptions, PrepareReport, prepare};
 pub use sampler::{Batching, Cursor, Sampler, SamplerConfig};

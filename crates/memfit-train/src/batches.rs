@@ -140,28 +140,12 @@ impl Collate {
             .iter()
             .map(|(_, t)| cut(t, self.max_tgt, true))
             .collect();
-        let src_len = srcs.iter().map(Vec::len).max().unwrap_or(0).max(1);
-        let tgt_len = tgts.iter().map(Vec::len).max().unwrap_or(0).max(1);
-        let mut b = Seq2SeqBatch {
-            batch: rows.len(),
-            src_len,
-            tgt_len,
-            input_ids: Vec::with_capacity(rows.len() * src_len),
-            input_mask: Vec::with_capacity(rows.len() * src_len),
-            labels: Vec::with_capacity(rows.len() * tgt_len),
-            label_mask: Vec::with_capacity(rows.len() * tgt_len),
-        };
-        for (s, t) in srcs.iter().zip(&tgts) {
-            for i in 0..src_len {
-                b.input_ids.push(s.get(i).copied().unwrap_or(self.pad_id));
-                b.input_mask.push(i < s.len());
-            }
-            for i in 0..tgt_len {
-                b.labels.push(t.get(i).copied().unwrap_or(self.pad_id));
-                b.label_mask.push(i < t.len());
-            }
-        }
-        b
+        let pairs: Vec<(&[u32], &[u32])> = srcs
+            .iter()
+            .zip(&tgts)
+            .map(|(s, t)| (s.as_slice(), t.as_slice()))
+            .collect();
+        memfit_data::pad_token_pairs(&pairs, self.pad_id, 1)
     }
 }
 
