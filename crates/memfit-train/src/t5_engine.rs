@@ -8,9 +8,10 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use burn::prelude::*;
-use burn::tensor::{DType, FloatDType, TensorData};
+use burn::tensor::{DType, FloatDType, Gradients, TensorData};
 
 use crate::engine::{Engine, GenerateConfig, ParamCounts, Seq2SeqBatch, StepStats};
+use crate::model::block_ckpt::{self, MicroBatch, Trainable};
 use crate::model::dropout::Dropout;
 use crate::model::loss::{masked_cross_entropy, shift_right};
 use crate::model::t5::{T5Forward, padding_mask};
@@ -73,7 +74,8 @@ pub struct EngineOptions {
     pub freeze: Vec<Group>,
     pub optimizer: OptimizerConfig,
     pub precision: Precision,
-    /// burn's device-level gradient checkpointing (recomputes cheap ops in backward).
+    /// Per-block gradient checkpointing: keep only each block's input between the forward and the
+    /// backward pass and recompute the block in backward ([`crate::model::block_ckpt`]).
     pub grad_ckpt: bool,
     pub backend: Backend,
 }
@@ -159,10 +161,7 @@ impl T5Engine {
                 options.precision, options.backend
             )));
         }
-        let mut train_device = device.clone().autodiff();
-        if options.grad_ckpt {
-            train_device = train_device.gradient_checkpointing();
-        }
+        let train_device = device.clone().autodiff();
         let layout = &model.layout;
         let trainable: Vec<bool> = (0..layout.specs.len())
             .map(|i| layout.trainable(i, &options.freeze))
@@ -273,6 +272,34 @@ impl T5Engine {
         }
     }
 
+    /// `batch`'s source ids, source padding mask and decoder input ids (the labels shifted right) on
+    /// `device`.
+    fn device_inputs(&self, batch: &Seq2SeqBatch, device: &Device) -> DeviceInputs {
+        let cfg = &self.model.config;
+        let decoder_ids = shift_right(
+            &batch.labels,
+            &batch.label_mask,
+            batch.batch,
+            batch.tgt_len,
+            cfg.decoder_start_token_id,
+            cfg.pad_token_id,
+        );
+        DeviceInputs {
+            input_ids: int_tensor(&batch.input_ids, batch.batch, batch.src_len, device),
+            mask: padding_mask(
+                &batch.input_mask,
+                batch.batch,
+                batch.src_len,
+                device,
+                self.dtype(),
+            ),
+            decoder_ids: Tensor::from_data(
+                TensorData::new(decoder_ids, [batch.batch, batch.tgt_len]),
+                device,
+            ),
+        }
+    }
+
     /// Logits `[batch·tgt_len, vocab]` of `batch` (teacher-forced) under `params` on `device`
     /// (tracked or not), with `drop` for dropout.
     fn forward_logits(
@@ -282,35 +309,15 @@ impl T5Engine {
         device: &Device,
         drop: &mut Dropout,
     ) -> Tensor<2> {
-        let cfg = &self.model.config;
         let fwd = T5Forward {
-            cfg,
+            cfg: &self.model.config,
             layout: &self.model.layout,
             params,
             dtype: self.dtype(),
         };
-        let ids = int_tensor(&batch.input_ids, batch.batch, batch.src_len, device);
-        let mask = padding_mask(
-            &batch.input_mask,
-            batch.batch,
-            batch.src_len,
-            device,
-            self.dtype(),
-        );
-        let encoded = fwd.encode(ids, &mask, drop);
-        let dec_in = shift_right(
-            &batch.labels,
-            &batch.label_mask,
-            batch.batch,
-            batch.tgt_len,
-            cfg.decoder_start_token_id,
-            cfg.pad_token_id,
-        );
-        let dec_in = Tensor::<2, Int>::from_data(
-            TensorData::new(dec_in, [batch.batch, batch.tgt_len]),
-            device,
-        );
-        fwd.lm_logits(fwd.decode(dec_in, &encoded, &mask, drop))
+        let inputs = self.device_inputs(batch, device);
+        let encoded = fwd.encode(inputs.input_ids, &inputs.mask, drop);
+        fwd.lm_logits(fwd.decode(inputs.decoder_ids, &encoded, &inputs.mask, drop))
     }
 
     /// Mean token loss of `batch` under `params` on `device`.
@@ -325,6 +332,52 @@ impl T5Engine {
         masked_cross_entropy(logits, &batch.labels, &batch.label_mask)
     }
 
+    /// The loss of `batch` under per-block gradient checkpointing; its gradients (scaled by
+    /// `loss_scale`) are added to the accumulators.
+    fn block_checkpointed_loss(
+        &mut self,
+        plain: &[Tensor<2>],
+        leaves: &[Tensor<2>],
+        batch: &Seq2SeqBatch,
+        drop: &mut Dropout,
+        loss_scale: f32,
+    ) -> Result<Tensor<1>, ModelError> {
+        let (cfg, layout, dtype) = (&self.model.config, &self.model.layout, self.dtype());
+        let forward = |params| T5Forward {
+            cfg,
+            layout,
+            params,
+            dtype,
+        };
+        let group_trainable = |group| {
+            (0..layout.specs.len()).any(|i| self.trainable[i] && layout.specs[i].group == group)
+        };
+        let trainable = Trainable {
+            shared: self.trainable[layout.shared],
+            encoder: group_trainable(Group::Encoder),
+            encoder_rel_bias: self.trainable[layout.encoder_rel_bias],
+            decoder_rel_bias: self.trainable[layout.decoder_rel_bias],
+        };
+        let inputs = self.device_inputs(batch, &self.device);
+        let micro = MicroBatch {
+            input_ids: inputs.input_ids,
+            mask: inputs.mask,
+            decoder_ids: inputs.decoder_ids,
+            labels: &batch.labels,
+            label_mask: &batch.label_mask,
+        };
+        let (acc, flags) = (&mut self.grads, &self.trainable);
+        block_ckpt::loss_and_grads(
+            &forward(plain),
+            &forward(leaves),
+            trainable,
+            micro,
+            drop,
+            loss_scale as f64,
+            &mut |grads| add_gradients(acc, flags, leaves, grads),
+        )
+    }
+
     /// Logits `[batch·tgt_len, vocab]` in f32 (row-major) for a batch, without dropout: for checks
     /// against transformers.
     pub fn logits(&self, batch: &Seq2SeqBatch) -> Result<Vec<f32>, ModelError> {
@@ -334,10 +387,22 @@ impl T5Engine {
         to_f32_vec(logits)
     }
 
+    /// The gradients accumulated so far (host f32, memfit layout; `None`: frozen or none yet).
+    pub fn accumulated_gradients(&self) -> &[Option<Vec<f32>>] {
+        &self.grads
+    }
+
     /// Global norm of the gradients accumulated so far (0 before the first micro-batch).
     pub fn accumulated_grad_norm(&self) -> f64 {
         global_norm(&self.grads)
     }
+}
+
+/// A batch's input tensors on a device.
+struct DeviceInputs {
+    input_ids: Tensor<2, Int>,
+    mask: Tensor<4>,
+    decoder_ids: Tensor<2, Int>,
 }
 
 fn int_tensor(ids: &[u32], batch: usize, len: usize, device: &Device) -> Tensor<2, Int> {
@@ -352,6 +417,27 @@ fn to_f32_vec<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>, ModelError> {
         .map_err(|e| ModelError::Io(format!("reading a tensor back from the device: {e:?}")))
 }
 
+/// Adds the gradients of the trainable `leaves` found in `grads` to the host accumulators `acc`.
+fn add_gradients(
+    acc: &mut [Option<Vec<f32>>],
+    trainable: &[bool],
+    leaves: &[Tensor<2>],
+    grads: &Gradients,
+) -> Result<(), ModelError> {
+    for (i, leaf) in leaves.iter().enumerate() {
+        if !trainable[i] {
+            continue;
+        }
+        let Some(g) = leaf.grad(grads) else { continue };
+        let g = to_f32_vec(g)?;
+        match &mut acc[i] {
+            Some(a) => a.iter_mut().zip(&g).for_each(|(a, b)| *a += b),
+            slot @ None => *slot = Some(g),
+        }
+    }
+    Ok(())
+}
+
 impl Engine for T5Engine {
     type Error = ModelError;
 
@@ -362,36 +448,26 @@ impl Engine for T5Engine {
         seed: u64,
     ) -> Result<f32, ModelError> {
         self.check_batch(batch)?;
-        let strategy = self.train_device.gradient_checkpointing_strategy();
-        let leaves: Vec<Tensor<2>> = self
-            .weights_on_device()
-            .into_iter()
+        let plain = self.weights_on_device();
+        let leaves: Vec<Tensor<2>> = plain
+            .iter()
             .zip(&self.trainable)
             .map(|(t, &train)| {
-                let mut t = t.autodiff();
-                if let Some(s) = strategy {
-                    t = t.with_gradient_checkpointing_strategy(s);
-                }
+                let t = t.clone().autodiff();
                 if train { t.require_grad() } else { t }
             })
             .collect();
         let mut drop = Dropout::new(seed, self.model.config.dropout_rate);
-        let loss = self.loss(&leaves, batch, &self.train_device, &mut drop);
-        // The one place the loss is scaled (by 1/accum, from the loop).
-        let grads = (loss.clone() * loss_scale as f64).backward();
-        let value: f32 = to_f32_vec(loss)?.first().copied().unwrap_or(f32::NAN);
-        for (i, leaf) in leaves.iter().enumerate() {
-            if !self.trainable[i] {
-                continue;
-            }
-            let Some(g) = leaf.grad(&grads) else { continue };
-            let g = to_f32_vec(g)?;
-            match &mut self.grads[i] {
-                Some(acc) => acc.iter_mut().zip(&g).for_each(|(a, b)| *a += b),
-                slot @ None => *slot = Some(g),
-            }
-        }
-        Ok(value)
+        let loss = if self.options.grad_ckpt {
+            self.block_checkpointed_loss(&plain, &leaves, batch, &mut drop, loss_scale)?
+        } else {
+            let loss = self.loss(&leaves, batch, &self.train_device, &mut drop);
+            // The one place the loss is scaled (by 1/accum, from the loop).
+            let grads = (loss.clone() * loss_scale as f64).backward();
+            add_gradients(&mut self.grads, &self.trainable, &leaves, &grads)?;
+            loss
+        };
+        Ok(to_f32_vec(loss)?.first().copied().unwrap_or(f32::NAN))
     }
 
     fn step(&mut self, lr: f64, max_grad_norm: Option<f64>) -> Result<StepStats, ModelError> {

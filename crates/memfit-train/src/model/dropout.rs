@@ -37,6 +37,8 @@ impl SplitMix64 {
 }
 
 /// Inverted dropout: keeps each element with probability `1 - p` and scales kept ones by `1/(1-p)`.
+/// Cloning it replays the same masks (how a recomputed block draws what its first pass drew).
+#[derive(Debug, Clone)]
 pub struct Dropout {
     rng: SplitMix64,
     p: f64,

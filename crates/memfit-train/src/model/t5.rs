@@ -126,22 +126,78 @@ impl T5Forward<'_> {
             .reshape([1, h, q, k])
     }
 
+    /// The embedding of `ids` `[b, t]` after dropout: the input of the first block of a stack.
+    pub fn embed_input(&self, ids: Tensor<2, Int>, drop: &mut Dropout) -> Tensor<3> {
+        drop.apply(self.embed(ids))
+    }
+
+    /// The encoder's attention bias `[b, h, s, s]`: its relative position bias plus the key-padding
+    /// `mask`. Computed once and added in every encoder block.
+    pub fn encoder_bias(&self, s: usize, mask: &Tensor<4>) -> Tensor<4> {
+        self.position_bias(self.layout.encoder_rel_bias, s, s, 0, true, &mask.device())
+            + mask.clone()
+    }
+
+    /// The decoder's self-attention bias `[1, h, t, t]`: relative position bias plus the causal mask.
+    pub fn decoder_bias(&self, t: usize, device: &Device) -> Tensor<4> {
+        self.position_bias(self.layout.decoder_rel_bias, t, t, 0, false, device)
+            + causal_mask(t, device, self.dtype)
+    }
+
+    /// Encoder block `i` applied to `x` `[b, s, d]`.
+    pub fn encoder_block(
+        &self,
+        i: usize,
+        x: Tensor<3>,
+        bias: &Tensor<4>,
+        drop: &mut Dropout,
+    ) -> Tensor<3> {
+        let blk = &self.layout.encoder[i];
+        let h = self.rms_norm(x.clone(), blk.attn_norm);
+        let h = self.attention(h.clone(), h, &blk.attn, bias, drop);
+        let x = x + drop.apply(h);
+        let h = self.rms_norm(x.clone(), blk.ffn_norm);
+        let h = self.ffn(h, &blk.ffn, drop);
+        x + drop.apply(h)
+    }
+
+    /// Decoder block `i` applied to `x` `[b, t, d]`, attending to `encoded` `[b, s, d]`.
+    pub fn decoder_block(
+        &self,
+        i: usize,
+        x: Tensor<3>,
+        encoded: &Tensor<3>,
+        self_bias: &Tensor<4>,
+        cross_mask: &Tensor<4>,
+        drop: &mut Dropout,
+    ) -> Tensor<3> {
+        let blk = &self.layout.decoder[i];
+        let h = self.rms_norm(x.clone(), blk.self_norm);
+        let h = self.attention(h.clone(), h, &blk.self_attn, self_bias, drop);
+        let x = x + drop.apply(h);
+        let h = self.rms_norm(x.clone(), blk.cross_norm);
+        // Cross-attention has no position bias in T5, only the encoder padding mask.
+        let h = self.attention(h, encoded.clone(), &blk.cross_attn, cross_mask, drop);
+        let x = x + drop.apply(h);
+        let h = self.rms_norm(x.clone(), blk.ffn_norm);
+        let h = self.ffn(h, &blk.ffn, drop);
+        x + drop.apply(h)
+    }
+
+    /// A stack's final RMS norm (parameter `norm`) and dropout.
+    pub fn final_norm(&self, x: Tensor<3>, norm: usize, drop: &mut Dropout) -> Tensor<3> {
+        drop.apply(self.rms_norm(x, norm))
+    }
+
     /// Encoder output `[b, s, d]` (after the final norm and dropout).
     pub fn encode(&self, ids: Tensor<2, Int>, mask: &Tensor<4>, drop: &mut Dropout) -> Tensor<3> {
         let [_, s] = ids.dims();
-        let device = ids.device();
-        let bias =
-            self.position_bias(self.layout.encoder_rel_bias, s, s, 0, true, &device) + mask.clone();
-        let mut x = drop.apply(self.embed(ids));
-        for blk in &self.layout.encoder {
-            let h = self.rms_norm(x.clone(), blk.attn_norm);
-            let h = self.attention(h.clone(), h, &blk.attn, &bias, drop);
-            x = x + drop.apply(h);
-            let h = self.rms_norm(x.clone(), blk.ffn_norm);
-            let h = self.ffn(h, &blk.ffn, drop);
-            x = x + drop.apply(h);
+        let bias = self.encoder_bias(s, mask);
+        let mut x = self.embed_input(ids, drop);
+        for i in 0..self.layout.encoder.len() {
+            x = self.encoder_block(i, x, &bias, drop);
         }
-        drop.apply(self.rms_norm(x, self.layout.encoder_norm))
+        self.final_norm(x, self.layout.encoder_norm, drop)
     }
 
     /// Decoder output `[b, t, d]` for decoder inputs `ids` (after the final norm and dropout).
@@ -153,23 +209,12 @@ impl T5Forward<'_> {
         drop: &mut Dropout,
     ) -> Tensor<3> {
         let [_, t] = ids.dims();
-        let device = ids.device();
-        let bias = self.position_bias(self.layout.decoder_rel_bias, t, t, 0, false, &device)
-            + causal_mask(t, &device, self.dtype);
-        let mut x = drop.apply(self.embed(ids));
-        for blk in &self.layout.decoder {
-            let h = self.rms_norm(x.clone(), blk.self_norm);
-            let h = self.attention(h.clone(), h, &blk.self_attn, &bias, drop);
-            x = x + drop.apply(h);
-            let h = self.rms_norm(x.clone(), blk.cross_norm);
-            // Cross-attention has no position bias in T5, only the encoder padding mask.
-            let h = self.attention(h, encoded.clone(), &blk.cross_attn, cross_mask, drop);
-            x = x + drop.apply(h);
-            let h = self.rms_norm(x.clone(), blk.ffn_norm);
-            let h = self.ffn(h, &blk.ffn, drop);
-            x = x + drop.apply(h);
+        let bias = self.decoder_bias(t, &ids.device());
+        let mut x = self.embed_input(ids, drop);
+        for i in 0..self.layout.decoder.len() {
+            x = self.decoder_block(i, x, encoded, &bias, cross_mask, drop);
         }
-        drop.apply(self.rms_norm(x, self.layout.decoder_norm))
+        self.final_norm(x, self.layout.decoder_norm, drop)
     }
 
     /// Logits `[b·t, vocab]` from decoder output.

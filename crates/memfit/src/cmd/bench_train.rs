@@ -33,7 +33,7 @@ pub struct Args {
     /// Compute threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// burn's gradient checkpointing.
+    /// Per-block gradient checkpointing (recompute each block in backward).
     #[arg(long)]
     grad_ckpt: bool,
     #[arg(long, value_parser = ["fp32", "bf16"], default_value = "fp32")]
