@@ -106,6 +106,41 @@ pub fn steps_per_epoch(rows: usize, batch: usize, accum: usize) -> u64 {
     micro_batches_per_epoch(rows, batch).div_ceil(accum as u64)
 }
 
+/// Rows per optimizer step: the configured micro-batch × accumulation (what the guard keeps fixed).
+pub fn effective_batch(batch: usize, accum: usize) -> usize {
+    batch.saturating_mul(accum).max(1)
+}
+
+/// Micro-batches a full step takes at `micro` rows each.
+pub fn accum_for(effective: usize, micro: usize) -> usize {
+    effective.div_ceil(micro.max(1))
+}
+
+/// The micro-batch after a guard downgrade: half, rounded up, at least 1 (the effective batch is kept
+/// by cutting each step's rows into more micro-batches, the last possibly shorter).
+pub fn halve(micro: usize) -> usize {
+    micro.div_ceil(2).max(1)
+}
+
+/// Each micro-batch's share of the step's target tokens: the loss scale that makes a step's gradient
+/// the mean over all its target tokens, whatever way its rows are cut into micro-batches (transformers
+/// made the same fix in 4.46, `num_items_in_batch`). With equal token counts it is 1/k, the classic
+/// scaling; with no target tokens at all it falls back to 1/k.
+pub fn token_weights(micro_batches: &[Seq2SeqBatch]) -> Vec<f64> {
+    let k = micro_batches.len().max(1) as f64;
+    let total: usize = micro_batches.iter().map(|b| b.target_tokens()).sum();
+    micro_batches
+        .iter()
+        .map(|b| {
+            if total == 0 {
+                1.0 / k
+            } else {
+                b.target_tokens() as f64 / total as f64
+            }
+        })
+        .collect()
+}
+
 /// Padding and truncation limits and ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Collate {

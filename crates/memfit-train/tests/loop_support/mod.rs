@@ -253,9 +253,10 @@ pub fn full_disk(_: &Path) -> std::io::Result<u64> {
 }
 
 use memfit_train::config::{ConfigLayer, TrainConfig};
+use memfit_train::memory_guard::MemoryGuard;
 use memfit_train::session::{self, Session};
 use memfit_train::signals::StopFlag;
-use memfit_train::train_loop::{Silent, Summary, Trainer};
+use memfit_train::train_loop::{Observer, Silent, Summary, Trainer};
 
 /// A small config: 20 rows, batch 3, accum 2 → 7 micro-batches, 4 steps per epoch.
 pub fn small_config() -> TrainConfig {
@@ -280,6 +281,32 @@ pub fn train(
     stop: StopFlag,
     free: FreeSpace,
 ) -> Result<Summary, String> {
+    train_with(
+        dir,
+        config,
+        engine,
+        resume,
+        stop,
+        free,
+        None,
+        &mut Silent,
+        &pairs(20),
+    )
+}
+
+/// [`train`] with a memory guard, an observer and the training rows chosen by the caller.
+#[allow(clippy::too_many_arguments)]
+pub fn train_with(
+    dir: &Path,
+    config: &TrainConfig,
+    engine: &mut impl Engine,
+    resume: Option<(&ConfigLayer, bool)>,
+    stop: StopFlag,
+    free: FreeSpace,
+    guard: Option<&MemoryGuard>,
+    observer: &mut dyn Observer,
+    train_rows: &InMemoryPairs,
+) -> Result<Summary, String> {
     let mut s: Session = match resume {
         None => session::start(config.clone(), dir, spec(free)).map_err(|e| e.to_string())?,
         Some((layer, allow)) => {
@@ -294,21 +321,21 @@ pub fn train(
         }
         None => None,
     };
-    let train_rows = pairs(20);
     let valid_rows = pairs(6);
     Trainer {
         engine,
         config: &s.config,
         run: &mut s.run,
         checkpointer: &mut s.checkpointer,
-        train: &train_rows,
+        train: train_rows,
         valid: Some(&valid_rows),
         collate: collate(),
         decoder: &Letters,
         stop,
-        observer: &mut Silent,
+        observer,
         resume: resume_state,
         vocab_size: Some(VOCAB),
+        guard,
     }
     .run()
     .map_err(|e| e.to_string())
