@@ -30,7 +30,11 @@ pub struct LinearEngine {
     pub steps_done: u64,
     /// Run a closure after the optimizer step with this (1-based) number.
     pub after_step: Option<(u64, Box<dyn FnMut()>)>,
+    /// Run a closure after the `accumulate` call with this (1-based) number.
+    pub after_accumulate: Option<(usize, Box<dyn FnMut()>)>,
     pub fail_save: bool,
+    /// The seeded target perturbation ("dropout"); off, a step's gradient depends only on its rows.
+    pub noise: bool,
 }
 
 pub const VOCAB: usize = 32;
@@ -45,7 +49,9 @@ impl LinearEngine {
             lrs: Vec::new(),
             steps_done: 0,
             after_step: None,
+            after_accumulate: None,
             fail_save: false,
+            noise: true,
         }
     }
 
@@ -55,7 +61,9 @@ impl LinearEngine {
 
     fn loss_and_grad(&self, b: &Seq2SeqBatch, seed: Option<u64>) -> (f32, Vec<(usize, f32)>) {
         // The "dropout": a seeded perturbation of the targets, so the seed matters.
-        let noise = seed.map_or(0.0, |s| ((s >> 11) % 1000) as f32 * 1e-5);
+        let noise = seed
+            .filter(|_| self.noise)
+            .map_or(0.0, |s| ((s >> 11) % 1000) as f32 * 1e-5);
         let n = b.target_tokens().max(1) as f32;
         let mut loss = 0.0;
         let mut grads = Vec::new();
@@ -112,6 +120,11 @@ impl Engine for LinearEngine {
             rows: b.batch,
             first_label: b.labels[0],
         });
+        if let Some((n, f)) = &mut self.after_accumulate
+            && *n == self.calls.len()
+        {
+            f();
+        }
         Ok(loss)
     }
 
