@@ -546,7 +546,13 @@ impl Observer for Bar {
         }
     }
     fn on_message(&mut self, message: &str) {
-        self.bar.println(message);
+        // A hidden bar (--json, or stderr not a terminal) prints nothing: warnings and the memory
+        // guard's actions still reach stderr.
+        if self.bar.is_hidden() {
+            eprintln!("{message}");
+        } else {
+            self.bar.println(message);
+        }
     }
 }
 
