@@ -251,7 +251,10 @@ pub enum GuardNote {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GuardStatus {
     pub verdict: Verdict,
+    /// The reading taken now.
     pub reading: MemoryReading,
+    /// The highest readings since the loop last acted (what raised the verdict, often mid-step).
+    pub peak: MemoryReading,
     /// Host limits in force (`None`: no budget).
     pub limits: Option<Limits>,
     pub gpu_limits: Option<Limits>,
@@ -267,6 +270,8 @@ struct Core {
     /// The override file's last text (so a change is noticed and a bad line reported once).
     override_text: Option<String>,
     last: MemoryReading,
+    /// Highest readings since the loop last acted (reset by a downgrade).
+    peak: MemoryReading,
     notes: Vec<GuardNote>,
 }
 
@@ -316,6 +321,10 @@ impl Core {
     fn tick(&mut self) -> Verdict {
         self.refresh_budget();
         self.last = self.sampler.sample();
+        self.peak = MemoryReading {
+            host_bytes: self.peak.host_bytes.max(self.last.host_bytes),
+            gpu_bytes: self.peak.gpu_bytes.max(self.last.gpu_bytes),
+        };
         let host = self
             .host
             .as_mut()
@@ -401,6 +410,7 @@ impl MemoryGuard {
             gpu,
             override_text: None,
             last: MemoryReading::default(),
+            peak: MemoryReading::default(),
             notes: Vec::new(),
         };
         Self {
@@ -440,23 +450,25 @@ impl MemoryGuard {
         GuardStatus {
             verdict: Verdict::from_u8(self.shared.verdict.load(Ordering::SeqCst)),
             reading: core.last,
+            peak: core.peak,
             limits: core.host.map(|w| w.limits),
             gpu_limits: core.gpu.map(|w| w.limits),
             notes: std::mem::take(&mut core.notes),
         }
     }
 
-    /// The loop halved the micro-batch: ratchet the soft triggers and clear the soft verdict (a hard
-    /// verdict latched meanwhile stays).
+    /// The loop halved the micro-batch: ratchet the soft triggers from the peak that raised the
+    /// verdict, start a new peak, and clear the soft verdict (a hard verdict latched meanwhile stays).
     pub fn downgraded(&self) {
         let mut core = self.shared.lock();
-        let last = core.last;
+        let peak = core.peak;
         if let Some(w) = core.host.as_mut() {
-            w.downgraded(last.host_bytes);
+            w.downgraded(peak.host_bytes);
         }
-        if let (Some(w), Some(used)) = (core.gpu.as_mut(), last.gpu_bytes) {
+        if let (Some(w), Some(used)) = (core.gpu.as_mut(), peak.gpu_bytes) {
             w.downgraded(used);
         }
+        core.peak = core.last;
         let _ = self.shared.verdict.compare_exchange(
             Verdict::Soft as u8,
             Verdict::Fine as u8,
@@ -542,10 +554,21 @@ mod tests {
         assert_eq!(g.sample_now(), Verdict::Soft);
         value.store(100 * MIB, Ordering::SeqCst);
         assert_eq!(g.sample_now(), Verdict::Fine);
-        // The spike is remembered until the loop downgrades.
+        // The spike is remembered until the loop downgrades, and so is its size.
         assert_eq!(g.verdict(), Verdict::Soft);
+        let s = g.check_now();
+        assert_eq!(
+            (s.reading.host_bytes, s.peak.host_bytes),
+            (100 * MIB, 900 * MIB)
+        );
         g.downgraded();
         assert_eq!(g.verdict(), Verdict::Fine);
+        // The ratchet starts from the spike: halfway from 900 to 950 MiB.
+        value.store(920 * MIB, Ordering::SeqCst);
+        assert_eq!(g.sample_now(), Verdict::Fine);
+        value.store(925 * MIB, Ordering::SeqCst);
+        assert_eq!(g.sample_now(), Verdict::Soft);
+        g.downgraded();
         value.store(960 * MIB, Ordering::SeqCst);
         g.sample_now();
         g.downgraded();

@@ -481,16 +481,17 @@ impl<'a, E: Engine> Trainer<'a, E> {
                 "old_accum": old_accum,
                 "new_accum": new_accum,
                 "effective_batch": effective,
-                "rss_bytes": status.reading.host_bytes,
-                "gpu_bytes": status.reading.gpu_bytes,
+                "rss_bytes": status.peak.host_bytes,
+                "rss_now_bytes": status.reading.host_bytes,
+                "gpu_bytes": status.peak.gpu_bytes,
                 "limits": status.limits,
                 "gpu_limits": status.gpu_limits,
                 "checkpoint": checkpoint,
             }),
         )?;
         self.observer.on_message(&format!(
-            "memory guard: {} is over the soft limit {}; micro-batch {old_micro} × {old_accum} → {new_micro} × {new_accum} (effective batch {effective})",
-            human_bytes(status.reading.host_bytes),
+            "memory guard: {} reached the soft limit {}; micro-batch {old_micro} × {old_accum} → {new_micro} × {new_accum} (effective batch {effective})",
+            human_bytes(status.peak.host_bytes),
             human_bytes(status.limits.map_or(0, |l| l.soft_bytes)),
         ));
         Ok(())
@@ -504,7 +505,7 @@ impl<'a, E: Engine> Trainer<'a, E> {
         abandoned: Option<(usize, u64)>,
         reason: &str,
     ) -> Result<(), LoopError> {
-        let rss = status.map(|s| s.reading.host_bytes);
+        let rss = status.map(|s| s.peak.host_bytes);
         self.run.event(
             p.step,
             "stop",
@@ -512,7 +513,8 @@ impl<'a, E: Engine> Trainer<'a, E> {
                 "reason": reason,
                 "exit": 75,
                 "rss_bytes": rss,
-                "gpu_bytes": status.and_then(|s| s.reading.gpu_bytes),
+                "rss_now_bytes": status.map(|s| s.reading.host_bytes),
+                "gpu_bytes": status.and_then(|s| s.peak.gpu_bytes),
                 "limits": status.and_then(|s| s.limits),
                 "gpu_limits": status.and_then(|s| s.gpu_limits),
                 "abandoned_step": abandoned.map(|(done, k)| json!({"step": p.step + 1, "micro_batches_done": done, "of": k})),
