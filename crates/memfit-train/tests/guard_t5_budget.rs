@@ -114,18 +114,6 @@ fn run(root: &Path, config: &TrainConfig, guarded: bool) -> (Vec<serde_json::Val
     (read_jsonl(&root.join("metrics.jsonl")), observer.written)
 }
 
-fn losses(lines: &[serde_json::Value]) -> Vec<f64> {
-    lines.iter().map(|m| m["loss"].as_f64().unwrap()).collect()
-}
-
-fn max_rel_diff(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs() / y.abs().max(1e-12))
-        .fold(0.0, f64::max)
-}
-
 #[test]
 fn a_lowered_budget_downgrades_a_t5_run_that_then_matches_the_smaller_micro_batch() {
     memfit_train::t5_engine::set_threads(1).unwrap();

@@ -97,6 +97,82 @@ fn quiet_engine() -> LinearEngine {
     e
 }
 
+/// A run on the varied rows: a new one, or (`resume`) the continuation of the run in `root`.
+fn go(
+    root: &Path,
+    config: &TrainConfig,
+    engine: &mut LinearEngine,
+    resume: bool,
+    guard: Option<&MemoryGuard>,
+    observer: &mut dyn Observer,
+) -> memfit_train::train_loop::Summary {
+    let layer = ConfigLayer::default();
+    train_with(
+        root,
+        config,
+        engine,
+        resume.then_some((&layer, false)),
+        StopFlag::new(),
+        plenty,
+        guard,
+        observer,
+        &varied_rows(),
+    )
+    .unwrap()
+}
+
+/// An observer that makes the sampler return `reading` from the end of step `step` on.
+fn reading_at(value: &Arc<AtomicU64>, step: u64, reading: u64) -> OnStep<impl FnMut(u64)> {
+    let v = Arc::clone(value);
+    OnStep {
+        f: move |s| {
+            if s == step {
+                v.store(reading, Ordering::SeqCst);
+            }
+        },
+        messages: vec![],
+    }
+}
+
+/// An observer that does nothing on a step.
+fn watch() -> OnStep<fn(u64)> {
+    OnStep {
+        f: |_| {},
+        messages: vec![],
+    }
+}
+
+/// A run under a guard whose sampler returns `value` (see [`go`]); the summary and the engine.
+fn guarded(
+    root: &Path,
+    config: &TrainConfig,
+    value: &Arc<AtomicU64>,
+    resume: bool,
+    observer: &mut dyn Observer,
+) -> (memfit_train::train_loop::Summary, LinearEngine) {
+    let g = guard(value, None);
+    let mut engine = quiet_engine();
+    let s = go(root, config, &mut engine, resume, Some(&g), observer);
+    (s, engine)
+}
+
+/// A temporary run directory and the memory reading its guard's sampler returns.
+struct Fixture {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    value: Arc<AtomicU64>,
+}
+
+fn fixture(reading: u64) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("run");
+    Fixture {
+        dir,
+        root,
+        value: Arc::new(AtomicU64::new(reading)),
+    }
+}
+
 /// A plain run (no guard) of `config`; its metrics lines.
 fn reference(dir: &Path, config: &TrainConfig) -> Vec<serde_json::Value> {
     let root = dir.join(format!(
@@ -104,35 +180,9 @@ fn reference(dir: &Path, config: &TrainConfig) -> Vec<serde_json::Value> {
         config.batch, config.accum, config.seed
     ));
     let mut engine = quiet_engine();
-    let s = train_with(
-        &root,
-        config,
-        &mut engine,
-        None,
-        StopFlag::new(),
-        plenty,
-        None,
-        &mut OnStep {
-            f: |_| {},
-            messages: vec![],
-        },
-        &varied_rows(),
-    )
-    .unwrap();
+    let s = go(&root, config, &mut engine, false, None, &mut watch());
     assert_eq!(s.finish, Finish::Completed);
     read_jsonl(&root.join("metrics.jsonl"))
-}
-
-fn losses(lines: &[serde_json::Value]) -> Vec<f64> {
-    lines.iter().map(|m| m["loss"].as_f64().unwrap()).collect()
-}
-
-fn max_rel_diff(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs() / y.abs().max(1e-12))
-        .fold(0.0, f64::max)
 }
 
 fn events(root: &Path, kind: &str) -> Vec<serde_json::Value> {
@@ -149,32 +199,9 @@ fn state(root: &Path, step: u64) -> TrainerState {
 
 #[test]
 fn over_the_soft_limit_the_micro_batch_halves_and_the_losses_do_not_change() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("run");
-    let value = Arc::new(AtomicU64::new(CALM));
-    let g = guard(&value, None);
-    let mut engine = quiet_engine();
-    let v = Arc::clone(&value);
-    let mut observer = OnStep {
-        f: move |step| {
-            if step == 2 {
-                v.store(OVER_SOFT, Ordering::SeqCst);
-            }
-        },
-        messages: vec![],
-    };
-    let s = train_with(
-        &root,
-        &config(4, 2),
-        &mut engine,
-        None,
-        StopFlag::new(),
-        plenty,
-        Some(&g),
-        &mut observer,
-        &varied_rows(),
-    )
-    .unwrap();
+    let Fixture { dir, root, value } = fixture(CALM);
+    let mut observer = reading_at(&value, 2, OVER_SOFT);
+    let (s, engine) = guarded(&root, &config(4, 2), &value, false, &mut observer);
     assert_eq!((s.finish, s.steps), (Finish::Completed, 6));
 
     let downgrades = events(&root, "downgrade");
@@ -239,32 +266,9 @@ fn over_the_soft_limit_the_micro_batch_halves_and_the_losses_do_not_change() {
 
 #[test]
 fn over_the_hard_limit_at_a_step_end_it_checkpoints_stops_and_resumes_smaller() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("run");
-    let value = Arc::new(AtomicU64::new(CALM));
-    let g = guard(&value, None);
-    let v = Arc::clone(&value);
-    let mut observer = OnStep {
-        f: move |step| {
-            if step == 2 {
-                v.store(OVER_HARD, Ordering::SeqCst);
-            }
-        },
-        messages: vec![],
-    };
-    let mut engine = quiet_engine();
-    let s = train_with(
-        &root,
-        &config(4, 2),
-        &mut engine,
-        None,
-        StopFlag::new(),
-        plenty,
-        Some(&g),
-        &mut observer,
-        &varied_rows(),
-    )
-    .unwrap();
+    let Fixture { dir, root, value } = fixture(CALM);
+    let mut observer = reading_at(&value, 2, OVER_HARD);
+    let (s, engine) = guarded(&root, &config(4, 2), &value, false, &mut observer);
     assert_eq!(
         (s.finish, s.steps, engine.steps_done),
         (Finish::Stopped, 2, 2)
@@ -277,27 +281,10 @@ fn over_the_hard_limit_at_a_step_end_it_checkpoints_stops_and_resumes_smaller() 
     assert_eq!(stop[0]["resume_micro_batch"], 2);
     assert!(stop[0]["abandoned_step"].is_null());
     assert_eq!(state(&root, 2).micro_batch, Some(2));
-    drop(g);
 
     // Resume (memory fine again): same config, no config-change complaint, at micro-batch 2.
     let calm = Arc::new(AtomicU64::new(CALM));
-    let g = guard(&calm, None);
-    let mut engine = quiet_engine();
-    let s = train_with(
-        &root,
-        &config(4, 2),
-        &mut engine,
-        Some((&ConfigLayer::default(), false)),
-        StopFlag::new(),
-        plenty,
-        Some(&g),
-        &mut OnStep {
-            f: |_| {},
-            messages: vec![],
-        },
-        &varied_rows(),
-    )
-    .unwrap();
+    let (s, engine) = guarded(&root, &config(4, 2), &calm, true, &mut watch());
     assert_eq!((s.finish, s.start_step, s.steps), (Finish::Completed, 2, 6));
     assert!(engine.calls.iter().all(|c| c.rows == 2));
     let lines = read_jsonl(&root.join("metrics.jsonl"));
@@ -309,9 +296,7 @@ fn over_the_hard_limit_at_a_step_end_it_checkpoints_stops_and_resumes_smaller() 
 
 #[test]
 fn over_the_hard_limit_mid_step_the_step_is_abandoned_and_redone_on_resume() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("run");
-    let value = Arc::new(AtomicU64::new(CALM));
+    let Fixture { dir, root, value } = fixture(CALM);
     let g = Arc::new(guard(&value, None));
     let mut engine = quiet_engine();
     // The 5th micro-batch is the first of step 3: memory jumps while it runs, the thread's reading
@@ -324,21 +309,14 @@ fn over_the_hard_limit_mid_step_the_step_is_abandoned_and_redone_on_resume() {
             gg.sample_now();
         }),
     ));
-    let s = train_with(
+    let s = go(
         &root,
         &config(4, 2),
         &mut engine,
-        None,
-        StopFlag::new(),
-        plenty,
+        false,
         Some(&g),
-        &mut OnStep {
-            f: |_| {},
-            messages: vec![],
-        },
-        &varied_rows(),
-    )
-    .unwrap();
+        &mut watch(),
+    );
     assert_eq!(
         (s.finish, s.steps, engine.steps_done),
         (Finish::Stopped, 2, 2)
@@ -362,21 +340,7 @@ fn over_the_hard_limit_mid_step_the_step_is_abandoned_and_redone_on_resume() {
     );
 
     let mut engine = quiet_engine();
-    let s = train_with(
-        &root,
-        &config(4, 2),
-        &mut engine,
-        Some((&ConfigLayer::default(), false)),
-        StopFlag::new(),
-        plenty,
-        None,
-        &mut OnStep {
-            f: |_| {},
-            messages: vec![],
-        },
-        &varied_rows(),
-    )
-    .unwrap();
+    let s = go(&root, &config(4, 2), &mut engine, true, None, &mut watch());
     assert_eq!((s.finish, s.steps), (Finish::Completed, 6));
     let small = reference(dir.path(), &config(2, 4));
     let lines = read_jsonl(&root.join("metrics.jsonl"));
@@ -385,9 +349,11 @@ fn over_the_hard_limit_mid_step_the_step_is_abandoned_and_redone_on_resume() {
 
 #[test]
 fn a_budget_written_into_the_run_directory_takes_effect_at_the_next_step() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("run");
-    let value = Arc::new(AtomicU64::new(500 * MIB));
+    let Fixture {
+        dir: _dir,
+        root,
+        value,
+    } = fixture(500 * MIB);
     // Configured budget 2000 MiB: 500 MiB is far below it; the override brings the budget to 560 MiB.
     let g = MemoryGuard::start(
         GuardSettings {
@@ -410,21 +376,11 @@ fn a_budget_written_into_the_run_directory_takes_effect_at_the_next_step() {
         messages: vec![],
     };
     let mut engine = quiet_engine();
-    let s = train_with(
-        &root,
-        &TrainConfig {
-            memory_budget_bytes: Some(2000 * MIB),
-            ..config(4, 2)
-        },
-        &mut engine,
-        None,
-        StopFlag::new(),
-        plenty,
-        Some(&g),
-        &mut observer,
-        &varied_rows(),
-    )
-    .unwrap();
+    let config = TrainConfig {
+        memory_budget_bytes: Some(2000 * MIB),
+        ..config(4, 2)
+    };
+    let s = go(&root, &config, &mut engine, false, Some(&g), &mut observer);
     assert_eq!(s.finish, Finish::Completed);
     let budget = events(&root, "budget");
     assert_eq!(budget.len(), 1);
@@ -448,26 +404,12 @@ fn a_budget_written_into_the_run_directory_takes_effect_at_the_next_step() {
 
 #[test]
 fn soft_at_a_micro_batch_of_one_is_treated_as_hard() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("run");
-    let value = Arc::new(AtomicU64::new(OVER_SOFT));
-    let g = guard(&value, None);
-    let mut engine = quiet_engine();
-    let s = train_with(
-        &root,
-        &config(1, 8),
-        &mut engine,
-        None,
-        StopFlag::new(),
-        plenty,
-        Some(&g),
-        &mut OnStep {
-            f: |_| {},
-            messages: vec![],
-        },
-        &varied_rows(),
-    )
-    .unwrap();
+    let Fixture {
+        dir: _dir,
+        root,
+        value,
+    } = fixture(OVER_SOFT);
+    let (s, _) = guarded(&root, &config(1, 8), &value, false, &mut watch());
     assert_eq!((s.finish, s.steps), (Finish::Stopped, 1));
     let stop = &events(&root, "stop")[0];
     assert_eq!(stop["reason"], "memory_soft_limit_at_micro_batch_1");

@@ -49,6 +49,15 @@ fn jsonl(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// A demo run of `steps` steps in a temporary directory, once it has logged `after` steps.
+fn started(steps: u64, after: usize) -> (tempfile::TempDir, std::path::PathBuf, Child) {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let mut child = start(&run, steps);
+    wait_for_steps(&mut child, &run, after);
+    (dir, run, child)
+}
+
 /// Waits until the run has logged `steps` optimizer steps (or ended).
 fn wait_for_steps(child: &mut Child, run: &Path, steps: usize) {
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -76,6 +85,11 @@ fn write_budget(run: &Path, text: &str) {
     std::fs::rename(&tmp, run.join("budget")).unwrap();
 }
 
+fn trainer_state(run: &Path, step: usize) -> Value {
+    let path = run.join(format!("checkpoints/step-{step}/trainer_state.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 fn kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["kind"] == kind).collect()
 }
@@ -83,10 +97,7 @@ fn kind<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
 #[test]
 fn a_lowered_budget_halves_the_micro_batch_and_the_run_completes() {
     const STEPS: u64 = 120;
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let mut child = start(&run, STEPS);
-    wait_for_steps(&mut child, &run, 5);
+    let (_dir, run, child) = started(STEPS, 5);
     // A budget whose soft limit (85 %) lies under what the run holds now, and whose hard limit (95 %)
     // is ~5 % above it.
     let budget = (charged(&child) as f64 / 0.90) as u64;
@@ -137,11 +148,7 @@ fn a_lowered_budget_halves_the_micro_batch_and_the_run_completes() {
         (&metrics[at]["micro_batch"], &metrics[at]["accum"]),
         (&16.into(), &2.into())
     );
-    let state: Value = serde_json::from_str(
-        &std::fs::read_to_string(run.join(format!("checkpoints/step-{at}/trainer_state.json")))
-            .unwrap(),
-    )
-    .unwrap();
+    let state = trainer_state(&run, at);
     assert_eq!(
         (&state["micro_batch"], &state["accum"]),
         (&16.into(), &2.into())
@@ -151,10 +158,7 @@ fn a_lowered_budget_halves_the_micro_batch_and_the_run_completes() {
 #[test]
 fn a_budget_below_the_hard_limit_stops_with_exit_75_and_resume_continues_smaller() {
     const STEPS: u64 = 40;
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let mut child = start(&run, STEPS);
-    wait_for_steps(&mut child, &run, 3);
+    let (_dir, run, child) = started(STEPS, 3);
     write_budget(&run, "1MiB\n");
     let out = child.wait_with_output().unwrap();
     assert_eq!(
@@ -177,13 +181,7 @@ fn a_budget_below_the_hard_limit_stops_with_exit_75_and_resume_continues_smaller
     assert_eq!(stop[0]["resume_micro_batch"], 16);
     let stopped_at = stop[0]["step"].as_u64().unwrap();
     assert!(stopped_at < STEPS);
-    let state: Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            run.join(format!("checkpoints/step-{stopped_at}/trainer_state.json")),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let state = trainer_state(&run, stopped_at as usize);
     assert_eq!(state["micro_batch"], 16);
 
     // The user raises the budget again (removes the override) and resumes: same config, no

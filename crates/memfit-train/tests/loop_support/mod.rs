@@ -361,3 +361,17 @@ pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
+
+/// The `loss` of every metrics line.
+pub fn losses(lines: &[serde_json::Value]) -> Vec<f64> {
+    lines.iter().map(|m| m["loss"].as_f64().unwrap()).collect()
+}
+
+/// The largest relative difference between two equally long series.
+pub fn max_rel_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / y.abs().max(1e-12))
+        .fold(0.0, f64::max)
+}
