@@ -515,6 +515,37 @@ mod tests {
     }
 
     #[test]
+    fn guard_fractions_default_when_absent_are_validated_and_leave_the_hash_alone() {
+        let c = TrainConfig::default();
+        let text: String = c
+            .to_toml()
+            .lines()
+            .filter(|l| !l.starts_with("guard_"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        // A config.toml written before the guard existed.
+        let old = TrainConfig::from_toml(&text, Path::new("old.toml")).unwrap();
+        assert_eq!(old, c);
+        let tuned = TrainConfig {
+            guard_soft_fraction: 0.7,
+            guard_hard_fraction: 0.8,
+            ..c.clone()
+        };
+        assert_eq!(tuned.hash(), c.hash());
+        tuned.validate().unwrap();
+        let bad = TrainConfig {
+            guard_soft_fraction: 0.96,
+            ..c
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("guard_soft_fraction")
+        );
+    }
+
+    #[test]
     fn fnv_matches_published_test_vector() {
         // FNV-1a 64 of "a" is 0xaf63dc4c8601ec8c (Fowler/Noll/Vo test vectors).
         assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);

@@ -236,3 +236,35 @@ fn resume_without_a_checkpoint_or_a_run_is_a_clear_error() {
     .unwrap_err();
     assert!(err.contains("no complete checkpoint"), "{err}");
 }
+
+#[test]
+fn a_format_1_checkpoint_resumes_with_its_cursor_converted_to_steps() {
+    let (reference, _) = uninterrupted();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("run");
+    // Stopped at step 5: epoch 1, one step (two micro-batches of 3 rows) into it.
+    stop_at(5, &root);
+    let path = root.join("checkpoints/step-5/trainer_state.json");
+    let mut state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(state["cursor"]["position"], 1);
+    // As memfit wrote it before the memory guard: micro-batch positions, no micro_batch/accum.
+    state["format"] = 1.into();
+    state["cursor"]["position"] = 2.into();
+    let obj = state.as_object_mut().unwrap();
+    obj.remove("micro_batch");
+    obj.remove("accum");
+    std::fs::write(&path, state.to_string()).unwrap();
+    let mut engine = LinearEngine::new();
+    let s = train(
+        &root,
+        &small_config(),
+        &mut engine,
+        Some((&ConfigLayer::default(), false)),
+        StopFlag::new(),
+        plenty,
+    )
+    .unwrap();
+    assert_eq!((s.finish, s.steps), (Finish::Completed, 12));
+    assert_eq!(engine.weight_bits(), reference.weight_bits());
+}
