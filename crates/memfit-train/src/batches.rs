@@ -221,6 +221,26 @@ mod tests {
     }
 
     #[test]
+    fn halving_keeps_the_effective_batch_and_weights_follow_target_tokens() {
+        assert_eq!((halve(32), halve(3), halve(1)), (16, 2, 1));
+        assert_eq!(accum_for(effective_batch(32, 1), 16), 2);
+        // 3 × 1 rows halved to 2: two micro-batches (2 + 1 rows) still cover the 3.
+        assert_eq!(accum_for(effective_batch(3, 1), halve(3)), 2);
+        let c = Collate {
+            max_src: 8,
+            max_tgt: 8,
+            pad_id: 0,
+            eos_id: 1,
+        };
+        let a = c.batch(&[(vec![5, 1], vec![5, 6, 7, 1])]);
+        let b = c.batch(&[(vec![5, 1], vec![5, 1]), (vec![6, 1], vec![6, 1])]);
+        assert_eq!(token_weights(&[a, b]), vec![0.5, 0.5]);
+        let short = c.batch(&[(vec![5, 1], vec![1])]);
+        let long = c.batch(&[(vec![5, 1], vec![5, 6, 1])]);
+        assert_eq!(token_weights(&[short, long]), vec![0.25, 0.75]);
+    }
+
+    #[test]
     fn derived_seeds_differ_by_coordinate() {
         let s = derive_seed(1, &[2, 3]);
         assert_eq!(s, derive_seed(1, &[2, 3]));

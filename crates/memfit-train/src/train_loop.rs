@@ -1,9 +1,13 @@
-//! The training loop, generic over [`Engine`]: seeded batches from a cursor, gradient accumulation
-//! (each micro-batch's loss scaled by 1/accum exactly once, in the engine), one optimizer step at the
-//! scheduled rate, metrics, evaluation, `best/`, checkpoints with retention, and a graceful stop.
+//! The training loop, generic over [`Engine`]: one effective batch of seeded rows per optimizer step
+//! from a cursor, cut into micro-batches (gradient accumulation, each micro-batch's loss scaled once, in
+//! the engine, by its share of the step's target tokens), one optimizer step at the scheduled rate,
+//! metrics, evaluation, `best/`, checkpoints with retention, a graceful stop, and the memory guard's
+//! actions (halve the micro-batch at the soft limit; checkpoint and stop at the hard one).
 //!
 //! Everything that decides the weights is a function of (config, step, cursor), all saved in
 //! `trainer_state.json`, so a run resumed from a checkpoint computes what the uninterrupted run would have.
+//! The micro-batch size is saved too; it changes how a step's rows are cut, not which rows or their
+//! gradient (up to summation order and dropout masks).
 
 use crate::batches::{self, Collate, PairSource};
 use crate::checkpoint::{

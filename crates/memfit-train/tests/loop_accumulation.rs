@@ -1,5 +1,6 @@
-//! Accumulation bookkeeping: one `accumulate` per micro-batch with the loss scaled by 1/accum (1/k for
-//! an epoch's short last step), seeds derived from (seed, step, micro), the scheduled rate per step.
+//! Accumulation bookkeeping: one `accumulate` per micro-batch with the loss scaled by its share of the
+//! step's target tokens (here every row has as many, so 1/accum, and 1/k for an epoch's short last step),
+//! seeds derived from (seed, step, micro), the scheduled rate per step.
 
 mod loop_support;
 
