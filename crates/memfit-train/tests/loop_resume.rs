@@ -24,6 +24,22 @@ fn uninterrupted() -> (LinearEngine, Vec<serde_json::Value>) {
     (engine, read_jsonl(&root.join("metrics.jsonl")))
 }
 
+/// Continues the run in `root` with the same config in a fresh engine (a new process's view).
+fn resume(
+    root: &std::path::Path,
+) -> Result<(memfit_train::train_loop::Summary, LinearEngine), String> {
+    let mut engine = LinearEngine::new();
+    let s = train(
+        root,
+        &small_config(),
+        &mut engine,
+        Some((&ConfigLayer::default(), false)),
+        StopFlag::new(),
+        plenty,
+    )?;
+    Ok((s, engine))
+}
+
 fn stop_at(step: u64, root: &std::path::Path) -> Vec<Call> {
     let stop = StopFlag::new();
     let mut engine = LinearEngine::new();
@@ -47,16 +63,7 @@ fn resume_from_every_step_is_bit_identical() {
         let root = dir.path().join("run");
         let mut calls = stop_at(stop, &root);
         // A fresh process: a new engine, its state from the checkpoint only.
-        let mut engine = LinearEngine::new();
-        let s = train(
-            &root,
-            &small_config(),
-            &mut engine,
-            Some((&ConfigLayer::default(), false)),
-            StopFlag::new(),
-            plenty,
-        )
-        .unwrap();
+        let (s, engine) = resume(&root).unwrap();
         assert_eq!(s.finish, Finish::Completed);
         assert_eq!(s.start_step, stop);
         assert_eq!(
@@ -91,16 +98,7 @@ fn logs_written_after_the_last_checkpoint_are_cut_on_resume() {
     let mut extra = std::fs::read_to_string(root.join("metrics.jsonl")).unwrap();
     extra.push_str("{\"step\":6,\"loss\":99.0}\n{\"step\":7,\"loss\":99.0}\n");
     std::fs::write(root.join("metrics.jsonl"), extra).unwrap();
-    let mut engine = LinearEngine::new();
-    train(
-        &root,
-        &small_config(),
-        &mut engine,
-        Some((&ConfigLayer::default(), false)),
-        StopFlag::new(),
-        plenty,
-    )
-    .unwrap();
+    resume(&root).unwrap();
     let steps: Vec<u64> = read_jsonl(&root.join("metrics.jsonl"))
         .iter()
         .map(|m| m["step"].as_u64().unwrap())
@@ -255,16 +253,7 @@ fn a_format_1_checkpoint_resumes_with_its_cursor_converted_to_steps() {
     obj.remove("micro_batch");
     obj.remove("accum");
     std::fs::write(&path, state.to_string()).unwrap();
-    let mut engine = LinearEngine::new();
-    let s = train(
-        &root,
-        &small_config(),
-        &mut engine,
-        Some((&ConfigLayer::default(), false)),
-        StopFlag::new(),
-        plenty,
-    )
-    .unwrap();
+    let (s, engine) = resume(&root).unwrap();
     assert_eq!((s.finish, s.steps), (Finish::Completed, 12));
     assert_eq!(engine.weight_bits(), reference.weight_bits());
 }
