@@ -417,18 +417,21 @@ fn to_f32_vec<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>, ModelError> {
         .map_err(|e| ModelError::Io(format!("reading a tensor back from the device: {e:?}")))
 }
 
-/// Adds the gradients of the trainable `leaves` found in `grads` to the host accumulators `acc`.
+/// Moves the gradients of the trainable `leaves` out of `grads` into the host accumulators `acc`
+/// (removing each as it goes, so a gradient never exists twice for long).
 fn add_gradients(
     acc: &mut [Option<Vec<f32>>],
     trainable: &[bool],
     leaves: &[Tensor<2>],
-    grads: &Gradients,
+    grads: &mut Gradients,
 ) -> Result<(), ModelError> {
     for (i, leaf) in leaves.iter().enumerate() {
         if !trainable[i] {
             continue;
         }
-        let Some(g) = leaf.grad(grads) else { continue };
+        let Some(g) = leaf.grad_remove(grads) else {
+            continue;
+        };
         let g = to_f32_vec(g)?;
         match &mut acc[i] {
             Some(a) => a.iter_mut().zip(&g).for_each(|(a, b)| *a += b),
@@ -463,8 +466,8 @@ impl Engine for T5Engine {
         } else {
             let loss = self.loss(&leaves, batch, &self.train_device, &mut drop);
             // The one place the loss is scaled (by 1/accum, from the loop).
-            let grads = (loss.clone() * loss_scale as f64).backward();
-            add_gradients(&mut self.grads, &self.trainable, &leaves, &grads)?;
+            let mut grads = (loss.clone() * loss_scale as f64).backward();
+            add_gradients(&mut self.grads, &self.trainable, &leaves, &mut grads)?;
             loss
         };
         Ok(to_f32_vec(loss)?.first().copied().unwrap_or(f32::NAN))

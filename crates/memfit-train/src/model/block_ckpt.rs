@@ -72,7 +72,8 @@ fn collect<const D: usize>(acc: &mut Option<Tensor<D>>, leaf: &Tensor<D>, grads:
 }
 
 /// The mean token loss of `batch` (unscaled, without autodiff), after handing every parameter
-/// gradient of `loss · loss_scale` to `sink` — possibly in several parts per parameter, which add up.
+/// gradient of `loss · loss_scale` to `sink` — possibly in several parts per parameter, which add up;
+/// `sink` may remove what it takes (freeing it early).
 ///
 /// `plain` holds the parameters without autodiff, `tracked` the same parameters as autodiff leaves
 /// (trainable ones retaining gradients); `sink` reads the gradients of `tracked`'s leaves.
@@ -83,7 +84,7 @@ pub fn loss_and_grads<E>(
     batch: MicroBatch,
     drop: &mut Dropout,
     loss_scale: f64,
-    sink: &mut dyn FnMut(&Gradients) -> Result<(), E>,
+    sink: &mut dyn FnMut(&mut Gradients) -> Result<(), E>,
 ) -> Result<Tensor<1>, E> {
     let layout = plain.layout;
     let [_, s] = batch.input_ids.dims();
@@ -115,8 +116,8 @@ pub fn loss_and_grads<E>(
     let y_leaf = leaf(&y, true);
     let hidden = tracked.final_norm(y_leaf.clone(), layout.decoder_norm, drop);
     let loss = masked_cross_entropy(tracked.lm_logits(hidden), batch.labels, batch.label_mask);
-    let grads = (loss.clone() * loss_scale).backward();
-    sink(&grads)?;
+    let mut grads = (loss.clone() * loss_scale).backward();
+    sink(&mut grads)?;
     let mut cotangent = y_leaf.grad(&grads);
     std::mem::drop(grads);
 
@@ -135,25 +136,25 @@ pub fn loss_and_grads<E>(
             &batch.mask,
             &mut block_drop.clone(),
         );
-        if let Some(grads) = pull(out, &cot) {
-            sink(&grads)?;
+        if let Some(mut grads) = pull(out, &cot) {
+            sink(&mut grads)?;
             cotangent = x_leaf.grad(&grads);
             collect(&mut encoded_cot, &encoded_leaf, &grads);
             collect(&mut dec_bias_cot, &dec_bias_leaf, &grads);
         }
     }
     if let Some(cot) = dec_bias_cot
-        && let Some(grads) = pull(tracked.decoder_bias(t, &device), &cot)
+        && let Some(mut grads) = pull(tracked.decoder_bias(t, &device), &cot)
     {
-        sink(&grads)?;
+        sink(&mut grads)?;
     }
     if let Some(cot) = cotangent
-        && let Some(grads) = pull(
+        && let Some(mut grads) = pull(
             tracked.embed_input(batch.decoder_ids, &mut dec_embed_drop.clone()),
             &cot,
         )
     {
-        sink(&grads)?;
+        sink(&mut grads)?;
     }
 
     // Encoder: final norm, blocks last first, bias, embedding.
@@ -162,8 +163,8 @@ pub fn loss_and_grads<E>(
         let (input, norm_drop) = enc_inputs.pop().expect("the encoder's last output is saved");
         let x_leaf = leaf(&input, true);
         let out = tracked.final_norm(x_leaf.clone(), layout.encoder_norm, &mut norm_drop.clone());
-        if let Some(grads) = pull(out, &cot) {
-            sink(&grads)?;
+        if let Some(mut grads) = pull(out, &cot) {
+            sink(&mut grads)?;
             cotangent = x_leaf.grad(&grads);
         }
     }
@@ -178,24 +179,24 @@ pub fn loss_and_grads<E>(
             &enc_bias_leaf,
             &mut block_drop.clone(),
         );
-        if let Some(grads) = pull(out, &cot) {
-            sink(&grads)?;
+        if let Some(mut grads) = pull(out, &cot) {
+            sink(&mut grads)?;
             cotangent = x_leaf.grad(&grads);
             collect(&mut enc_bias_cot, &enc_bias_leaf, &grads);
         }
     }
     if let Some(cot) = enc_bias_cot
-        && let Some(grads) = pull(tracked.encoder_bias(s, &batch.mask), &cot)
+        && let Some(mut grads) = pull(tracked.encoder_bias(s, &batch.mask), &cot)
     {
-        sink(&grads)?;
+        sink(&mut grads)?;
     }
     if let Some(cot) = cotangent
-        && let Some(grads) = pull(
+        && let Some(mut grads) = pull(
             tracked.embed_input(batch.input_ids, &mut enc_embed_drop.clone()),
             &cot,
         )
     {
-        sink(&grads)?;
+        sink(&mut grads)?;
     }
     Ok(loss.inner())
 }
