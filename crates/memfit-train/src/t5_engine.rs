@@ -332,6 +332,67 @@ impl T5Engine {
         masked_cross_entropy(logits, &batch.labels, &batch.label_mask)
     }
 
+    /// Whether a micro-batch can run on the master weights' own buffers: on the flex (CPU) backend in
+    /// f32 a device tensor can take a host `Vec<f32>` without copying it, so the weights exist once
+    /// instead of twice (master + device copy) while the step's activations are alive.
+    fn lends_weights(&self) -> bool {
+        self.options.backend == Backend::Flex && self.options.precision == Precision::F32
+    }
+
+    /// Moves the master weights into device tensors (no copy); [`Self::reclaim_weights`] moves them
+    /// back. In between, `model.weights` holds empty vectors.
+    fn lend_weights(&mut self) -> Vec<Tensor<2>> {
+        let specs = &self.model.layout.specs;
+        self.model
+            .weights
+            .iter_mut()
+            .zip(specs)
+            .map(|(w, spec)| {
+                Tensor::from_data(
+                    TensorData::new(std::mem::take(w), spec.kind.shape()),
+                    (&self.device, DType::F32),
+                )
+            })
+            .collect()
+    }
+
+    /// Moves lent weights back (no copy when nothing else holds them, a copy otherwise).
+    fn reclaim_weights(&mut self, tensors: Vec<Tensor<2>>) -> Result<(), ModelError> {
+        for (w, t) in self.model.weights.iter_mut().zip(tensors) {
+            *w = to_f32_vec(t)?;
+        }
+        Ok(())
+    }
+
+    /// Forward + backward of one micro-batch on the untracked weights `plain`.
+    fn accumulate_with(
+        &mut self,
+        plain: &[Tensor<2>],
+        batch: &Seq2SeqBatch,
+        loss_scale: f32,
+        seed: u64,
+    ) -> Result<f32, ModelError> {
+        let leaves: Vec<Tensor<2>> = plain
+            .iter()
+            .zip(&self.trainable)
+            .map(|(t, &train)| {
+                let t = t.clone().autodiff();
+                if train { t.require_grad() } else { t }
+            })
+            .collect();
+        let mut drop = Dropout::new(seed, self.model.config.dropout_rate);
+        let loss = if self.options.grad_ckpt {
+            self.block_checkpointed_loss(plain, &leaves, batch, &mut drop, loss_scale)?
+        } else {
+            let loss = self.loss(&leaves, batch, &self.train_device, &mut drop);
+            // The one place the loss is scaled (by the loop's share for this micro-batch).
+            let mut grads = (loss.clone() * loss_scale as f64).backward();
+            add_gradients(&mut self.grads, &self.trainable, &leaves, &mut grads)?;
+            loss
+        };
+        Ok(to_f32_vec(loss)?.first().copied().unwrap_or(f32::NAN))
+    }
+
     /// The loss of `batch` under per-block gradient checkpointing; its gradients (scaled by
     /// `loss_scale`) are added to the accumulators.
     fn block_checkpointed_loss(
@@ -451,26 +512,15 @@ impl Engine for T5Engine {
         seed: u64,
     ) -> Result<f32, ModelError> {
         self.check_batch(batch)?;
-        let plain = self.weights_on_device();
-        let leaves: Vec<Tensor<2>> = plain
-            .iter()
-            .zip(&self.trainable)
-            .map(|(t, &train)| {
-                let t = t.clone().autodiff();
-                if train { t.require_grad() } else { t }
-            })
-            .collect();
-        let mut drop = Dropout::new(seed, self.model.config.dropout_rate);
-        let loss = if self.options.grad_ckpt {
-            self.block_checkpointed_loss(&plain, &leaves, batch, &mut drop, loss_scale)?
-        } else {
-            let loss = self.loss(&leaves, batch, &self.train_device, &mut drop);
-            // The one place the loss is scaled (by 1/accum, from the loop).
-            let mut grads = (loss.clone() * loss_scale as f64).backward();
-            add_gradients(&mut self.grads, &self.trainable, &leaves, &mut grads)?;
-            loss
-        };
-        Ok(to_f32_vec(loss)?.first().copied().unwrap_or(f32::NAN))
+        if !self.lends_weights() {
+            let plain = self.weights_on_device();
+            return self.accumulate_with(&plain, batch, loss_scale, seed);
+        }
+        self.invalidate();
+        let plain = self.lend_weights();
+        let loss = self.accumulate_with(&plain, batch, loss_scale, seed);
+        self.reclaim_weights(plain)?;
+        loss
     }
 
     fn step(&mut self, lr: f64, max_grad_norm: Option<f64>) -> Result<StepStats, ModelError> {
