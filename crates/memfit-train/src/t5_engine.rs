@@ -12,6 +12,7 @@ use burn::tensor::{DType, FloatDType, Gradients, TensorData};
 
 use crate::engine::{Engine, GenerateConfig, ParamCounts, Seq2SeqBatch, StepStats};
 use crate::model::block_ckpt::{self, MicroBatch, Trainable};
+use crate::model::chunked_head::{CHUNK_LOGITS, HeadInputs, loss_through_head};
 use crate::model::dropout::Dropout;
 use crate::model::loss::{masked_cross_entropy, shift_right};
 use crate::model::t5::{T5Forward, padding_mask};
@@ -384,10 +385,26 @@ impl T5Engine {
         let loss = if self.options.grad_ckpt {
             self.block_checkpointed_loss(plain, &leaves, batch, &mut drop, loss_scale)?
         } else {
-            let loss = self.loss(&leaves, batch, &self.train_device, &mut drop);
+            let fwd = T5Forward {
+                cfg: &self.model.config,
+                layout: &self.model.layout,
+                params: &leaves,
+                dtype: self.dtype(),
+            };
+            let inputs = self.device_inputs(batch, &self.train_device);
+            let encoded = fwd.encode(inputs.input_ids, &inputs.mask, &mut drop);
+            let out = fwd.decode(inputs.decoder_ids, &encoded, &inputs.mask, &mut drop);
+            let (acc, flags) = (&mut self.grads, &self.trainable);
             // The one place the loss is scaled (by the loop's share for this micro-batch).
-            let mut grads = (loss.clone() * loss_scale as f64).backward();
-            add_gradients(&mut self.grads, &self.trainable, &leaves, &mut grads)?;
+            let head = HeadInputs {
+                labels: &batch.labels,
+                label_mask: &batch.label_mask,
+                loss_scale: loss_scale as f64,
+                chunk_logits: CHUNK_LOGITS,
+            };
+            let (loss, _) = loss_through_head(&fwd, out, head, &mut |grads| {
+                add_gradients(acc, flags, &leaves, grads)
+            })?;
             loss
         };
         Ok(to_f32_vec(loss)?.first().copied().unwrap_or(f32::NAN))
