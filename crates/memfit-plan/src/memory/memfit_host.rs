@@ -137,6 +137,45 @@ fn live_stacks(arch: &Arch, setup: &Setup) -> (bool, bool) {
     (enc, dec)
 }
 
+/// Per-block gradient checkpointing (crates/memfit-train/src/model/block_ckpt.rs): the forward
+/// pass keeps only each block's input (+ the encoder output and the two position biases); the
+/// backward pass first runs the head (final norm, logits, loss) with autodiff, then recomputes one
+/// block at a time, last first, handing each segment's gradients to the host accumulators.
+/// Returns the two moments of the step: (head backward, last recomputed block).
+fn checkpointed(arch: &Arch, setup: &Setup, cb: u64, logits: u64, accumulated: u64) -> (u64, u64) {
+    let (src, tgt) = lengths(arch, setup);
+    let (b, d, h) = (setup.batch, arch.hidden, arch.heads);
+    let boundaries = cb
+        * (b * src * d * (arch.encoder_layers + 2)
+            + b * tgt * d * arch.decoder_layers
+            + b * h * src * src
+            + h * tgt * tgt);
+    // one block recomputed with its graph: the largest block of either stack
+    let one_block = |elements: u64, matrices: u64| {
+        (fitted::BLOCK_SCALE * (cb * elements) as f64) as u64
+            + (fitted::ATTENTION_COPIES * (cb * matrices) as f64) as u64
+    };
+    let i = arch.heads * arch.head_dim;
+    let f = arch.ffn;
+    let cross = arch.encoder_layers > 0;
+    let encoder_block = one_block(b * src * (8 * d + 4 * i + 3 * f), b * h * src * src);
+    let decoder_block = if cross {
+        one_block(
+            b * tgt * (12 * d + 6 * i + 3 * f) + b * src * 2 * i,
+            b * h * (tgt * tgt + tgt * src),
+        )
+    } else {
+        one_block(b * tgt * (8 * d + 4 * i + 3 * f), b * h * tgt * tgt)
+    };
+    let block = encoder_block.max(decoder_block);
+    // the head's backward: the shared embedding's gradient on the device and on the host
+    let embedding = arch.vocab * d;
+    let trained = trainable(arch, setup).base;
+    let head = boundaries + logits + (cb + 4) * embedding + accumulated;
+    let last_block = boundaries + block + 4 * trained;
+    (head, last_block)
+}
+
 /// The memfit trainer's host peak on the CPU, by component.
 pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
     let p = arch.params_total();
@@ -172,9 +211,14 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
     let host_grads = 4 * pt;
     let device_grads = cb * pt;
     let accumulated = if setup.accum > 1 { host_grads } else { 0 };
-    let forward_end = blocks + attention + logits + accumulated;
-    let backward_end = device_grads + host_grads;
-
+    let (forward_end, backward_end) = if setup.grad_ckpt {
+        checkpointed(arch, setup, cb, logits, accumulated)
+    } else {
+        (
+            blocks + attention + logits + accumulated,
+            device_grads + host_grads,
+        )
+    };
     let n = Scaling::Neither;
     let mut c = vec![
         Component::new(
@@ -204,7 +248,15 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
     ];
     let states: u64 = c.iter().map(|x| x.bytes).sum();
     let bs = Scaling::BatchAndSequence;
-    if forward_end >= backward_end {
+    if setup.grad_ckpt {
+        c.push(Component::new(
+            "activations (checkpointed)",
+            forward_end.max(backward_end),
+            bs,
+            "block inputs kept between forward and backward + the worse of the head's loss \
+             (logits, embedding gradient) and one recomputed block beside the host gradients",
+        ));
+    } else if forward_end >= backward_end {
         c.push(Component::new(
             "activations (blocks)",
             blocks,
