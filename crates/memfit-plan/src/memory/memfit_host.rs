@@ -33,59 +33,85 @@ use crate::arch::{Arch, Group};
 /// relative error over its points (a grid search over round values; docs/memory-model.md).
 pub mod fitted {
     /// RSS of the trainer before any tensor: the binary, the allocator's arenas, burn's flex
-    /// backend and the rayon pool (2 threads). Fitted (the grid's smallest point is 1 param-heavy
-    /// tiny model at batch 1 × 8 tokens, which pins it).
-    pub const RUNTIME_RSS: u64 = 25_000_000;
-    /// Share of the op-by-op count of saved block tensors that is really resident: some outputs
-    /// are computed in place by burn's flex backend when their input buffer is not shared, so the
-    /// count is an upper bound. Fitted.
-    pub const BLOCK_SCALE: f64 = 0.85;
+    /// backend and the rayon pool (2 threads). Fitted: 20 MB (the grid's smallest point, a 9.4M
+    /// parameter model at 1 × 8 tokens, is 234 MiB of which 224 MiB are the counted states).
+    pub const RUNTIME_RSS: u64 = 20_000_000;
+    /// Resident share of the op-by-op count of saved block tensors ([`super::encoder_block`]).
+    /// Fitted: 1.15 — the count misses temporaries the allocator holds while the graph grows
+    /// (re-laid-out heads before a matmul, broadcast copies of the norm's scale).
+    pub const BLOCK_SCALE: f64 = 1.15;
     /// `batch × heads × q × k` matrices alive per attention at the end of the forward pass: the
-    /// softmax's exp output (kept by its backward), the dropout mask, the dropped-out probabilities
-    /// (kept by the probs·V matmul), and the score buffer the allocator has not returned. Fitted
-    /// (3 are counted from the code; the grid's seq² points ask for 4).
-    pub const ATTENTION_COPIES: f64 = 4.0;
-    /// `target tokens × vocab` f32 buffers alive at the worst moment of the loss: logits, the
-    /// max-shifted copy, its exp (kept by log_softmax's backward), the log-probabilities, and the
-    /// gradient of the logits during the first backward ops. Fitted (4–5 are counted from the
-    /// code, depending on which temporaries the allocator reuses).
-    pub const LOGITS_COPIES: f64 = 4.5;
+    /// softmax's exp output (kept by its division's backward), the dropout mask and the dropped-out
+    /// probabilities (kept by the probs·V matmul). Counted 3 from the code; the fit agrees (3).
+    pub const ATTENTION_COPIES: f64 = 3.0;
+    /// `target tokens × vocab` f32 buffers alive at the worst moment of the loss: the logits, the
+    /// max-shifted copy, its exp (kept by log_softmax's backward) and the log-probabilities, some
+    /// of which the allocator reuses. Fitted: 3.5.
+    pub const LOGITS_COPIES: f64 = 3.5;
 }
 
-/// Elements (of the compute dtype) the autodiff graph of one micro-batch keeps for the backward
-/// pass, without attention matrices and logits: per token of each stack, op by op.
+/// Elements per token (of the compute dtype) one encoder block keeps for the backward pass.
 ///
-/// An encoder block (d = d_model, i = heads × d_kv, f = d_ff):
+/// With trained weights (d = d_model, i = heads × d_kv, f = d_ff):
 /// - residual stream in and after the attention sub-layer: 2d;
-/// - two RMS norms, each keeping `x·rsqrt(mean(x²)+ε)` and its product with the weight: 4d;
+/// - two RMS norms, each keeping `x·rsqrt(mean(x²)+ε)` (for the weight's gradient) and its product
+///   with the weight (kept by the next linears): 4d;
 /// - two dropout masks after the sub-layers (f32 masks, burn's `x * mask`): 2d;
 /// - q, k, v (kept by the two attention matmuls) and the re-laid-out context (kept by `o`): 4i;
 /// - FFN: ReLU output, dropout mask and dropped-out activations (kept by `wo`): 3f.
 ///
-/// A decoder block adds a cross-attention sub-layer: residual + norm + mask (4d) and q, context (2i)
-/// per decoder token, and k, v over the encoder tokens (2i per encoder token per layer).
-/// Each stack adds its embedding output and dropout mask, and the final norm and dropout: 6d.
+/// A frozen block (its weights need no gradient, but its input does) keeps no linear inputs and no
+/// normed products: 2d residual + 2d masks, q, k, v (3i), ReLU output and mask (2f).
+fn encoder_block(arch: &Arch, trained: bool) -> u64 {
+    let (d, f, i) = (arch.hidden, arch.ffn, arch.heads * arch.head_dim);
+    if trained {
+        8 * d + 4 * i + 3 * f
+    } else {
+        4 * d + 3 * i + 2 * f
+    }
+}
+
+/// Elements per decoder token one decoder block keeps: an encoder block's terms plus a
+/// cross-attention sub-layer (residual + norm + mask: 4d; q and context: 2i); with an encoder, also
+/// k and v over the encoder tokens ([`cross_kv`]).
+fn decoder_block(arch: &Arch) -> u64 {
+    let (d, i) = (arch.hidden, arch.heads * arch.head_dim);
+    let cross = if arch.encoder_layers > 0 {
+        4 * d + 2 * i
+    } else {
+        0
+    };
+    encoder_block(arch, true) + cross
+}
+
+/// Elements per encoder token each decoder block keeps: the cross-attention's k and v.
+fn cross_kv(arch: &Arch) -> u64 {
+    if arch.encoder_layers > 0 {
+        2 * arch.heads * arch.head_dim
+    } else {
+        0
+    }
+}
+
+/// Elements (of the compute dtype) the autodiff graph of one micro-batch keeps for the backward
+/// pass, without attention matrices and logits: every block ([`encoder_block`], [`decoder_block`])
+/// and, per stack, the embedding output and its dropout mask, the final norm and its dropout (6d).
 pub fn saved_elements(arch: &Arch, setup: &Setup) -> u64 {
-    let (d, f) = (arch.hidden, arch.ffn);
-    let i = arch.heads * arch.head_dim;
+    let d = arch.hidden;
     let (src, tgt) = lengths(arch, setup);
     let b = setup.batch;
     let mut total = 0;
     let live = live_stacks(arch, setup);
     if arch.encoder_layers > 0 && live.0 {
-        total += b * src * (arch.encoder_layers * (8 * d + 4 * i + 3 * f) + 6 * d);
+        let trained = arch
+            .tensors
+            .iter()
+            .any(|t| t.group == Group::Encoder && base_trains(t, setup));
+        total += b * src * (arch.encoder_layers * encoder_block(arch, trained) + 6 * d);
     }
     if arch.decoder_layers > 0 && live.1 {
-        let cross = arch.encoder_layers > 0;
-        let per_token = if cross {
-            12 * d + 6 * i + 3 * f
-        } else {
-            8 * d + 4 * i + 3 * f
-        };
-        total += b * tgt * (arch.decoder_layers * per_token + 6 * d);
-        if cross {
-            total += b * src * arch.decoder_layers * 2 * i;
-        }
+        total += b * tgt * (arch.decoder_layers * decoder_block(arch) + 6 * d);
+        total += b * src * arch.decoder_layers * cross_kv(arch);
     }
     total
 }
@@ -155,19 +181,18 @@ fn checkpointed(arch: &Arch, setup: &Setup, cb: u64, logits: u64, accumulated: u
         (fitted::BLOCK_SCALE * (cb * elements) as f64) as u64
             + (fitted::ATTENTION_COPIES * (cb * matrices) as f64) as u64
     };
-    let i = arch.heads * arch.head_dim;
-    let f = arch.ffn;
-    let cross = arch.encoder_layers > 0;
-    let encoder_block = one_block(b * src * (8 * d + 4 * i + 3 * f), b * h * src * src);
-    let decoder_block = if cross {
-        one_block(
-            b * tgt * (12 * d + 6 * i + 3 * f) + b * src * 2 * i,
-            b * h * (tgt * tgt + tgt * src),
-        )
+    // recomputed blocks run with their weights as autodiff leaves: counted as trained
+    let cross = if arch.encoder_layers > 0 {
+        tgt * src
     } else {
-        one_block(b * tgt * (8 * d + 4 * i + 3 * f), b * h * tgt * tgt)
+        0
     };
-    let block = encoder_block.max(decoder_block);
+    let encoder = one_block(b * src * encoder_block(arch, true), b * h * src * src);
+    let decoder = one_block(
+        b * tgt * decoder_block(arch) + b * src * cross_kv(arch),
+        b * h * (tgt * tgt + cross),
+    );
+    let block = encoder.max(decoder);
     // the head's backward: the shared embedding's gradient on the device and on the host
     let embedding = arch.vocab * d;
     let trained = trainable(arch, setup).base;
