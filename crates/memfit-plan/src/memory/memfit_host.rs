@@ -323,12 +323,13 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
         ));
     }
     let train = states + forward_end.max(backward_end);
-    // Writing a checkpoint (after a step: no gradients, no device weights): the model's tensors
-    // as transposed f32 copies and their little-endian bytes (2 × 4 B/param), then the
-    // optimizer states copied and serialised the same way (2 × the state bytes), one file after
-    // the other (Optimizer::save, tensor_file::write_f32).
+    // Writing a checkpoint: the model's tensors as transposed f32 copies and their little-endian
+    // bytes (2 × 4 B/param), then the optimizer states copied and serialised the same way
+    // (2 × the state bytes), one file after the other (Optimizer::save, tensor_file::write_f32).
+    // The step has dropped the gradients, but an evaluation just before the checkpoint re-uploads
+    // the device weights (cached until the next step): they are counted.
     let checkpoint = (2 * 4 * p).max(2 * optimizer);
-    let checkpoint_peak = states - cb * p + checkpoint;
+    let checkpoint_peak = states + checkpoint;
     c.push(Component::new(
         "checkpoint write (transient)",
         checkpoint,
