@@ -15,7 +15,8 @@
 //! - `session`    — start a run or resume one (config-hash check, newest checkpoint).
 //! - `run_dir`, `metrics`, `signals` — the run directory's files, RSS, SIGINT/SIGTERM.
 //! - `run_data`, `model_spec`, `plan_file`, `engine_setup`, `demo`, `text` — what `memfit train` wires up:
-//!   data stores, the model config, plan.json, the T5 engine, the demo task, tokenizer files.
+//!   data stores, the model config, plan.json and the planned start within a memory budget (planner or
+//!   the seed's policy tables), the T5 engine, the demo task, tokenizer files.
 //! - `guard`      — the in-process memory guard (not built yet).
 
 pub mod bench;

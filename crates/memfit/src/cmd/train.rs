@@ -271,7 +271,7 @@ pub fn run(args: Args) -> Outcome {
     };
     // 1. The run directory and its resolved config (a new run, planned within its budget, or the one
     // to continue).
-    let mut planned: Option<serde_json::Value> = None;
+    let mut planned: Option<serde_json::Value>;
     let (root, mut config, demo_config) = match &args.resume {
         Some(dir) => {
             let text = std::fs::read_to_string(dir.join("config.toml")).map_err(|e| {
@@ -284,6 +284,11 @@ pub fn run(args: Args) -> Outcome {
                 .map_err(|e| bad_input(e.to_string()))?;
             // The flags as the session will apply them (it refuses trajectory changes unless allowed).
             args.layer()?.apply(&mut config);
+            // the planned start stays the run's: plan.json keeps it across resumes
+            planned = std::fs::read_to_string(dir.join("plan.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .and_then(|v| v.get("planning").cloned());
             let demo = dir.join("demo/config.json");
             (dir.clone(), config, demo.is_file().then_some(demo))
         }
