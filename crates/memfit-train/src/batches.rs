@@ -106,6 +106,41 @@ pub fn steps_per_epoch(rows: usize, batch: usize, accum: usize) -> u64 {
     micro_batches_per_epoch(rows, batch).div_ceil(accum as u64)
 }
 
+/// Rows per optimizer step: the configured micro-batch × accumulation (what the guard keeps fixed).
+pub fn effective_batch(batch: usize, accum: usize) -> usize {
+    batch.saturating_mul(accum).max(1)
+}
+
+/// Micro-batches a full step takes at `micro` rows each.
+pub fn accum_for(effective: usize, micro: usize) -> usize {
+    effective.div_ceil(micro.max(1))
+}
+
+/// The micro-batch after a guard downgrade: half, rounded up, at least 1 (the effective batch is kept
+/// by cutting each step's rows into more micro-batches, the last possibly shorter).
+pub fn halve(micro: usize) -> usize {
+    micro.div_ceil(2).max(1)
+}
+
+/// Each micro-batch's share of the step's target tokens: the loss scale that makes a step's gradient
+/// the mean over all its target tokens, whatever way its rows are cut into micro-batches (transformers
+/// made the same fix in 4.46, `num_items_in_batch`). With equal token counts it is 1/k, the classic
+/// scaling; with no target tokens at all it falls back to 1/k.
+pub fn token_weights(micro_batches: &[Seq2SeqBatch]) -> Vec<f64> {
+    let k = micro_batches.len().max(1) as f64;
+    let total: usize = micro_batches.iter().map(|b| b.target_tokens()).sum();
+    micro_batches
+        .iter()
+        .map(|b| {
+            if total == 0 {
+                1.0 / k
+            } else {
+                b.target_tokens() as f64 / total as f64
+            }
+        })
+        .collect()
+}
+
 /// Padding and truncation limits and ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Collate {
@@ -183,6 +218,26 @@ mod tests {
         assert_eq!(b.labels, vec![9, 10, 1, 12, 1, 0]);
         assert_eq!(b.label_mask, vec![true, true, true, true, true, false]);
         assert_eq!(real_tokens(&b), 5 + 5);
+    }
+
+    #[test]
+    fn halving_keeps_the_effective_batch_and_weights_follow_target_tokens() {
+        assert_eq!((halve(32), halve(3), halve(1)), (16, 2, 1));
+        assert_eq!(accum_for(effective_batch(32, 1), 16), 2);
+        // 3 × 1 rows halved to 2: two micro-batches (2 + 1 rows) still cover the 3.
+        assert_eq!(accum_for(effective_batch(3, 1), halve(3)), 2);
+        let c = Collate {
+            max_src: 8,
+            max_tgt: 8,
+            pad_id: 0,
+            eos_id: 1,
+        };
+        let a = c.batch(&[(vec![5, 1], vec![5, 6, 7, 1])]);
+        let b = c.batch(&[(vec![5, 1], vec![5, 1]), (vec![6, 1], vec![6, 1])]);
+        assert_eq!(token_weights(&[a, b]), vec![0.5, 0.5]);
+        let short = c.batch(&[(vec![5, 1], vec![1])]);
+        let long = c.batch(&[(vec![5, 1], vec![5, 6, 1])]);
+        assert_eq!(token_weights(&[short, long]), vec![0.25, 0.75]);
     }
 
     #[test]

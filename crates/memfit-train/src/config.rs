@@ -92,8 +92,24 @@ pub struct TrainConfig {
     pub eval_rows: usize,
     pub gen_max_tokens: usize,
     pub best_metric: BestMetric,
-    /// Host-memory budget the summary compares the peak RSS with.
+    /// Host-memory budget: the memory guard's limits are fractions of it; the summary compares the peak
+    /// RSS with it.
     pub memory_budget_bytes: Option<u64>,
+    /// The memory guard's soft limit as a fraction of the budget: crossing it halves the micro-batch
+    /// (see `memory_guard::DEFAULT_SOFT_FRACTION` for why 0.85).
+    #[serde(default = "default_soft_fraction")]
+    pub guard_soft_fraction: f64,
+    /// The memory guard's hard limit as a fraction of the budget: crossing it checkpoints and stops.
+    #[serde(default = "default_hard_fraction")]
+    pub guard_hard_fraction: f64,
+}
+
+fn default_soft_fraction() -> f64 {
+    crate::memory_guard::DEFAULT_SOFT_FRACTION
+}
+
+fn default_hard_fraction() -> f64 {
+    crate::memory_guard::DEFAULT_HARD_FRACTION
 }
 
 impl Default for TrainConfig {
@@ -132,6 +148,8 @@ impl Default for TrainConfig {
             gen_max_tokens: 24,
             best_metric: BestMetric::Bleu4,
             memory_budget_bytes: Some(1 << 30),
+            guard_soft_fraction: default_soft_fraction(),
+            guard_hard_fraction: default_hard_fraction(),
         }
     }
 }
@@ -171,6 +189,8 @@ pub struct ConfigLayer {
     pub gen_max_tokens: Option<usize>,
     pub best_metric: Option<BestMetric>,
     pub memory_budget_bytes: Option<u64>,
+    pub guard_soft_fraction: Option<f64>,
+    pub guard_hard_fraction: Option<f64>,
     /// Keys this trainer does not know (e.g. from a newer `memfit plan --emit memfit`): reported, unused.
     #[serde(flatten)]
     pub unknown: BTreeMap<String, toml::Value>,
@@ -225,7 +245,9 @@ impl ConfigLayer {
             keep,
             eval_rows,
             gen_max_tokens,
-            best_metric
+            best_metric,
+            guard_soft_fraction,
+            guard_hard_fraction
         );
         set_opt!(
             data,
@@ -310,6 +332,19 @@ impl TrainConfig {
                 });
             }
         }
+        if !(self.guard_soft_fraction > 0.0
+            && self.guard_soft_fraction < self.guard_hard_fraction
+            && self.guard_hard_fraction <= 1.0)
+        {
+            return Err(ConfigError::Invalid {
+                field: "guard_soft_fraction",
+                value: format!(
+                    "{} / {}",
+                    self.guard_soft_fraction, self.guard_hard_fraction
+                ),
+                reason: "need 0 < guard_soft_fraction < guard_hard_fraction ≤ 1",
+            });
+        }
         if let Some(n) = self.max_grad_norm
             && !(n.is_finite() && n > 0.0)
         {
@@ -355,7 +390,7 @@ impl TrainConfig {
     /// The settings that decide the trajectory of the weights, as name → value. Bookkeeping
     /// (save/eval cadence, retention, threads, budget) may change across a resume.
     fn trajectory(&self) -> BTreeMap<String, serde_json::Value> {
-        const BOOKKEEPING: [&str; 8] = [
+        const BOOKKEEPING: [&str; 10] = [
             "threads",
             "save_steps",
             "keep",
@@ -364,6 +399,8 @@ impl TrainConfig {
             "gen_max_tokens",
             "best_metric",
             "memory_budget_bytes",
+            "guard_soft_fraction",
+            "guard_hard_fraction",
         ];
         let value = serde_json::to_value(self).unwrap_or_default();
         let mut map = BTreeMap::new();
@@ -475,6 +512,37 @@ mod tests {
         };
         assert!(c.validate().unwrap_err().to_string().contains("decoder"));
         TrainConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn guard_fractions_default_when_absent_are_validated_and_leave_the_hash_alone() {
+        let c = TrainConfig::default();
+        let text: String = c
+            .to_toml()
+            .lines()
+            .filter(|l| !l.starts_with("guard_"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        // A config.toml written before the guard existed.
+        let old = TrainConfig::from_toml(&text, Path::new("old.toml")).unwrap();
+        assert_eq!(old, c);
+        let tuned = TrainConfig {
+            guard_soft_fraction: 0.7,
+            guard_hard_fraction: 0.8,
+            ..c.clone()
+        };
+        assert_eq!(tuned.hash(), c.hash());
+        tuned.validate().unwrap();
+        let bad = TrainConfig {
+            guard_soft_fraction: 0.96,
+            ..c
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("guard_soft_fraction")
+        );
     }
 
     #[test]

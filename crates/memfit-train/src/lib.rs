@@ -17,7 +17,9 @@
 //! - `run_data`, `model_spec`, `plan_file`, `engine_setup`, `demo`, `text` — what `memfit train` wires up:
 //!   data stores, the model config, plan.json and the planned start within a memory budget (planner or
 //!   the seed's policy tables), the T5 engine, the demo task, tokenizer files.
-//! - `guard`      — the in-process memory guard (not built yet).
+//! - `memory_guard` — the in-process memory guard: a thread samples RSS (and device memory where a hook
+//!   is given) every 250 ms against soft/hard limits of the budget (or the `RUN/budget` override); the
+//!   loop halves the micro-batch at the soft limit and checkpoints + stops (exit 75) at the hard one.
 
 pub mod bench;
 pub mod engine;
@@ -32,6 +34,7 @@ pub mod config;
 pub mod demo;
 pub mod engine_setup;
 pub mod eval;
+pub mod memory_guard;
 pub mod metrics;
 pub mod model_spec;
 pub mod plan_file;

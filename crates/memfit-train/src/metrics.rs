@@ -8,11 +8,11 @@ pub struct StepMetrics {
     /// Optimizer steps completed, counting this one (1-based).
     pub step: u64,
     pub epoch: u64,
-    /// Micro-batches of the epoch consumed after this step.
+    /// Rows per micro-batch in this step: the configured batch, or less after a memory-guard downgrade.
     pub micro_batch: u64,
-    /// Micro-batches accumulated into this step (the configured accumulation, less at an epoch's end).
+    /// Micro-batches accumulated into this step (⌈effective batch / micro_batch⌉, less at an epoch's end).
     pub accum: u64,
-    /// Mean of the micro-batches' unscaled token losses.
+    /// Mean token loss of the step (micro-batch losses weighted by their target tokens).
     pub loss: f64,
     pub lr: f64,
     /// Global gradient norm before clipping.

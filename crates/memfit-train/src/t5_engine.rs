@@ -522,28 +522,21 @@ impl Engine for T5Engine {
         let device = &self.device;
         let mut drop = Dropout::disabled();
         let mask = padding_mask(input_mask, batch, src_len, device, self.dtype());
-        // The encoder runs once; the decoder re-runs over the prefix each step (no KV cache yet).
+        // The encoder runs once; the decoder runs one position per token over its KV cache.
         let encoded = fwd.encode(
             int_tensor(input_ids, batch, src_len, device),
             &mask,
             &mut drop,
         );
+        let mut cache = fwd.decoder_cache(&encoded);
         let start = cfg.decoder_start_token_id;
         let mut seqs: Vec<Vec<u32>> = vec![vec![start]; batch];
         let mut done = vec![false; batch];
         let vocab = cfg.vocab_size;
         for _ in 0..config.max_new_tokens {
-            let t = seqs[0].len();
-            let flat: Vec<u32> = seqs.iter().flatten().copied().collect();
-            let hidden = fwd.decode(
-                int_tensor(&flat, batch, t, device),
-                &encoded,
-                &mask,
-                &mut drop,
-            );
-            let d = cfg.d_model;
-            let last = hidden.slice([0..batch, t - 1..t, 0..d]);
-            let logits = to_f32_vec(fwd.lm_logits(last))?;
+            let last: Vec<u32> = seqs.iter().filter_map(|s| s.last().copied()).collect();
+            let hidden = fwd.decode_step(int_tensor(&last, batch, 1, device), &mut cache, &mask);
+            let logits = to_f32_vec(fwd.lm_logits(hidden))?;
             for (row, seq) in seqs.iter_mut().enumerate() {
                 if done[row] {
                     seq.push(cfg.pad_token_id);

@@ -1,9 +1,13 @@
-//! The training loop, generic over [`Engine`]: seeded batches from a cursor, gradient accumulation
-//! (each micro-batch's loss scaled by 1/accum exactly once, in the engine), one optimizer step at the
-//! scheduled rate, metrics, evaluation, `best/`, checkpoints with retention, and a graceful stop.
+//! The training loop, generic over [`Engine`]: one effective batch of seeded rows per optimizer step
+//! from a cursor, cut into micro-batches (gradient accumulation, each micro-batch's loss scaled once, in
+//! the engine, by its share of the step's target tokens), one optimizer step at the scheduled rate,
+//! metrics, evaluation, `best/`, checkpoints with retention, a graceful stop, and the memory guard's
+//! actions (halve the micro-batch at the soft limit; checkpoint and stop at the hard one).
 //!
 //! Everything that decides the weights is a function of (config, step, cursor), all saved in
 //! `trainer_state.json`, so a run resumed from a checkpoint computes what the uninterrupted run would have.
+//! The micro-batch size is saved too; it changes how a step's rows are cut, not which rows or their
+//! gradient (up to summation order and dropout masks).
 
 use crate::batches::{self, Collate, PairSource};
 use crate::checkpoint::{
@@ -12,12 +16,14 @@ use crate::checkpoint::{
 use crate::config::{BestMetric, TrainConfig};
 use crate::engine::Engine;
 use crate::eval::{self, EvalReport, EvalSetup};
+use crate::memory_guard::{GuardNote, GuardStatus, MemoryGuard, Verdict};
 use crate::metrics::{self, StepMetrics};
 use crate::run_dir::{RunDir, RunDirError};
 use crate::schedule::Schedule;
 use crate::signals::StopFlag;
 use crate::text::TextDecoder;
 use memfit_data::{Batching, Cursor, Sampler, SamplerConfig};
+use memfit_sys::units::human_bytes;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -48,9 +54,9 @@ pub fn micro_batch_seed(run_seed: u64, step: u64, micro: u64) -> u64 {
     batches::derive_seed(run_seed, &[DROPOUT_SEED_TAG, step, micro])
 }
 
-/// The epoch the next micro-batch belongs to (a cursor at the end of an epoch points past it).
-fn next_epoch(cursor: &Cursor, micro_per_epoch: u64) -> u64 {
-    if cursor.position >= micro_per_epoch {
+/// The epoch the next step belongs to (a cursor at the end of an epoch points past it).
+fn next_epoch(cursor: &Cursor, steps_per_epoch: u64) -> u64 {
+    if cursor.position >= steps_per_epoch {
         cursor.epoch + 1
     } else {
         cursor.epoch
@@ -75,7 +81,8 @@ impl Observer for Silent {}
 pub enum Finish {
     /// All steps done.
     Completed,
-    /// A stop was requested (SIGINT/SIGTERM); the state is checkpointed: exit 75.
+    /// A stop was requested (SIGINT/SIGTERM) or the memory guard's hard limit was crossed; the state
+    /// is checkpointed (`events.jsonl` `stop` names the reason): exit 75.
     Stopped,
 }
 
@@ -121,6 +128,8 @@ pub struct Trainer<'a, E: Engine> {
     pub observer: &'a mut dyn Observer,
     pub resume: Option<TrainerState>,
     pub vocab_size: Option<usize>,
+    /// The in-process memory guard (`None`: no memory limits are acted on).
+    pub guard: Option<&'a MemoryGuard>,
 }
 
 /// The mutable bookkeeping of a loop.
@@ -131,6 +140,8 @@ struct Progress {
     first_loss: Option<f64>,
     last_loss: Option<f64>,
     bleu_before: Option<f64>,
+    /// Micro-batch rows in force (the configured `batch`, or less after a guard downgrade).
+    micro: usize,
 }
 
 impl<'a, E: Engine> Trainer<'a, E> {
@@ -148,18 +159,11 @@ impl<'a, E: Engine> Trainer<'a, E> {
         if rows == 0 {
             return Err(LoopError::EmptyData);
         }
-        let micro_per_epoch = batches::micro_batches_per_epoch(rows, config.batch);
+        let effective = batches::effective_batch(config.batch, config.accum);
         let total = Self::total_steps(config, rows);
         let schedule = config.schedule(total);
         let mut p = match self.resume.take() {
-            Some(s) => Progress {
-                step: s.step,
-                cursor: s.cursor,
-                best: s.best,
-                first_loss: s.first_loss,
-                last_loss: s.last_loss,
-                bleu_before: s.bleu_before,
-            },
+            Some(s) => self.progress_from(s)?,
             None => Progress {
                 step: 0,
                 cursor: Cursor {
@@ -171,10 +175,20 @@ impl<'a, E: Engine> Trainer<'a, E> {
                 first_loss: None,
                 last_loss: None,
                 bleu_before: None,
+                micro: config.batch,
             },
         };
         let start_step = p.step;
         self.observer.on_start(total, start_step);
+        if p.micro != config.batch {
+            let line = format!(
+                "continuing at micro-batch {} × accumulation {} (lowered by the memory guard; effective batch {effective})",
+                p.micro,
+                batches::accum_for(effective, p.micro)
+            );
+            self.run.log(&line)?;
+            self.observer.on_message(&line);
+        }
         let started = Instant::now();
         let mut tokens_total = 0u64;
         let mut last_checkpoint = None;
@@ -182,12 +196,14 @@ impl<'a, E: Engine> Trainer<'a, E> {
         let mut warned_budget = false;
 
         if start_step == 0 && self.valid.is_some() {
-            let report = self.evaluate(0)?;
+            let report = self.evaluate(0, p.micro)?;
             p.bleu_before = Some(report.bleu4);
             last_eval = Some(report);
         }
 
-        let sampler_config = SamplerConfig::new(config.seed, Batching::Samples(config.batch));
+        // One draw per optimizer step: the step's rows, cut into micro-batches below. The rows of a
+        // step do not depend on the micro-batch size, so a downgrade changes only how they are cut.
+        let sampler_config = SamplerConfig::new(config.seed, Batching::Samples(effective));
         let mut sampler = Sampler::resume(
             sampler_config,
             self.train
@@ -198,35 +214,52 @@ impl<'a, E: Engine> Trainer<'a, E> {
         .map_err(|e| LoopError::Data(e.to_string()))?;
         let mut finish = Finish::Completed;
         while p.step < total {
-            // The sampler moves to the next epoch when it hands out that epoch's first batch.
-            let at = sampler.cursor();
-            let (epoch, first) = if sampler.epoch_finished() {
-                (at.epoch + 1, 0)
-            } else {
-                (at.epoch, at.position)
-            };
-            let k = (config.accum as u64).min(micro_per_epoch - first);
-            let last = first + k;
+            let step_rows = sampler.next_batch();
+            let epoch = sampler.cursor().epoch;
+            let epoch_end = sampler.epoch_finished();
             let t0 = Instant::now();
+            let micro_batches = step_rows
+                .chunks(p.micro)
+                .map(|chunk| {
+                    let pairs = chunk
+                        .iter()
+                        .map(|&r| self.train.pair(r))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|e| LoopError::Data(e.to_string()))?;
+                    Ok(self.collate.batch(&pairs))
+                })
+                .collect::<Result<Vec<_>, LoopError>>()?;
+            let scales = batches::token_weights(&micro_batches);
+            let k = micro_batches.len() as u64;
             let (mut loss_sum, mut tokens) = (0.0f64, 0u64);
-            for i in 0..k {
-                let rows = sampler.next_batch();
-                let pairs = rows
-                    .iter()
-                    .map(|&r| self.train.pair(r))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| LoopError::Data(e.to_string()))?;
-                let batch = self.collate.batch(&pairs);
-                tokens += batches::real_tokens(&batch);
-                let seed = micro_batch_seed(config.seed, p.step, i);
+            let mut abandoned = None;
+            for (i, (batch, scale)) in micro_batches.iter().zip(&scales).enumerate() {
+                if self.guard.is_some_and(|g| g.verdict() == Verdict::Hard) {
+                    abandoned = Some(i);
+                    break;
+                }
+                tokens += batches::real_tokens(batch);
+                let seed = micro_batch_seed(config.seed, p.step, i as u64);
                 let loss = self
                     .engine
-                    .accumulate(&batch, 1.0 / k as f32, seed)
+                    .accumulate(batch, *scale as f32, seed)
                     .map_err(|e| LoopError::Engine {
                         step: p.step + 1,
                         message: e.to_string(),
                     })?;
-                loss_sum += f64::from(loss);
+                loss_sum += f64::from(loss) * scale;
+            }
+            if let Some(done) = abandoned {
+                // Over the hard limit mid-step: the step's partial gradients are dropped; the
+                // checkpoint holds the state before it (weights, optimizer, cursor at its start).
+                let status = self.guard.map(|g| g.check_now());
+                p.micro = batches::halve(p.micro);
+                if let Some(path) = self.save(&p, &schedule, total)? {
+                    last_checkpoint = Some(path);
+                }
+                self.stop_for_memory(&p, status.as_ref(), Some((done, k)), "memory_hard_limit")?;
+                finish = Finish::Stopped;
+                break;
             }
             let lr = schedule.lr_at(p.step);
             let stats =
@@ -237,7 +270,7 @@ impl<'a, E: Engine> Trainer<'a, E> {
                         message: e.to_string(),
                     })?;
             p.step += 1;
-            let loss = loss_sum / k as f64;
+            let loss = loss_sum;
             if !loss.is_finite() {
                 self.run
                     .event(p.step, "error", json!({"loss": loss.to_string()}))?;
@@ -246,14 +279,13 @@ impl<'a, E: Engine> Trainer<'a, E> {
             p.first_loss.get_or_insert(loss);
             p.last_loss = Some(loss);
             p.cursor = sampler.cursor();
-            let epoch_end = last == micro_per_epoch;
             let step_s = t0.elapsed().as_secs_f64();
             tokens_total += tokens;
             let rss = metrics::rss();
             let m = StepMetrics {
                 step: p.step,
                 epoch,
-                micro_batch: last,
+                micro_batch: p.micro as u64,
                 accum: k,
                 loss,
                 lr,
@@ -291,20 +323,51 @@ impl<'a, E: Engine> Trainer<'a, E> {
                     || p.step == total
                     || config.eval_steps.is_some_and(|n| n > 0 && p.step % n == 0));
             if eval_due {
-                let report = self.evaluate(p.step)?;
+                let report = self.evaluate(p.step, p.micro)?;
                 self.update_best(&mut p, &schedule, total, &report)?;
                 last_eval = Some(report);
             }
 
-            let stop = self.stop.is_requested();
+            // The memory guard at the step boundary: one reading now, plus anything latched mid-step.
+            let status = match self.guard {
+                Some(g) => Some(self.guard_boundary(g, p.step)?),
+                None => None,
+            };
+            let verdict = status.as_ref().map_or(Verdict::Fine, |s| s.verdict);
+            let old_micro = p.micro;
+            let downgrade = verdict == Verdict::Soft && p.micro > 1;
+            // Soft with nothing left to halve is treated as hard.
+            let memory_stop = verdict == Verdict::Hard || (verdict == Verdict::Soft && !downgrade);
+            if downgrade || memory_stop {
+                p.micro = batches::halve(p.micro);
+            }
+            let signal_stop = self.stop.is_requested();
+            let stop = signal_stop || memory_stop;
             let save_due = epoch_end
                 || p.step == total
                 || stop
+                || downgrade
                 || config.save_steps.is_some_and(|n| n > 0 && p.step % n == 0);
+            let mut saved = None;
             if save_due && let Some(path) = self.save(&p, &schedule, total)? {
+                saved = Some(path.clone());
                 last_checkpoint = Some(path);
             }
-            if stop {
+            if downgrade && let (Some(g), Some(s)) = (self.guard, status.as_ref()) {
+                g.downgraded();
+                self.downgrade_event(p.step, old_micro, p.micro, s, saved.as_deref())?;
+            }
+            if memory_stop {
+                let reason = if verdict == Verdict::Hard {
+                    "memory_hard_limit"
+                } else {
+                    "memory_soft_limit_at_micro_batch_1"
+                };
+                self.stop_for_memory(&p, status.as_ref(), None, reason)?;
+                finish = Finish::Stopped;
+                break;
+            }
+            if signal_stop {
                 self.run
                     .event(p.step, "stop", json!({"reason": "signal", "exit": 75}))?;
                 finish = Finish::Stopped;
@@ -331,13 +394,156 @@ impl<'a, E: Engine> Trainer<'a, E> {
         })
     }
 
-    fn evaluate(&mut self, step: u64) -> Result<EvalReport, LoopError> {
+    /// The loop's bookkeeping from a checkpoint's state: format-1 cursors (micro-batch positions) are
+    /// converted to step positions; a recorded micro-batch is kept if it still divides this config's
+    /// effective batch into at most `batch` rows.
+    fn progress_from(&self, s: TrainerState) -> Result<Progress, LoopError> {
+        let config = self.config;
+        if s.format > TrainerState::FORMAT {
+            return Err(LoopError::Data(format!(
+                "trainer_state.json format {} is newer than this memfit ({})",
+                s.format,
+                TrainerState::FORMAT
+            )));
+        }
+        let mut cursor = s.cursor;
+        if s.format < 2 {
+            cursor.position = cursor.position.div_ceil(config.accum as u64);
+        }
+        let micro = match s.micro_batch {
+            Some(m) if (1..=config.batch).contains(&m) => m,
+            _ => config.batch,
+        };
+        Ok(Progress {
+            step: s.step,
+            cursor,
+            best: s.best,
+            first_loss: s.first_loss,
+            last_loss: s.last_loss,
+            bleu_before: s.bleu_before,
+            micro,
+        })
+    }
+
+    /// Takes the guard's step-boundary reading and records budget changes.
+    fn guard_boundary(&mut self, guard: &MemoryGuard, step: u64) -> Result<GuardStatus, LoopError> {
+        let status = guard.check_now();
+        for note in &status.notes {
+            match note {
+                GuardNote::BudgetChanged {
+                    budget_bytes,
+                    source,
+                } => {
+                    self.run.event(
+                        step,
+                        "budget",
+                        json!({"budget_bytes": budget_bytes, "source": source, "limits": status.limits}),
+                    )?;
+                    self.observer.on_message(&match budget_bytes {
+                        Some(b) => format!(
+                            "memory budget now {} ({source}): soft limit {}, hard limit {}",
+                            human_bytes(*b),
+                            human_bytes(status.limits.map_or(0, |l| l.soft_bytes)),
+                            human_bytes(status.limits.map_or(0, |l| l.hard_bytes))
+                        ),
+                        None => format!("memory budget removed ({source})"),
+                    });
+                }
+                GuardNote::OverrideInvalid { path, message } => {
+                    self.run.event(
+                        step,
+                        "budget_invalid",
+                        json!({"path": path, "message": message}),
+                    )?;
+                    self.observer
+                        .on_message(&format!("warning: {} ignored: {message}", path.display()));
+                }
+            }
+        }
+        Ok(status)
+    }
+
+    fn downgrade_event(
+        &mut self,
+        step: u64,
+        old_micro: usize,
+        new_micro: usize,
+        status: &GuardStatus,
+        checkpoint: Option<&std::path::Path>,
+    ) -> Result<(), LoopError> {
+        let effective = batches::effective_batch(self.config.batch, self.config.accum);
+        let (old_accum, new_accum) = (
+            batches::accum_for(effective, old_micro),
+            batches::accum_for(effective, new_micro),
+        );
+        self.run.event(
+            step,
+            "downgrade",
+            json!({
+                "old_micro_batch": old_micro,
+                "new_micro_batch": new_micro,
+                "old_accum": old_accum,
+                "new_accum": new_accum,
+                "effective_batch": effective,
+                "rss_bytes": status.peak.host_bytes,
+                "rss_now_bytes": status.reading.host_bytes,
+                "gpu_bytes": status.peak.gpu_bytes,
+                "limits": status.limits,
+                "gpu_limits": status.gpu_limits,
+                "checkpoint": checkpoint,
+            }),
+        )?;
+        self.observer.on_message(&format!(
+            "memory guard: {} reached the soft limit {}; micro-batch {old_micro} × {old_accum} → {new_micro} × {new_accum} (effective batch {effective})",
+            human_bytes(status.peak.host_bytes),
+            human_bytes(status.limits.map_or(0, |l| l.soft_bytes)),
+        ));
+        Ok(())
+    }
+
+    /// Records a stop by the guard: `abandoned` = (micro-batches done, of k) when the step was cut short.
+    fn stop_for_memory(
+        &mut self,
+        p: &Progress,
+        status: Option<&GuardStatus>,
+        abandoned: Option<(usize, u64)>,
+        reason: &str,
+    ) -> Result<(), LoopError> {
+        let rss = status.map(|s| s.peak.host_bytes);
+        self.run.event(
+            p.step,
+            "stop",
+            json!({
+                "reason": reason,
+                "exit": 75,
+                "rss_bytes": rss,
+                "rss_now_bytes": status.map(|s| s.reading.host_bytes),
+                "gpu_bytes": status.and_then(|s| s.peak.gpu_bytes),
+                "limits": status.and_then(|s| s.limits),
+                "gpu_limits": status.and_then(|s| s.gpu_limits),
+                "abandoned_step": abandoned.map(|(done, k)| json!({"step": p.step + 1, "micro_batches_done": done, "of": k})),
+                "resume_micro_batch": p.micro,
+            }),
+        )?;
+        self.observer.on_message(&format!(
+            "memory guard ({reason}): {} against a hard limit of {}; checkpointed at step {}, stopping (exit 75); --resume continues at micro-batch {}",
+            human_bytes(rss.unwrap_or(0)),
+            human_bytes(status.and_then(|s| s.limits).map_or(0, |l| l.hard_bytes)),
+            p.step,
+            p.micro
+        ));
+        Ok(())
+    }
+
+    /// Validation at the current micro-batch size (a guard downgrade applies to evaluation too; the
+    /// loss is token-weighted, so the size does not change it).
+    fn evaluate(&mut self, step: u64, micro: usize) -> Result<EvalReport, LoopError> {
         let Some(valid) = self.valid else {
             unreachable!("evaluate is only called with validation data")
         };
         let setup = EvalSetup {
             collate: self.collate,
-            batch: self.config.batch,
+            batch: micro,
             generate_rows: self.config.eval_rows,
             max_new_tokens: self.config.gen_max_tokens,
             decoder: self.decoder,
@@ -451,14 +657,14 @@ impl<'a, E: Engine> Trainer<'a, E> {
         Ok(())
     }
 
-    fn micro_per_epoch(&self) -> u64 {
-        batches::micro_batches_per_epoch(self.train.len(), self.config.batch)
+    fn steps_per_epoch(&self) -> u64 {
+        batches::steps_per_epoch(self.train.len(), self.config.batch, self.config.accum)
     }
 
     fn state(&self, p: &Progress, schedule: &Schedule, total: u64) -> TrainerState {
         TrainerState {
             format: TrainerState::FORMAT,
-            epoch: next_epoch(&p.cursor, self.micro_per_epoch()),
+            epoch: next_epoch(&p.cursor, self.steps_per_epoch()),
             step: p.step,
             cursor: p.cursor,
             rng: RngState {
@@ -479,6 +685,11 @@ impl<'a, E: Engine> Trainer<'a, E> {
             first_loss: p.first_loss,
             last_loss: p.last_loss,
             bleu_before: p.bleu_before,
+            micro_batch: Some(p.micro),
+            accum: Some(batches::accum_for(
+                batches::effective_batch(self.config.batch, self.config.accum),
+                p.micro,
+            )),
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Accumulation bookkeeping: one `accumulate` per micro-batch with the loss scaled by 1/accum (1/k for
-//! an epoch's short last step), seeds derived from (seed, step, micro), the scheduled rate per step.
+//! Accumulation bookkeeping: one `accumulate` per micro-batch with the loss scaled by its share of the
+//! step's target tokens (here every row has as many, so 1/accum, and 1/k for an epoch's short last step),
+//! seeds derived from (seed, step, micro), the scheduled rate per step.
 
 mod loop_support;
 
@@ -85,7 +86,7 @@ fn metrics_have_one_line_per_step_with_every_field() {
         }
     }
     assert_eq!(lines[3]["accum"], 1);
-    assert_eq!(lines[3]["micro_batch"], 7);
+    assert_eq!(lines[3]["micro_batch"], 3, "rows per micro-batch");
     assert_eq!(lines[4]["epoch"], 1);
     // Tokens: 5 source + 5 target per row, no padding in this data; step 1 reads 6 rows.
     assert_eq!(lines[0]["tokens"], 60);

@@ -44,7 +44,9 @@ fn save_steps_and_epoch_ends_with_retention_and_best() {
     let state: TrainerState =
         serde_json::from_str(&fs::read_to_string(last.join("trainer_state.json")).unwrap())
             .unwrap();
-    assert_eq!((state.step, state.epoch, state.cursor.position), (12, 3, 7));
+    // Format 2: the cursor counts optimizer steps (4 per epoch); the micro-batch is the configured one.
+    assert_eq!((state.step, state.epoch, state.cursor.position), (12, 3, 4));
+    assert_eq!((state.micro_batch, state.accum), (Some(3), Some(2)));
     assert_eq!(state.config_hash, config.hash());
     assert_eq!(state.scheduler.total_steps, 12);
     // best/ exists and holds the step its record names.
@@ -201,5 +203,7 @@ fn state_at(step: u64) -> TrainerState {
         first_loss: None,
         last_loss: None,
         bleu_before: None,
+        micro_batch: None,
+        accum: None,
     }
 }

@@ -24,6 +24,22 @@ fn uninterrupted() -> (LinearEngine, Vec<serde_json::Value>) {
     (engine, read_jsonl(&root.join("metrics.jsonl")))
 }
 
+/// Continues the run in `root` with the same config in a fresh engine (a new process's view).
+fn resume(
+    root: &std::path::Path,
+) -> Result<(memfit_train::train_loop::Summary, LinearEngine), String> {
+    let mut engine = LinearEngine::new();
+    let s = train(
+        root,
+        &small_config(),
+        &mut engine,
+        Some((&ConfigLayer::default(), false)),
+        StopFlag::new(),
+        plenty,
+    )?;
+    Ok((s, engine))
+}
+
 fn stop_at(step: u64, root: &std::path::Path) -> Vec<Call> {
     let stop = StopFlag::new();
     let mut engine = LinearEngine::new();
@@ -47,16 +63,7 @@ fn resume_from_every_step_is_bit_identical() {
         let root = dir.path().join("run");
         let mut calls = stop_at(stop, &root);
         // A fresh process: a new engine, its state from the checkpoint only.
-        let mut engine = LinearEngine::new();
-        let s = train(
-            &root,
-            &small_config(),
-            &mut engine,
-            Some((&ConfigLayer::default(), false)),
-            StopFlag::new(),
-            plenty,
-        )
-        .unwrap();
+        let (s, engine) = resume(&root).unwrap();
         assert_eq!(s.finish, Finish::Completed);
         assert_eq!(s.start_step, stop);
         assert_eq!(
@@ -91,16 +98,7 @@ fn logs_written_after_the_last_checkpoint_are_cut_on_resume() {
     let mut extra = std::fs::read_to_string(root.join("metrics.jsonl")).unwrap();
     extra.push_str("{\"step\":6,\"loss\":99.0}\n{\"step\":7,\"loss\":99.0}\n");
     std::fs::write(root.join("metrics.jsonl"), extra).unwrap();
-    let mut engine = LinearEngine::new();
-    train(
-        &root,
-        &small_config(),
-        &mut engine,
-        Some((&ConfigLayer::default(), false)),
-        StopFlag::new(),
-        plenty,
-    )
-    .unwrap();
+    resume(&root).unwrap();
     let steps: Vec<u64> = read_jsonl(&root.join("metrics.jsonl"))
         .iter()
         .map(|m| m["step"].as_u64().unwrap())
@@ -235,4 +233,27 @@ fn resume_without_a_checkpoint_or_a_run_is_a_clear_error() {
     )
     .unwrap_err();
     assert!(err.contains("no complete checkpoint"), "{err}");
+}
+
+#[test]
+fn a_format_1_checkpoint_resumes_with_its_cursor_converted_to_steps() {
+    let (reference, _) = uninterrupted();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("run");
+    // Stopped at step 5: epoch 1, one step (two micro-batches of 3 rows) into it.
+    stop_at(5, &root);
+    let path = root.join("checkpoints/step-5/trainer_state.json");
+    let mut state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(state["cursor"]["position"], 1);
+    // As memfit wrote it before the memory guard: micro-batch positions, no micro_batch/accum.
+    state["format"] = 1.into();
+    state["cursor"]["position"] = 2.into();
+    let obj = state.as_object_mut().unwrap();
+    obj.remove("micro_batch");
+    obj.remove("accum");
+    std::fs::write(&path, state.to_string()).unwrap();
+    let (s, engine) = resume(&root).unwrap();
+    assert_eq!((s.finish, s.steps), (Finish::Completed, 12));
+    assert_eq!(engine.weight_bits(), reference.weight_bits());
 }

@@ -36,11 +36,31 @@ pub struct Cpu {
     pub usable_cores: usize,
     /// The flags of `ISA_FLAGS` this CPU has.
     pub isa: Vec<String>,
+    /// Clock of the first CPU as cpuinfo reports it (`cpu MHz`; the nominal clock in most VMs).
+    pub mhz: Option<f64>,
 }
 
 impl Cpu {
     pub fn has(&self, flag: &str) -> bool {
         self.isa.iter().any(|f| f == flag)
+    }
+
+    /// One core's peak f32 FLOP/s from its widest FMA and its clock: 64 FLOP/cycle with AVX-512
+    /// (two 16-lane FMA units, as Xeon Scalable Gold/Platinum cores have; parts with one unit peak
+    /// at half, so an MFU against this is a lower bound), 32 with AVX2 + FMA (two 8-lane units),
+    /// 16 with NEON (four 4-lane FMA pipes on recent Arm server cores, an upper estimate). `None`
+    /// when the clock is unknown.
+    pub fn peak_f32_flops_per_core(&self) -> Option<f64> {
+        let per_cycle = if self.has("avx512f") {
+            64.0
+        } else if self.has("avx2") && self.has("fma") {
+            32.0
+        } else if self.has("asimd") {
+            16.0
+        } else {
+            8.0
+        };
+        self.mhz.map(|mhz| mhz * 1e6 * per_cycle)
     }
 }
 
@@ -51,6 +71,7 @@ pub fn parse_cpuinfo(text: &str) -> Cpu {
     let mut cores = BTreeSet::new();
     let mut flags = BTreeSet::new();
     let (mut physical_id, mut core_id) = (None, None);
+    let mut mhz = None;
     for line in text.lines() {
         let Some((key, value)) = line.split_once(':') else {
             continue;
@@ -61,6 +82,7 @@ pub fn parse_cpuinfo(text: &str) -> Cpu {
             "model name" | "Model" if model.is_empty() => model = value.to_owned(),
             "physical id" => physical_id = Some(value.to_owned()),
             "core id" => core_id = Some(value.to_owned()),
+            "cpu MHz" if mhz.is_none() => mhz = value.parse().ok(),
             "flags" | "Features" => flags.extend(value.split_whitespace().map(str::to_owned)),
             _ => {}
         }
@@ -88,6 +110,7 @@ pub fn parse_cpuinfo(text: &str) -> Cpu {
         },
         usable_cores: logical,
         isa,
+        mhz,
     }
 }
 
@@ -108,6 +131,10 @@ mod tests {
         assert_eq!(cpu.logical_cores, 2);
         assert!(cpu.has("avx2") && cpu.has("avx512f"));
         assert!(!cpu.has("sve"));
+        assert_eq!(cpu.mhz, Some(2499.998));
+        // AVX-512: 64 FLOP/cycle × 2.5 GHz.
+        let peak = cpu.peak_f32_flops_per_core().unwrap();
+        assert!((peak - 2499.998e6 * 64.0).abs() < 1.0, "{peak}");
     }
 
     #[test]
@@ -117,5 +144,6 @@ mod tests {
         let cpu = parse_cpuinfo(text);
         assert_eq!((cpu.logical_cores, cpu.physical_cores), (2, 1));
         assert_eq!(cpu.isa, ["avx2", "amx_tile", "amx_bf16"]);
+        assert_eq!(cpu.peak_f32_flops_per_core(), None, "no clock in this text");
     }
 }

@@ -38,7 +38,8 @@ pub struct TrainerState {
     pub epoch: u64,
     /// Optimizer steps completed.
     pub step: u64,
-    /// Data cursor at this step boundary.
+    /// Data cursor at this step boundary. Format 2: `position` counts optimizer steps (the sampler
+    /// draws one effective batch per step); format 1 counted micro-batches of the configured size.
     pub cursor: Cursor,
     pub rng: RngState,
     pub scheduler: SchedulerState,
@@ -53,9 +54,18 @@ pub struct TrainerState {
     pub last_loss: Option<f64>,
     /// BLEU before any training (the summary's "before").
     pub bleu_before: Option<f64>,
+    /// Micro-batch rows for the next step: the configured `batch`, or less after the memory guard
+    /// halved it (the effective batch, `batch × accum` of the config, is unchanged, so this is not a
+    /// config change and does not enter the config hash). Absent before format 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batch: Option<usize>,
+    /// Micro-batches per full step at that size: ⌈effective batch / micro_batch⌉ (for a reader).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accum: Option<usize>,
 }
 
 impl TrainerState {
     pub const FILE: &'static str = "trainer_state.json";
-    pub const FORMAT: u32 = 1;
+    /// 2: cursor positions count optimizer steps; `micro_batch`/`accum` record the guard's downgrades.
+    pub const FORMAT: u32 = 2;
 }

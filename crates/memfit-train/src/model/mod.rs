@@ -10,6 +10,7 @@ pub mod block_ckpt;
 pub mod bucket;
 pub mod config;
 pub mod dropout;
+pub mod flops;
 pub mod layout;
 pub mod loss;
 pub mod t5;

@@ -71,10 +71,30 @@ impl T5Forward<'_> {
         bias: &Tensor<4>,
         drop: &mut Dropout,
     ) -> Tensor<3> {
-        let [b, tq, _] = xq.dims();
-        let q = self.heads(self.linear(xq, a.q));
-        let k = self.heads(self.linear(xkv.clone(), a.k));
-        let v = self.heads(self.linear(xkv, a.v));
+        let (k, v) = self.keys_values(xkv, a);
+        self.attend(self.heads(self.linear(xq, a.q)), k, v, a, bias, drop)
+    }
+
+    /// Keys and values `[b, h, tk, d_kv]` of `xkv` under attention `a`.
+    fn keys_values(&self, xkv: Tensor<3>, a: &AttnParams) -> (Tensor<4>, Tensor<4>) {
+        (
+            self.heads(self.linear(xkv.clone(), a.k)),
+            self.heads(self.linear(xkv, a.v)),
+        )
+    }
+
+    /// Queries `q` `[b, h, tq, d_kv]` attending over keys `k` and values `v`, through the output
+    /// projection of `a`.
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        a: &AttnParams,
+        bias: &Tensor<4>,
+        drop: &mut Dropout,
+    ) -> Tensor<3> {
+        let [b, _, tq, _] = q.dims();
         let scores = q.matmul(k.swap_dims(2, 3)) + bias.clone();
         let probs = drop.apply(softmax(scores, 3));
         let ctx = probs
@@ -217,6 +237,74 @@ impl T5Forward<'_> {
         self.final_norm(x, self.layout.decoder_norm, drop)
     }
 
+    /// A decoding cache for `encoded` `[b, s, d]`: every decoder block's cross-attention keys and
+    /// values, computed once, and empty self-attention caches.
+    pub fn decoder_cache(&self, encoded: &Tensor<3>) -> DecoderCache {
+        let blocks = self
+            .layout
+            .decoder
+            .iter()
+            .map(|blk| {
+                let (cross_k, cross_v) = self.keys_values(encoded.clone(), &blk.cross_attn);
+                BlockCache {
+                    self_kv: None,
+                    cross_k,
+                    cross_v,
+                }
+            })
+            .collect();
+        DecoderCache { blocks, len: 0 }
+    }
+
+    /// The decoder output `[b, 1, d]` (after the final norm) at the next position for its input ids
+    /// `[b, 1]`, attending to the positions already in `cache` (which it extends by one). Equals
+    /// position `cache.len` of [`decode`](Self::decode) over the whole prefix, without dropout.
+    pub fn decode_step(
+        &self,
+        ids: Tensor<2, Int>,
+        cache: &mut DecoderCache,
+        cross_mask: &Tensor<4>,
+    ) -> Tensor<3> {
+        let pos = cache.len;
+        let device = ids.device();
+        let mut drop = Dropout::disabled();
+        // The new query at `pos` sees keys 0..=pos: no causal mask needed.
+        let bias = self.position_bias(
+            self.layout.decoder_rel_bias,
+            1,
+            pos + 1,
+            pos,
+            false,
+            &device,
+        );
+        let mut x = self.embed(ids);
+        for (blk, c) in self.layout.decoder.iter().zip(&mut cache.blocks) {
+            let h = self.rms_norm(x.clone(), blk.self_norm);
+            let (k, v) = self.keys_values(h.clone(), &blk.self_attn);
+            let (k, v) = match c.self_kv.take() {
+                Some((pk, pv)) => (Tensor::cat(vec![pk, k], 2), Tensor::cat(vec![pv, v], 2)),
+                None => (k, v),
+            };
+            c.self_kv = Some((k.clone(), v.clone()));
+            let q = self.heads(self.linear(h, blk.self_attn.q));
+            x = x + self.attend(q, k, v, &blk.self_attn, &bias, &mut drop);
+            let h = self.rms_norm(x.clone(), blk.cross_norm);
+            let q = self.heads(self.linear(h, blk.cross_attn.q));
+            x = x + self.attend(
+                q,
+                c.cross_k.clone(),
+                c.cross_v.clone(),
+                &blk.cross_attn,
+                cross_mask,
+                &mut drop,
+            );
+            let h = self.rms_norm(x.clone(), blk.ffn_norm);
+            x = x + self.ffn(h, &blk.ffn, &mut drop);
+        }
+        cache.len += 1;
+        self.rms_norm(x, self.layout.decoder_norm)
+    }
+
     /// Logits `[b·t, vocab]` from decoder output.
     pub fn lm_logits(&self, hidden: Tensor<3>) -> Tensor<2> {
         let [b, t, d] = hidden.dims();
@@ -227,6 +315,21 @@ impl T5Forward<'_> {
             None => (h * (d as f64).powf(-0.5)).matmul(self.p(self.layout.shared).transpose()),
         }
     }
+}
+
+/// Keys and values one decoder block has seen: `[b, h, t, d_kv]` each.
+pub struct BlockCache {
+    /// Self-attention over the positions decoded so far (`None` before the first).
+    self_kv: Option<(Tensor<4>, Tensor<4>)>,
+    cross_k: Tensor<4>,
+    cross_v: Tensor<4>,
+}
+
+/// Incremental decoding state (a "KV cache"): per block, the keys and values of past positions.
+pub struct DecoderCache {
+    blocks: Vec<BlockCache>,
+    /// Positions decoded so far.
+    len: usize,
 }
 
 /// Additive key-padding mask `[b, 1, 1, s]`: 0 where `mask` is true, [`MASKED`] elsewhere.

@@ -30,7 +30,11 @@ pub struct LinearEngine {
     pub steps_done: u64,
     /// Run a closure after the optimizer step with this (1-based) number.
     pub after_step: Option<(u64, Box<dyn FnMut()>)>,
+    /// Run a closure after the `accumulate` call with this (1-based) number.
+    pub after_accumulate: Option<(usize, Box<dyn FnMut()>)>,
     pub fail_save: bool,
+    /// The seeded target perturbation ("dropout"); off, a step's gradient depends only on its rows.
+    pub noise: bool,
 }
 
 pub const VOCAB: usize = 32;
@@ -45,7 +49,9 @@ impl LinearEngine {
             lrs: Vec::new(),
             steps_done: 0,
             after_step: None,
+            after_accumulate: None,
             fail_save: false,
+            noise: true,
         }
     }
 
@@ -55,7 +61,9 @@ impl LinearEngine {
 
     fn loss_and_grad(&self, b: &Seq2SeqBatch, seed: Option<u64>) -> (f32, Vec<(usize, f32)>) {
         // The "dropout": a seeded perturbation of the targets, so the seed matters.
-        let noise = seed.map_or(0.0, |s| ((s >> 11) % 1000) as f32 * 1e-5);
+        let noise = seed
+            .filter(|_| self.noise)
+            .map_or(0.0, |s| ((s >> 11) % 1000) as f32 * 1e-5);
         let n = b.target_tokens().max(1) as f32;
         let mut loss = 0.0;
         let mut grads = Vec::new();
@@ -112,6 +120,11 @@ impl Engine for LinearEngine {
             rows: b.batch,
             first_label: b.labels[0],
         });
+        if let Some((n, f)) = &mut self.after_accumulate
+            && *n == self.calls.len()
+        {
+            f();
+        }
         Ok(loss)
     }
 
@@ -253,9 +266,10 @@ pub fn full_disk(_: &Path) -> std::io::Result<u64> {
 }
 
 use memfit_train::config::{ConfigLayer, TrainConfig};
+use memfit_train::memory_guard::MemoryGuard;
 use memfit_train::session::{self, Session};
 use memfit_train::signals::StopFlag;
-use memfit_train::train_loop::{Silent, Summary, Trainer};
+use memfit_train::train_loop::{Observer, Silent, Summary, Trainer};
 
 /// A small config: 20 rows, batch 3, accum 2 → 7 micro-batches, 4 steps per epoch.
 pub fn small_config() -> TrainConfig {
@@ -280,6 +294,32 @@ pub fn train(
     stop: StopFlag,
     free: FreeSpace,
 ) -> Result<Summary, String> {
+    train_with(
+        dir,
+        config,
+        engine,
+        resume,
+        stop,
+        free,
+        None,
+        &mut Silent,
+        &pairs(20),
+    )
+}
+
+/// [`train`] with a memory guard, an observer and the training rows chosen by the caller.
+#[allow(clippy::too_many_arguments)]
+pub fn train_with(
+    dir: &Path,
+    config: &TrainConfig,
+    engine: &mut impl Engine,
+    resume: Option<(&ConfigLayer, bool)>,
+    stop: StopFlag,
+    free: FreeSpace,
+    guard: Option<&MemoryGuard>,
+    observer: &mut dyn Observer,
+    train_rows: &InMemoryPairs,
+) -> Result<Summary, String> {
     let mut s: Session = match resume {
         None => session::start(config.clone(), dir, spec(free)).map_err(|e| e.to_string())?,
         Some((layer, allow)) => {
@@ -294,21 +334,21 @@ pub fn train(
         }
         None => None,
     };
-    let train_rows = pairs(20);
     let valid_rows = pairs(6);
     Trainer {
         engine,
         config: &s.config,
         run: &mut s.run,
         checkpointer: &mut s.checkpointer,
-        train: &train_rows,
+        train: train_rows,
         valid: Some(&valid_rows),
         collate: collate(),
         decoder: &Letters,
         stop,
-        observer: &mut Silent,
+        observer,
         resume: resume_state,
         vocab_size: Some(VOCAB),
+        guard,
     }
     .run()
     .map_err(|e| e.to_string())
@@ -320,4 +360,18 @@ pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
+}
+
+/// The `loss` of every metrics line.
+pub fn losses(lines: &[serde_json::Value]) -> Vec<f64> {
+    lines.iter().map(|m| m["loss"].as_f64().unwrap()).collect()
+}
+
+/// The largest relative difference between two equally long series.
+pub fn max_rel_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / y.abs().max(1e-12))
+        .fold(0.0, f64::max)
 }

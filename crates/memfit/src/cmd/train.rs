@@ -7,6 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use memfit_train::config::{BestMetric, ConfigLayer, OptimizerKind, Precision, TrainConfig};
 use memfit_train::engine::Engine;
 use memfit_train::eval::EvalReport;
+use memfit_train::memory_guard::{GuardSettings, MemoryGuard, ProcessMemory};
 use memfit_train::metrics::StepMetrics;
 use memfit_train::schedule::ScheduleKind;
 use memfit_train::session::{self, CheckpointSpec, Session};
@@ -459,6 +460,13 @@ pub fn run(args: Args) -> Outcome {
         .map_err(|e| bad_input(e.to_string()))?
         .id;
     let mut observer = Bar::new(args.json);
+    // The in-process memory guard: samples this process every 250 ms against the budget (or the
+    // RUN/budget override); the loop halves the micro-batch or checkpoints and exits 75.
+    let guard = MemoryGuard::start(
+        GuardSettings::for_run(&config, s.run.root()),
+        ProcessMemory::new(),
+    )
+    .context("starting the memory guard thread")?;
     let summary = Trainer {
         engine: &mut engine,
         config: &config,
@@ -477,6 +485,7 @@ pub fn run(args: Args) -> Outcome {
         observer: &mut observer,
         resume: resume_state,
         vocab_size: Some(vocab),
+        guard: Some(&guard),
     }
     .run()?;
     observer.bar.finish_and_clear();
@@ -556,7 +565,13 @@ impl Observer for Bar {
         }
     }
     fn on_message(&mut self, message: &str) {
-        self.bar.println(message);
+        // A hidden bar (--json, or stderr not a terminal) prints nothing: warnings and the memory
+        // guard's actions still reach stderr.
+        if self.bar.is_hidden() {
+            eprintln!("{message}");
+        } else {
+            self.bar.println(message);
+        }
     }
 }
 

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""memfit's trainer beside PyTorch + transformers, same shapes, same thread count, same window.
+
+Runs `memfit bench train` and `../shared/bench/pytorch/bench_t5.py` alternately for each
+configuration and variant, then prints one Markdown table. Both sides train on synthetic uniform
+tokens (`--data random` for PyTorch), AdamW, clip 1.0, dropout 0.1, and report the median over the
+steps after 3 warm-up steps. CPU-seconds per step are the comparable figure on a loaded machine.
+
+    PY=/path/to/venv/bin/python python3 scripts/bench_vs_pytorch.py --configs b,c --variants f32,ckpt,bf16
+
+Needs a Python with torch and transformers (see ../shared/bench/pytorch/README.md); stdlib only here.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH_T5 = os.path.join(ROOT, "..", "shared", "bench", "pytorch", "bench_t5.py")
+
+# Issue 6's configurations: (a) tiny, (b) t5-small-like, (c) ChatLM-mini-Chinese.
+CONFIGS = {
+    "a": {
+        "memfit": ["--model", "tiny", "--batch", "8", "--seq", "128"],
+        "torch": "--vocab 8000 --d-model 256 --d-ff 1024 --layers 4 --heads 4 --batch 8 --seq 128",
+        "steps": 8,
+    },
+    "b": {
+        "memfit": ["--model", "t5-small", "--batch", "8", "--seq", "128"],
+        "torch": "--vocab 32128 --d-model 512 --d-ff 2048 --layers 6 --heads 8 --batch 8 --seq 128",
+        "steps": 6,
+    },
+    "c": {
+        "memfit": ["--model", "chatlm-mini", "--batch", "4", "--seq", "256"],
+        "torch": "--vocab 29298 --d-model 768 --d-ff 3072 --layers 10 --heads 12 --batch 4 --seq 256",
+        "steps": 5,
+    },
+}
+VARIANTS = {
+    "f32": ([], []),
+    "ckpt": (["--grad-ckpt"], ["--grad-ckpt"]),
+    "bf16": (["--precision", "bf16"], ["--bf16"]),
+}
+
+
+def run_json(cmd):
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def gib(b):
+    return b / 2**30
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--memfit", default=os.path.join(ROOT, "target", "release", "memfit"))
+    p.add_argument("--python", default=os.environ.get("PY", "python3"))
+    p.add_argument("--configs", default="b,c")
+    p.add_argument("--variants", default="f32,ckpt,bf16")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--raw", help="append every JSON result to this file")
+    args = p.parse_args()
+
+    rows = []
+    for name in args.configs.split(","):
+        cfg = CONFIGS[name]
+        for variant in args.variants.split(","):
+            mf_extra, pt_extra = VARIANTS[variant]
+            steps = str(cfg["steps"])
+            torch_cmd = [args.python, BENCH_T5, *cfg["torch"].split(), "--steps", steps,
+                         "--threads", str(args.threads), "--data", "random", *pt_extra]
+            memfit_cmd = [args.memfit, "bench", "train", *cfg["memfit"], "--steps", steps,
+                          "--threads", str(args.threads), "--json", *mf_extra]
+            print(f"({name}) {variant}: PyTorch …", file=sys.stderr, flush=True)
+            pt = run_json(torch_cmd)
+            print(f"({name}) {variant}: memfit …", file=sys.stderr, flush=True)
+            mf = run_json(memfit_cmd)
+            if args.raw:
+                with open(args.raw, "a") as f:
+                    for side, r in (("pytorch", pt), ("memfit", mf)):
+                        f.write(json.dumps({"config": name, "variant": variant, "side": side, **r}) + "\n")
+            rows.append((name, variant, mf, pt))
+
+    print("| config | variant | memfit CPU-s/step | PyTorch CPU-s/step | speed memfit/PyTorch "
+          "| memfit peak RSS | PyTorch peak RSS | RSS memfit/PyTorch | memfit MFU |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, variant, mf, pt in rows:
+        mf_cpu, pt_cpu = mf["cpu_sec_per_step_median"], pt["cpu_s_per_step_median"]
+        mf_rss, pt_rss = mf["peak_rss_bytes"], pt["peak_rss_getrusage_mib"] * 2**20
+        mfu = mf.get("mfu")
+        print(f"| ({name}) | {variant} | {mf_cpu:.2f} | {pt_cpu:.2f} | {pt_cpu / mf_cpu:.2f}× "
+              f"| {gib(mf_rss):.2f} GiB | {gib(pt_rss):.2f} GiB | {mf_rss / pt_rss:.2f}× "
+              f"| {'—' if mfu is None else f'{100 * mfu:.1f}%'} |")
+
+
+if __name__ == "__main__":
+    main()
