@@ -1,4 +1,5 @@
-//! Writes docs/accuracy.md from validation/ (run from anywhere in the workspace):
+//! Writes docs/accuracy.md from validation/ (cases.csv, constants.csv and memfit_grid.csv; run from
+//! anywhere in the workspace):
 //! `cargo run --release -p memfit-plan --example accuracy`
 
 use memfit_plan::validation;
@@ -12,7 +13,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rows = validation::compare(&cases, &constants, &|f| {
         std::fs::read_to_string(dir.join("models").join(f)).map_err(|e| format!("{f}: {e}"))
     })?;
-    let text = validation::accuracy_markdown(&rows);
+    let grid = memfit_plan::grid::compare(&std::fs::read_to_string(dir.join("memfit_grid.csv"))?)?;
+    let text = validation::accuracy_markdown(&rows, &grid);
     let out = root.join("docs/accuracy.md");
     std::fs::create_dir_all(root.join("docs"))?;
     let tmp = out.with_extension("md.tmp");

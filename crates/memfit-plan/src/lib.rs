@@ -8,7 +8,8 @@
 //!   `memfit run --profiles`.
 //!
 //! Beside them, [`validation`] runs the published measurements of `validation/cases.csv` through
-//! [`memory`] (the accuracy test and `docs/accuracy.md` use it).
+//! [`memory`] (the accuracy test and `docs/accuracy.md` use it), and [`grid`] compares the measured
+//! host peaks of memfit's own trainer (`validation/memfit_grid.csv`) with the model.
 //!
 //! This crate does no I/O except parsing what it is handed, and depends on no other memfit crate.
 //! The model itself is explained in `docs/memory-model.md`.
@@ -35,6 +36,7 @@
 
 pub mod arch;
 pub mod emit;
+pub mod grid;
 pub mod memory;
 pub mod search;
 pub mod validation;

@@ -230,8 +230,9 @@ pub fn markdown_table(rows: &[Compared]) -> String {
 /// The command that regenerates docs/accuracy.md.
 pub const REGENERATE: &str = "cargo run --release -p memfit-plan --example accuracy";
 
-/// The whole of docs/accuracy.md: method, summary and every row.
-pub fn accuracy_markdown(rows: &[Compared]) -> String {
+/// The whole of docs/accuracy.md: method, summary and every row, then the grid of memfit's own
+/// trainer (`validation/memfit_grid.csv` compared by [`crate::grid::compare`]).
+pub fn accuracy_markdown(rows: &[Compared], grid: &[crate::grid::Compared]) -> String {
     let median = median_abs_error(rows);
     let worst_a = rows
         .iter()
@@ -287,5 +288,33 @@ pub fn accuracy_markdown(rows: &[Compared]) -> String {
           - Host RSS of `B9`/`B10` (BLOOM, a float16 checkpoint loaded into fp32) is under-predicted: the\n\
           \x20 loading path of that checkpoint keeps more than the model accounts for.\n\
           - The `GB` rows of the PEFT table carry a ±5% unit ambiguity (validation/README.md).\n";
+    s += &grid_section(grid);
+    s
+}
+
+/// The docs/accuracy.md section of memfit's own trainer.
+fn grid_section(grid: &[crate::grid::Compared]) -> String {
+    let mut s = String::from(
+        "\n## memfit's own trainer: host peak RSS (`--runtime memfit --device cpu`)\n\n",
+    );
+    s += &format!(
+        "Measured with `{}` (reproduces the table\n\
+         below and rewrites the CSV): every point is a separate `memfit bench train` process ({} steps,\n\
+         {} threads, target length = source length, synthetic tokens); the measured value is its peak RSS\n\
+         (VmHWM). Predicted: the training-phase host peak of `crates/memfit-plan/src/memory/memfit_host.rs`\n\
+         (no checkpoint is written while benchmarking). Four constants of that model are fitted to these\n\
+         points (`docs/memory-model.md`); everything else is counted from what the trainer holds. The\n\
+         test `crates/memfit-plan/tests/accuracy.rs` asserts every point within ±10%. Gradient\n\
+         checkpointing is the per-block recomputation of `crates/memfit-train/src/model/block_ckpt.rs`.\n\n",
+        crate::grid::MEASURE,
+        crate::grid::STEPS,
+        crate::grid::THREADS
+    );
+    s += &format!(
+        "- points: {}\n- worst |error|: **{:.1}%** (limit 10%)\n\n",
+        grid.len(),
+        100.0 * crate::grid::worst_abs_error(grid)
+    );
+    s += &crate::grid::markdown_table(grid);
     s
 }

@@ -42,9 +42,32 @@ fn median_error_and_grade_a_rows() {
     }
 }
 
+fn grid() -> Vec<memfit_plan::grid::Compared> {
+    let text = std::fs::read_to_string(root().join("validation/memfit_grid.csv")).unwrap();
+    memfit_plan::grid::compare(&text).unwrap()
+}
+
+/// memfit's own trainer: every measured point of the grid within 10% of the host model.
+#[test]
+fn memfit_grid_every_point_within_10_percent() {
+    let rows = grid();
+    println!("{}", memfit_plan::grid::markdown_table(&rows));
+    assert!(rows.len() >= 12);
+    assert!(rows.iter().any(|r| r.setup.contains("ckpt")));
+    for r in &rows {
+        assert!(
+            r.error.abs() <= 0.10,
+            "{} ({}) off by {:+.1}%",
+            r.id,
+            r.setup,
+            100.0 * r.error
+        );
+    }
+}
+
 #[test]
 fn docs_accuracy_md_is_current() {
-    let expected = validation::accuracy_markdown(&rows());
+    let expected = validation::accuracy_markdown(&rows(), &grid());
     let path = root().join("docs/accuracy.md");
     let actual = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(

@@ -12,6 +12,7 @@ use crate::model::dropout::SplitMix64;
 use crate::model::{ModelError, T5Config};
 use crate::optim::{AdafactorConfig, AdafactorLr, AdamWConfig, OptimizerConfig};
 use crate::t5_engine::{EngineOptions, Precision, T5Engine, set_threads};
+use memfit_plan::grid;
 
 /// Steps excluded from the median, as bench_t5.py's `WARMUP`.
 pub const WARMUP_STEPS: usize = 3;
@@ -39,6 +40,8 @@ pub struct BenchSetup {
     pub precision: Precision,
     /// `adamw` or `adafactor` (external lr 1e-3, no parameter scaling, as bench_t5.py's `--optim adafactor`).
     pub optimizer: String,
+    /// Frozen module groups (no gradients, no optimizer state).
+    pub freeze: Vec<crate::model::Group>,
     pub seed: u64,
 }
 
@@ -200,6 +203,7 @@ pub fn run(
         optimizer: optimizer_config(&setup.optimizer)?,
         precision: setup.precision,
         grad_ckpt: setup.grad_ckpt,
+        freeze: setup.freeze.clone(),
         ..Default::default()
     };
     let mut engine = T5Engine::new(setup.config.clone(), options, setup.seed)?;
@@ -259,9 +263,69 @@ pub fn run(
             "precision": precision, "optimizer": setup.optimizer, "lr": LR,
             "max_grad_norm": MAX_GRAD_NORM, "dropout": setup.config.dropout_rate,
             "seed": setup.seed, "backend": "flex",
+            "freeze": setup.freeze.iter().map(|g| format!("{g:?}").to_lowercase()).collect::<Vec<_>>(),
         }),
         params_total: engine.param_counts().total,
         step_seconds: seconds,
+    })
+}
+
+/// Measures one point of the memory grid ([`memfit_plan::grid::POINTS`]) in its own process:
+/// `exe bench train … --json` (exe is the memfit binary), so every peak RSS starts from a fresh
+/// process. Returns the row of `validation/memfit_grid.csv`.
+pub fn measure_grid_point(
+    exe: &std::path::Path,
+    point: &grid::Point,
+) -> Result<grid::Measured, ModelError> {
+    let config = resolve_model(point.model)?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["bench", "train", "--model", point.model, "--json"])
+        .args(["--batch", &point.batch.to_string()])
+        .args(["--seq", &point.seq.to_string()])
+        .args(["--accum", &point.accum.to_string()])
+        .args(["--steps", &grid::STEPS.to_string()])
+        .args(["--threads", &grid::THREADS.to_string()])
+        .args(["--precision", point.precision.as_str()])
+        .args(["--optimizer", point.optimizer.as_str()]);
+    if point.grad_ckpt {
+        cmd.arg("--grad-ckpt");
+    }
+    if point.freeze_encoder {
+        cmd.args(["--freeze", "encoder"]);
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| ModelError::Io(format!("running {}: {e}", exe.display())))?;
+    if !out.status.success() {
+        return Err(ModelError::Io(format!(
+            "grid point {}: memfit bench train failed ({}): {}",
+            point.id,
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let report: Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        ModelError::Io(format!(
+            "grid point {}: unreadable bench output: {e}",
+            point.id
+        ))
+    })?;
+    let number = |k: &str| report[k].as_f64().unwrap_or(f64::NAN);
+    Ok(grid::Measured {
+        point: *point,
+        dims: grid::Dims {
+            vocab: config.vocab_size as u64,
+            d_model: config.d_model as u64,
+            d_kv: config.d_kv as u64,
+            d_ff: config.d_ff as u64,
+            heads: config.num_heads as u64,
+            layers: config.num_layers as u64,
+            decoder_layers: config.num_decoder_layers as u64,
+        },
+        threads: grid::THREADS,
+        steps: grid::STEPS,
+        peak_rss_bytes: report["peak_rss_bytes"].as_u64().unwrap_or(0),
+        sec_per_step: number("sec_per_step_median"),
     })
 }
 

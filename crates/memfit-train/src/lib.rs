@@ -15,7 +15,8 @@
 //! - `session`    — start a run or resume one (config-hash check, newest checkpoint).
 //! - `run_dir`, `metrics`, `signals` — the run directory's files, RSS, SIGINT/SIGTERM.
 //! - `run_data`, `model_spec`, `plan_file`, `engine_setup`, `demo`, `text` — what `memfit train` wires up:
-//!   data stores, the model config, plan.json, the T5 engine, the demo task, tokenizer files.
+//!   data stores, the model config, plan.json and the planned start within a memory budget (planner or
+//!   the seed's policy tables), the T5 engine, the demo task, tokenizer files.
 //! - `memory_guard` — the in-process memory guard: a thread samples RSS (and device memory where a hook
 //!   is given) every 250 ms against soft/hard limits of the budget (or the `RUN/budget` override); the
 //!   loop halves the micro-batch at the soft limit and checkpoints + stops (exit 75) at the hard one.

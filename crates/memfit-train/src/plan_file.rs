@@ -1,21 +1,24 @@
 //! `plan.json`: the estimate the run trained under — memfit-plan's memory model for this setup with
-//! `--runtime memfit --device cpu`, beside the setup itself.
+//! `--runtime memfit --device cpu`, beside the setup itself — and the planned start that chose the
+//! setup from a memory budget ([`planned_start`]: the planner, or one of the seed's policy tables).
 
 use crate::config::{OptimizerKind, Precision, TrainConfig};
+use memfit_plan::arch::Arch;
 use memfit_plan::memory::{
     self, DatasetMode, Device, Framework, FreezeGroup, Method, Runtime, Setup,
 };
+use memfit_plan::search::{self, Candidate, Fixed, policy};
+use serde::Serialize;
 use serde_json::{Value, json};
 
-/// The plan of `config` for the model described by `model_config` (a `config.json` value).
-pub fn plan(
-    config: &TrainConfig,
-    model_config: &Value,
-    dataset_rows: u64,
-) -> Result<Value, String> {
-    let arch = memfit_plan::arch::config::from_value("config.json", model_config, &config.model)
-        .map_err(|e| e.to_string())?;
-    let mut setup = Setup::new(&arch);
+fn arch_of(config: &TrainConfig, model_config: &Value) -> Result<Arch, String> {
+    memfit_plan::arch::config::from_value("config.json", model_config, &config.model)
+        .map_err(|e| e.to_string())
+}
+
+/// The memory-model setup of `config`: seq2seq on the CPU under memfit's trainer, reading a token store.
+fn setup_of(config: &TrainConfig, arch: &Arch, dataset_rows: u64) -> Setup {
+    let mut setup = Setup::new(arch);
     setup.task = memfit_plan::Task::Seq2seq;
     setup.batch = config.batch as u64;
     setup.seq = config.seq as u64;
@@ -42,6 +45,17 @@ pub fn plan(
     setup.runtime = Runtime::Memfit;
     setup.dataset = DatasetMode::TokenStore;
     setup.dataset_rows = dataset_rows;
+    setup
+}
+
+/// The plan of `config` for the model described by `model_config` (a `config.json` value).
+pub fn plan(
+    config: &TrainConfig,
+    model_config: &Value,
+    dataset_rows: u64,
+) -> Result<Value, String> {
+    let arch = arch_of(config, model_config)?;
+    let setup = setup_of(config, &arch, dataset_rows);
     let estimate = memory::estimate(&arch, &setup, &Framework::default())?;
     Ok(json!({
         "model": {
@@ -52,6 +66,249 @@ pub fn plan(
         "gpu": estimate.gpu,
         "host": estimate.host,
     }))
+}
+
+/// The memory budget a run plans for.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Budget {
+    pub ram_bytes: u64,
+    /// How it was set: the flag as typed, or the default and what it was computed from.
+    pub ram_source: String,
+    /// `--budget-gpu`: recorded; this trainer computes on the CPU (burn's flex backend).
+    pub gpu_bytes: Option<u64>,
+}
+
+/// Which start-up policy decides the setup.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PolicyChoice {
+    /// memfit-plan's planner: the fastest setup whose predicted peak fits the budget.
+    Auto,
+    /// One of the seed's tables ([`policy::POLICIES`]).
+    Table(&'static policy::Policy),
+}
+
+impl PolicyChoice {
+    /// `auto` or a table's name; the error lists the names.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "auto" => Ok(Self::Auto),
+            other => policy::find(other)
+                .map(Self::Table)
+                .ok_or_else(|| format!("--policy {other:?}: known policies: {}", policy::names())),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// The request cannot be planned (bad model config, a policy table we do not have …).
+    #[error("{0}")]
+    Input(String),
+    /// No setup's predicted peak fits the budget.
+    #[error("{0}")]
+    DoesNotFit(String),
+}
+
+/// The outcome of a planned start.
+#[derive(Debug, Clone)]
+pub struct PlannedStart {
+    /// `config` with the chosen settings and the budget in `memory_budget_bytes`.
+    pub config: TrainConfig,
+    pub predicted_peak_rss_bytes: u64,
+    /// The `planning` object of `plan.json`.
+    pub planning: Value,
+    /// What to print, one line each.
+    pub lines: Vec<String>,
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / GIB)
+}
+
+/// memfit's trainer has one data-loading mode; the plan records it (the seed's knobs map onto it).
+fn data_loading() -> Value {
+    json!({
+        "mode": "token-store",
+        "workers": 0,
+        "pin_memory": false,
+        "note": "the trainer reads its memory-mapped token store on the training thread: no loader \
+                 workers, nothing pinned, RSS does not grow with the dataset (the seed's \
+                 ultra-low-memory loading is the only mode)",
+    })
+}
+
+fn settings(s: &Setup) -> Value {
+    json!({
+        "batch": s.batch, "accum": s.accum, "effective_batch": s.batch * s.accum,
+        "precision": s.precision, "grad_ckpt": s.grad_ckpt,
+    })
+}
+
+fn candidate(c: &Candidate) -> Value {
+    json!({
+        "settings": settings(&c.setup),
+        "summary": c.summary(),
+        "predicted_peak_rss_bytes": c.host_need(),
+        "tokens_per_s_model": c.tokens_per_s,
+        "rejected": c.rejected,
+    })
+}
+
+fn apply(config: &mut TrainConfig, s: &Setup) {
+    config.batch = s.batch as usize;
+    config.accum = s.accum as usize;
+    config.grad_ckpt = s.grad_ckpt;
+    config.precision = match s.precision {
+        memory::Precision::Bf16 => Precision::Bf16,
+        _ => Precision::Fp32,
+    };
+}
+
+/// Plans the start of a run within `budget`: the effective batch `batch × accum` of `config` is kept,
+/// the settings in `fixed` (the flags the user gave) are constraints. `available_bytes` is what the
+/// machine has (the policies' tables read it).
+pub fn planned_start(
+    config: &TrainConfig,
+    model_config: &Value,
+    budget: &Budget,
+    fixed: Fixed,
+    choice: PolicyChoice,
+    available_bytes: u64,
+) -> Result<PlannedStart, PlanError> {
+    let arch = arch_of(config, model_config).map_err(PlanError::Input)?;
+    let base = setup_of(config, &arch, 0);
+    let effective = base.batch * base.accum;
+    let budget_line = format!("budget {} ({})", gib(budget.ram_bytes), budget.ram_source);
+    let mut lines = Vec::new();
+    let mut out = config.clone();
+    out.memory_budget_bytes = Some(budget.ram_bytes);
+    if budget.gpu_bytes.is_some() {
+        lines.push(
+            "--budget-gpu is recorded in plan.json; this trainer computes on the CPU (burn's flex \
+             backend), so only the RAM budget is planned for"
+                .to_string(),
+        );
+    }
+    let (planning, peak) = match choice {
+        PolicyChoice::Auto => {
+            let request = search::Request {
+                base: base.clone(),
+                target_batch: effective,
+                // the budget is already the share of the machine to use: no extra headroom
+                budget: search::Budget {
+                    gpu_bytes: None,
+                    host_bytes: budget.ram_bytes,
+                    headroom: 0.0,
+                },
+            };
+            let plan = search::plan_with(&arch, &request, &Framework::default(), &fixed)
+                .map_err(PlanError::Input)?;
+            let Some(chosen) = &plan.chosen else {
+                let why = plan
+                    .reason
+                    .clone()
+                    .unwrap_or_else(|| "no setup agrees with the flags given".into());
+                return Err(PlanError::DoesNotFit(format!(
+                    "{why} — {budget_line}; give a larger --budget-ram, a shorter --seq/--tgt-seq, \
+                     or drop flags that fix the setup"
+                )));
+            };
+            apply(&mut out, &chosen.setup);
+            lines.push(format!(
+                "planned start (auto, {budget_line}): {} (effective batch {effective}) → predicted peak {}",
+                chosen.summary(),
+                gib(chosen.host_need())
+            ));
+            for a in &plan.alternatives {
+                lines.push(format!(
+                    "  alternative: {} → {}",
+                    a.summary(),
+                    gib(a.host_need())
+                ));
+            }
+            let planning = json!({
+                "policy": "auto",
+                "chosen": candidate(chosen),
+                "alternatives": plan.alternatives.iter().map(candidate).collect::<Vec<_>>(),
+                "rejected": plan.rejected.iter().map(candidate).collect::<Vec<_>>(),
+                "considered": plan.considered,
+                "fixed_by_flags": fixed,
+            });
+            (planning, chosen.host_need())
+        }
+        PolicyChoice::Table(p) => {
+            let decision = policy::decide(p, available_bytes).map_err(PlanError::Input)?;
+            let mut setup = base.clone();
+            let mut notes = Vec::new();
+            if let Some(rule) = &decision.rule {
+                match (rule.set.accum, fixed.accum) {
+                    (Some(a), None) => setup.accum = a,
+                    (Some(a), Some(f)) if a != f => notes.push(format!(
+                        "accumulation stays {f} (set by --accum) instead of the policy's {a}"
+                    )),
+                    _ => {}
+                }
+            }
+            let estimate =
+                memory::estimate(&arch, &setup, &Framework::default()).map_err(PlanError::Input)?;
+            let peak = estimate.host.peak_rss_bytes;
+            apply(&mut out, &setup);
+            lines.push(format!(
+                "policy {}, {budget_line}: {}",
+                p.name,
+                decision.describe()
+            ));
+            lines.push(format!(
+                "  micro {} × accum {}, {}{} → predicted peak {}",
+                setup.batch,
+                setup.accum,
+                setup.precision,
+                if setup.grad_ckpt { ", grad ckpt" } else { "" },
+                gib(peak)
+            ));
+            if setup.batch * setup.accum != effective {
+                notes.push(format!(
+                    "the effective batch changes from {effective} to {} (the policy sets \
+                     accumulation, not the micro-batch)",
+                    setup.batch * setup.accum
+                ));
+            }
+            if peak > budget.ram_bytes {
+                notes.push(format!(
+                    "the predicted peak {} exceeds the budget {}: a policy table does not plan \
+                     (--policy auto does)",
+                    gib(peak),
+                    gib(budget.ram_bytes)
+                ));
+            }
+            lines.extend(notes.iter().map(|n| format!("  note: {n}")));
+            let planning = json!({
+                "policy": p.name,
+                "policy_source": p.source,
+                "decision": decision,
+                "chosen": {
+                    "settings": settings(&setup),
+                    "predicted_peak_rss_bytes": peak,
+                },
+                "notes": notes,
+                "fixed_by_flags": fixed,
+            });
+            (planning, peak)
+        }
+    };
+    let mut planning = planning;
+    planning["budget"] = json!(budget);
+    planning["available_bytes"] = json!(available_bytes);
+    planning["data_loading"] = data_loading();
+    planning["predicted_peak_rss_bytes"] = json!(peak);
+    Ok(PlannedStart {
+        config: out,
+        predicted_peak_rss_bytes: peak,
+        planning,
+        lines,
+    })
 }
 
 #[cfg(test)]
@@ -68,5 +325,91 @@ mod tests {
         assert_eq!(p["model"]["params_total"], 187_692_288);
         assert!(p["host"]["peak_rss_bytes"].as_u64().unwrap() > 1 << 30);
         assert_eq!(p["setup"]["runtime"], "memfit");
+    }
+
+    fn t5_small() -> (TrainConfig, Value) {
+        let model = crate::model_spec::model_config("t5-small", None).unwrap();
+        let c = TrainConfig {
+            model: "t5-small".into(),
+            batch: 16,
+            accum: 2,
+            seq: 256,
+            tgt_seq: 256,
+            ..TrainConfig::default()
+        };
+        (c, model)
+    }
+
+    fn budget(gib: u64) -> Budget {
+        Budget {
+            ram_bytes: gib << 30,
+            ram_source: format!("--budget-ram {gib}GiB"),
+            gpu_bytes: None,
+        }
+    }
+
+    fn auto(
+        c: &TrainConfig,
+        m: &Value,
+        b: &Budget,
+        fixed: Fixed,
+    ) -> Result<PlannedStart, PlanError> {
+        planned_start(c, m, b, fixed, PolicyChoice::Auto, 16 << 30)
+    }
+
+    #[test]
+    fn a_smaller_budget_plans_a_leaner_start_with_the_same_effective_batch() {
+        let (c, m) = t5_small();
+        let roomy = auto(&c, &m, &budget(64), Fixed::default()).unwrap();
+        let tight = auto(&c, &m, &budget(3), Fixed::default()).unwrap();
+        for p in [&roomy, &tight] {
+            assert_eq!(p.config.batch * p.config.accum, 32);
+            assert!(p.predicted_peak_rss_bytes <= p.config.memory_budget_bytes.unwrap());
+        }
+        assert_eq!((roomy.config.batch, roomy.config.accum), (32, 1));
+        let leaner = tight.config.batch < roomy.config.batch
+            || tight.config.grad_ckpt && !roomy.config.grad_ckpt;
+        assert!(leaner, "{:?} vs {:?}", tight.lines, roomy.lines);
+        assert!(tight.predicted_peak_rss_bytes < roomy.predicted_peak_rss_bytes);
+        assert_eq!(tight.config.memory_budget_bytes, Some(3 << 30));
+        assert_eq!(tight.planning["policy"], "auto");
+        assert!(tight.planning["considered"].as_u64().unwrap() > 4);
+    }
+
+    #[test]
+    fn explicit_flags_are_constraints_and_nothing_fitting_is_an_error() {
+        let (c, m) = t5_small();
+        let fixed = Fixed {
+            batch: Some(8),
+            ..Fixed::default()
+        };
+        let p = auto(&c, &m, &budget(64), fixed).unwrap();
+        assert_eq!((p.config.batch, p.config.accum), (8, 4));
+        let err = auto(&c, &m, &budget(1), Fixed::default()).unwrap_err();
+        assert!(matches!(err, PlanError::DoesNotFit(_)), "{err}");
+        assert!(err.to_string().contains("--budget-ram"), "{err}");
+    }
+
+    #[test]
+    fn chatlm_v8_sets_accumulation_below_10_gib_only() {
+        let (c, m) = t5_small();
+        let v8 = PolicyChoice::parse("chatlm-v8").unwrap();
+        let low = planned_start(&c, &m, &budget(64), Fixed::default(), v8, 6 << 30).unwrap();
+        assert_eq!((low.config.batch, low.config.accum), (16, 4));
+        assert_eq!(low.planning["policy"], "chatlm-v8");
+        assert!(low.planning["decision"]["rule"].is_object());
+        let high = planned_start(&c, &m, &budget(64), Fixed::default(), v8, 12 << 30).unwrap();
+        assert_eq!((high.config.batch, high.config.accum), (16, 2));
+        assert!(high.planning["decision"]["rule"].is_null());
+        let v3 = PolicyChoice::parse("chatlm-v3").unwrap();
+        assert!(matches!(
+            planned_start(&c, &m, &budget(64), Fixed::default(), v3, 6 << 30),
+            Err(PlanError::Input(_))
+        ));
+        assert!(
+            PolicyChoice::parse("chatlm-v9")
+                .unwrap_err()
+                .contains("auto, chatlm-v8")
+        );
     }
 }

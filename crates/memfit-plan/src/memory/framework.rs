@@ -71,11 +71,6 @@ pub const PYTORCH_CUDA_RUNTIME_RSS: u64 = 2960 * MIB;
 /// CPU libtorch + Python + transformers imports are commonly reported at 0.4–0.6 GB.
 pub const PYTORCH_CPU_RUNTIME_RSS: u64 = 512 * MIB;
 
-/// Host RSS of the memfit trainer before its model: the binary, burn's CPU backend thread pool
-/// and the tokenizer. A placeholder until the trainer lands: replace it with the baseline that
-/// `memfit bench train --json` measures (its `peak_rss_bytes` minus model and activations).
-pub const MEMFIT_RUNTIME_RSS: u64 = 96 * MIB;
-
 /// A PyTorch DataLoader worker is a forked Python process; what it adds beyond copy-on-write
 /// sharing (refcount writes un-share pages, torch docs "Multi-process data loading") plus collate
 /// buffers and its allocator arenas. An estimate, not measured here.

@@ -32,6 +32,10 @@ impl Ledger {
 }
 
 pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
+    if (setup.runtime, setup.device) == (Runtime::Memfit, Device::Cpu) {
+        // memfit's own trainer: its host model is measured (validation/memfit_grid.csv)
+        return super::memfit_host::host(arch, setup);
+    }
     let ranks = setup.gpus.max(1);
     let st = model_states(arch, setup);
     let wb = setup.precision.weight_bytes();
@@ -39,7 +43,7 @@ pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
     let runtime = match (setup.runtime, setup.device) {
         (Runtime::Pytorch, Device::Cuda) => framework::PYTORCH_CUDA_RUNTIME_RSS,
         (Runtime::Pytorch, Device::Cpu) => framework::PYTORCH_CPU_RUNTIME_RSS,
-        (Runtime::Memfit, _) => framework::MEMFIT_RUNTIME_RSS,
+        (Runtime::Memfit, _) => super::memfit_host::fitted::RUNTIME_RSS,
     };
     let mut l = Ledger {
         components: Vec::new(),

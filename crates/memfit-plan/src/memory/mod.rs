@@ -5,6 +5,8 @@
 //! - [`activations`] — saved tensors per block, logits, autocast copies, temporaries.
 //! - [`framework`]   — measured constants of the software stack (CUDA context, allocator, NCCL…).
 //! - [`gpu`] / [`host`] — the two peaks, assembled from the above.
+//! - [`memfit_host`] — the host peak of memfit's own trainer on the CPU, from what it holds
+//!   (measured by `memfit bench memory-grid`).
 //!
 //! GPU peak = persistent state + max over phases (forward/backward with activations; optimizer
 //! step with its temporaries) + framework overheads + allocator slack (DESIGN.md §2).
@@ -13,6 +15,7 @@ pub mod activations;
 pub mod framework;
 pub mod gpu;
 pub mod host;
+pub mod memfit_host;
 pub mod setup;
 pub mod states;
 

@@ -6,6 +6,7 @@
 //! offload, loader workers and pinned memory. Fixed by the request: model, task, lengths, method
 //! (LoRA/QLoRA/freeze settings), optimizer, runtime, GPU count.
 
+pub mod policy;
 pub mod throughput;
 pub mod tiers;
 
@@ -41,6 +42,24 @@ pub struct Request {
     /// Samples per optimizer step over all ranks.
     pub target_batch: u64,
     pub budget: Budget,
+}
+
+/// Settings the user fixed: the search keeps only setups that agree with them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Fixed {
+    pub batch: Option<u64>,
+    pub accum: Option<u64>,
+    pub precision: Option<Precision>,
+    pub grad_ckpt: Option<bool>,
+}
+
+impl Fixed {
+    fn allows(&self, s: &Setup) -> bool {
+        self.batch.is_none_or(|b| b == s.batch)
+            && self.accum.is_none_or(|a| a == s.accum)
+            && self.precision.is_none_or(|p| p == s.precision)
+            && self.grad_ckpt.is_none_or(|g| g == s.grad_ckpt)
+    }
 }
 
 /// One evaluated setup.
@@ -143,6 +162,27 @@ fn precisions(device: Device) -> &'static [Precision] {
 
 /// Runs the search.
 pub fn plan(arch: &Arch, req: &Request, fw: &Framework) -> Result<Plan, String> {
+    plan_with(arch, req, fw, &Fixed::default())
+}
+
+/// Loader options: memfit's trainer reads its memory-mapped token store on the training thread
+/// (no loader workers, nothing to pin); a PyTorch DataLoader can have workers and pinned memory.
+fn loader_options(setup: &Setup) -> &'static [(u64, bool)] {
+    match (setup.runtime, setup.device) {
+        (memory::Runtime::Memfit, _) => &[(0, false)],
+        (_, Device::Cpu) => &[(0, false), (2, false)],
+        _ => &[(0, false), (2, false), (2, true)],
+    }
+}
+
+/// Runs the search, keeping only setups that agree with `fixed`. Micro-batches that do not divide
+/// the target batch are still tried when fixed (accumulation then rounds up).
+pub fn plan_with(
+    arch: &Arch,
+    req: &Request,
+    fw: &Framework,
+    fixed: &Fixed,
+) -> Result<Plan, String> {
     let mut base = req.base.clone();
     base.device = if req.budget.gpu_bytes.is_some() {
         Device::Cuda
@@ -168,11 +208,14 @@ pub fn plan(arch: &Arch, req: &Request, fw: &Framework) -> Result<Plan, String> 
     for &(zero, off_opt, off_params) in &zero_options(&base) {
         for &precision in precisions(base.device) {
             for grad_ckpt in [false, true] {
-                for &micro in &micro_batches(per_rank) {
-                    for (workers, pin) in [(0, false), (2, false), (2, true)] {
-                        if pin && base.device == Device::Cpu {
-                            continue;
-                        }
+                let mut micros = micro_batches(per_rank);
+                if let Some(b) = fixed.batch
+                    && !micros.contains(&b)
+                {
+                    micros.push(b);
+                }
+                for &micro in &micros {
+                    for &(workers, pin) in loader_options(&base) {
                         let mut s = base.clone();
                         s.zero = zero;
                         s.offload_optimizer = off_opt;
@@ -180,9 +223,12 @@ pub fn plan(arch: &Arch, req: &Request, fw: &Framework) -> Result<Plan, String> 
                         s.precision = precision;
                         s.grad_ckpt = grad_ckpt;
                         s.batch = micro;
-                        s.accum = per_rank / micro;
+                        s.accum = per_rank.div_ceil(micro).max(1);
                         s.workers = workers;
                         s.pin_memory = pin;
+                        if !fixed.allows(&s) {
+                            continue;
+                        }
                         let Ok(estimate) = memory::estimate(arch, &s, fw) else {
                             continue;
                         };

@@ -2,6 +2,7 @@
 
 use super::data::data_error;
 use crate::exit::Outcome;
+use anyhow::Context;
 use clap::Subcommand;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,6 +19,22 @@ enum BenchCommand {
     Data(DataArgs),
     /// Train on synthetic tokens; seconds per step, tokens/s, peak RSS (DESIGN.md §3).
     Train(super::bench_train::Args),
+    /// Measure the host-memory grid of the trainer (one `bench train` process per point) and
+    /// compare each peak RSS with memfit-plan's model (`--runtime memfit --device cpu`).
+    MemoryGrid(GridArgs),
+}
+
+#[derive(clap::Args)]
+struct GridArgs {
+    /// Write the measurements as CSV here (validation/memfit_grid.csv is the committed one).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Only these points (comma-separated ids; default: all).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Print the compared rows as JSON lines.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -40,7 +57,63 @@ pub fn run(args: Args) -> Outcome {
     match args.command {
         BenchCommand::Data(a) => data(a),
         BenchCommand::Train(a) => super::bench_train::run(a),
+        BenchCommand::MemoryGrid(a) => memory_grid(a),
     }
+}
+
+fn memory_grid(a: GridArgs) -> Outcome {
+    use memfit_plan::grid;
+    let points: Vec<&grid::Point> = grid::POINTS
+        .iter()
+        .filter(|p| a.only.is_empty() || a.only.iter().any(|o| o == p.id))
+        .collect();
+    if let Some(unknown) = a
+        .only
+        .iter()
+        .find(|o| !grid::POINTS.iter().any(|p| p.id == o.as_str()))
+    {
+        return Err(crate::exit::bad_input(format!(
+            "--only {unknown:?}: no such point; the points are {}",
+            grid::POINTS
+                .iter()
+                .map(|p| p.id)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    let exe = std::env::current_exe().context("locating the memfit binary")?;
+    let bar = indicatif::ProgressBar::new(points.len() as u64);
+    let mut measured = Vec::new();
+    for p in points {
+        bar.set_message(p.id);
+        measured.push(memfit_train::bench::measure_grid_point(&exe, p)?);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let text = grid::csv(&measured);
+    if let Some(out) = &a.out {
+        let tmp = out.with_extension("csv.tmp");
+        std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, out).with_context(|| format!("writing {}", out.display()))?;
+    }
+    let rows = grid::compare(&text).map_err(anyhow::Error::msg)?;
+    if a.json {
+        for r in &rows {
+            println!(
+                "{}",
+                serde_json::json!({"id": r.id, "setup": r.setup, "measured_bytes": r.measured_bytes,
+                    "predicted_bytes": r.predicted_bytes, "error": r.error})
+            );
+        }
+    } else {
+        print!("{}", grid::markdown_table(&rows));
+        println!(
+            "worst |error| {:.1}% over {} points",
+            100.0 * grid::worst_abs_error(&rows),
+            rows.len()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn data(a: DataArgs) -> Outcome {

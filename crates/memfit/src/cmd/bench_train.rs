@@ -40,6 +40,9 @@ pub struct Args {
     precision: String,
     #[arg(long, value_parser = ["adamw", "adafactor"], default_value = "adamw")]
     optimizer: String,
+    /// Frozen groups, comma-separated: embeddings, encoder, decoder.
+    #[arg(long, value_delimiter = ',')]
+    freeze: Vec<String>,
     /// Seed of the initial weights, the tokens and dropout.
     #[arg(long, default_value_t = 1234)]
     seed: u64,
@@ -54,6 +57,17 @@ pub fn run(args: Args) -> Outcome {
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let freeze = args
+        .freeze
+        .iter()
+        .map(|g| {
+            memfit_train::model::Group::parse(g).ok_or_else(|| {
+                bad_input(format!(
+                    "--freeze {g:?}: expected embeddings, encoder or decoder"
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let setup = BenchSetup {
         model_name: args.model.clone(),
         config,
@@ -70,6 +84,7 @@ pub fn run(args: Args) -> Outcome {
             Precision::F32
         },
         optimizer: args.optimizer.clone(),
+        freeze,
         seed: args.seed,
     };
     let quiet = args.json;

@@ -19,6 +19,8 @@ use memfit_train::{
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod budget;
+
 #[derive(clap::Args)]
 pub struct Args {
     /// Run directory (default: runs/<UTC timestamp>).
@@ -110,33 +112,23 @@ pub struct Args {
     /// Metric that picks best/.
     #[arg(long, value_parser = ["bleu4", "valid-loss"])]
     best_metric: Option<String>,
-    /// Host-memory budget the summary checks the peak RSS against (e.g. 2GiB, 512MiB, bytes).
+    /// RAM budget the start is planned for and the run keeps (e.g. 8GiB, 1500MB, 60%; default:
+    /// 80% of the effective available memory, cgroup limits included). `--budget` is an alias.
+    #[arg(long, alias = "budget", value_name = "SIZE|PCT")]
+    budget_ram: Option<String>,
+    /// GPU memory budget (recorded in plan.json; this trainer computes on the CPU).
+    #[arg(long, value_name = "SIZE")]
+    budget_gpu: Option<String>,
+    /// How the start is chosen: auto (the planner: fastest setup predicted to fit the budget),
+    /// chatlm-v8 or chatlm-v3 (the seed's start-up tables).
+    #[arg(long, default_value = "auto")]
+    policy: String,
+    /// Print the planned start and exit (no run directory).
     #[arg(long)]
-    budget: Option<String>,
+    plan_only: bool,
     /// Print the summary as one JSON object.
     #[arg(long)]
     json: bool,
-}
-
-fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let t = s.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| bad_input(format!("--budget {s:?}: expected a size like 2GiB")))?;
-    let mult = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1u64,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "kb" => 1000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        _ => return Err(bad_input(format!("--budget {s:?}: unknown unit {unit:?}"))),
-    };
-    Ok((n * mult as f64) as u64)
 }
 
 impl Args {
@@ -184,7 +176,11 @@ impl Args {
                 "valid-loss" => BestMetric::ValidLoss,
                 _ => BestMetric::Bleu4,
             }),
-            memory_budget_bytes: self.budget.as_deref().map(parse_size).transpose()?,
+            // a new budget is bookkeeping: on --resume it applies without re-planning
+            memory_budget_bytes: match self.budget_ram {
+                Some(_) => Some(budget::budget(self)?.ram_bytes),
+                None => None,
+            },
             ..ConfigLayer::default()
         })
     }
@@ -274,7 +270,9 @@ pub fn run(args: Args) -> Outcome {
         free_space: checkpoint::free_bytes,
         expected_bytes: bytes,
     };
-    // 1. The run directory and its resolved config (a new run, or the one to continue).
+    // 1. The run directory and its resolved config (a new run, planned within its budget, or the one
+    // to continue).
+    let mut planned: Option<serde_json::Value>;
     let (root, mut config, demo_config) = match &args.resume {
         Some(dir) => {
             let text = std::fs::read_to_string(dir.join("config.toml")).map_err(|e| {
@@ -287,15 +285,35 @@ pub fn run(args: Args) -> Outcome {
                 .map_err(|e| bad_input(e.to_string()))?;
             // The flags as the session will apply them (it refuses trajectory changes unless allowed).
             args.layer()?.apply(&mut config);
+            // the planned start stays the run's: plan.json keeps it across resumes
+            planned = std::fs::read_to_string(dir.join("plan.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .and_then(|v| v.get("planning").cloned());
             let demo = dir.join("demo/config.json");
             (dir.clone(), config, demo.is_file().then_some(demo))
         }
         None => {
             let config = resolve_new(&args)?;
+            let model_json = if config.model == "demo" {
+                demo::model_config(demo::vocabulary().len())
+            } else {
+                model_spec::model_config(&config.model, None)
+                    .map_err(|e| bad_input(e.to_string()))?
+            };
+            let start = budget::plan_start(&args, &config, &model_json)?;
+            if args.plan_only {
+                if args.json {
+                    println!("{}", start.planning);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            planned = Some(start.planning);
             let root = args.out.clone().unwrap_or_else(default_out);
-            (root, config, None)
+            (root, start.config, None)
         }
     };
+
     // Compute threads first: the data preparation below already starts the shared thread pool.
     engine_setup::set_threads(&config).map_err(|e| bad_input(e.to_string()))?;
     let (mut config_for_data, mut demo_config) = (config.clone(), demo_config);
@@ -317,10 +335,6 @@ pub fn run(args: Args) -> Outcome {
         std::fs::write(&probe, b"")
             .map_err(|e| bad_input(format!("--out {}: not writable: {e}", root.display())))?;
         let _ = std::fs::remove_file(&probe);
-        if config.data.is_some() && args.budget.is_none() {
-            // The 1 GiB default budget is the demo's; a real run states its own (--budget).
-            config.memory_budget_bytes = None;
-        }
         if config.data.is_none() {
             let files = demo::write(&root.join("demo"), config.seed).with_context(|| {
                 format!("writing the demo task into {}", root.join("demo").display())
@@ -416,7 +430,12 @@ pub fn run(args: Args) -> Outcome {
         None => None,
     };
     match plan_file::plan(&config, &model_json, data.train.0.len() as u64) {
-        Ok(plan) => s.run.write_plan(&plan)?,
+        Ok(mut plan) => {
+            if let Some(planning) = planned.take() {
+                plan["planning"] = planning;
+            }
+            s.run.write_plan(&plan)?
+        }
         Err(e) => eprintln!("warning: no plan.json: memfit-plan cannot estimate this setup: {e}"),
     }
     let params_line = format!(

@@ -1,0 +1,135 @@
+//! The planned start of `memfit train`: the RAM budget (`--budget-ram SIZE|PCT`, default 80% of the
+//! effective available memory memfit-sys reports), the policy (`--policy`), and the plan
+//! `memfit_train::plan_file::planned_start` makes from them. Parsing and printing only.
+
+use super::Args;
+use crate::exit::{bad_input, does_not_fit};
+use memfit_plan::search::Fixed;
+use memfit_sys::units::{SizeOrPercent, parse_size};
+use memfit_train::config::{Precision, TrainConfig};
+use memfit_train::plan_file::{self, Budget, PlanError, PlannedStart, PolicyChoice};
+use serde_json::Value;
+
+/// The default share of the effective available memory a run plans for.
+const DEFAULT_SHARE: f64 = 0.80;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Effective available memory: MemAvailable capped by the cgroup's headroom (memfit-sys).
+fn available() -> anyhow::Result<u64> {
+    let mem = memfit_sys::probe::host_memory()?;
+    Ok(mem.effective_available_bytes)
+}
+
+/// `--budget-ram` as typed → bytes; exit 2 naming the value when it is not a size or a percentage.
+pub fn parse_ram(
+    text: &str,
+    available: &dyn Fn() -> anyhow::Result<u64>,
+) -> anyhow::Result<Budget> {
+    let amount =
+        SizeOrPercent::parse(text).map_err(|e| bad_input(format!("--budget-ram {text:?}: {e}")))?;
+    let (bytes, source) = match amount {
+        SizeOrPercent::Bytes(b) => (b, format!("--budget-ram {text}")),
+        SizeOrPercent::Fraction(f) => {
+            let avail = available()?;
+            (
+                (avail as f64 * f) as u64,
+                format!(
+                    "--budget-ram {text} of {:.2} GiB effective available",
+                    avail as f64 / GIB
+                ),
+            )
+        }
+    };
+    if bytes == 0 {
+        return Err(bad_input(format!(
+            "--budget-ram {text:?}: the budget must be more than 0 bytes"
+        )));
+    }
+    Ok(Budget {
+        ram_bytes: bytes,
+        ram_source: source,
+        gpu_bytes: None,
+    })
+}
+
+/// The budget of a run: the flag, else 80% of the effective available memory.
+pub fn budget(args: &Args) -> anyhow::Result<Budget> {
+    let mut budget = match args.budget_ram.as_deref() {
+        Some(text) => parse_ram(text, &available)?,
+        None => {
+            let avail = available()?;
+            Budget {
+                ram_bytes: (avail as f64 * DEFAULT_SHARE) as u64,
+                ram_source: format!(
+                    "default: 80% of {:.2} GiB effective available (MemAvailable, cgroup limits)",
+                    avail as f64 / GIB
+                ),
+                gpu_bytes: None,
+            }
+        }
+    };
+    budget.gpu_bytes = args
+        .budget_gpu
+        .as_deref()
+        .map(|t| parse_size(t).map_err(|e| bad_input(format!("--budget-gpu {t:?}: {e}"))))
+        .transpose()?;
+    Ok(budget)
+}
+
+/// The flags that fix part of the setup.
+fn fixed(args: &Args) -> Fixed {
+    Fixed {
+        batch: args.batch.map(|b| b as u64),
+        accum: args.accum.map(|a| a as u64),
+        precision: args.precision.as_deref().map(|p| match p {
+            "bf16" => memfit_plan::memory::Precision::Bf16,
+            _ => memfit_plan::memory::Precision::Fp32,
+        }),
+        grad_ckpt: args.grad_ckpt.then_some(true),
+    }
+}
+
+/// Plans the start of a new run: prints the plan (stderr), returns it; exit 3 when nothing fits.
+pub fn plan_start(
+    args: &Args,
+    config: &TrainConfig,
+    model_json: &Value,
+) -> anyhow::Result<PlannedStart> {
+    let choice = PolicyChoice::parse(&args.policy).map_err(bad_input)?;
+    let budget = budget(args)?;
+    // the policy tables read the machine's available memory, not the budget
+    let avail = available()?;
+    let planned = plan_file::planned_start(config, model_json, &budget, fixed(args), choice, avail)
+        .map_err(|e| match e {
+            PlanError::Input(m) => bad_input(m),
+            PlanError::DoesNotFit(m) => does_not_fit(m),
+        })?;
+    for line in &planned.lines {
+        eprintln!("{line}");
+    }
+    if planned.config.precision == Precision::Bf16 && config.precision != Precision::Bf16 {
+        eprintln!("  note: bf16 was chosen to fit the budget (burn's flex backend runs it slower)");
+    }
+    Ok(planned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_percentages() {
+        let avail = || Ok(10u64 << 30);
+        assert_eq!(parse_ram("2GiB", &avail).unwrap().ram_bytes, 2 << 30);
+        let half = parse_ram("50%", &avail).unwrap();
+        assert_eq!(half.ram_bytes, 5 << 30);
+        assert!(half.ram_source.contains("10.00 GiB"), "{}", half.ram_source);
+        for bad in ["lots", "150%", "0", "-1GiB", "2 parsecs"] {
+            let err = parse_ram(bad, &avail).unwrap_err();
+            let exit = err.downcast_ref::<crate::exit::Exit>().unwrap();
+            assert_eq!(exit.code, 2);
+            assert!(exit.message.contains(bad), "{}", exit.message);
+        }
+    }
+}

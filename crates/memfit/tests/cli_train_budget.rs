@@ -1,0 +1,179 @@
+//! `memfit train`'s planned start as a user runs it: a smaller budget plans a leaner start with the
+//! same effective batch, flags are constraints, exit 3 when nothing fits, bad budgets → exit 2, and
+//! a run's plan.json / config.toml carry the plan and its budget.
+
+use std::process::{Command, Output};
+
+fn memfit(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memfit"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// A run.toml whose batch and accumulation the planner may change (they are not flags).
+fn config_file(dir: &std::path::Path) -> String {
+    let path = dir.join("run.toml");
+    std::fs::write(&path, "model = \"t5-small\"\nbatch = 16\naccum = 2\n").unwrap();
+    path.display().to_string()
+}
+
+/// `--plan-only --json` of t5-small at 256 + 256 tokens with `extra` flags: (exit code, planning).
+fn plan(config: &str, extra: &[&str]) -> (i32, serde_json::Value, String) {
+    let mut args = vec![
+        "train",
+        "--plan-only",
+        "--json",
+        "--config",
+        config,
+        "--seq",
+        "256",
+        "--tgt-seq",
+        "256",
+    ];
+    args.extend_from_slice(extra);
+    let out = memfit(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code().unwrap_or(-1), v, stderr)
+}
+
+fn chosen(v: &serde_json::Value) -> (u64, u64, bool) {
+    let s = &v["chosen"]["settings"];
+    (
+        s["batch"].as_u64().unwrap(),
+        s["accum"].as_u64().unwrap(),
+        s["grad_ckpt"].as_bool().unwrap(),
+    )
+}
+
+#[test]
+fn a_smaller_budget_plans_a_leaner_start_and_keeps_the_effective_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path());
+    let (code, roomy, err) = plan(&config, &["--budget-ram", "64GiB"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("planned start (auto"), "{err}");
+    let (code, tight, err) = plan(&config, &["--budget-ram", "3GiB"]);
+    assert_eq!(code, 0, "{err}");
+    let (rb, ra, rc) = chosen(&roomy);
+    let (tb, ta, tc) = chosen(&tight);
+    assert_eq!(rb * ra, 32);
+    assert_eq!(tb * ta, 32);
+    assert!(
+        tb < rb || (tc && !rc),
+        "roomy {rb}×{ra} ckpt {rc}, tight {tb}×{ta} ckpt {tc}"
+    );
+    let peak = |v: &serde_json::Value| v["predicted_peak_rss_bytes"].as_u64().unwrap();
+    assert!(peak(&tight) <= 3 << 30);
+    assert!(peak(&tight) < peak(&roomy));
+    assert_eq!(tight["budget"]["ram_bytes"], 3u64 << 30);
+    assert!(tight["alternatives"].is_array());
+}
+
+#[test]
+fn explicit_flags_are_respected_as_constraints() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path());
+    // unconstrained, a roomy budget takes the whole effective batch (16 × 2) in one micro-batch
+    let (code, v, err) = plan(&config, &["--budget-ram", "64GiB"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(chosen(&v), (32, 1, false));
+    // --batch 8 fixes the micro-batch; the effective batch is then 8 × the configured accum 2
+    let (code, v, err) = plan(&config, &["--budget-ram", "64GiB", "--batch", "8"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(chosen(&v), (8, 2, false));
+    assert_eq!(v["fixed_by_flags"]["batch"], 8);
+    let (code, v, err) = plan(&config, &["--budget-ram", "64GiB", "--grad-ckpt"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(chosen(&v).2);
+    assert_eq!(v["fixed_by_flags"]["grad_ckpt"], true);
+}
+
+#[test]
+fn nothing_fits_exits_3_with_the_shortfall() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path());
+    let (code, _, err) = plan(&config, &["--budget-ram", "300MiB"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("nothing fits") && err.contains("300MiB"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_budgets_and_policies_exit_2_naming_the_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path());
+    for (flags, named) in [
+        (&["--budget-ram", "lots"][..], "lots"),
+        (&["--budget-ram", "250%"][..], "250%"),
+        (&["--budget", "0"][..], "\"0\""),
+        (&["--budget-gpu", "8 parsecs"][..], "8 parsecs"),
+        (&["--policy", "chatlm-v9"][..], "chatlm-v9"),
+        (&["--policy", "chatlm-v3"][..], "chatlm-v3"),
+    ] {
+        let (code, _, err) = plan(&config, flags);
+        assert_eq!(code, 2, "{flags:?}: {err}");
+        assert!(err.contains(named), "{flags:?}: {err}");
+    }
+}
+
+#[test]
+fn chatlm_v8_policy_decision_is_printed_and_planned() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path());
+    let (code, v, err) = plan(&config, &["--policy", "chatlm-v8", "--budget-ram", "64GiB"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("chatlm-v8"), "{err}");
+    assert_eq!(v["policy"], "chatlm-v8");
+    // the table's threshold is 10 GiB of available memory: the decision follows this machine
+    let avail = v["available_bytes"].as_u64().unwrap();
+    let expected_accum = if avail < 10 << 30 { 4 } else { 2 };
+    assert_eq!(chosen(&v).1, expected_accum);
+    assert_eq!(chosen(&v).0, 16);
+}
+
+#[test]
+fn a_run_writes_its_plan_and_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = memfit(&[
+        "train",
+        "--out",
+        run.to_str().unwrap(),
+        "--max-steps",
+        "1",
+        "--threads",
+        "1",
+        "--eval-rows",
+        "2",
+        "--budget-ram",
+        "2GiB",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("plan.json")).unwrap()).unwrap();
+    for key in ["model", "setup", "host"] {
+        assert!(!plan[key].is_null(), "plan.json lacks {key}");
+    }
+    let planning = &plan["planning"];
+    assert_eq!(planning["policy"], "auto");
+    assert_eq!(planning["budget"]["ram_bytes"], 2u64 << 30);
+    assert_eq!(planning["budget"]["ram_source"], "--budget-ram 2GiB");
+    assert!(planning["considered"].as_u64().unwrap() > 1);
+    assert_eq!(planning["data_loading"]["workers"], 0);
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(
+        config.contains(&format!("memory_budget_bytes = {}", 2u64 << 30)),
+        "{config}"
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["budget_bytes"], 2u64 << 30);
+}
