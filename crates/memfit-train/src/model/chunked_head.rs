@@ -16,7 +16,8 @@ use crate::model::loss::masked_nll_sum;
 use crate::model::t5::T5Forward;
 
 /// Logit elements per chunk: 8 Mi f32 = 32 MiB (a 32k vocabulary gives 256 rows); small enough
-/// to be negligible beside activations, large enough that the head's GEMM stays efficient.
+/// to be negligible beside activations, large enough that the head's GEMM stays efficient. The
+/// planner's host model uses the same figure (`memfit_host::HEAD_CHUNK_LOGITS`; a test checks).
 pub const CHUNK_LOGITS: usize = 8 << 20;
 
 /// The targets of a micro-batch and how to run the head over them.
@@ -171,6 +172,14 @@ mod tests {
         let loss: f32 = loss.into_scalar();
         assert!((loss - reference).abs() < 1e-6, "{loss} vs {reference}");
         (loss, head_grad, hidden_grad)
+    }
+
+    #[test]
+    fn the_planner_models_this_chunk_size() {
+        assert_eq!(
+            CHUNK_LOGITS as u64,
+            memfit_plan::memory::memfit_host::HEAD_CHUNK_LOGITS
+        );
     }
 
     #[test]
