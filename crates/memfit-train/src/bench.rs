@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use crate::engine::{Engine, Seq2SeqBatch};
 use crate::model::dropout::SplitMix64;
+use crate::model::flops::t5_training_flops;
 use crate::model::{ModelError, T5Config};
 use crate::optim::{AdafactorConfig, AdafactorLr, AdamWConfig, OptimizerConfig};
 use crate::t5_engine::{EngineOptions, Precision, T5Engine, set_threads};
@@ -61,6 +62,14 @@ pub struct BenchReport {
     /// Every step's wall time, seconds.
     pub step_seconds: Vec<f64>,
     pub params_total: u64,
+    /// Model FLOPs of one optimizer step (forward + backward matmuls; no recomputation).
+    pub model_flops_per_step: f64,
+    /// One core's peak f32 FLOP/s (cpuinfo clock × FMA width; `None` when the clock is unknown).
+    pub cpu_peak_flops_per_core: Option<f64>,
+    /// Model FLOPs utilisation per CPU-second: model FLOPs ÷ (CPU-seconds × one core's peak). It
+    /// equals the usual wall-clock MFU when every thread is busy, and stays comparable on a
+    /// machine others are loading.
+    pub mfu: Option<f64>,
 }
 
 /// A model spec on the command line: `tiny` (issue 6's configuration a: vocab 8000, d_model 256,
@@ -242,14 +251,26 @@ pub fn run(
         on_step(step, loss, dt);
     }
     let sec = median(&seconds[WARMUP_STEPS..]);
+    let cpu_sec = median(&cpu[WARMUP_STEPS..]);
     let tokens = (setup.batch * setup.accum * (setup.src_len + setup.tgt_len)) as f64;
+    let frozen = |g| setup.freeze.contains(&g);
+    let encoder_backward =
+        !(frozen(crate::model::Group::Embeddings) && frozen(crate::model::Group::Encoder));
+    let model_flops = t5_training_flops(
+        &setup.config,
+        setup.batch * setup.accum,
+        setup.src_len,
+        setup.tgt_len,
+        encoder_backward,
+    );
+    let peak = memfit_sys::probe::cpu::cpu().and_then(|c| c.peak_f32_flops_per_core());
     let precision = match setup.precision {
         Precision::F32 => "fp32",
         Precision::Bf16 => "bf16",
     };
     Ok(BenchReport {
         sec_per_step_median: sec,
-        cpu_sec_per_step_median: median(&cpu[WARMUP_STEPS..]),
+        cpu_sec_per_step_median: cpu_sec,
         tokens_per_s: tokens / sec,
         peak_rss_bytes: peak_rss_bytes(),
         loss_first: losses[0],
@@ -267,6 +288,11 @@ pub fn run(
         }),
         params_total: engine.param_counts().total,
         step_seconds: seconds,
+        model_flops_per_step: model_flops,
+        cpu_peak_flops_per_core: peak,
+        mfu: peak
+            .filter(|_| cpu_sec > 0.0)
+            .map(|p| model_flops / (cpu_sec * p)),
     })
 }
 

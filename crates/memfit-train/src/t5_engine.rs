@@ -12,6 +12,7 @@ use burn::tensor::{DType, FloatDType, Gradients, TensorData};
 
 use crate::engine::{Engine, GenerateConfig, ParamCounts, Seq2SeqBatch, StepStats};
 use crate::model::block_ckpt::{self, MicroBatch, Trainable};
+use crate::model::chunked_head::{CHUNK_LOGITS, HeadInputs, loss_through_head};
 use crate::model::dropout::Dropout;
 use crate::model::loss::{masked_cross_entropy, shift_right};
 use crate::model::t5::{T5Forward, padding_mask};
@@ -332,6 +333,83 @@ impl T5Engine {
         masked_cross_entropy(logits, &batch.labels, &batch.label_mask)
     }
 
+    /// Whether a micro-batch can run on the master weights' own buffers: on the flex (CPU) backend in
+    /// f32 a device tensor can take a host `Vec<f32>` without copying it, so the weights exist once
+    /// instead of twice (master + device copy) while the step's activations are alive.
+    fn lends_weights(&self) -> bool {
+        self.options.backend == Backend::Flex && self.options.precision == Precision::F32
+    }
+
+    /// Moves the master weights into device tensors (no copy); [`Self::reclaim_weights`] moves them
+    /// back. In between, `model.weights` holds empty vectors.
+    fn lend_weights(&mut self) -> Vec<Tensor<2>> {
+        let specs = &self.model.layout.specs;
+        self.model
+            .weights
+            .iter_mut()
+            .zip(specs)
+            .map(|(w, spec)| {
+                Tensor::from_data(
+                    TensorData::new(std::mem::take(w), spec.kind.shape()),
+                    (&self.device, DType::F32),
+                )
+            })
+            .collect()
+    }
+
+    /// Moves lent weights back (no copy when nothing else holds them, a copy otherwise).
+    fn reclaim_weights(&mut self, tensors: Vec<Tensor<2>>) -> Result<(), ModelError> {
+        for (w, t) in self.model.weights.iter_mut().zip(tensors) {
+            *w = to_f32_vec(t)?;
+        }
+        Ok(())
+    }
+
+    /// Forward + backward of one micro-batch on the untracked weights `plain`.
+    fn accumulate_with(
+        &mut self,
+        plain: &[Tensor<2>],
+        batch: &Seq2SeqBatch,
+        loss_scale: f32,
+        seed: u64,
+    ) -> Result<f32, ModelError> {
+        let leaves: Vec<Tensor<2>> = plain
+            .iter()
+            .zip(&self.trainable)
+            .map(|(t, &train)| {
+                let t = t.clone().autodiff();
+                if train { t.require_grad() } else { t }
+            })
+            .collect();
+        let mut drop = Dropout::new(seed, self.model.config.dropout_rate);
+        let loss = if self.options.grad_ckpt {
+            self.block_checkpointed_loss(plain, &leaves, batch, &mut drop, loss_scale)?
+        } else {
+            let fwd = T5Forward {
+                cfg: &self.model.config,
+                layout: &self.model.layout,
+                params: &leaves,
+                dtype: self.dtype(),
+            };
+            let inputs = self.device_inputs(batch, &self.train_device);
+            let encoded = fwd.encode(inputs.input_ids, &inputs.mask, &mut drop);
+            let out = fwd.decode(inputs.decoder_ids, &encoded, &inputs.mask, &mut drop);
+            let (acc, flags) = (&mut self.grads, &self.trainable);
+            // The one place the loss is scaled (by the loop's share for this micro-batch).
+            let head = HeadInputs {
+                labels: &batch.labels,
+                label_mask: &batch.label_mask,
+                loss_scale: loss_scale as f64,
+                chunk_logits: CHUNK_LOGITS,
+            };
+            let (loss, _) = loss_through_head(&fwd, out, head, &mut |grads| {
+                add_gradients(acc, flags, &leaves, grads)
+            })?;
+            loss
+        };
+        Ok(to_f32_vec(loss)?.first().copied().unwrap_or(f32::NAN))
+    }
+
     /// The loss of `batch` under per-block gradient checkpointing; its gradients (scaled by
     /// `loss_scale`) are added to the accumulators.
     fn block_checkpointed_loss(
@@ -417,18 +495,21 @@ fn to_f32_vec<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>, ModelError> {
         .map_err(|e| ModelError::Io(format!("reading a tensor back from the device: {e:?}")))
 }
 
-/// Adds the gradients of the trainable `leaves` found in `grads` to the host accumulators `acc`.
+/// Moves the gradients of the trainable `leaves` out of `grads` into the host accumulators `acc`
+/// (removing each as it goes, so a gradient never exists twice for long).
 fn add_gradients(
     acc: &mut [Option<Vec<f32>>],
     trainable: &[bool],
     leaves: &[Tensor<2>],
-    grads: &Gradients,
+    grads: &mut Gradients,
 ) -> Result<(), ModelError> {
     for (i, leaf) in leaves.iter().enumerate() {
         if !trainable[i] {
             continue;
         }
-        let Some(g) = leaf.grad(grads) else { continue };
+        let Some(g) = leaf.grad_remove(grads) else {
+            continue;
+        };
         let g = to_f32_vec(g)?;
         match &mut acc[i] {
             Some(a) => a.iter_mut().zip(&g).for_each(|(a, b)| *a += b),
@@ -448,26 +529,15 @@ impl Engine for T5Engine {
         seed: u64,
     ) -> Result<f32, ModelError> {
         self.check_batch(batch)?;
-        let plain = self.weights_on_device();
-        let leaves: Vec<Tensor<2>> = plain
-            .iter()
-            .zip(&self.trainable)
-            .map(|(t, &train)| {
-                let t = t.clone().autodiff();
-                if train { t.require_grad() } else { t }
-            })
-            .collect();
-        let mut drop = Dropout::new(seed, self.model.config.dropout_rate);
-        let loss = if self.options.grad_ckpt {
-            self.block_checkpointed_loss(&plain, &leaves, batch, &mut drop, loss_scale)?
-        } else {
-            let loss = self.loss(&leaves, batch, &self.train_device, &mut drop);
-            // The one place the loss is scaled (by 1/accum, from the loop).
-            let grads = (loss.clone() * loss_scale as f64).backward();
-            add_gradients(&mut self.grads, &self.trainable, &leaves, &grads)?;
-            loss
-        };
-        Ok(to_f32_vec(loss)?.first().copied().unwrap_or(f32::NAN))
+        if !self.lends_weights() {
+            let plain = self.weights_on_device();
+            return self.accumulate_with(&plain, batch, loss_scale, seed);
+        }
+        self.invalidate();
+        let plain = self.lend_weights();
+        let loss = self.accumulate_with(&plain, batch, loss_scale, seed);
+        self.reclaim_weights(plain)?;
+        loss
     }
 
     fn step(&mut self, lr: f64, max_grad_norm: Option<f64>) -> Result<StepStats, ModelError> {
@@ -678,5 +748,24 @@ pub mod decoding {
             assert_eq!(s, vec![1.0, -4.0, 2.0]);
             assert_eq!(argmax(&s), 2);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lent_weights_come_back_without_a_copy() {
+        // The point of lending: a Vec<f32> moved into a flex tensor and back keeps its buffer.
+        let w: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+        let ptr = w.as_ptr();
+        let t = Tensor::<2>::from_data(
+            TensorData::new(w, [64, 64]),
+            (&Device::flex(), DType::F32),
+        );
+        let back = to_f32_vec(t).unwrap();
+        assert_eq!(back.as_ptr(), ptr, "the buffer was copied");
+        assert_eq!(back[4095], 4095.0);
     }
 }

@@ -447,7 +447,10 @@ fn per_block_checkpointing_gives_the_same_loss_and_gradients() {
         let (ckpt_loss, ckpt) = loss_and_grads(cfg, options(true));
         for (p, c) in plain_loss.iter().zip(&ckpt_loss) {
             // The same ops on the same values; tracked and untracked kernels may round differently.
-            assert!((p - c).abs() <= 1e-6 * p.abs(), "freeze {freeze:?}: loss {p} vs {c}");
+            assert!(
+                (p - c).abs() <= 1e-6 * p.abs(),
+                "freeze {freeze:?}: loss {p} vs {c}"
+            );
         }
         let mut compared = 0;
         for (i, (p, c)) in plain.iter().zip(&ckpt).enumerate() {
@@ -490,7 +493,8 @@ fn cached_decoding_equals_the_full_decoder_at_every_position() {
         // 20 positions pass the tiny config's max distance (16): the log-spaced buckets are used.
         let (b, s, t) = (2, 7, 20);
         let b_src = copy_batch(&mut SplitMix64::new(4), b, s);
-        let ids = |v: Vec<i64>, len| Tensor::<2, Int>::from_data(TensorData::new(v, [b, len]), &device);
+        let ids =
+            |v: Vec<i64>, len| Tensor::<2, Int>::from_data(TensorData::new(v, [b, len]), &device);
         let src: Vec<i64> = b_src.input_ids.iter().map(|&i| i as i64).collect();
         let mask = padding_mask(&b_src.input_mask, b, s, &device, DType::F32);
         let mut drop = Dropout::disabled();
@@ -504,7 +508,9 @@ fn cached_decoding_equals_the_full_decoder_at_every_position() {
         for pos in 0..t {
             let column = (0..b).map(|r| dec[r * t + pos]).collect();
             let step = fwd.decode_step(ids(column, 1), &mut cache, &mask);
-            let want = full.clone().slice([0..b, pos..pos + 1, 0..model.config.d_model]);
+            let want = full
+                .clone()
+                .slice([0..b, pos..pos + 1, 0..model.config.d_model]);
             let diff: f32 = (step - want).abs().max().into_scalar();
             assert!(diff < 1e-5, "position {pos}: max abs diff {diff}");
         }

@@ -3,17 +3,18 @@
 //! The terms follow what `memfit-train`'s `T5Engine` holds (crates/memfit-train/src/t5_engine.rs):
 //!
 //! - **master weights**: every parameter as a host `Vec<f32>` (`model.weights`), 4 B/param;
-//! - **device weights**: the copy of all weights uploaded once per optimizer step
-//!   (`weights_on_device`), in the compute dtype (4 or 2 B/param; on the CPU backend it is RAM);
+//! - **device weights**: in f32 none while training (a micro-batch runs on the master weights'
+//!   own buffers, lent to the device tensors); in bf16 the converted copy uploaded per optimizer
+//!   step (2 B/param); an evaluation uploads a copy too (cached until the next micro-batch);
 //! - **optimizer states**: AdamW's two f32 moments (8 B per trained param), Adafactor's f32 row
 //!   and column factors; allocated zeroed (calloc, not resident) and touched by the first step;
 //! - **accumulated gradients**: a host `Vec<f32>` per trained tensor, filled after the backward pass
 //!   of the first micro-batch and kept until the optimizer step;
-//! - **device gradients**: burn's gradient container of one backward pass (compute dtype), alive
-//!   while it is copied into the host accumulation;
+//! - **device gradients**: burn's gradient container of one backward pass (compute dtype), moved
+//!   tensor by tensor into the host accumulation (in f32 the first micro-batch's become it);
 //! - **activations**: what burn's autodiff graph keeps for the backward pass of one micro-batch,
 //!   counted op by op from the T5 forward in crates/memfit-train/src/model/t5.rs (see
-//!   [`saved_elements`]), plus the attention matrices and the logits/loss tensors.
+//!   [`saved_bytes`]), plus the attention matrices and one chunk of the logits/loss tensors.
 //!
 //! The peak is the larger of two moments of a step: the end of the forward pass of a micro-batch
 //! (states + activations + logits; + accumulated gradients from the second micro-batch on) and the
@@ -29,6 +30,10 @@ use super::{Component, HostEstimate, Scaling};
 use crate::Task;
 use crate::arch::{Arch, Group};
 
+/// Logits per chunk of memfit-train's LM head (`model/chunked_head.rs` `CHUNK_LOGITS`, which a
+/// test there keeps equal to this): the loss never holds more than one chunk's logits.
+pub const HEAD_CHUNK_LOGITS: u64 = 8 << 20;
+
 /// Constants fitted to the measured grid (`validation/memfit_grid.csv`) by minimising the largest
 /// relative error over its points (a grid search over round values; docs/memory-model.md).
 pub mod fitted {
@@ -37,67 +42,76 @@ pub mod fitted {
     /// parameter model at 1 × 8 tokens, is 234 MiB of which 224 MiB are the counted states).
     pub const RUNTIME_RSS: u64 = 20_000_000;
     /// Resident share of the op-by-op count of saved block tensors ([`super::encoder_block`]).
-    /// Fitted: 1.15 — the count misses temporaries the allocator holds while the graph grows
+    /// Fitted: 1.10 — the count misses temporaries the allocator holds while the graph grows
     /// (re-laid-out heads before a matmul, broadcast copies of the norm's scale).
-    pub const BLOCK_SCALE: f64 = 1.15;
-    /// `batch × heads × q × k` matrices alive per attention at the end of the forward pass: the
-    /// softmax's exp output (kept by its division's backward), the dropout mask and the dropped-out
-    /// probabilities (kept by the probs·V matmul). Counted 3 from the code; the fit agrees (3).
-    pub const ATTENTION_COPIES: f64 = 3.0;
-    /// `target tokens × vocab` f32 buffers alive at the worst moment of the loss: the logits, the
-    /// max-shifted copy, its exp (kept by log_softmax's backward) and the log-probabilities, some
-    /// of which the allocator reuses. Fitted: 3.5.
+    pub const BLOCK_SCALE: f64 = 1.10;
+    /// One block's graph counted this many times at both moments of a checkpointed step: the
+    /// allocator keeps the freed temporaries of a block's untracked forward (or the block
+    /// recomputed before) resident beside what is live. Fitted: 1.6 (with 1.0 the checkpointed
+    /// points came out 5–11% low).
+    pub const RECOMPUTE_RETAINED: f64 = 1.6;
+    /// `batch × heads × q × k` matrices of the compute dtype alive per attention at the end of the
+    /// forward pass: the softmax's exp output (kept by its division's backward) and the dropped-out
+    /// probabilities (kept by the probs·V matmul); the dropout mask is counted apart (1 B). Counted
+    /// 2 from the code.
+    pub const ATTENTION_COPIES: f64 = 2.0;
+    /// f32 buffers of one head chunk (at most [`super::HEAD_CHUNK_LOGITS`] logits) alive at the
+    /// worst moment of the loss: the logits, the max-shifted copy, its exp (kept by log_softmax's
+    /// backward) and the log-probabilities, some of which the allocator reuses. Fitted: 3.5.
     pub const LOGITS_COPIES: f64 = 3.5;
 }
 
-/// Elements per token (of the compute dtype) one encoder block keeps for the backward pass.
+/// Bytes per token one encoder block keeps for the backward pass, activations in `cb`-byte elements
+/// and dropout masks as booleans (1 B: the engine's dropout is a `mask_fill` on a bool mask).
 ///
 /// With trained weights (d = d_model, i = heads × d_kv, f = d_ff):
 /// - residual stream in and after the attention sub-layer: 2d;
 /// - two RMS norms, each keeping `x·rsqrt(mean(x²)+ε)` (for the weight's gradient) and its product
 ///   with the weight (kept by the next linears): 4d;
-/// - two dropout masks after the sub-layers (f32 masks, burn's `x * mask`): 2d;
 /// - q, k, v (kept by the two attention matmuls) and the re-laid-out context (kept by `o`): 4i;
-/// - FFN: ReLU output, dropout mask and dropped-out activations (kept by `wo`): 3f.
+/// - FFN: ReLU output and dropped-out activations (kept by `wo`): 2f;
+/// - dropout masks: two after the sub-layers (2d) and the FFN's (f), 1 B each.
 ///
 /// A frozen block (its weights need no gradient, but its input does) keeps no linear inputs and no
-/// normed products: 2d residual + 2d masks, q, k, v (3i), ReLU output and mask (2f).
-fn encoder_block(arch: &Arch, trained: bool) -> u64 {
+/// normed products: 2d residual, q, k, v (3i), the ReLU output (f), and the same masks.
+fn encoder_block(arch: &Arch, trained: bool, cb: u64) -> u64 {
     let (d, f, i) = (arch.hidden, arch.ffn, arch.heads * arch.head_dim);
+    let masks = 2 * d + f;
     if trained {
-        8 * d + 4 * i + 3 * f
+        cb * (6 * d + 4 * i + 2 * f) + masks
     } else {
-        4 * d + 3 * i + 2 * f
+        cb * (2 * d + 3 * i + f) + masks
     }
 }
 
-/// Elements per decoder token one decoder block keeps: an encoder block's terms plus a
-/// cross-attention sub-layer (residual + norm + mask: 4d; q and context: 2i); with an encoder, also
-/// k and v over the encoder tokens ([`cross_kv`]).
-fn decoder_block(arch: &Arch) -> u64 {
+/// Bytes per decoder token one decoder block keeps: an encoder block's terms plus a
+/// cross-attention sub-layer (residual + norm: 3d; q and context: 2i; its dropout mask: d at 1 B);
+/// with an encoder, also k and v over the encoder tokens ([`cross_kv`]).
+fn decoder_block(arch: &Arch, cb: u64) -> u64 {
     let (d, i) = (arch.hidden, arch.heads * arch.head_dim);
     let cross = if arch.encoder_layers > 0 {
-        4 * d + 2 * i
+        cb * (3 * d + 2 * i) + d
     } else {
         0
     };
-    encoder_block(arch, true) + cross
+    encoder_block(arch, true, cb) + cross
 }
 
-/// Elements per encoder token each decoder block keeps: the cross-attention's k and v.
-fn cross_kv(arch: &Arch) -> u64 {
+/// Bytes per encoder token each decoder block keeps: the cross-attention's k and v.
+fn cross_kv(arch: &Arch, cb: u64) -> u64 {
     if arch.encoder_layers > 0 {
-        2 * arch.heads * arch.head_dim
+        cb * 2 * arch.heads * arch.head_dim
     } else {
         0
     }
 }
 
-/// Elements (of the compute dtype) the autodiff graph of one micro-batch keeps for the backward
-/// pass, without attention matrices and logits: every block ([`encoder_block`], [`decoder_block`])
-/// and, per stack, the embedding output and its dropout mask, the final norm and its dropout (6d).
-pub fn saved_elements(arch: &Arch, setup: &Setup) -> u64 {
+/// Bytes the autodiff graph of one micro-batch keeps for the backward pass, without attention
+/// matrices and logits: every block ([`encoder_block`], [`decoder_block`]) and, per stack, the
+/// embedding output, the final norm and its products (4d) and two dropout masks (2d at 1 B).
+pub fn saved_bytes(arch: &Arch, setup: &Setup, cb: u64) -> u64 {
     let d = arch.hidden;
+    let stack = cb * 4 * d + 2 * d;
     let (src, tgt) = lengths(arch, setup);
     let b = setup.batch;
     let mut total = 0;
@@ -107,11 +121,11 @@ pub fn saved_elements(arch: &Arch, setup: &Setup) -> u64 {
             .tensors
             .iter()
             .any(|t| t.group == Group::Encoder && base_trains(t, setup));
-        total += b * src * (arch.encoder_layers * encoder_block(arch, trained) + 6 * d);
+        total += b * src * (arch.encoder_layers * encoder_block(arch, trained, cb) + stack);
     }
     if arch.decoder_layers > 0 && live.1 {
-        total += b * tgt * (arch.decoder_layers * decoder_block(arch) + 6 * d);
-        total += b * src * arch.decoder_layers * cross_kv(arch);
+        total += b * tgt * (arch.decoder_layers * decoder_block(arch, cb) + stack);
+        total += b * src * arch.decoder_layers * cross_kv(arch, cb);
     }
     total
 }
@@ -139,6 +153,12 @@ fn attention_elements(arch: &Arch, setup: &Setup) -> (u64, u64) {
         shared += h * tgt * tgt;
     }
     (per_attention, shared)
+}
+
+/// Bytes of `matrices` attention-matrix elements: [`fitted::ATTENTION_COPIES`] in the compute
+/// dtype and the dropout mask at 1 B.
+fn attention_bytes(cb: u64, matrices: u64) -> u64 {
+    (fitted::ATTENTION_COPIES * (cb * matrices) as f64) as u64 + matrices
 }
 
 /// (source, target) lengths: seq2seq has both; other tasks one stream of `seq`.
@@ -177,9 +197,8 @@ fn checkpointed(arch: &Arch, setup: &Setup, cb: u64, logits: u64, accumulated: u
             + b * h * src * src
             + h * tgt * tgt);
     // one block recomputed with its graph: the largest block of either stack
-    let one_block = |elements: u64, matrices: u64| {
-        (fitted::BLOCK_SCALE * (cb * elements) as f64) as u64
-            + (fitted::ATTENTION_COPIES * (cb * matrices) as f64) as u64
+    let one_block = |bytes: u64, matrices: u64| {
+        (fitted::BLOCK_SCALE * bytes as f64) as u64 + attention_bytes(cb, matrices)
     };
     // recomputed blocks run with their weights as autodiff leaves: counted as trained
     let cross = if arch.encoder_layers > 0 {
@@ -187,17 +206,25 @@ fn checkpointed(arch: &Arch, setup: &Setup, cb: u64, logits: u64, accumulated: u
     } else {
         0
     };
-    let encoder = one_block(b * src * encoder_block(arch, true), b * h * src * src);
+    let encoder = one_block(b * src * encoder_block(arch, true, cb), b * h * src * src);
     let decoder = one_block(
-        b * tgt * decoder_block(arch) + b * src * cross_kv(arch),
+        b * tgt * decoder_block(arch, cb) + b * src * cross_kv(arch, cb),
         b * h * (tgt * tgt + cross),
     );
     let block = encoder.max(decoder);
+    let retained = ((fitted::RECOMPUTE_RETAINED - 1.0) * block as f64) as u64;
     // the head's backward: the shared embedding's gradient on the device and on the host
     let embedding = arch.vocab * d;
     let trained = trainable(arch, setup).base;
-    let head = boundaries + logits + (cb + 4) * embedding + accumulated;
-    let last_block = boundaries + block + 4 * trained;
+    let head = boundaries + logits + (cb + 4) * embedding + accumulated + retained;
+    // the embedding segments: a `vocab × d` table gradient (built from zeros by the select's
+    // backward) beside the host accumulators, 2 copies
+    let shared_trains = arch
+        .tensors
+        .iter()
+        .any(|t| t.group == Group::Embeddings && base_trains(t, setup));
+    let table_grads = if shared_trains { 2 * cb * embedding } else { 0 };
+    let last_block = boundaries + block.max(table_grads) + retained + 4 * trained;
     (head, last_block)
 }
 
@@ -219,8 +246,8 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
     };
     let (src, tgt) = lengths(arch, setup);
     let (matrices, shared_bias) = attention_elements(arch, setup);
-    let blocks = (fitted::BLOCK_SCALE * (cb * saved_elements(arch, setup)) as f64) as u64;
-    let attention = (fitted::ATTENTION_COPIES * (cb * matrices) as f64) as u64 + cb * shared_bias;
+    let blocks = (fitted::BLOCK_SCALE * saved_bytes(arch, setup, cb) as f64) as u64;
+    let attention = attention_bytes(cb, matrices) + cb * shared_bias;
     let out_tokens = match setup.task {
         Task::Seq2seq => setup.batch * tgt,
         Task::CausalLm => setup.batch * src,
@@ -231,17 +258,58 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
     } else {
         arch.vocab
     };
-    // the loss runs in f32 whatever the compute dtype (masked_cross_entropy casts the logits)
-    let logits = (fitted::LOGITS_COPIES * (4 * out_tokens * classes) as f64) as u64;
+    // The loss runs in f32 whatever the compute dtype (masked_nll_sum casts the logits), one head
+    // chunk at a time; the decoder output's cotangent is assembled from the chunks' (2 copies).
+    let chunk = (out_tokens * classes).min(HEAD_CHUNK_LOGITS);
+    let logits =
+        (fitted::LOGITS_COPIES * (4 * chunk) as f64) as u64 + 2 * cb * out_tokens * arch.hidden;
     let host_grads = 4 * pt;
     let device_grads = cb * pt;
     let accumulated = if setup.accum > 1 { host_grads } else { 0 };
+    // At the end of a backward pass burn holds the micro-batch's gradients; they are moved out one
+    // by one into the host accumulators (f32 without a copy; bf16 converted as each is removed), so
+    // the first micro-batch peaks at the host gradients and later ones add the device gradients.
+    // The shared table's gradient is built once per use (both embeddings' select backward and,
+    // tied, the LM head) as a full `vocab × d` tensor before burn sums them: 3 transient copies.
+    let shared_trains = arch
+        .tensors
+        .iter()
+        .any(|t| t.group == Group::Embeddings && base_trains(t, setup));
+    let embedding_grads = if shared_trains {
+        3 * cb * arch.vocab * arch.hidden
+    } else {
+        0
+    };
+    let backward_end = embedding_grads
+        + if setup.accum > 1 {
+            host_grads + device_grads
+        } else {
+            host_grads.max(device_grads)
+        };
+    // f32 on the CPU backend: a micro-batch runs on the master weights' own buffers (lent to the
+    // device tensors, no copy); bf16 needs its converted copy.
+    let device_weights = if cb == 4 { 0 } else { cb * p };
+    // The head's chunks are back-propagated while every activation is alive: each yields the
+    // head's `vocab × d` weight gradient, added into its host accumulator (2 copies; 1 when a
+    // single chunk's gradient becomes the accumulator).
+    let head_trains = arch
+        .tensors
+        .iter()
+        .any(|t| t.role == crate::arch::Role::LmHead && base_trains(t, setup))
+        || (arch.head == crate::arch::Head::LmTied && shared_trains);
+    let chunks = (out_tokens * classes).div_ceil(HEAD_CHUNK_LOGITS).max(1);
+    let head_grads = match (head_trains, chunks) {
+        (false, _) => 0,
+        // one chunk: its gradient becomes the accumulator (moved, not added)
+        (true, 1) => 4 * arch.vocab * arch.hidden,
+        (true, _) => 2 * 4 * arch.vocab * arch.hidden,
+    };
     let (forward_end, backward_end) = if setup.grad_ckpt {
         checkpointed(arch, setup, cb, logits, accumulated)
     } else {
         (
-            blocks + attention + logits + accumulated,
-            device_grads + host_grads,
+            blocks + attention + logits + head_grads + accumulated,
+            backward_end,
         )
     };
     let n = Scaling::Neither;
@@ -260,9 +328,13 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
         ),
         Component::new(
             "device weights",
-            cb * p,
+            device_weights,
             n,
-            format!("copy uploaded per optimizer step in {}", setup.precision),
+            if device_weights == 0 {
+                "none in fp32: the device tensors borrow the master weights' buffers".to_string()
+            } else {
+                format!("copy uploaded per optimizer step in {}", setup.precision)
+            },
         ),
         Component::new(
             "optimizer states",
@@ -309,15 +381,17 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
             ));
         }
     } else {
-        c.push(Component::new(
-            "device gradients",
-            device_grads,
-            n,
-            "gradients of one backward pass, before they are copied to the host",
-        ));
+        if setup.accum > 1 {
+            c.push(Component::new(
+                "device gradients",
+                device_grads,
+                n,
+                "gradients of one backward pass, before they are added to the host accumulators",
+            ));
+        }
         c.push(Component::new(
             "accumulated gradients",
-            host_grads,
+            backward_end - if setup.accum > 1 { device_grads } else { 0 },
             n,
             "host f32 gradients, kept until the optimizer step",
         ));
@@ -327,9 +401,9 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
     // bytes (2 × 4 B/param), then the optimizer states copied and serialised the same way
     // (2 × the state bytes), one file after the other (Optimizer::save, tensor_file::write_f32).
     // The step has dropped the gradients, but an evaluation just before the checkpoint re-uploads
-    // the device weights (cached until the next step): they are counted.
+    // the device weights (a copy, cached until the next micro-batch): they are counted.
     let checkpoint = (2 * 4 * p).max(2 * optimizer);
-    let checkpoint_peak = states + checkpoint;
+    let checkpoint_peak = states - device_weights + cb * p + checkpoint;
     c.push(Component::new(
         "checkpoint write (transient)",
         checkpoint,

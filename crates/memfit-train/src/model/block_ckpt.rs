@@ -11,8 +11,8 @@
 //!
 //! Segments, in forward order: encoder embedding, encoder bias (position bias + padding mask, shared
 //! by every encoder block), encoder blocks, encoder final norm; decoder embedding, decoder bias,
-//! decoder blocks (each also attending to the encoder output), then the head (final norm, LM head
-//! and loss). Tensors used by several blocks (the biases, the encoder output) collect their
+//! decoder blocks (each also attending to the encoder output), then the head (final norm, then LM
+//! head and loss in row chunks, [`crate::model::chunked_head`]). Tensors used by several blocks (the biases, the encoder output) collect their
 //! cotangents over those blocks before their own segment is back-propagated.
 //!
 //! Dropout draws the same masks as an unchecked pass: each segment's recompute starts from a copy of
@@ -22,8 +22,8 @@
 use burn::prelude::*;
 use burn::tensor::Gradients;
 
+use crate::model::chunked_head::{CHUNK_LOGITS, HeadInputs, loss_through_head};
 use crate::model::dropout::Dropout;
-use crate::model::loss::masked_cross_entropy;
 use crate::model::t5::T5Forward;
 
 /// One micro-batch's inputs, on the device without autodiff.
@@ -54,7 +54,7 @@ fn leaf<const D: usize>(t: &Tensor<D>, grad: bool) -> Tensor<D> {
 }
 
 /// Back-propagates `cotangent` through `out`; `None` when `out` depends on nothing tracked.
-fn pull<const D: usize>(out: Tensor<D>, cotangent: &Tensor<D>) -> Option<Gradients> {
+pub(crate) fn pull<const D: usize>(out: Tensor<D>, cotangent: &Tensor<D>) -> Option<Gradients> {
     if !out.is_tracked() {
         return None;
     }
@@ -72,7 +72,8 @@ fn collect<const D: usize>(acc: &mut Option<Tensor<D>>, leaf: &Tensor<D>, grads:
 }
 
 /// The mean token loss of `batch` (unscaled, without autodiff), after handing every parameter
-/// gradient of `loss · loss_scale` to `sink` — possibly in several parts per parameter, which add up.
+/// gradient of `loss · loss_scale` to `sink` — possibly in several parts per parameter, which add up;
+/// `sink` may remove what it takes (freeing it early).
 ///
 /// `plain` holds the parameters without autodiff, `tracked` the same parameters as autodiff leaves
 /// (trainable ones retaining gradients); `sink` reads the gradients of `tracked`'s leaves.
@@ -83,7 +84,7 @@ pub fn loss_and_grads<E>(
     batch: MicroBatch,
     drop: &mut Dropout,
     loss_scale: f64,
-    sink: &mut dyn FnMut(&Gradients) -> Result<(), E>,
+    sink: &mut dyn FnMut(&mut Gradients) -> Result<(), E>,
 ) -> Result<Tensor<1>, E> {
     let layout = plain.layout;
     let [_, s] = batch.input_ids.dims();
@@ -111,14 +112,17 @@ pub fn loss_and_grads<E>(
         y = plain.decoder_block(i, y, &encoded, &dec_bias, &batch.mask, drop);
     }
 
-    // Head: final norm, LM head, loss.
+    // Head: final norm, then the LM head and the loss in chunks.
     let y_leaf = leaf(&y, true);
-    let hidden = tracked.final_norm(y_leaf.clone(), layout.decoder_norm, drop);
-    let loss = masked_cross_entropy(tracked.lm_logits(hidden), batch.labels, batch.label_mask);
-    let grads = (loss.clone() * loss_scale).backward();
-    sink(&grads)?;
-    let mut cotangent = y_leaf.grad(&grads);
-    std::mem::drop(grads);
+    let out = tracked.final_norm(y_leaf.clone(), layout.decoder_norm, drop);
+    let head = HeadInputs {
+        labels: batch.labels,
+        label_mask: batch.label_mask,
+        loss_scale,
+        chunk_logits: CHUNK_LOGITS,
+    };
+    let (loss, grads) = loss_through_head(tracked, out, head, sink)?;
+    let mut cotangent = grads.and_then(|g| y_leaf.grad(&g));
 
     // Decoder blocks, last first; the encoder output and the bias gather their cotangents.
     let encoded_leaf = leaf(&encoded, trainable.encoder || trainable.shared);
@@ -135,35 +139,37 @@ pub fn loss_and_grads<E>(
             &batch.mask,
             &mut block_drop.clone(),
         );
-        if let Some(grads) = pull(out, &cot) {
-            sink(&grads)?;
+        if let Some(mut grads) = pull(out, &cot) {
+            sink(&mut grads)?;
             cotangent = x_leaf.grad(&grads);
             collect(&mut encoded_cot, &encoded_leaf, &grads);
             collect(&mut dec_bias_cot, &dec_bias_leaf, &grads);
         }
     }
     if let Some(cot) = dec_bias_cot
-        && let Some(grads) = pull(tracked.decoder_bias(t, &device), &cot)
+        && let Some(mut grads) = pull(tracked.decoder_bias(t, &device), &cot)
     {
-        sink(&grads)?;
+        sink(&mut grads)?;
     }
     if let Some(cot) = cotangent
-        && let Some(grads) = pull(
+        && let Some(mut grads) = pull(
             tracked.embed_input(batch.decoder_ids, &mut dec_embed_drop.clone()),
             &cot,
         )
     {
-        sink(&grads)?;
+        sink(&mut grads)?;
     }
 
     // Encoder: final norm, blocks last first, bias, embedding.
     let mut cotangent = None;
     if let Some(cot) = encoded_cot {
-        let (input, norm_drop) = enc_inputs.pop().expect("the encoder's last output is saved");
+        let (input, norm_drop) = enc_inputs
+            .pop()
+            .expect("the encoder's last output is saved");
         let x_leaf = leaf(&input, true);
         let out = tracked.final_norm(x_leaf.clone(), layout.encoder_norm, &mut norm_drop.clone());
-        if let Some(grads) = pull(out, &cot) {
-            sink(&grads)?;
+        if let Some(mut grads) = pull(out, &cot) {
+            sink(&mut grads)?;
             cotangent = x_leaf.grad(&grads);
         }
     }
@@ -172,30 +178,25 @@ pub fn loss_and_grads<E>(
     for (i, (input, block_drop)) in enc_inputs.into_iter().enumerate().rev() {
         let Some(cot) = cotangent.take() else { break };
         let x_leaf = leaf(&input, i > 0 || trainable.shared);
-        let out = tracked.encoder_block(
-            i,
-            x_leaf.clone(),
-            &enc_bias_leaf,
-            &mut block_drop.clone(),
-        );
-        if let Some(grads) = pull(out, &cot) {
-            sink(&grads)?;
+        let out = tracked.encoder_block(i, x_leaf.clone(), &enc_bias_leaf, &mut block_drop.clone());
+        if let Some(mut grads) = pull(out, &cot) {
+            sink(&mut grads)?;
             cotangent = x_leaf.grad(&grads);
             collect(&mut enc_bias_cot, &enc_bias_leaf, &grads);
         }
     }
     if let Some(cot) = enc_bias_cot
-        && let Some(grads) = pull(tracked.encoder_bias(s, &batch.mask), &cot)
+        && let Some(mut grads) = pull(tracked.encoder_bias(s, &batch.mask), &cot)
     {
-        sink(&grads)?;
+        sink(&mut grads)?;
     }
     if let Some(cot) = cotangent
-        && let Some(grads) = pull(
+        && let Some(mut grads) = pull(
             tracked.embed_input(batch.input_ids, &mut enc_embed_drop.clone()),
             &cot,
         )
     {
-        sink(&grads)?;
+        sink(&mut grads)?;
     }
-    Ok(loss.inner())
+    Ok(loss)
 }

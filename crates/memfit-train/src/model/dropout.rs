@@ -63,19 +63,20 @@ impl Dropout {
         }
         let shape = x.shape();
         let n = shape.num_elements();
-        let keep_scale = (1.0 / (1.0 - self.p)) as f32;
+        let keep_scale = 1.0 / (1.0 - self.p);
         // Compare 32-bit halves against the keep threshold: two draws per u64.
         let threshold = ((1.0 - self.p) * 4_294_967_296.0) as u64;
-        let mut mask = Vec::with_capacity(n);
-        while mask.len() < n {
+        let mut dropped = vec![false; n];
+        for pair in dropped.chunks_mut(2) {
             let r = self.rng.next_u64();
-            for half in [r & 0xFFFF_FFFF, r >> 32] {
-                if mask.len() < n {
-                    mask.push(if half < threshold { keep_scale } else { 0.0 });
-                }
+            pair[0] = r & 0xFFFF_FFFF >= threshold;
+            if let Some(second) = pair.get_mut(1) {
+                *second = r >> 32 >= threshold;
             }
         }
-        let mask = Tensor::<D>::from_data(TensorData::new(mask, shape), (&x.device(), x.dtype()));
-        x * mask
+        // A boolean mask: backward keeps 1 byte per element (an f32 mask multiplied in kept 4, and
+        // the product kept its other operand too).
+        let dropped = Tensor::<D, Bool>::from_data(TensorData::new(dropped, shape), &x.device());
+        x.mask_fill(dropped, 0.0) * keep_scale
     }
 }

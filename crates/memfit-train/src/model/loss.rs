@@ -35,9 +35,21 @@ pub fn shift_right(
 /// Computed in f32 whatever the model's dtype (as transformers upcasts logits for the loss).
 /// Returns a one-element tensor; 0 when no position counts.
 pub fn masked_cross_entropy(logits: Tensor<2>, targets: &[u32], mask: &[bool]) -> Tensor<1> {
+    let count = mask.iter().filter(|m| **m).count();
+    masked_nll_sum(logits, targets, mask, count)
+}
+
+/// Σ −log p(target) over the positions where `mask` is true, divided by `count` (at least 1): one
+/// part of a mean whose positions are split across several calls.
+pub fn masked_nll_sum(
+    logits: Tensor<2>,
+    targets: &[u32],
+    mask: &[bool],
+    count: usize,
+) -> Tensor<1> {
     let [n, _] = logits.dims();
     let device = logits.device();
-    let count = mask.iter().filter(|m| **m).count().max(1) as f32;
+    let count = count.max(1) as f32;
     let ids: Vec<i64> = targets
         .iter()
         .zip(mask)

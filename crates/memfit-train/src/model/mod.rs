@@ -8,6 +8,7 @@
 
 pub mod block_ckpt;
 pub mod bucket;
+pub mod chunked_head;
 pub mod config;
 pub mod dropout;
 pub mod flops;

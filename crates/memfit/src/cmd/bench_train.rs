@@ -116,6 +116,14 @@ pub fn run(args: Args) -> Outcome {
             report.loss_last,
             report.threads
         );
+        if let Some(mfu) = report.mfu {
+            println!(
+                "MFU {:.1}% ({:.2} GFLOP/step over CPU-seconds × one core's peak f32 {:.1} GFLOP/s)",
+                100.0 * mfu,
+                report.model_flops_per_step / 1e9,
+                report.cpu_peak_flops_per_core.unwrap_or(0.0) / 1e9
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
