@@ -181,6 +181,8 @@ pub fn planned_start(
     let base = setup_of(config, &arch, 0);
     let effective = base.batch * base.accum;
     let budget_line = format!("budget {} ({})", gib(budget.ram_bytes), budget.ram_source);
+    // the memory guard halves the micro-batch above this share of the budget: plan below it
+    let soft_limit = (budget.ram_bytes as f64 * config.guard_soft_fraction) as u64;
     let mut lines = Vec::new();
     let mut out = config.clone();
     out.memory_budget_bytes = Some(budget.ram_bytes);
@@ -196,11 +198,11 @@ pub fn planned_start(
             let request = search::Request {
                 base: base.clone(),
                 target_batch: effective,
-                // the budget is already the share of the machine to use: no extra headroom
+                // plan below the memory guard's soft limit, where it would halve the micro-batch
                 budget: search::Budget {
                     gpu_bytes: None,
                     host_bytes: budget.ram_bytes,
-                    headroom: 0.0,
+                    headroom: 1.0 - config.guard_soft_fraction,
                 },
             };
             let plan = search::plan_with(&arch, &request, &Framework::default(), &fixed)
@@ -275,12 +277,13 @@ pub fn planned_start(
                     setup.batch * setup.accum
                 ));
             }
-            if peak > budget.ram_bytes {
+            if peak > soft_limit {
                 notes.push(format!(
-                    "the predicted peak {} exceeds the budget {}: a policy table does not plan \
-                     (--policy auto does)",
+                    "the predicted peak {} exceeds the memory guard's soft limit {} ({:.0}% of the \
+                     budget): a policy table does not plan (--policy auto does)",
                     gib(peak),
-                    gib(budget.ram_bytes)
+                    gib(soft_limit),
+                    100.0 * config.guard_soft_fraction
                 ));
             }
             lines.extend(notes.iter().map(|n| format!("  note: {n}")));
@@ -300,6 +303,11 @@ pub fn planned_start(
     };
     let mut planning = planning;
     planning["budget"] = json!(budget);
+    planning["planned_below_bytes"] = json!(soft_limit);
+    planning["planned_below"] = json!(format!(
+        "the memory guard's soft limit: {:.0}% of the budget",
+        100.0 * config.guard_soft_fraction
+    ));
     planning["available_bytes"] = json!(available_bytes);
     planning["data_loading"] = data_loading();
     planning["predicted_peak_rss_bytes"] = json!(peak);
@@ -364,7 +372,8 @@ mod tests {
         let tight = auto(&c, &m, &budget(3), Fixed::default()).unwrap();
         for p in [&roomy, &tight] {
             assert_eq!(p.config.batch * p.config.accum, 32);
-            assert!(p.predicted_peak_rss_bytes <= p.config.memory_budget_bytes.unwrap());
+            let budget = p.config.memory_budget_bytes.unwrap() as f64;
+            assert!(p.predicted_peak_rss_bytes as f64 <= budget * c.guard_soft_fraction);
         }
         assert_eq!((roomy.config.batch, roomy.config.accum), (32, 1));
         let leaner = tight.config.batch < roomy.config.batch
