@@ -81,7 +81,8 @@ def main():
             if args.raw:
                 with open(args.raw, "a") as f:
                     for side, r in (("pytorch", pt), ("memfit", mf)):
-                        f.write(json.dumps({"config": name, "variant": variant, "side": side, **r}) + "\n")
+                        # PyTorch's JSON has a "config" of its own: ours go last and win
+                        f.write(json.dumps({**r, "config": name, "variant": variant, "side": side}) + "\n")
             rows.append((name, variant, mf, pt))
 
     print("| config | variant | memfit CPU-s/step | PyTorch CPU-s/step | speed memfit/PyTorch "

@@ -70,7 +70,7 @@ const fn frozen_encoder(p: Point) -> Point {
 
 /// The grid: three model sizes (tiny = 9.4M, t5-small = 60.5M, chatlm-mini = 187.7M parameters) ×
 /// micro-batch × length, with checkpointing, accumulation, Adafactor, bf16 and a frozen encoder.
-/// Small enough to run in about ten minutes on two busy cores.
+/// It runs in about twenty minutes on two busy cores.
 pub const POINTS: &[Point] = &[
     point("tiny-b1-s8", "tiny", 1, 8),
     point("tiny-b8-s64", "tiny", 8, 64),

@@ -760,10 +760,7 @@ mod tests {
         // The point of lending: a Vec<f32> moved into a flex tensor and back keeps its buffer.
         let w: Vec<f32> = (0..4096).map(|i| i as f32).collect();
         let ptr = w.as_ptr();
-        let t = Tensor::<2>::from_data(
-            TensorData::new(w, [64, 64]),
-            (&Device::flex(), DType::F32),
-        );
+        let t = Tensor::<2>::from_data(TensorData::new(w, [64, 64]), (&Device::flex(), DType::F32));
         let back = to_f32_vec(t).unwrap();
         assert_eq!(back.as_ptr(), ptr, "the buffer was copied");
         assert_eq!(back[4095], 4095.0);

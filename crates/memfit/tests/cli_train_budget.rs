@@ -179,3 +179,22 @@ fn a_run_writes_its_plan_and_budget() {
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["budget_bytes"], 2u64 << 30);
 }
+
+#[test]
+fn a_config_file_budget_counts_when_no_flag_gives_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.toml");
+    std::fs::write(
+        &path,
+        "model = \"t5-small\"\nbatch = 16\naccum = 2\nmemory_budget_bytes = 3221225472\n",
+    )
+    .unwrap();
+    let config = path.display().to_string();
+    let (code, v, err) = plan(&config, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["budget"]["ram_bytes"], 3u64 << 30, "{v}");
+    // the flag still wins over the file
+    let (code, v, err) = plan(&config, &["--budget-ram", "4GiB"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["budget"]["ram_bytes"], 4u64 << 30);
+}

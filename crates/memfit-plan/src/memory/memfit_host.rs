@@ -161,6 +161,13 @@ fn attention_bytes(cb: u64, matrices: u64) -> u64 {
     (fitted::ATTENTION_COPIES * (cb * matrices) as f64) as u64 + matrices
 }
 
+/// Whether the shared embedding table trains.
+fn shared_trains(arch: &Arch, setup: &Setup) -> bool {
+    arch.tensors
+        .iter()
+        .any(|t| t.group == Group::Embeddings && base_trains(t, setup))
+}
+
 /// (source, target) lengths: seq2seq has both; other tasks one stream of `seq`.
 fn lengths(arch: &Arch, setup: &Setup) -> (u64, u64) {
     if setup.task == Task::Seq2seq && arch.encoder_layers > 0 {
@@ -219,11 +226,11 @@ fn checkpointed(arch: &Arch, setup: &Setup, cb: u64, logits: u64, accumulated: u
     let head = boundaries + logits + (cb + 4) * embedding + accumulated + retained;
     // the embedding segments: a `vocab × d` table gradient (built from zeros by the select's
     // backward) beside the host accumulators, 2 copies
-    let shared_trains = arch
-        .tensors
-        .iter()
-        .any(|t| t.group == Group::Embeddings && base_trains(t, setup));
-    let table_grads = if shared_trains { 2 * cb * embedding } else { 0 };
+    let table_grads = if shared_trains(arch, setup) {
+        2 * cb * embedding
+    } else {
+        0
+    };
     let last_block = boundaries + block.max(table_grads) + retained + 4 * trained;
     (head, last_block)
 }
@@ -271,10 +278,7 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
     // the first micro-batch peaks at the host gradients and later ones add the device gradients.
     // The shared table's gradient is built once per use (both embeddings' select backward and,
     // tied, the LM head) as a full `vocab × d` tensor before burn sums them: 3 transient copies.
-    let shared_trains = arch
-        .tensors
-        .iter()
-        .any(|t| t.group == Group::Embeddings && base_trains(t, setup));
+    let shared_trains = shared_trains(arch, setup);
     let embedding_grads = if shared_trains {
         3 * cb * arch.vocab * arch.hidden
     } else {

@@ -178,7 +178,7 @@ impl Args {
             }),
             // a new budget is bookkeeping: on --resume it applies without re-planning
             memory_budget_bytes: match self.budget_ram {
-                Some(_) => Some(budget::budget(self)?.ram_bytes),
+                Some(_) => Some(budget::budget(self, None)?.ram_bytes),
                 None => None,
             },
             ..ConfigLayer::default()
@@ -301,7 +301,16 @@ pub fn run(args: Args) -> Outcome {
                 model_spec::model_config(&config.model, None)
                     .map_err(|e| bad_input(e.to_string()))?
             };
-            let start = budget::plan_start(&args, &config, &model_json)?;
+            // a budget written in the --config file counts when no flag gives one
+            let file_budget = match &args.config {
+                Some(path) => {
+                    ConfigLayer::from_file(path)
+                        .map_err(|e| bad_input(e.to_string()))?
+                        .memory_budget_bytes
+                }
+                None => None,
+            };
+            let start = budget::plan_start(&args, &config, &model_json, file_budget)?;
             if args.plan_only {
                 if args.json {
                     println!("{}", start.planning);

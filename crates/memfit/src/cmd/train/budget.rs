@@ -53,11 +53,17 @@ pub fn parse_ram(
     })
 }
 
-/// The budget of a run: the flag, else 80% of the effective available memory.
-pub fn budget(args: &Args) -> anyhow::Result<Budget> {
-    let mut budget = match args.budget_ram.as_deref() {
-        Some(text) => parse_ram(text, &available)?,
-        None => {
+/// The budget of a run: the flag, else the `--config` file's `memory_budget_bytes`, else 80% of the
+/// effective available memory.
+pub fn budget(args: &Args, from_config_file: Option<u64>) -> anyhow::Result<Budget> {
+    let mut budget = match (args.budget_ram.as_deref(), from_config_file) {
+        (Some(text), _) => parse_ram(text, &available)?,
+        (None, Some(bytes)) => Budget {
+            ram_bytes: bytes,
+            ram_source: "memory_budget_bytes of the --config file".into(),
+            gpu_bytes: None,
+        },
+        (None, None) => {
             let avail = available()?;
             Budget {
                 ram_bytes: (avail as f64 * DEFAULT_SHARE) as u64,
@@ -95,9 +101,10 @@ pub fn plan_start(
     args: &Args,
     config: &TrainConfig,
     model_json: &Value,
+    budget_from_config_file: Option<u64>,
 ) -> anyhow::Result<PlannedStart> {
     let choice = PolicyChoice::parse(&args.policy).map_err(bad_input)?;
-    let budget = budget(args)?;
+    let budget = budget(args, budget_from_config_file)?;
     // the policy tables read the machine's available memory, not the budget
     let avail = available()?;
     let planned = plan_file::planned_start(config, model_json, &budget, fixed(args), choice, avail)
