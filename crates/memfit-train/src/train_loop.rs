@@ -100,14 +100,18 @@ pub struct Summary {
     pub best: Option<BestRecord>,
     pub peak_rss_bytes: u64,
     pub tokens: u64,
+    /// Wall time of the whole loop (evaluations and checkpoints included).
     pub seconds: f64,
+    /// Wall time of the optimizer steps alone (what tokens/s divides by).
+    pub train_seconds: f64,
     pub last_checkpoint: Option<PathBuf>,
 }
 
 impl Summary {
+    /// Training throughput: tokens of the optimizer steps over their time (evaluation excluded).
     pub fn tokens_per_s(&self) -> f64 {
-        if self.seconds > 0.0 {
-            self.tokens as f64 / self.seconds
+        if self.train_seconds > 0.0 {
+            self.tokens as f64 / self.train_seconds
         } else {
             0.0
         }
@@ -191,6 +195,7 @@ impl<'a, E: Engine> Trainer<'a, E> {
         }
         let started = Instant::now();
         let mut tokens_total = 0u64;
+        let mut train_seconds = 0.0f64;
         let mut last_checkpoint = None;
         let mut last_eval = None;
         let mut warned_budget = false;
@@ -281,6 +286,7 @@ impl<'a, E: Engine> Trainer<'a, E> {
             p.cursor = sampler.cursor();
             let step_s = t0.elapsed().as_secs_f64();
             tokens_total += tokens;
+            train_seconds += step_s;
             let rss = metrics::rss();
             let m = StepMetrics {
                 step: p.step,
@@ -390,6 +396,7 @@ impl<'a, E: Engine> Trainer<'a, E> {
             peak_rss_bytes: metrics::rss().peak,
             tokens: tokens_total,
             seconds: started.elapsed().as_secs_f64(),
+            train_seconds,
             last_checkpoint,
         })
     }

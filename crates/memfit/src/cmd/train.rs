@@ -602,6 +602,7 @@ fn print_summary(s: &Summary, config: &TrainConfig, root: &Path, json: bool) {
             "budget_bytes": config.memory_budget_bytes,
             "tokens_per_s": s.tokens_per_s(),
             "seconds": s.seconds,
+            "train_seconds": s.train_seconds,
             "run_dir": root,
             "best_dir": best_dir.is_dir().then_some(&best_dir),
             "best": s.best.as_ref().map(|b| serde_json::json!({"metric": b.metric, "value": b.value, "step": b.step})),
@@ -639,7 +640,12 @@ fn print_summary(s: &Summary, config: &TrainConfig, root: &Path, json: bool) {
         ),
         None => println!("  peak RSS   {}", gib(s.peak_rss_bytes)),
     }
-    println!("  tokens/s   {:.0}", s.tokens_per_s());
+    println!(
+        "  tokens/s   {:.0} (training steps; {:.0} s of {:.0} s wall)",
+        s.tokens_per_s(),
+        s.train_seconds,
+        s.seconds
+    );
     println!("  run        {}", root.display());
     if let Some(b) = &s.best {
         println!(
