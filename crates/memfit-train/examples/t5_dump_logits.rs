@@ -72,6 +72,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         name: name.into(),
         shape,
         values: Cow::Owned(values),
+        transpose: None,
     };
     write_f32(
         &dir.join("logits.safetensors"),

@@ -401,18 +401,19 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
         ));
     }
     let train = states + forward_end.max(backward_end);
-    // Writing a checkpoint: the model's tensors as transposed f32 copies and their little-endian
-    // bytes (2 × 4 B/param), then the optimizer states copied and serialised the same way
-    // (2 × the state bytes), one file after the other (Optimizer::save, tensor_file::write_f32).
-    // The step has dropped the gradients, but an evaluation just before the checkpoint re-uploads
-    // the device weights (a copy, cached until the next micro-batch): they are counted.
-    let checkpoint = (2 * 4 * p).max(2 * optimizer);
+    // Writing a checkpoint: safetensors files are written one tensor at a time (a transposed f32
+    // copy for linear weights and its little-endian bytes: 2 × 4 B × the largest tensor), the model
+    // first, then the optimizer states (`tensor_file::write_f32`). The step has dropped the
+    // gradients, but an evaluation just before the checkpoint re-uploads the device weights (a
+    // copy, cached until the next micro-batch): they are counted.
+    let largest = arch.tensors.iter().map(|t| t.elements()).max().unwrap_or(0);
+    let checkpoint = 2 * 4 * largest;
     let checkpoint_peak = states - device_weights + cb * p + checkpoint;
     c.push(Component::new(
         "checkpoint write (transient)",
         checkpoint,
         n,
-        "f32 copies + serialised bytes of the weights or optimizer states while a checkpoint is written",
+        "the largest tensor's f32 copy and serialised bytes while a checkpoint is written",
     ));
     HostEstimate {
         peak_rss_bytes: train.max(checkpoint_peak),

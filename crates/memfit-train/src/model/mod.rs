@@ -109,9 +109,11 @@ impl T5Model {
             .map(|(spec, w)| NamedTensor {
                 name: spec.name.clone(),
                 shape: spec.kind.hf_shape(),
-                values: match spec.kind {
-                    Kind::Linear { d_in, d_out } => Cow::Owned(transpose(w, d_in, d_out)),
-                    _ => Cow::Borrowed(w.as_slice()),
+                values: Cow::Borrowed(w.as_slice()),
+                // transposed as it is written, one tensor at a time
+                transpose: match spec.kind {
+                    Kind::Linear { d_in, d_out } => Some([d_in, d_out]),
+                    _ => None,
                 },
             })
             .collect()

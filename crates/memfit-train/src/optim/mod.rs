@@ -77,6 +77,16 @@ pub struct Optimizer {
     states: Vec<Option<State>>,
 }
 
+/// One optimizer buffer as a tensor to write, borrowed (the file is written one tensor at a time).
+fn state_tensor<'a>(param: &str, suffix: &str, dims: Vec<usize>, v: &'a [f32]) -> NamedTensor<'a> {
+    NamedTensor {
+        name: format!("{param}.{suffix}"),
+        shape: dims,
+        values: Cow::Borrowed(v),
+        transpose: None,
+    }
+}
+
 impl Optimizer {
     pub fn new(config: OptimizerConfig, shapes: Vec<ParamShape>, trainable: &[bool]) -> Self {
         let states = shapes
@@ -134,12 +144,8 @@ impl Optimizer {
         let mut tensors = Vec::new();
         for (shape, state) in self.shapes.iter().zip(&self.states) {
             let Some(state) = state else { continue };
-            let mut push = |suffix: &str, dims: Vec<usize>, v: &[f32]| {
-                tensors.push(NamedTensor {
-                    name: format!("{}.{suffix}", shape.name),
-                    shape: dims,
-                    values: Cow::Owned(v.to_vec()),
-                })
+            let mut push = |suffix: &str, dims: Vec<usize>, v| {
+                tensors.push(state_tensor(&shape.name, suffix, dims, v))
             };
             match state {
                 State::Adam {
