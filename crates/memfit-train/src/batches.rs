@@ -59,37 +59,14 @@ impl PairSource for StoreRows {
     }
 }
 
-/// splitmix64 (Steele, Lea & Flood 2014): a tiny, well-mixed generator for derived seeds.
-#[derive(Debug, Clone)]
-pub struct SplitMix64(pub u64);
-
-impl SplitMix64 {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0), by rejection so every value is equally likely.
-    pub fn below(&mut self, n: u64) -> u64 {
-        let zone = u64::MAX - (u64::MAX % n);
-        loop {
-            let x = self.next_u64();
-            if x < zone {
-                return x % n;
-            }
-        }
-    }
-}
+pub use crate::model::dropout::SplitMix64;
 
 /// A seed for one purpose derived from the run seed and coordinates (stable across versions).
 pub fn derive_seed(seed: u64, parts: &[u64]) -> u64 {
-    let mut rng = SplitMix64(seed);
+    let mut rng = SplitMix64::new(seed);
     let mut out = rng.next_u64();
     for p in parts {
-        rng.0 ^= p.wrapping_mul(0xD6E8_FEB8_6659_FD93);
+        rng.perturb(p.wrapping_mul(0xD6E8_FEB8_6659_FD93));
         out = rng.next_u64();
     }
     out

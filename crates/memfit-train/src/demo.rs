@@ -75,7 +75,7 @@ fn below_ten_thousand(n: u32, leading: bool) -> String {
 /// `rows` (number, numeral) pairs: the digit count is uniform over 1..=5, then the number is uniform
 /// among numbers of that many digits, so short and long numbers are equally common.
 pub fn pairs(rows: usize, seed: u64) -> Vec<(String, String)> {
-    let mut rng = SplitMix64(seed);
+    let mut rng = SplitMix64::new(seed);
     (0..rows)
         .map(|_| {
             let digits = 1 + rng.below(5) as u32;

@@ -5,7 +5,8 @@
 use burn::prelude::*;
 use burn::tensor::TensorData;
 
-/// SplitMix64 (Steele, Lea, Flood 2014): a tiny, well-mixed generator; enough for dropout masks.
+/// SplitMix64 (Steele, Lea, Flood 2014): a tiny, well-mixed generator; the trainer's one, for
+/// dropout masks, initial weights, derived seeds and the demo task.
 #[derive(Debug, Clone)]
 pub struct SplitMix64(u64);
 
@@ -21,6 +22,22 @@ impl SplitMix64 {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (n > 0), by rejection so every value is equally likely.
+    pub fn below(&mut self, n: u64) -> u64 {
+        let zone = u64::MAX - (u64::MAX % n);
+        loop {
+            let x = self.next_u64();
+            if x < zone {
+                return x % n;
+            }
+        }
+    }
+
+    /// XORs `x` into the state: the next outputs form a sub-stream keyed by `x` (derived seeds).
+    pub fn perturb(&mut self, x: u64) {
+        self.0 ^= x;
     }
 
     /// Uniform in [0, 1) with 53 bits.
