@@ -310,15 +310,9 @@ impl T5Engine {
         device: &Device,
         drop: &mut Dropout,
     ) -> Tensor<2> {
-        let fwd = T5Forward {
-            cfg: &self.model.config,
-            layout: &self.model.layout,
-            params,
-            dtype: self.dtype(),
-        };
+        let fwd = T5Forward::of(&self.model, params, self.dtype());
         let inputs = self.device_inputs(batch, device);
-        let encoded = fwd.encode(inputs.input_ids, &inputs.mask, drop);
-        fwd.lm_logits(fwd.decode(inputs.decoder_ids, &encoded, &inputs.mask, drop))
+        fwd.lm_logits(fwd.encode_decode(inputs.input_ids, &inputs.mask, inputs.decoder_ids, drop))
     }
 
     /// Mean token loss of `batch` under `params` on `device`.
@@ -385,15 +379,14 @@ impl T5Engine {
         let loss = if self.options.grad_ckpt {
             self.block_checkpointed_loss(plain, &leaves, batch, &mut drop, loss_scale)?
         } else {
-            let fwd = T5Forward {
-                cfg: &self.model.config,
-                layout: &self.model.layout,
-                params: &leaves,
-                dtype: self.dtype(),
-            };
+            let fwd = T5Forward::of(&self.model, &leaves, self.dtype());
             let inputs = self.device_inputs(batch, &self.train_device);
-            let encoded = fwd.encode(inputs.input_ids, &inputs.mask, &mut drop);
-            let out = fwd.decode(inputs.decoder_ids, &encoded, &inputs.mask, &mut drop);
+            let out = fwd.encode_decode(
+                inputs.input_ids,
+                &inputs.mask,
+                inputs.decoder_ids,
+                &mut drop,
+            );
             let (acc, flags) = (&mut self.grads, &self.trainable);
             // The one place the loss is scaled (by the loop's share for this micro-batch).
             let head = HeadInputs {
@@ -420,13 +413,8 @@ impl T5Engine {
         drop: &mut Dropout,
         loss_scale: f32,
     ) -> Result<Tensor<1>, ModelError> {
-        let (cfg, layout, dtype) = (&self.model.config, &self.model.layout, self.dtype());
-        let forward = |params| T5Forward {
-            cfg,
-            layout,
-            params,
-            dtype,
-        };
+        let (layout, dtype) = (&self.model.layout, self.dtype());
+        let forward = |params| T5Forward::of(&self.model, params, dtype);
         let group_trainable = |group| {
             (0..layout.specs.len()).any(|i| self.trainable[i] && layout.specs[i].group == group)
         };
@@ -583,12 +571,7 @@ impl Engine for T5Engine {
         self.check_ids(input_ids, "input_ids")?;
         let cfg = &self.model.config;
         let params = self.weights_on_device();
-        let fwd = T5Forward {
-            cfg,
-            layout: &self.model.layout,
-            params: &params,
-            dtype: self.dtype(),
-        };
+        let fwd = T5Forward::of(&self.model, &params, self.dtype());
         let device = &self.device;
         let mut drop = Dropout::disabled();
         let mask = padding_mask(input_mask, batch, src_len, device, self.dtype());

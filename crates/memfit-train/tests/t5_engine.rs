@@ -484,12 +484,7 @@ fn cached_decoding_equals_the_full_decoder_at_every_position() {
         let model = T5Model::init(cfg, 9);
         let device = Device::flex();
         let params = model.tensors(&device, DType::F32);
-        let fwd = T5Forward {
-            cfg: &model.config,
-            layout: &model.layout,
-            params: &params,
-            dtype: DType::F32,
-        };
+        let fwd = T5Forward::of(&model, &params, DType::F32);
         // 20 positions pass the tiny config's max distance (16): the log-spaced buckets are used.
         let (b, s, t) = (2, 7, 20);
         let b_src = copy_batch(&mut SplitMix64::new(4), b, s);

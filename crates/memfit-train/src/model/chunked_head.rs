@@ -122,12 +122,7 @@ mod tests {
             .into_iter()
             .map(|t| t.autodiff().require_grad())
             .collect();
-        let fwd = T5Forward {
-            cfg: &model.config,
-            layout: &model.layout,
-            params: &leaves,
-            dtype: DType::F32,
-        };
+        let fwd = T5Forward::of(&model, &leaves, DType::F32);
         let (b, t, d) = (3, 5, 8);
         let values: Vec<f32> = (0..b * t * d)
             .map(|i| ((i * 37 % 17) as f32 - 8.0) / 8.0)

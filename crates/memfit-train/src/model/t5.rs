@@ -11,6 +11,7 @@ use burn::prelude::*;
 use burn::tensor::activation::{gelu, gelu_approximate, relu, silu, softmax};
 use burn::tensor::{DType, TensorData};
 
+use crate::model::T5Model;
 use crate::model::bucket::bucket_grid;
 use crate::model::config::{Activation, T5Config};
 use crate::model::dropout::Dropout;
@@ -29,7 +30,17 @@ pub struct T5Forward<'a> {
     pub dtype: DType,
 }
 
-impl T5Forward<'_> {
+impl<'a> T5Forward<'a> {
+    /// `model`'s forward pass over `params` (its weights on a device, tracked or not) in `dtype`.
+    pub fn of(model: &'a T5Model, params: &'a [Tensor<2>], dtype: DType) -> Self {
+        Self {
+            cfg: &model.config,
+            layout: &model.layout,
+            params,
+            dtype,
+        }
+    }
+
     fn p(&self, i: usize) -> Tensor<2> {
         self.params[i].clone()
     }
@@ -303,6 +314,19 @@ impl T5Forward<'_> {
         }
         cache.len += 1;
         self.rms_norm(x, self.layout.decoder_norm)
+    }
+
+    /// Teacher-forced decoder output `[b, t, d]` (after the final norm and dropout): the encoder over
+    /// `input_ids` with its padding `mask`, then the decoder over `decoder_ids`.
+    pub fn encode_decode(
+        &self,
+        input_ids: Tensor<2, Int>,
+        mask: &Tensor<4>,
+        decoder_ids: Tensor<2, Int>,
+        drop: &mut Dropout,
+    ) -> Tensor<3> {
+        let encoded = self.encode(input_ids, mask, drop);
+        self.decode(decoder_ids, &encoded, mask, drop)
     }
 
     /// Logits `[b·t, vocab]` from decoder output.
