@@ -117,10 +117,7 @@ pub fn saved_bytes(arch: &Arch, setup: &Setup, cb: u64) -> u64 {
     let mut total = 0;
     let live = live_stacks(arch, setup);
     if arch.encoder_layers > 0 && live.0 {
-        let trained = arch
-            .tensors
-            .iter()
-            .any(|t| t.group == Group::Encoder && base_trains(t, setup));
+        let trained = group_trains(arch, setup, Group::Encoder);
         total += b * src * (arch.encoder_layers * encoder_block(arch, trained, cb) + stack);
     }
     if arch.decoder_layers > 0 && live.1 {
@@ -161,11 +158,16 @@ fn attention_bytes(cb: u64, matrices: u64) -> u64 {
     (fitted::ATTENTION_COPIES * (cb * matrices) as f64) as u64 + matrices
 }
 
-/// Whether the shared embedding table trains.
-fn shared_trains(arch: &Arch, setup: &Setup) -> bool {
+/// Whether any tensor of `group` trains.
+fn group_trains(arch: &Arch, setup: &Setup, group: Group) -> bool {
     arch.tensors
         .iter()
-        .any(|t| t.group == Group::Embeddings && base_trains(t, setup))
+        .any(|t| t.group == group && base_trains(t, setup))
+}
+
+/// Whether the shared embedding table trains.
+fn shared_trains(arch: &Arch, setup: &Setup) -> bool {
+    group_trains(arch, setup, Group::Embeddings)
 }
 
 /// (source, target) lengths: seq2seq has both; other tasks one stream of `seq`.
@@ -180,11 +182,7 @@ fn lengths(arch: &Arch, setup: &Setup) -> (u64, u64) {
 /// Whether the graph exists in the (encoder, decoder) stack: from the first trained tensor on
 /// (a frozen encoder still records its ops when the shared embedding it reads trains).
 fn live_stacks(arch: &Arch, setup: &Setup) -> (bool, bool) {
-    let trains = |g: Group| {
-        arch.tensors
-            .iter()
-            .any(|t| t.group == g && base_trains(t, setup))
-    };
+    let trains = |g| group_trains(arch, setup, g);
     let enc = trains(Group::Embeddings) || trains(Group::Encoder);
     let dec = enc || trains(Group::Decoder) || trains(Group::Head);
     (enc, dec)
