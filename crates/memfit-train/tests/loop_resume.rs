@@ -28,12 +28,21 @@ fn uninterrupted() -> (LinearEngine, Vec<serde_json::Value>) {
 fn resume(
     root: &std::path::Path,
 ) -> Result<(memfit_train::train_loop::Summary, LinearEngine), String> {
+    resume_with(root, &ConfigLayer::default(), false)
+}
+
+/// Resumes the run in `root` with `layer` over its config (`allow`: --allow-config-change).
+fn resume_with(
+    root: &std::path::Path,
+    layer: &ConfigLayer,
+    allow: bool,
+) -> Result<(memfit_train::train_loop::Summary, LinearEngine), String> {
     let mut engine = LinearEngine::new();
     let s = train(
         root,
         &small_config(),
         &mut engine,
-        Some((&ConfigLayer::default(), false)),
+        Some((layer, allow)),
         StopFlag::new(),
         plenty,
     )?;
@@ -115,16 +124,7 @@ fn a_changed_config_is_refused_unless_allowed_and_the_change_is_named() {
         lr: Some(0.5),
         ..Default::default()
     };
-    let mut engine = LinearEngine::new();
-    let err = train(
-        &root,
-        &small_config(),
-        &mut engine,
-        Some((&layer, false)),
-        StopFlag::new(),
-        plenty,
-    )
-    .unwrap_err();
+    let err = resume_with(&root, &layer, false).err().unwrap();
     assert!(
         err.contains("lr: 0.05 → 0.5") && err.contains("--allow-config-change"),
         "{err}"
@@ -134,16 +134,7 @@ fn a_changed_config_is_refused_unless_allowed_and_the_change_is_named() {
         keep: Some(5),
         ..Default::default()
     };
-    let mut engine = LinearEngine::new();
-    train(
-        &root,
-        &small_config(),
-        &mut engine,
-        Some((&keep, false)),
-        StopFlag::new(),
-        plenty,
-    )
-    .unwrap();
+    resume_with(&root, &keep, false).unwrap();
 }
 
 #[test]
@@ -155,16 +146,7 @@ fn allowed_config_change_is_recorded() {
         lr: Some(0.01),
         ..Default::default()
     };
-    let mut engine = LinearEngine::new();
-    train(
-        &root,
-        &small_config(),
-        &mut engine,
-        Some((&layer, true)),
-        StopFlag::new(),
-        plenty,
-    )
-    .unwrap();
+    resume_with(&root, &layer, true).unwrap();
     let config = std::fs::read_to_string(root.join("config.toml")).unwrap();
     assert!(config.contains("lr = 0.01"));
     let resume = read_jsonl(&root.join("events.jsonl"))
@@ -183,16 +165,7 @@ fn a_checkpoint_of_another_model_or_vocabulary_is_refused() {
         model: Some("t5-small".into()),
         ..Default::default()
     };
-    let mut engine = LinearEngine::new();
-    let err = train(
-        &root,
-        &small_config(),
-        &mut engine,
-        Some((&layer, true)),
-        StopFlag::new(),
-        plenty,
-    )
-    .unwrap_err();
+    let err = resume_with(&root, &layer, true).err().unwrap();
     assert!(err.contains("checkpoint of model \"linear-test\""), "{err}");
 
     let (_, ckpt) = memfit_train::checkpoint::latest_checkpoint(&root.join("checkpoints")).unwrap();
