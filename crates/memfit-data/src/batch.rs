@@ -24,6 +24,19 @@ pub struct PaddedSeq2Seq {
 }
 
 impl PaddedSeq2Seq {
+    /// An empty batch of `batch` rows padded to `src_len` / `tgt_len`, its vectors reserved.
+    fn with_capacity(batch: usize, src_len: usize, tgt_len: usize) -> Self {
+        Self {
+            batch,
+            src_len,
+            tgt_len,
+            input_ids: Vec::with_capacity(batch * src_len),
+            input_mask: Vec::with_capacity(batch * src_len),
+            labels: Vec::with_capacity(batch * tgt_len),
+            label_mask: Vec::with_capacity(batch * tgt_len),
+        }
+    }
+
     /// Target tokens that count in the loss (non-padding labels).
     pub fn target_tokens(&self) -> usize {
         self.label_mask.iter().filter(|m| **m).count()
@@ -67,15 +80,7 @@ pub fn pad_seq2seq(rows: &[Row<'_>], pad_id: u32) -> PaddedSeq2Seq {
         .map(|r| r.target().map_or(0, |t| t.len()))
         .max()
         .unwrap_or(0);
-    let mut out = PaddedSeq2Seq {
-        batch: rows.len(),
-        src_len,
-        tgt_len,
-        input_ids: Vec::with_capacity(rows.len() * src_len),
-        input_mask: Vec::with_capacity(rows.len() * src_len),
-        labels: Vec::with_capacity(rows.len() * tgt_len),
-        label_mask: Vec::with_capacity(rows.len() * tgt_len),
-    };
+    let mut out = PaddedSeq2Seq::with_capacity(rows.len(), src_len, tgt_len);
     for r in rows {
         push_padded(
             &mut out.input_ids,
@@ -119,15 +124,7 @@ pub fn pad_token_pairs(rows: &[(&[u32], &[u32])], pad_id: u32, min_len: usize) -
         .max()
         .unwrap_or(0)
         .max(min_len);
-    let mut out = PaddedSeq2Seq {
-        batch: rows.len(),
-        src_len,
-        tgt_len,
-        input_ids: Vec::with_capacity(rows.len() * src_len),
-        input_mask: Vec::with_capacity(rows.len() * src_len),
-        labels: Vec::with_capacity(rows.len() * tgt_len),
-        label_mask: Vec::with_capacity(rows.len() * tgt_len),
-    };
+    let mut out = PaddedSeq2Seq::with_capacity(rows.len(), src_len, tgt_len);
     for (source, target) in rows {
         let (ids, mask) = (&mut out.input_ids, &mut out.input_mask);
         push_padded(ids, mask, source.iter().copied(), src_len, pad_id);
