@@ -14,6 +14,7 @@ use crate::engine::{Engine, GenerateConfig, ParamCounts, Seq2SeqBatch, StepStats
 use crate::model::block_ckpt::{self, MicroBatch, Trainable};
 use crate::model::chunked_head::{CHUNK_LOGITS, HeadInputs, loss_through_head};
 use crate::model::dropout::Dropout;
+use crate::model::grad_sink::GradSink;
 use crate::model::loss::{masked_cross_entropy, shift_right};
 use crate::model::t5::{T5Forward, padding_mask};
 use crate::model::{Group, Kind, ModelError, T5Config, T5Model};
@@ -387,7 +388,11 @@ impl T5Engine {
                 inputs.decoder_ids,
                 &mut drop,
             );
-            let (acc, flags) = (&mut self.grads, &self.trainable);
+            let mut sink = Accumulators {
+                acc: &mut self.grads,
+                trainable: &self.trainable,
+                leaves: &leaves,
+            };
             // The one place the loss is scaled (by the loop's share for this micro-batch).
             let head = HeadInputs {
                 labels: &batch.labels,
@@ -395,9 +400,7 @@ impl T5Engine {
                 loss_scale: loss_scale as f64,
                 chunk_logits: CHUNK_LOGITS,
             };
-            let (loss, _) = loss_through_head(&fwd, out, head, &mut |grads| {
-                add_gradients(acc, flags, &leaves, grads)
-            })?;
+            let (loss, _) = loss_through_head(&fwd, out, head, &mut sink)?;
             loss
         };
         Ok(to_f32_vec(loss)?.first().copied().unwrap_or(f32::NAN))
@@ -432,7 +435,11 @@ impl T5Engine {
             labels: &batch.labels,
             label_mask: &batch.label_mask,
         };
-        let (acc, flags) = (&mut self.grads, &self.trainable);
+        let mut sink = Accumulators {
+            acc: &mut self.grads,
+            trainable: &self.trainable,
+            leaves,
+        };
         block_ckpt::loss_and_grads(
             &forward(plain),
             &forward(leaves),
@@ -440,7 +447,7 @@ impl T5Engine {
             micro,
             drop,
             loss_scale as f64,
-            &mut |grads| add_gradients(acc, flags, leaves, grads),
+            &mut sink,
         )
     }
 
@@ -483,28 +490,48 @@ fn to_f32_vec<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>, ModelError> {
         .map_err(|e| ModelError::Io(format!("reading a tensor back from the device: {e:?}")))
 }
 
-/// Moves the gradients of the trainable `leaves` out of `grads` into the host accumulators `acc`
-/// (removing each as it goes, so a gradient never exists twice for long).
-fn add_gradients(
-    acc: &mut [Option<Vec<f32>>],
-    trainable: &[bool],
-    leaves: &[Tensor<2>],
-    grads: &mut Gradients,
-) -> Result<(), ModelError> {
-    for (i, leaf) in leaves.iter().enumerate() {
-        if !trainable[i] {
-            continue;
-        }
-        let Some(g) = leaf.grad_remove(grads) else {
-            continue;
-        };
-        let g = to_f32_vec(g)?;
-        match &mut acc[i] {
+/// The host accumulators a micro-batch's gradients are added to, one per parameter (`None`: frozen,
+/// or nothing yet), and the tracked leaves whose gradients autodiff reports.
+struct Accumulators<'a> {
+    acc: &'a mut [Option<Vec<f32>>],
+    trainable: &'a [bool],
+    leaves: &'a [Tensor<2>],
+}
+
+impl Accumulators<'_> {
+    fn add(&mut self, index: usize, grad: Tensor<2>) -> Result<(), ModelError> {
+        let g = to_f32_vec(grad)?;
+        match &mut self.acc[index] {
             Some(a) => a.iter_mut().zip(&g).for_each(|(a, b)| *a += b),
             slot @ None => *slot = Some(g),
         }
+        Ok(())
     }
-    Ok(())
+}
+
+impl GradSink for Accumulators<'_> {
+    type Error = ModelError;
+
+    /// Moves the trainable leaves' gradients out of `grads` (removing each as it goes, so a
+    /// gradient never exists twice for long).
+    fn gradients(&mut self, grads: &mut Gradients) -> Result<(), ModelError> {
+        for i in 0..self.leaves.len() {
+            if !self.trainable[i] {
+                continue;
+            }
+            if let Some(g) = self.leaves[i].grad_remove(grads) {
+                self.add(i, g)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn parameter(&mut self, index: usize, grad: Tensor<2>) -> Result<(), ModelError> {
+        if self.trainable[index] {
+            self.add(index, grad)?;
+        }
+        Ok(())
+    }
 }
 
 impl Engine for T5Engine {

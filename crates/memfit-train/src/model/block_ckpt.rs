@@ -24,6 +24,7 @@ use burn::tensor::Gradients;
 
 use crate::model::chunked_head::{CHUNK_LOGITS, HeadInputs, loss_through_head};
 use crate::model::dropout::Dropout;
+use crate::model::grad_sink::GradSink;
 use crate::model::t5::T5Forward;
 
 /// One micro-batch's inputs, on the device without autodiff.
@@ -84,7 +85,7 @@ pub fn loss_and_grads<E>(
     batch: MicroBatch,
     drop: &mut Dropout,
     loss_scale: f64,
-    sink: &mut dyn FnMut(&mut Gradients) -> Result<(), E>,
+    sink: &mut dyn GradSink<Error = E>,
 ) -> Result<Tensor<1>, E> {
     let layout = plain.layout;
     let [_, s] = batch.input_ids.dims();
@@ -140,7 +141,7 @@ pub fn loss_and_grads<E>(
             &mut block_drop.clone(),
         );
         if let Some(mut grads) = pull(out, &cot) {
-            sink(&mut grads)?;
+            sink.gradients(&mut grads)?;
             cotangent = x_leaf.grad(&grads);
             collect(&mut encoded_cot, &encoded_leaf, &grads);
             collect(&mut dec_bias_cot, &dec_bias_leaf, &grads);
@@ -149,7 +150,7 @@ pub fn loss_and_grads<E>(
     if let Some(cot) = dec_bias_cot
         && let Some(mut grads) = pull(tracked.decoder_bias(t, &device), &cot)
     {
-        sink(&mut grads)?;
+        sink.gradients(&mut grads)?;
     }
     if let Some(cot) = cotangent
         && let Some(mut grads) = pull(
@@ -157,7 +158,7 @@ pub fn loss_and_grads<E>(
             &cot,
         )
     {
-        sink(&mut grads)?;
+        sink.gradients(&mut grads)?;
     }
 
     // Encoder: final norm, blocks last first, bias, embedding.
@@ -169,7 +170,7 @@ pub fn loss_and_grads<E>(
         let x_leaf = leaf(&input, true);
         let out = tracked.final_norm(x_leaf.clone(), layout.encoder_norm, &mut norm_drop.clone());
         if let Some(mut grads) = pull(out, &cot) {
-            sink(&mut grads)?;
+            sink.gradients(&mut grads)?;
             cotangent = x_leaf.grad(&grads);
         }
     }
@@ -180,7 +181,7 @@ pub fn loss_and_grads<E>(
         let x_leaf = leaf(&input, i > 0 || trainable.shared);
         let out = tracked.encoder_block(i, x_leaf.clone(), &enc_bias_leaf, &mut block_drop.clone());
         if let Some(mut grads) = pull(out, &cot) {
-            sink(&mut grads)?;
+            sink.gradients(&mut grads)?;
             cotangent = x_leaf.grad(&grads);
             collect(&mut enc_bias_cot, &enc_bias_leaf, &grads);
         }
@@ -188,7 +189,7 @@ pub fn loss_and_grads<E>(
     if let Some(cot) = enc_bias_cot
         && let Some(mut grads) = pull(tracked.encoder_bias(s, &batch.mask), &cot)
     {
-        sink(&mut grads)?;
+        sink.gradients(&mut grads)?;
     }
     if let Some(cot) = cotangent
         && let Some(mut grads) = pull(
@@ -196,7 +197,7 @@ pub fn loss_and_grads<E>(
             &cot,
         )
     {
-        sink(&mut grads)?;
+        sink.gradients(&mut grads)?;
     }
     Ok(loss)
 }

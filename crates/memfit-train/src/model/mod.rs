@@ -12,10 +12,12 @@ pub mod chunked_head;
 pub mod config;
 pub mod dropout;
 pub mod flops;
+pub mod grad_sink;
 pub mod layout;
 pub mod loss;
 pub mod t5;
 pub mod tensor_file;
+pub mod xent;
 
 use std::borrow::Cow;
 use std::path::Path;
