@@ -113,7 +113,7 @@ pub fn exp_f32(x: f32) -> f32 {
     let p = p * r + 8.333_452e-3;
     let p = p * r + 4.166_579_6e-2;
     let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 5.000_000_1e-1;
+    let p = p * r + 0.5;
     let er = p * r * r + r + 1.0;
     // n is in the low bits of t's mantissa (two's complement around ROUND's bit pattern).
     let n_int = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
