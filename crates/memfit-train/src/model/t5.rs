@@ -122,12 +122,14 @@ impl<'a> T5Forward<'a> {
             Activation::GeluNew => gelu_approximate(h),
             Activation::Silu => silu(h),
         };
-        let h = match f.wi_1 {
+        let h = match (f.wi_1, self.cfg.feed_forward.activation) {
             // Gated (T5 v1.1): act(x·wi_0) ⊙ (x·wi_1).
-            Some(wi_1) => act(self.linear(x.clone(), f.wi)) * self.linear(x, wi_1),
-            None => act(self.linear(x, f.wi)),
+            (Some(wi_1), _) => drop.apply(act(self.linear(x.clone(), f.wi)) * self.linear(x, wi_1)),
+            // T5 v1.0 / ChatLM: ReLU and dropout fused into one mask (less kept for backward).
+            (None, Activation::Relu) => drop.apply_after_relu(self.linear(x, f.wi)),
+            (None, _) => drop.apply(act(self.linear(x, f.wi))),
         };
-        self.linear(drop.apply(h), f.wo)
+        self.linear(h, f.wo)
     }
 
     /// `[1, heads, q, k]` relative position bias from the table at `table`.
