@@ -90,22 +90,16 @@ fn head_loss_and_cotangent<E>(
         };
         // The loss in f32 whatever the compute dtype (as transformers upcasts logits for it).
         let dtype = logits.dtype();
-        let mut values: Vec<f32> = logits
-            .cast(FloatDType::F32)
-            .into_data()
-            .try_into_vec()
-            .expect("f32 logits");
+        // Worked on in the tensor's own buffer: no copy out and back.
+        let mut values = logits.cast(FloatDType::F32).into_data();
         nll += nll_and_grad_in_place(
-            &mut values,
+            values.as_mut_slice().expect("f32 logits"),
             vocab,
             &labels[start..end],
             &label_mask[start..end],
             grad_scale,
         );
-        let grad_logits = Tensor::<2>::from_data(
-            TensorData::new(values, [end - start, vocab]),
-            (&device, dtype),
-        );
+        let grad_logits = Tensor::<2>::from_data(values, (&device, dtype));
         if weight_grad_wanted {
             let grad_weight = if tied {
                 grad_logits.clone().transpose().matmul(x)
