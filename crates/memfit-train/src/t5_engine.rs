@@ -503,9 +503,9 @@ impl Accumulators<'_> {
         // Read in place: flex's buffers are 16-byte aligned, so turning one into a `Vec<f32>`
         // would copy it; a later part of the same gradient is added without any temporary.
         let data = grad.cast(FloatDType::F32).into_data();
-        let g: &[f32] = data
-            .as_slice()
-            .map_err(|e| ModelError::Io(format!("reading a gradient back from the device: {e:?}")))?;
+        let g: &[f32] = data.as_slice().map_err(|e| {
+            ModelError::Io(format!("reading a gradient back from the device: {e:?}"))
+        })?;
         match &mut self.acc[index] {
             Some(a) => a.iter_mut().zip(g).for_each(|(a, b)| *a += b),
             slot @ None => *slot = Some(g.to_vec()),

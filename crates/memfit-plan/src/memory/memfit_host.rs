@@ -28,7 +28,7 @@ use super::setup::{Optimizer, Precision, Setup};
 use super::states::{base_trains, trainable};
 use super::{Component, HostEstimate, Scaling};
 use crate::Task;
-use crate::arch::{Arch, Group};
+use crate::arch::{Activation, Arch, Group};
 
 /// Logits per chunk of memfit-train's LM head (`model/chunked_head.rs` `CHUNK_LOGITS`, which a
 /// test there keeps equal to this): the loss never holds more than one chunk's logits.
@@ -69,18 +69,22 @@ pub mod fitted {
 /// - two RMS norms, each keeping `x·rsqrt(mean(x²)+ε)` (for the weight's gradient) and its product
 ///   with the weight (kept by the next linears): 4d;
 /// - q, k, v (kept by the two attention matmuls) and the re-laid-out context (kept by `o`): 4i;
-/// - FFN: ReLU output and dropped-out activations (kept by `wo`): 2f;
+/// - FFN: the dropped-out activations (kept by `wo`): f; with another activation than a plain
+///   ReLU, also the activation's input: 2f (the engine fuses ReLU and dropout into one boolean mask);
 /// - dropout masks: two after the sub-layers (2d) and the FFN's (f), 1 B each.
 ///
 /// A frozen block (its weights need no gradient, but its input does) keeps no linear inputs and no
-/// normed products: 2d residual, q, k, v (3i), the ReLU output (f), and the same masks.
+/// normed products: 2d residual, q, k, v (3i), the activation's input unless ReLU (f), and the
+/// same masks.
 fn encoder_block(arch: &Arch, trained: bool, cb: u64) -> u64 {
     let (d, f, i) = (arch.hidden, arch.ffn, arch.heads * arch.head_dim);
     let masks = 2 * d + f;
+    let fused_relu = arch.activation == Activation::Relu && !arch.gated_ffn;
+    let activation_input = if fused_relu { 0 } else { f };
     if trained {
-        cb * (6 * d + 4 * i + 2 * f) + masks
+        cb * (6 * d + 4 * i + f + activation_input) + masks
     } else {
-        cb * (2 * d + 3 * i + f) + masks
+        cb * (2 * d + 3 * i + activation_input) + masks
     }
 }
 

@@ -102,18 +102,32 @@ impl Dropout {
 
     /// The next mask: `true` where an element is dropped.
     fn draw<const D: usize>(&mut self, shape: Shape, device: &Device) -> Tensor<D, Bool> {
-        let n = shape.num_elements();
-        // Compare 32-bit halves against the keep threshold: two draws per u64.
-        let threshold = ((1.0 - self.p) * 4_294_967_296.0) as u64;
-        let mut dropped = vec![false; n];
-        for pair in dropped.chunks_mut(2) {
-            let r = self.rng.next_u64();
-            pair[0] = r & 0xFFFF_FFFF >= threshold;
-            if let Some(second) = pair.get_mut(1) {
-                *second = r >> 32 >= threshold;
-            }
-        }
+        let mut dropped = vec![false; shape.num_elements()];
+        fill_dropped(&mut self.rng, self.p, &mut dropped);
         Tensor::<D, Bool>::from_data(TensorData::new(dropped, shape), device)
+    }
+
+    /// A seed for an operation that draws its own mask ([`fill_dropped`] from `SplitMix64::new`),
+    /// advancing this generator so that later masks differ; clones replay the same seeds.
+    pub fn next_seed(&mut self) -> u64 {
+        self.rng.next_u64()
+    }
+
+    pub fn p(&self) -> f64 {
+        self.p
+    }
+}
+
+/// Draws one dropout mask into `dropped` (`true`: dropped with probability `p`): each u64 gives two
+/// elements, its 32-bit halves compared with the keep threshold.
+pub fn fill_dropped(rng: &mut SplitMix64, p: f64, dropped: &mut [bool]) {
+    let threshold = ((1.0 - p) * 4_294_967_296.0) as u64;
+    for pair in dropped.chunks_mut(2) {
+        let r = rng.next_u64();
+        pair[0] = r & 0xFFFF_FFFF >= threshold;
+        if let Some(second) = pair.get_mut(1) {
+            *second = r >> 32 >= threshold;
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 //! optimizer exact and backend-independent, makes frozen modules simply "not tracked", and ties the
 //! LM head to the embedding by using the same tensor twice.
 
+pub mod attention_core;
 pub mod block_ckpt;
 pub mod bucket;
 pub mod chunked_head;

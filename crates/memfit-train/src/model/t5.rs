@@ -12,6 +12,7 @@ use burn::tensor::activation::{gelu, gelu_approximate, relu, silu, softmax};
 use burn::tensor::{DType, TensorData};
 
 use crate::model::T5Model;
+use crate::model::attention_core;
 use crate::model::bucket::bucket_grid;
 use crate::model::config::{Activation, T5Config};
 use crate::model::dropout::Dropout;
@@ -107,11 +108,13 @@ impl<'a> T5Forward<'a> {
     ) -> Tensor<3> {
         let [b, _, tq, _] = q.dims();
         let scores = q.matmul(k.swap_dims(2, 3)) + bias.clone();
-        let probs = drop.apply(softmax(scores, 3));
-        let ctx = probs
-            .matmul(v)
-            .swap_dims(1, 2)
-            .reshape([b, tq, self.cfg.inner_dim()]);
+        let ctx = if attention_core::supported(&scores) {
+            let seed = drop.next_seed();
+            attention_core::softmax_dropout_matmul(scores, v, seed, drop.p())
+        } else {
+            drop.apply(softmax(scores, 3)).matmul(v)
+        };
+        let ctx = ctx.swap_dims(1, 2).reshape([b, tq, self.cfg.inner_dim()]);
         self.linear(ctx, a.o)
     }
 

@@ -42,7 +42,7 @@ pub fn nll_and_grad_in_place(
 
 /// `row[i] = exp(row[i] − shift)` for every element; returns their sum (in f64). Dispatches to a
 /// build of the same loop for the CPU's widest vector unit.
-fn exp_shifted_in_place(row: &mut [f32], shift: f32) -> f64 {
+pub(crate) fn exp_shifted_in_place(row: &mut [f32], shift: f32) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
@@ -94,8 +94,10 @@ fn exp_shifted(row: &mut [f32], shift: f32) -> f64 {
 
 /// `e^x` for f32 without a libm call, so that loops over it vectorise: Cody–Waite range reduction
 /// `x = n·ln2 + r` (|r| ≤ ln2/2), Cephes' degree-6 polynomial for `e^r`, and `2^n` built in the
-/// exponent bits. Relative error ≲ 2 ulp. Inputs are clamped to [−87.3, 88.3]: far below, the
-/// result is ~1e-38 instead of 0 (the sums it feeds do not notice); far above, ~2e38 instead of ∞.
+/// exponent bits. Relative error ≲ 2 ulp. Below −87.3 the result is exactly 0 (masked attention
+/// scores must give zero probabilities: a tiny non-zero one would also be a subnormal after
+/// normalising, and subnormals slow every GEMM that reads them by an order of magnitude); above
+/// 88.3 it stays ~2e38 instead of ∞.
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -104,6 +106,7 @@ pub fn exp_f32(x: f32) -> f32 {
     const LN2_LO: f32 = -2.121_944_4e-4;
     // Adding 1.5·2^23 rounds to the nearest integer and leaves it in the low mantissa bits.
     const ROUND: f32 = 12_582_912.0;
+    let x_in = x;
     let x = x.clamp(-87.3, 88.3);
     let t = x * LOG2E + ROUND;
     let n = t - ROUND;
@@ -118,7 +121,7 @@ pub fn exp_f32(x: f32) -> f32 {
     // n is in the low bits of t's mantissa (two's complement around ROUND's bit pattern).
     let n_int = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
     let two_n = f32::from_bits(((n_int + 127) << 23) as u32);
-    er * two_n
+    if x_in < -87.3 { 0.0 } else { er * two_n }
 }
 
 #[cfg(test)]
@@ -140,7 +143,9 @@ mod tests {
             "worst relative error {worst}"
         );
         assert_eq!(exp_f32(0.0), 1.0);
-        assert!(exp_f32(-1e9) < 1e-37, "underflow goes to ~0");
+        assert_eq!(exp_f32(-1e9), 0.0, "masked scores give exactly 0");
+        assert_eq!(exp_f32(-87.4), 0.0);
+        assert!(exp_f32(-87.2) > 0.0 && exp_f32(-87.2).is_normal());
     }
 
     #[test]
