@@ -13,6 +13,7 @@ pub mod chunked_head;
 pub mod config;
 pub mod dropout;
 pub mod flops;
+pub mod fused_rms_norm;
 pub mod grad_sink;
 pub mod layout;
 pub mod loss;

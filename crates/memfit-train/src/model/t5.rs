@@ -12,7 +12,7 @@ use burn::tensor::activation::{gelu, gelu_approximate, relu, silu, softmax};
 use burn::tensor::{DType, TensorData};
 
 use crate::model::T5Model;
-use crate::model::attention_core;
+use crate::model::{attention_core, fused_rms_norm};
 use crate::model::bucket::bucket_grid;
 use crate::model::config::{Activation, T5Config};
 use crate::model::dropout::Dropout;
@@ -55,9 +55,13 @@ impl<'a> T5Forward<'a> {
 
     fn rms_norm(&self, x: Tensor<3>, weight: usize) -> Tensor<3> {
         // T5LayerNorm: x / sqrt(mean(x²) + eps) · w — no mean subtraction, no bias.
-        let var = x.clone().square().mean_dim(2);
         let w = self.p(weight).unsqueeze::<3>();
-        x * (var + self.cfg.layer_norm_epsilon).sqrt().recip() * w
+        let eps = self.cfg.layer_norm_epsilon;
+        if fused_rms_norm::supported(&x) {
+            return fused_rms_norm::rms_norm(x, w, eps);
+        }
+        let var = x.clone().square().mean_dim(2);
+        x * (var + eps).sqrt().recip() * w
     }
 
     fn linear(&self, x: Tensor<3>, weight: usize) -> Tensor<3> {
