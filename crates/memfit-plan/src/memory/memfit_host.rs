@@ -42,10 +42,10 @@ pub mod fitted {
     /// parameter model at 1 × 8 tokens, is 234 MiB of which 224 MiB are the counted states).
     pub const RUNTIME_RSS: u64 = 20_000_000;
     /// Resident share of the op-by-op count of saved block tensors ([`super::encoder_block`]).
-    /// Fitted: 1.20 — the count misses temporaries the allocator holds while the graph grows
+    /// Fitted: 1.30 — the count misses temporaries the allocator holds while the graph grows
     /// (re-laid-out heads before a matmul, broadcast copies of the norm's scale, and burn-flex's
     /// zeroed buffer beside each matmul output while it is copied into an aligned one).
-    pub const BLOCK_SCALE: f64 = 1.20;
+    pub const BLOCK_SCALE: f64 = 1.30;
     /// One block's graph counted this many times at both moments of a checkpointed step: the
     /// allocator keeps the freed temporaries of a block's untracked forward (or the block
     /// recomputed before) resident beside what is live. Fitted: 1.6 (with 1.0 the checkpointed
@@ -67,8 +67,9 @@ pub mod fitted {
 ///
 /// With trained weights (d = d_model, i = heads × d_kv, f = d_ff):
 /// - residual stream in and after the attention sub-layer: 2d;
-/// - two RMS norms, each keeping `x·rsqrt(mean(x²)+ε)` (for the weight's gradient) and its product
-///   with the weight (kept by the next linears): 4d;
+/// - two RMS norms, each keeping its output (kept by the next linears) and, with burn's composite
+///   ops (bf16), also `x·rsqrt(mean(x²)+ε)` for the weight's gradient: 2d in f32 (the engine's
+///   fused norm keeps only its input, the residual stream), 4d otherwise ([`norm_elements`]);
 /// - q, k, v (kept by the two attention matmuls) and the re-laid-out context (kept by `o`): 4i;
 /// - FFN: the dropped-out activations (kept by `wo`): f; with another activation than a plain
 ///   ReLU, also the activation's input: 2f (the engine fuses ReLU and dropout into one boolean mask);
@@ -83,19 +84,26 @@ fn encoder_block(arch: &Arch, trained: bool, cb: u64) -> u64 {
     let fused_relu = arch.activation == Activation::Relu && !arch.gated_ffn;
     let activation_input = if fused_relu { 0 } else { f };
     if trained {
-        cb * (6 * d + 4 * i + f + activation_input) + masks
+        cb * (2 * d + norm_elements(d, cb, 2) + 4 * i + f + activation_input) + masks
     } else {
         cb * (2 * d + 3 * i + activation_input) + masks
     }
 }
 
+/// Elements `norms` trained RMS norms keep per token beside their input: the output, and with burn's
+/// composite ops (any dtype but f32) also the normalised `x·r`.
+fn norm_elements(d: u64, cb: u64, norms: u64) -> u64 {
+    if cb == 4 { norms * d } else { 2 * norms * d }
+}
+
 /// Bytes per decoder token one decoder block keeps: an encoder block's terms plus a
-/// cross-attention sub-layer (residual + norm: 3d; q and context: 2i; its dropout mask: d at 1 B);
+/// cross-attention sub-layer (residual + norm: 2d in f32, 3d otherwise; q and context: 2i; its
+/// dropout mask: d at 1 B);
 /// with an encoder, also k and v over the encoder tokens ([`cross_kv`]).
 fn decoder_block(arch: &Arch, cb: u64) -> u64 {
     let (d, i) = (arch.hidden, arch.heads * arch.head_dim);
     let cross = if arch.encoder_layers > 0 {
-        cb * (3 * d + 2 * i) + d
+        cb * (d + norm_elements(d, cb, 1) + 2 * i) + d
     } else {
         0
     };
@@ -113,10 +121,11 @@ fn cross_kv(arch: &Arch, cb: u64) -> u64 {
 
 /// Bytes the autodiff graph of one micro-batch keeps for the backward pass, without attention
 /// matrices and logits: every block ([`encoder_block`], [`decoder_block`]) and, per stack, the
-/// embedding output, the final norm and its products (4d) and two dropout masks (2d at 1 B).
+/// embedding output, the final norm and its products (3d in f32, 4d otherwise) and two dropout
+/// masks (2d at 1 B).
 pub fn saved_bytes(arch: &Arch, setup: &Setup, cb: u64) -> u64 {
     let d = arch.hidden;
-    let stack = cb * 4 * d + 2 * d;
+    let stack = cb * (2 * d + norm_elements(d, cb, 1)) + 2 * d;
     let (src, tgt) = lengths(arch, setup);
     let b = setup.batch;
     let mut total = 0;
