@@ -68,7 +68,11 @@ impl<C: CheckpointStrategy> RmsNormOp for Autodiff<Flex, C> {
             }
         }
 
-        match Norm.prepare::<C>([x.node(), w.node()]).compute_bound().stateful() {
+        match Norm
+            .prepare::<C>([x.node(), w.node()])
+            .compute_bound()
+            .stateful()
+        {
             OpsKind::Tracked(prep) => {
                 let (x, w) = (x.into_primitive(), w.into_primitive());
                 let (out, r) = forward(&x, &w, eps);
@@ -132,7 +136,12 @@ fn backward(
             }
         }
         if want_x {
-            let dot: f32 = g.iter().zip(ws.iter()).zip(row).map(|((g, w), v)| g * w * v).sum();
+            let dot: f32 = g
+                .iter()
+                .zip(ws.iter())
+                .zip(row)
+                .map(|((g, w), v)| g * w * v)
+                .sum();
             let k = ri * ri * ri * dot / d as f32;
             let out = &mut dx[i * d..(i + 1) * d];
             for (((o, &gj), &wj), &v) in out.iter_mut().zip(g).zip(ws.iter()).zip(row) {
@@ -164,9 +173,13 @@ mod tests {
     #[test]
     fn equals_the_composite_ops_in_value_and_gradients() {
         let (b, t, d) = (2, 3, 8);
-        let xv: Vec<f32> = (0..b * t * d).map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0).collect();
+        let xv: Vec<f32> = (0..b * t * d)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+            .collect();
         let wv: Vec<f32> = (0..d).map(|i| 0.5 + i as f32 / 8.0).collect();
-        let gv: Vec<f32> = (0..b * t * d).map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0).collect();
+        let gv: Vec<f32> = (0..b * t * d)
+            .map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0)
+            .collect();
         let run = |fused: bool| -> [Vec<f32>; 3] {
             let x = tracked(xv.clone(), [b, t, d]);
             let w = tracked(wv.clone(), [1, 1, d]);
@@ -179,12 +192,19 @@ mod tests {
             let g = Tensor::<3>::from_data(TensorData::new(gv.clone(), [b, t, d]), &Device::flex());
             let grads = (y.clone() * g).sum().backward();
             let v = |t: Tensor<3>| -> Vec<f32> { t.into_data().try_to_vec().unwrap() };
-            [v(y.inner()), v(x.grad(&grads).unwrap()), v(w.grad(&grads).unwrap())]
+            [
+                v(y.inner()),
+                v(x.grad(&grads).unwrap()),
+                v(w.grad(&grads).unwrap()),
+            ]
         };
         let (fused, reference) = (run(true), run(false));
         for (which, (a, b)) in ["y", "dx", "dw"].iter().zip(fused.iter().zip(&reference)) {
             for (p, q) in a.iter().zip(b) {
-                assert!((p - q).abs() < 1e-5 * (1.0 + q.abs()), "{which}: {p} vs {q}");
+                assert!(
+                    (p - q).abs() < 1e-5 * (1.0 + q.abs()),
+                    "{which}: {p} vs {q}"
+                );
             }
         }
     }

@@ -12,11 +12,11 @@ use burn::tensor::activation::{gelu, gelu_approximate, relu, silu, softmax};
 use burn::tensor::{DType, TensorData};
 
 use crate::model::T5Model;
-use crate::model::{attention_core, fused_rms_norm};
 use crate::model::bucket::bucket_grid;
 use crate::model::config::{Activation, T5Config};
 use crate::model::dropout::Dropout;
 use crate::model::layout::{AttnParams, FfnParams, T5Layout};
+use crate::model::{attention_core, fused_rms_norm};
 
 /// Added to the scores of masked positions. transformers adds `torch.finfo(dtype).min`; any value
 /// whose `exp` underflows to 0 gives the same probabilities, and this one stays finite in bf16.
