@@ -19,6 +19,7 @@ use burn::tensor::{DType, TensorData};
 use burn_flex::FlexTensor;
 
 use crate::model::dropout::{SplitMix64, fill_dropped};
+use crate::model::flex_f32::{tensor_like, values};
 use crate::model::xent::exp_shifted_in_place;
 
 #[backend_extension(Flex, Autodiff)]
@@ -52,7 +53,7 @@ pub fn softmax_dropout_matmul(scores: Tensor<4>, v: Tensor<4>, seed: u64, p: f64
 impl AttentionCore for Flex {
     fn softmax_dropout_matmul(scores: FlexTensor, v: FlexTensor, seed: u64, p: f64) -> FlexTensor {
         let mut probs = softmax_rows(scores);
-        drop_and_scale(&mut probs, seed, p);
+        drop_and_scale(probs.storage_mut::<f32>(), seed, p);
         Flex::float_matmul(probs, v)
     }
 }
@@ -83,7 +84,7 @@ impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
                 if let Some(node) = v_node {
                     // dv = dropout(probs)ᵀ · g
                     let mut dropped = copy_f32(&probs);
-                    drop_and_scale(&mut dropped, seed, p);
+                    drop_and_scale(dropped.storage_mut::<f32>(), seed, p);
                     let dv = Flex::float_matmul(Flex::float_transpose(dropped), grad.clone());
                     grads.register::<Flex>(node.id, dv);
                 }
@@ -106,7 +107,7 @@ impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
                 let probs = softmax_rows(scores.into_primitive());
                 let v = v.into_primitive();
                 let mut dropped = copy_f32(&probs);
-                drop_and_scale(&mut dropped, seed, p);
+                drop_and_scale(dropped.storage_mut::<f32>(), seed, p);
                 let out = Flex::float_matmul(dropped, v.clone());
                 prep.finish((probs, v, seed, p), out)
             }
@@ -126,10 +127,9 @@ fn into_f32_data(t: FlexTensor) -> TensorData {
     t.into_data()
 }
 
-/// A copy of the contiguous f32 tensor `t` (one copy; `to_contiguous` + `into_data` would make two).
+/// A copy of the f32 tensor `t` (one copy; `to_contiguous` + `into_data` would make two).
 fn copy_f32(t: &FlexTensor) -> FlexTensor {
-    let values = t.as_slice::<f32>().expect("contiguous f32").to_vec();
-    FlexTensor::from_data(TensorData::new(values, t.layout().shape().clone()))
+    tensor_like(values(t).into_owned(), t)
 }
 
 /// Softmax over the last dimension, in the tensor's own buffer when it is not shared.
@@ -148,23 +148,18 @@ fn softmax_rows(scores: FlexTensor) -> FlexTensor {
     FlexTensor::from_data(data)
 }
 
-/// Inverted dropout in place: zero the dropped elements, scale the kept ones by `1/(1−p)`.
-fn drop_and_scale(t: &mut FlexTensor, seed: u64, p: f64) {
+/// Inverted dropout in place (the forward values, or their gradient): zero the dropped elements,
+/// scale the kept ones by `1/(1−p)`.
+fn drop_and_scale(values: &mut [f32], seed: u64, p: f64) {
     if p <= 0.0 {
         return;
     }
-    let dropped = mask(t.layout().num_elements(), seed, p);
+    let mut dropped = vec![false; values.len()];
+    fill_dropped(&mut SplitMix64::new(seed), p, &mut dropped);
     let keep_scale = (1.0 / (1.0 - p)) as f32;
-    let values = t.storage_mut::<f32>();
     for (x, &d) in values.iter_mut().zip(&dropped) {
         *x = if d { 0.0 } else { *x * keep_scale };
     }
-}
-
-fn mask(n: usize, seed: u64, p: f64) -> Vec<bool> {
-    let mut dropped = vec![false; n];
-    fill_dropped(&mut SplitMix64::new(seed), p, &mut dropped);
-    dropped
 }
 
 /// The scores' gradient from the dropped-out probabilities' gradient `d_dropped`, in its buffer:
@@ -180,16 +175,10 @@ fn softmax_dropout_backward(
         .shape()
         .last()
         .expect("probs have a last dimension");
-    let probs = probs.as_slice::<f32>().expect("contiguous f32");
+    let probs = values(probs);
     let mut data = into_f32_data(d_dropped);
     let grad = data.as_mut_slice::<f32>().expect("f32");
-    if p > 0.0 {
-        let dropped = mask(grad.len(), seed, p);
-        let keep_scale = (1.0 / (1.0 - p)) as f32;
-        for (g, &d) in grad.iter_mut().zip(&dropped) {
-            *g = if d { 0.0 } else { *g * keep_scale };
-        }
-    }
+    drop_and_scale(grad, seed, p);
     for (g, y) in grad.chunks_exact_mut(k).zip(probs.chunks_exact(k)) {
         let dot: f32 = g.iter().zip(y).map(|(g, y)| g * y).sum();
         g.iter_mut().zip(y).for_each(|(g, y)| *g = y * (*g - dot));

@@ -11,8 +11,10 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
-use burn::tensor::{DType, TensorData};
+use burn::tensor::DType;
 use burn_flex::FlexTensor;
+
+use crate::model::flex_f32::{tensor_like, values};
 
 #[backend_extension(Flex, Autodiff)]
 pub trait RmsNormOp: Backend {
@@ -83,19 +85,6 @@ impl<C: CheckpointStrategy> RmsNormOp for Autodiff<Flex, C> {
             }
         }
     }
-}
-
-/// The values of a contiguous f32 tensor (a copy only when `t` is a strided view).
-fn values(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
-    assert_eq!(t.dtype(), DType::F32, "the fused RMS norm runs in f32");
-    match t.as_slice::<f32>() {
-        Some(v) => std::borrow::Cow::Borrowed(v),
-        None => std::borrow::Cow::Owned(t.to_contiguous().as_slice::<f32>().unwrap().to_vec()),
-    }
-}
-
-fn tensor_like(values: Vec<f32>, like: &FlexTensor) -> FlexTensor {
-    FlexTensor::from_data(TensorData::new(values, like.layout().shape().clone()))
 }
 
 /// The output and each row's `r`.

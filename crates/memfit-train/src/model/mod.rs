@@ -12,6 +12,7 @@ pub mod bucket;
 pub mod chunked_head;
 pub mod config;
 pub mod dropout;
+pub mod flex_f32;
 pub mod flops;
 pub mod fused_rms_norm;
 pub mod grad_sink;
