@@ -1,12 +1,14 @@
-//! Attention's `dropout(softmax(scores)) · v` as one operation with a hand-written backward: a burn
-//! backend extension for the flex CPU backend, in f32.
+//! Attention's `dropout(softmax(q·kᵀ + bias)) · v` as one operation with a hand-written backward:
+//! a burn backend extension for the flex CPU backend, in f32.
 //!
 //! burn's composite softmax runs five element-wise passes (max, subtract, scalar `expf`, sum,
 //! divide) and keeps the `exp` output for backward, dropout keeps its mask, and the probs·V matmul
 //! keeps the dropped-out probabilities: two `batch × heads × q × k` f32 matrices and a byte mask per
-//! attention. Here the forward is one sweep per row (vectorised `exp`), and backward keeps only the
-//! softmax output: the dropout mask is drawn again from its seed and the dropped-out probabilities
-//! are rebuilt from the softmax output when they are needed.
+//! attention. Here the forward is one sweep per row (vectorised `exp`), and backward keeps no
+//! `q × k` matrix at all, only q, k, v, the bias (which the linear layers and the other blocks keep
+//! anyway) and two numbers per row (max and 1/sum): the probabilities are recomputed from them in
+//! backward (one more `q·kᵀ` GEMM, the same arithmetic as the forward's), and the dropout mask is
+//! drawn again from its seed — the recomputation FlashAttention makes, for the same reason.
 
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
@@ -19,106 +21,176 @@ use burn::tensor::{DType, TensorData};
 use burn_flex::FlexTensor;
 
 use crate::model::dropout::{SplitMix64, fill_dropped};
-use crate::model::flex_f32::{tensor_like, values};
+use crate::model::flex_f32::values;
 use crate::model::xent::exp_shifted_in_place;
 
 #[backend_extension(Flex, Autodiff)]
 pub trait AttentionCore: Backend {
-    /// `dropout(softmax(scores, last dim)) · v`: scores `[b, h, q, k]`, v `[b, h, k, d]`; the
-    /// dropout mask (probability `p`) is drawn from `SplitMix64::new(seed)` in row-major order.
-    fn softmax_dropout_matmul(
-        scores: FloatTensor<Self>,
+    /// `dropout(softmax(q·kᵀ + bias, last dim)) · v`: q `[b, h, tq, d]`, k and v `[b, h, tk, d]`,
+    /// bias broadcastable to `[b, h, tq, tk]`; the dropout mask (probability `p`) is drawn from
+    /// `SplitMix64::new(seed)` in row-major order of the `[b, h, tq, tk]` probabilities.
+    fn attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
         v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
         seed: u64,
         p: f64,
     ) -> FloatTensor<Self>;
 }
 
-/// Whether [`softmax_dropout_matmul`] runs for these tensors (flex, f32); other backends and
-/// dtypes use the composite ops.
-pub fn supported(scores: &Tensor<4>) -> bool {
-    scores.dtype() == DType::F32 && scores.device() == Device::flex()
+/// Whether [`attention`] runs for these tensors (flex, f32); other backends and dtypes use the
+/// composite ops.
+pub fn supported(q: &Tensor<4>) -> bool {
+    q.dtype() == DType::F32 && q.device() == Device::flex()
 }
 
-/// [`AttentionCore::softmax_dropout_matmul`] on tensors (see [`supported`]).
-pub fn softmax_dropout_matmul(scores: Tensor<4>, v: Tensor<4>, seed: u64, p: f64) -> Tensor<4> {
-    Tensor::from_dispatch(<Dispatch as AttentionCore>::softmax_dropout_matmul(
-        scores.into_dispatch(),
+/// [`AttentionCore::attention`] on tensors (see [`supported`]).
+pub fn attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    bias: Tensor<4>,
+    seed: u64,
+    p: f64,
+) -> Tensor<4> {
+    Tensor::from_dispatch(<Dispatch as AttentionCore>::attention(
+        q.into_dispatch(),
+        k.into_dispatch(),
         v.into_dispatch(),
+        bias.into_dispatch(),
         seed,
         p,
     ))
 }
 
 impl AttentionCore for Flex {
-    fn softmax_dropout_matmul(scores: FlexTensor, v: FlexTensor, seed: u64, p: f64) -> FlexTensor {
-        let mut probs = softmax_rows(scores);
+    fn attention(
+        q: FlexTensor,
+        k: FlexTensor,
+        v: FlexTensor,
+        bias: FlexTensor,
+        seed: u64,
+        p: f64,
+    ) -> FlexTensor {
+        let (mut probs, _) = softmax_rows(scores(q, k, bias));
         drop_and_scale(probs.storage_mut::<f32>(), seed, p);
         Flex::float_matmul(probs, v)
     }
 }
 
+/// What the backward pass keeps: the inputs (shared with the tensors that produced them, so no
+/// copy) and each softmax row's max and 1/sum.
+#[derive(Debug, Clone)]
+struct Saved {
+    q: FlexTensor,
+    k: FlexTensor,
+    v: FlexTensor,
+    bias: FlexTensor,
+    rows: RowStats,
+    seed: u64,
+    p: f64,
+}
+
 impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
-    fn softmax_dropout_matmul(
-        scores: FloatTensor<Self>,
+    fn attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
         v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
         seed: u64,
         p: f64,
     ) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct Core;
 
-        impl Backward<Flex, 2> for Core {
-            /// The softmax output, v, the mask's seed and p.
-            type State = (FlexTensor, FlexTensor, u64, f64);
+        impl Backward<Flex, 4> for Core {
+            type State = Saved;
 
             fn backward(
                 self,
-                ops: Ops<Self::State, 2>,
+                ops: Ops<Self::State, 4>,
                 grads: &mut Gradients,
                 _checkpointer: &mut Checkpointer,
             ) {
-                let [scores_node, v_node] = ops.parents;
+                let [q_node, k_node, v_node, bias_node] = ops.parents;
                 let grad = grads.consume::<Flex>(&ops.node);
-                let (probs, v, seed, p) = ops.state;
-                if let Some(node) = v_node {
-                    // dv = dropout(probs)ᵀ · g
-                    let mut dropped = copy_f32(&probs);
-                    drop_and_scale(dropped.storage_mut::<f32>(), seed, p);
-                    let dv = Flex::float_matmul(Flex::float_transpose(dropped), grad.clone());
-                    grads.register::<Flex>(node.id, dv);
+                let s = ops.state;
+                let scores = scores(s.q.clone(), s.k.clone(), s.bias.clone());
+                let mut probs = softmax_rows_again(scores, &s.rows);
+                if q_node.is_some() || k_node.is_some() || bias_node.is_some() {
+                    let d_dropped = Flex::float_matmul(grad.clone(), Flex::float_transpose(s.v));
+                    let d_scores = softmax_dropout_backward(&probs, d_dropped, s.seed, s.p);
+                    if let Some(node) = q_node {
+                        let dq = Flex::float_matmul(d_scores.clone(), s.k);
+                        grads.register::<Flex>(node.id, dq);
+                    }
+                    if let Some(node) = k_node {
+                        let dk = Flex::float_matmul(Flex::float_transpose(d_scores.clone()), s.q);
+                        grads.register::<Flex>(node.id, dk);
+                    }
+                    if let Some(node) = bias_node {
+                        let shape = s.bias.layout().shape().clone();
+                        grads.register::<Flex>(node.id, sum_to_shape(d_scores, &shape));
+                    }
                 }
-                if let Some(node) = scores_node {
-                    let d_dropped = Flex::float_matmul(grad, Flex::float_transpose(v));
-                    grads.register::<Flex>(
-                        node.id,
-                        softmax_dropout_backward(&probs, d_dropped, seed, p),
-                    );
+                if let Some(node) = v_node {
+                    // dv = dropout(probs)ᵀ · g, the probabilities dropped out in their own buffer.
+                    drop_and_scale(probs.storage_mut::<f32>(), s.seed, s.p);
+                    let dv = Flex::float_matmul(Flex::float_transpose(probs), grad);
+                    grads.register::<Flex>(node.id, dv);
                 }
             }
         }
 
         match Core
-            .prepare::<C>([scores.node(), v.node()])
+            .prepare::<C>([q.node(), k.node(), v.node(), bias.node()])
             .compute_bound()
             .stateful()
         {
             OpsKind::Tracked(prep) => {
-                let probs = softmax_rows(scores.into_primitive());
-                let v = v.into_primitive();
-                let mut dropped = copy_f32(&probs);
-                drop_and_scale(dropped.storage_mut::<f32>(), seed, p);
-                let out = Flex::float_matmul(dropped, v.clone());
-                prep.finish((probs, v, seed, p), out)
+                let (q, k, v, bias) = (
+                    q.into_primitive(),
+                    k.into_primitive(),
+                    v.into_primitive(),
+                    bias.into_primitive(),
+                );
+                let (mut probs, rows) = softmax_rows(scores(q.clone(), k.clone(), bias.clone()));
+                drop_and_scale(probs.storage_mut::<f32>(), seed, p);
+                let out = Flex::float_matmul(probs, v.clone());
+                let saved = Saved {
+                    q,
+                    k,
+                    v,
+                    bias,
+                    rows,
+                    seed,
+                    p,
+                };
+                prep.finish(saved, out)
             }
-            OpsKind::UnTracked(prep) => prep.finish(Flex::softmax_dropout_matmul(
-                scores.into_primitive(),
+            OpsKind::UnTracked(prep) => prep.finish(Flex::attention(
+                q.into_primitive(),
+                k.into_primitive(),
                 v.into_primitive(),
+                bias.into_primitive(),
                 seed,
                 p,
             )),
         }
     }
+}
+
+/// `q·kᵀ + bias`, `[b, h, tq, tk]`.
+fn scores(q: FlexTensor, k: FlexTensor, bias: FlexTensor) -> FlexTensor {
+    Flex::float_add(Flex::float_matmul(q, Flex::float_transpose(k)), bias)
+}
+
+/// Each softmax row's max and 1/sum: all backward needs to rebuild the probabilities from scores.
+#[derive(Debug, Clone, Default)]
+struct RowStats {
+    max: Vec<f32>,
+    inv_sum: Vec<f32>,
 }
 
 /// `t` as contiguous f32 data (no copy when `t` is already contiguous and not shared).
@@ -127,22 +199,34 @@ fn into_f32_data(t: FlexTensor) -> TensorData {
     t.into_data()
 }
 
-/// A copy of the f32 tensor `t` (one copy; `to_contiguous` + `into_data` would make two).
-fn copy_f32(t: &FlexTensor) -> FlexTensor {
-    tensor_like(values(t).into_owned(), t)
+fn last_dim(t: &FlexTensor) -> usize {
+    *t.layout().shape().last().expect("a 4-d attention tensor")
 }
 
-/// Softmax over the last dimension, in the tensor's own buffer when it is not shared.
-fn softmax_rows(scores: FlexTensor) -> FlexTensor {
-    let k = *scores
-        .layout()
-        .shape()
-        .last()
-        .expect("scores have a last dimension");
+/// Softmax over the last dimension, in the scores' own buffer when it is not shared, and the rows'
+/// statistics.
+fn softmax_rows(scores: FlexTensor) -> (FlexTensor, RowStats) {
+    let k = last_dim(&scores);
     let mut data = into_f32_data(scores);
+    let mut rows = RowStats::default();
     for row in data.as_mut_slice::<f32>().expect("f32").chunks_exact_mut(k) {
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let inv = (1.0 / exp_shifted_in_place(row, max)) as f32;
+        row.iter_mut().for_each(|x| *x *= inv);
+        rows.max.push(max);
+        rows.inv_sum.push(inv);
+    }
+    (FlexTensor::from_data(data), rows)
+}
+
+/// The forward's softmax of the same scores from its row statistics: the same operations in the
+/// same order, so the same probabilities.
+fn softmax_rows_again(scores: FlexTensor, rows: &RowStats) -> FlexTensor {
+    let k = last_dim(&scores);
+    let mut data = into_f32_data(scores);
+    let chunks = data.as_mut_slice::<f32>().expect("f32").chunks_exact_mut(k);
+    for ((row, &max), &inv) in chunks.zip(&rows.max).zip(&rows.inv_sum) {
+        exp_shifted_in_place(row, max);
         row.iter_mut().for_each(|x| *x *= inv);
     }
     FlexTensor::from_data(data)
@@ -170,11 +254,7 @@ fn softmax_dropout_backward(
     seed: u64,
     p: f64,
 ) -> FlexTensor {
-    let k = *probs
-        .layout()
-        .shape()
-        .last()
-        .expect("probs have a last dimension");
+    let k = last_dim(probs);
     let probs = values(probs);
     let mut data = into_f32_data(d_dropped);
     let grad = data.as_mut_slice::<f32>().expect("f32");
@@ -184,6 +264,17 @@ fn softmax_dropout_backward(
         g.iter_mut().zip(y).for_each(|(g, y)| *g = y * (*g - dot));
     }
     FlexTensor::from_data(data)
+}
+
+/// `t` summed over the dimensions `shape` broadcasts (size 1 there): the gradient of a broadcast
+/// input.
+fn sum_to_shape(mut t: FlexTensor, shape: &[usize]) -> FlexTensor {
+    for (dim, &size) in shape.iter().enumerate() {
+        if size == 1 && t.layout().shape()[dim] != 1 {
+            t = Flex::float_sum_dim(t, dim);
+        }
+    }
+    t
 }
 
 #[cfg(test)]
@@ -206,44 +297,74 @@ mod tests {
         t.into_data().try_to_vec().unwrap()
     }
 
-    /// Output and gradients of (scores, v) through `f`, weighted by a fixed cotangent.
-    fn run(f: impl Fn(Tensor<4>, Tensor<4>) -> Tensor<4>) -> [Vec<f32>; 3] {
-        let (scores, v) = (tensor([2, 3, 5, 7], 1), tensor([2, 3, 7, 4], 2));
-        let out = f(scores.clone(), v.clone());
-        let weight = tensor([2, 3, 5, 4], 3).inner();
+    /// Output and gradients of (q, k, v, bias) through `f`, weighted by a fixed cotangent. q is a
+    /// strided view (`[b, q, h, d]` with its middle dimensions swapped), as the model's heads are.
+    fn run(
+        bias_shape: [usize; 4],
+        f: impl Fn(Tensor<4>, Tensor<4>, Tensor<4>, Tensor<4>) -> Tensor<4>,
+    ) -> [Vec<f32>; 5] {
+        let q = tensor([2, 5, 3, 4], 1);
+        let (k, v) = (tensor([2, 3, 7, 4], 2), tensor([2, 3, 7, 4], 3));
+        let bias = tensor(bias_shape, 4);
+        let out = f(q.clone().swap_dims(1, 2), k.clone(), v.clone(), bias.clone());
+        let weight = tensor([2, 3, 5, 4], 5).inner();
         let grads = (out.clone() * weight).sum().backward();
         [
             values(out.inner()),
-            values(scores.grad(&grads).unwrap()),
+            values(q.grad(&grads).unwrap()),
+            values(k.grad(&grads).unwrap()),
             values(v.grad(&grads).unwrap()),
+            values(bias.grad(&grads).unwrap()),
         ]
     }
 
     #[test]
     fn equals_the_composite_ops_with_and_without_dropout() {
-        for p in [0.0, 0.25] {
-            let fused = run(|s, v| {
-                assert!(supported(&s));
-                softmax_dropout_matmul(s, v, 99, p)
-            });
-            // The same mask: `Dropout::new(seed)` draws its first mask from `SplitMix64::new(seed)`.
-            let composite = run(|s, v| Dropout::new(99, p).apply(softmax(s, 3)).matmul(v));
-            for (which, (a, b)) in ["output", "d scores", "d v"]
-                .iter()
-                .zip(fused.iter().zip(&composite))
-            {
-                for (x, y) in a.iter().zip(b) {
-                    assert!((x - y).abs() < 1e-5, "p {p}, {which}: {x} vs {y}");
+        // Full bias (encoder: position bias + padding mask), batch-broadcast (decoder self-attention)
+        // and key-padding only (cross-attention).
+        for bias_shape in [[2, 3, 5, 7], [1, 3, 5, 7], [2, 1, 1, 7]] {
+            for p in [0.0, 0.25] {
+                let fused = run(bias_shape, |q, k, v, bias| {
+                    assert!(supported(&q));
+                    attention(q, k, v, bias, 99, p)
+                });
+                // The same mask: `Dropout::new(seed)` draws its first mask from `SplitMix64::new(seed)`.
+                let composite = run(bias_shape, |q, k, v, bias| {
+                    let scores = q.matmul(k.swap_dims(2, 3)) + bias;
+                    Dropout::new(99, p).apply(softmax(scores, 3)).matmul(v)
+                });
+                for (which, (a, b)) in ["output", "dq", "dk", "dv", "d bias"]
+                    .iter()
+                    .zip(fused.iter().zip(&composite))
+                {
+                    assert_eq!(a.len(), b.len(), "{which}");
+                    for (x, y) in a.iter().zip(b) {
+                        assert!(
+                            (x - y).abs() < 1e-5,
+                            "bias {bias_shape:?}, p {p}, {which}: {x} vs {y}"
+                        );
+                    }
                 }
             }
         }
     }
 
     #[test]
+    fn recomputed_probabilities_equal_the_forward_ones() {
+        let flex = |shape: [usize; 4], salt: usize| {
+            FlexTensor::from_data(TensorData::new(values(tensor(shape, salt).inner()), shape))
+        };
+        let (q, k, bias) = (flex([1, 2, 3, 4], 7), flex([1, 2, 6, 4], 8), flex([1, 2, 3, 6], 9));
+        let (probs, rows) = softmax_rows(scores(q.clone(), k.clone(), bias.clone()));
+        let again = softmax_rows_again(scores(q, k, bias), &rows);
+        assert_eq!(probs.as_slice::<f32>(), again.as_slice::<f32>());
+    }
+
+    #[test]
     fn masked_scores_get_exactly_zero_probability() {
         // A causal/padding mask adds -1e9: those probabilities must be 0, not subnormal.
         let scores = TensorData::new(vec![0.5f32, -1e9, 2.0, -1e9 - 3.0], [1, 1, 1, 4]);
-        let probs = softmax_rows(FlexTensor::from_data(scores));
+        let (probs, _) = softmax_rows(FlexTensor::from_data(scores));
         let p = probs.as_slice::<f32>().unwrap();
         assert_eq!((p[1], p[3]), (0.0, 0.0));
         assert!(p.iter().all(|x| *x == 0.0 || x.is_normal()));
@@ -252,12 +373,11 @@ mod tests {
 
     #[test]
     fn runs_untracked_too() {
-        let (scores, v) = (
-            tensor([1, 2, 3, 4], 5).inner(),
-            tensor([1, 2, 4, 2], 6).inner(),
-        );
-        let fused = values(softmax_dropout_matmul(scores.clone(), v.clone(), 1, 0.0));
-        let composite = values(softmax(scores, 3).matmul(v));
+        let q = tensor([1, 2, 3, 2], 5).inner();
+        let (k, v) = (tensor([1, 2, 4, 2], 6).inner(), tensor([1, 2, 4, 2], 7).inner());
+        let bias = tensor([1, 1, 3, 4], 8).inner();
+        let fused = values(attention(q.clone(), k.clone(), v.clone(), bias.clone(), 1, 0.0));
+        let composite = values(softmax(q.matmul(k.swap_dims(2, 3)) + bias, 3).matmul(v));
         for (x, y) in fused.iter().zip(&composite) {
             assert!((x - y).abs() < 1e-6, "{x} vs {y}");
         }

@@ -111,11 +111,11 @@ impl<'a> T5Forward<'a> {
         drop: &mut Dropout,
     ) -> Tensor<3> {
         let [b, _, tq, _] = q.dims();
-        let scores = q.matmul(k.swap_dims(2, 3)) + bias.clone();
-        let ctx = if attention_core::supported(&scores) {
+        let ctx = if attention_core::supported(&q) {
             let seed = drop.next_seed();
-            attention_core::softmax_dropout_matmul(scores, v, seed, drop.p())
+            attention_core::attention(q, k, v, bias.clone(), seed, drop.p())
         } else {
+            let scores = q.matmul(k.swap_dims(2, 3)) + bias.clone();
             drop.apply(softmax(scores, 3)).matmul(v)
         };
         let ctx = ctx.swap_dims(1, 2).reshape([b, tq, self.cfg.inner_dim()]);
