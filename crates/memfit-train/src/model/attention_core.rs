@@ -17,11 +17,11 @@ use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
-use burn::tensor::{DType, TensorData};
+use burn::tensor::DType;
 use burn_flex::FlexTensor;
 
-use crate::model::dropout::{SplitMix64, fill_dropped};
-use crate::model::flex_f32::values;
+use crate::model::dropout::drop_and_scale;
+use crate::model::flex_f32::{into_values, values};
 use crate::model::xent::exp_shifted_in_place;
 
 #[backend_extension(Flex, Autodiff)]
@@ -193,12 +193,6 @@ struct RowStats {
     inv_sum: Vec<f32>,
 }
 
-/// `t` as contiguous f32 data (no copy when `t` is already contiguous and not shared).
-fn into_f32_data(t: FlexTensor) -> TensorData {
-    assert_eq!(t.dtype(), DType::F32, "the fused attention runs in f32");
-    t.into_data()
-}
-
 fn last_dim(t: &FlexTensor) -> usize {
     *t.layout().shape().last().expect("a 4-d attention tensor")
 }
@@ -207,7 +201,7 @@ fn last_dim(t: &FlexTensor) -> usize {
 /// statistics.
 fn softmax_rows(scores: FlexTensor) -> (FlexTensor, RowStats) {
     let k = last_dim(&scores);
-    let mut data = into_f32_data(scores);
+    let mut data = into_values(scores);
     let mut rows = RowStats::default();
     for row in data.as_mut_slice::<f32>().expect("f32").chunks_exact_mut(k) {
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -223,27 +217,13 @@ fn softmax_rows(scores: FlexTensor) -> (FlexTensor, RowStats) {
 /// same order, so the same probabilities.
 fn softmax_rows_again(scores: FlexTensor, rows: &RowStats) -> FlexTensor {
     let k = last_dim(&scores);
-    let mut data = into_f32_data(scores);
+    let mut data = into_values(scores);
     let chunks = data.as_mut_slice::<f32>().expect("f32").chunks_exact_mut(k);
     for ((row, &max), &inv) in chunks.zip(&rows.max).zip(&rows.inv_sum) {
         exp_shifted_in_place(row, max);
         row.iter_mut().for_each(|x| *x *= inv);
     }
     FlexTensor::from_data(data)
-}
-
-/// Inverted dropout in place (the forward values, or their gradient): zero the dropped elements,
-/// scale the kept ones by `1/(1−p)`.
-fn drop_and_scale(values: &mut [f32], seed: u64, p: f64) {
-    if p <= 0.0 {
-        return;
-    }
-    let mut dropped = vec![false; values.len()];
-    fill_dropped(&mut SplitMix64::new(seed), p, &mut dropped);
-    let keep_scale = (1.0 / (1.0 - p)) as f32;
-    for (x, &d) in values.iter_mut().zip(&dropped) {
-        *x = if d { 0.0 } else { *x * keep_scale };
-    }
 }
 
 /// The scores' gradient from the dropped-out probabilities' gradient `d_dropped`, in its buffer:
@@ -256,7 +236,7 @@ fn softmax_dropout_backward(
 ) -> FlexTensor {
     let k = last_dim(probs);
     let probs = values(probs);
-    let mut data = into_f32_data(d_dropped);
+    let mut data = into_values(d_dropped);
     let grad = data.as_mut_slice::<f32>().expect("f32");
     drop_and_scale(grad, seed, p);
     for (g, y) in grad.chunks_exact_mut(k).zip(probs.chunks_exact(k)) {
@@ -281,6 +261,7 @@ fn sum_to_shape(mut t: FlexTensor, shape: &[usize]) -> FlexTensor {
 mod tests {
     use super::*;
     use crate::model::dropout::Dropout;
+    use burn::tensor::TensorData;
     use burn::tensor::activation::softmax;
 
     fn tensor(shape: [usize; 4], salt: usize) -> Tensor<4> {

@@ -5,6 +5,8 @@
 use burn::prelude::*;
 use burn::tensor::TensorData;
 
+use crate::model::dropout_op;
+
 /// SplitMix64 (Steele, Lea, Flood 2014): a tiny, well-mixed generator; the trainer's one, for
 /// dropout masks, initial weights, derived seeds and the demo task.
 #[derive(Debug, Clone)]
@@ -33,6 +35,11 @@ impl SplitMix64 {
                 return x % n;
             }
         }
+    }
+
+    /// Skips `n` outputs: the state advances by a constant per output.
+    pub fn skip(&mut self, n: u64) {
+        self.0 = self.0.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     }
 
     /// XORs `x` into the state: the next outputs form a sub-stream keyed by `x` (derived seeds).
@@ -78,6 +85,10 @@ impl Dropout {
         if self.p <= 0.0 {
             return x;
         }
+        if dropout_op::supported(&x) {
+            let seed = self.mask_seed(x.shape().num_elements());
+            return dropout_op::dropout(x, seed, self.p);
+        }
         let dropped = self.draw(x.shape(), &x.device());
         // A boolean mask: backward keeps 1 byte per element (an f32 mask multiplied in kept 4, and
         // the product kept its other operand too).
@@ -88,6 +99,12 @@ impl Dropout {
     /// and gradient as the two ops (burn's ReLU passes no gradient at 0 either), but backward keeps
     /// only the 1-byte mask, where ReLU alone keeps its f32 input: 4 bytes less per FFN element.
     pub fn apply_after_relu<const D: usize>(&mut self, x: Tensor<D>) -> Tensor<D> {
+        if dropout_op::supported(&x) {
+            // With p = 0 the mask is all kept and nothing is drawn, as below.
+            let n = if self.p > 0.0 { x.shape().num_elements() } else { 0 };
+            let seed = self.mask_seed(n);
+            return dropout_op::relu_dropout(x, seed, self.p);
+        }
         let not_positive = x.clone().inner().lower_equal_elem(0.0);
         if self.p <= 0.0 {
             return x.mask_fill(not_positive, 0.0);
@@ -107,6 +124,14 @@ impl Dropout {
         Tensor::<D, Bool>::from_data(TensorData::new(dropped, shape), device)
     }
 
+    /// The seed from which [`fill_dropped`] draws the mask of the next `n` elements exactly as
+    /// [`Self::draw`] would (the generator's state), advancing past those draws.
+    fn mask_seed(&mut self, n: usize) -> u64 {
+        let seed = self.rng.0;
+        self.rng.skip(n.div_ceil(2) as u64);
+        seed
+    }
+
     /// A seed for an operation that draws its own mask ([`fill_dropped`] from `SplitMix64::new`),
     /// advancing this generator so that later masks differ; clones replay the same seeds.
     pub fn next_seed(&mut self) -> u64 {
@@ -115,6 +140,20 @@ impl Dropout {
 
     pub fn p(&self) -> f64 {
         self.p
+    }
+}
+
+/// Inverted dropout in place (the forward values, or their gradient): zero the elements dropped by
+/// the mask [`fill_dropped`] draws from `SplitMix64::new(seed)`, scale the kept ones by `1/(1−p)`.
+pub fn drop_and_scale(values: &mut [f32], seed: u64, p: f64) {
+    if p <= 0.0 {
+        return;
+    }
+    let mut dropped = vec![false; values.len()];
+    fill_dropped(&mut SplitMix64::new(seed), p, &mut dropped);
+    let keep_scale = (1.0 / (1.0 - p)) as f32;
+    for (x, &d) in values.iter_mut().zip(&dropped) {
+        *x = if d { 0.0 } else { *x * keep_scale };
     }
 }
 

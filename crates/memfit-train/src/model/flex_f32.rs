@@ -19,3 +19,9 @@ pub fn values(t: &FlexTensor) -> Cow<'_, [f32]> {
 pub fn tensor_like(values: Vec<f32>, like: &FlexTensor) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(values, like.layout().shape().clone()))
 }
+
+/// `t`'s values as contiguous f32 data to write to (no copy when `t` is contiguous and not shared).
+pub fn into_values(t: FlexTensor) -> TensorData {
+    assert_eq!(t.dtype(), DType::F32, "the fused ops run in f32");
+    t.into_data()
+}

@@ -16,7 +16,7 @@ use crate::model::bucket::bucket_grid;
 use crate::model::config::{Activation, T5Config};
 use crate::model::dropout::Dropout;
 use crate::model::layout::{AttnParams, FfnParams, T5Layout};
-use crate::model::{attention_core, fused_rms_norm};
+use crate::model::{attention_core, fused_rms_norm, linear_op};
 
 /// Added to the scores of masked positions. transformers adds `torch.finfo(dtype).min`; any value
 /// whose `exp` underflows to 0 gives the same probabilities, and this one stays finite in bf16.
@@ -68,7 +68,13 @@ impl<'a> T5Forward<'a> {
         let [b, t, d] = x.dims();
         let w = self.p(weight);
         let out = w.dims()[1];
-        x.reshape([b * t, d]).matmul(w).reshape([b, t, out])
+        let x = x.reshape([b * t, d]);
+        let y = if linear_op::supported(&x) {
+            linear_op::linear(x, w)
+        } else {
+            x.matmul(w)
+        };
+        y.reshape([b, t, out])
     }
 
     fn heads(&self, x: Tensor<3>) -> Tensor<4> {

@@ -1,0 +1,213 @@
+//! Dropout, and dropout after ReLU, as operations with a hand-written backward that keep no mask:
+//! a burn backend extension for the flex CPU backend, in f32.
+//!
+//! burn's `mask_fill` keeps its boolean mask for backward: one byte per element of every dropout
+//! (each residual branch, the embeddings, the FFN). Here plain dropout keeps only its seed and draws
+//! the mask again in backward; dropout after ReLU keeps nothing of its own either: its gradient
+//! passes exactly where its output is positive (ReLU passed the element and dropout kept it), and
+//! the output is kept anyway by the FFN's second linear layer, which shares the buffer.
+
+use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
+use burn::prelude::*;
+use burn::tensor::DType;
+use burn_flex::FlexTensor;
+
+use crate::model::dropout::drop_and_scale;
+use crate::model::flex_f32::{into_values, values};
+
+#[backend_extension(Flex, Autodiff)]
+pub trait DropoutOp: Backend {
+    /// Inverted dropout with probability `p`, the mask drawn by `fill_dropped` from
+    /// `SplitMix64::new(seed)` in row-major order.
+    fn dropout(x: FloatTensor<Self>, seed: u64, p: f64) -> FloatTensor<Self>;
+
+    /// `dropout(relu(x))`, the mask drawn as in [`DropoutOp::dropout`].
+    fn relu_dropout(x: FloatTensor<Self>, seed: u64, p: f64) -> FloatTensor<Self>;
+}
+
+/// Whether the ops run for `x` (flex, f32); other backends and dtypes use burn's `mask_fill`.
+pub fn supported<const D: usize>(x: &Tensor<D>) -> bool {
+    x.dtype() == DType::F32 && x.device() == Device::flex()
+}
+
+/// [`DropoutOp::dropout`] on a tensor (see [`supported`]).
+pub fn dropout<const D: usize>(x: Tensor<D>, seed: u64, p: f64) -> Tensor<D> {
+    Tensor::from_dispatch(<Dispatch as DropoutOp>::dropout(x.into_dispatch(), seed, p))
+}
+
+/// [`DropoutOp::relu_dropout`] on a tensor (see [`supported`]).
+pub fn relu_dropout<const D: usize>(x: Tensor<D>, seed: u64, p: f64) -> Tensor<D> {
+    Tensor::from_dispatch(<Dispatch as DropoutOp>::relu_dropout(
+        x.into_dispatch(),
+        seed,
+        p,
+    ))
+}
+
+impl DropoutOp for Flex {
+    fn dropout(x: FlexTensor, seed: u64, p: f64) -> FlexTensor {
+        map_in_place(x, |v| drop_and_scale(v, seed, p))
+    }
+
+    fn relu_dropout(x: FlexTensor, seed: u64, p: f64) -> FlexTensor {
+        map_in_place(x, |v| {
+            v.iter_mut().for_each(|x| *x = if *x > 0.0 { *x } else { 0.0 });
+            drop_and_scale(v, seed, p)
+        })
+    }
+}
+
+impl<C: CheckpointStrategy> DropoutOp for Autodiff<Flex, C> {
+    fn dropout(x: FloatTensor<Self>, seed: u64, p: f64) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct Drop;
+
+        impl Backward<Flex, 1> for Drop {
+            /// The mask's seed and p.
+            type State = (u64, f64);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let [x_node] = ops.parents;
+                let grad = grads.consume::<Flex>(&ops.node);
+                let (seed, p) = ops.state;
+                if let Some(node) = x_node {
+                    grads.register::<Flex>(
+                        node.id,
+                        map_in_place(grad, |g| drop_and_scale(g, seed, p)),
+                    );
+                }
+            }
+        }
+
+        match Drop.prepare::<C>([x.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                prep.finish((seed, p), Flex::dropout(x.into_primitive(), seed, p))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(Flex::dropout(x.into_primitive(), seed, p)),
+        }
+    }
+
+    fn relu_dropout(x: FloatTensor<Self>, seed: u64, p: f64) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct ReluDrop;
+
+        impl Backward<Flex, 1> for ReluDrop {
+            /// The output (shared with the next layer, which keeps it) and p.
+            type State = (FlexTensor, f64);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let [x_node] = ops.parents;
+                let grad = grads.consume::<Flex>(&ops.node);
+                let (out, p) = ops.state;
+                if let Some(node) = x_node {
+                    let keep_scale = (1.0 / (1.0 - p)) as f32;
+                    let out = values(&out);
+                    let dx = map_in_place(grad, |g| {
+                        for (g, &y) in g.iter_mut().zip(out.iter()) {
+                            *g = if y > 0.0 { *g * keep_scale } else { 0.0 };
+                        }
+                    });
+                    grads.register::<Flex>(node.id, dx);
+                }
+            }
+        }
+
+        match ReluDrop.prepare::<C>([x.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let out = Flex::relu_dropout(x.into_primitive(), seed, p);
+                prep.finish((out.clone(), p), out)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(Flex::relu_dropout(x.into_primitive(), seed, p))
+            }
+        }
+    }
+}
+
+/// `f` applied to `t`'s values, in `t`'s own buffer when it is contiguous and not shared.
+fn map_in_place(t: FlexTensor, f: impl FnOnce(&mut [f32])) -> FlexTensor {
+    let mut data = into_values(t);
+    f(data.as_mut_slice::<f32>().expect("f32"));
+    FlexTensor::from_data(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::dropout::{SplitMix64, fill_dropped};
+    use burn::tensor::TensorData;
+
+    fn input() -> Tensor<2> {
+        let values: Vec<f32> = (0..63)
+            .map(|i| ((i * 13 % 11) as f32 - 5.0) / 2.0)
+            .collect();
+        assert!(values.contains(&0.0), "the tie at 0 is covered");
+        Tensor::from_data(TensorData::new(values, [9, 7]), &Device::flex())
+            .autodiff()
+            .require_grad()
+    }
+
+    /// Output and input gradient of `f`, weighted by a fixed cotangent.
+    fn run(f: impl Fn(Tensor<2>) -> Tensor<2>) -> (Vec<f32>, Vec<f32>) {
+        let x = input();
+        let weights: Vec<f32> = (0..63).map(|i| (i % 7) as f32 - 3.0).collect();
+        let w = Tensor::<2>::from_data(TensorData::new(weights, [9, 7]), &Device::flex());
+        let y = f(x.clone());
+        let grads = (y.clone() * w).sum().backward();
+        let grad = x.grad(&grads).unwrap().into_data().try_to_vec::<f32>().unwrap();
+        (y.inner().into_data().try_to_vec::<f32>().unwrap(), grad)
+    }
+
+    /// burn's composite ops with the same mask (the reference).
+    fn composite(x: Tensor<2>, seed: u64, p: f64, relu: bool) -> Tensor<2> {
+        let mut dropped = vec![false; 63];
+        fill_dropped(&mut SplitMix64::new(seed), p, &mut dropped);
+        let mut mask = Tensor::<2, Bool>::from_data(TensorData::new(dropped, [9, 7]), &x.device());
+        if relu {
+            mask = mask.bool_or(x.clone().inner().lower_equal_elem(0.0));
+        }
+        x.mask_fill(mask, 0.0) * (1.0 / (1.0 - p))
+    }
+
+    #[test]
+    fn equal_burns_masked_fill_in_value_and_gradient() {
+        for p in [0.0, 0.3] {
+            assert_eq!(
+                run(|x| dropout(x, 5, p)),
+                run(|x| composite(x, 5, p, false)),
+                "dropout, p = {p}"
+            );
+            assert_eq!(
+                run(|x| relu_dropout(x, 5, p)),
+                run(|x| composite(x, 5, p, true)),
+                "relu + dropout, p = {p}"
+            );
+        }
+    }
+
+    #[test]
+    fn run_untracked_too() {
+        let x = input().inner();
+        let fused: Vec<f32> = dropout(x.clone(), 3, 0.5).into_data().try_to_vec::<f32>().unwrap();
+        let mut dropped = vec![false; 63];
+        fill_dropped(&mut SplitMix64::new(3), 0.5, &mut dropped);
+        let source: Vec<f32> = x.into_data().try_to_vec::<f32>().unwrap();
+        for ((y, x), d) in fused.iter().zip(&source).zip(&dropped) {
+            assert_eq!(*y, if *d { 0.0 } else { x * 2.0 });
+        }
+    }
+}
