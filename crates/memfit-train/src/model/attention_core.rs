@@ -22,6 +22,7 @@ use burn_flex::FlexTensor;
 
 use crate::model::dropout::drop_and_scale;
 use crate::model::flex_f32::{into_values, values};
+use crate::model::gemm_f32::matmul;
 use crate::model::xent::exp_shifted_in_place;
 
 #[backend_extension(Flex, Autodiff)]
@@ -75,7 +76,7 @@ impl AttentionCore for Flex {
     ) -> FlexTensor {
         let (mut probs, _) = softmax_rows(scores(q, k, bias));
         drop_and_scale(probs.storage_mut::<f32>(), seed, p);
-        Flex::float_matmul(probs, v)
+        matmul(&probs, &v)
     }
 }
 
@@ -119,14 +120,14 @@ impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
                 let scores = scores(s.q.clone(), s.k.clone(), s.bias.clone());
                 let mut probs = softmax_rows_again(scores, &s.rows);
                 if q_node.is_some() || k_node.is_some() || bias_node.is_some() {
-                    let d_dropped = Flex::float_matmul(grad.clone(), Flex::float_transpose(s.v));
+                    let d_dropped = matmul(&grad, &Flex::float_transpose(s.v));
                     let d_scores = softmax_dropout_backward(&probs, d_dropped, s.seed, s.p);
                     if let Some(node) = q_node {
-                        let dq = Flex::float_matmul(d_scores.clone(), s.k);
+                        let dq = matmul(&d_scores, &s.k);
                         grads.register::<Flex>(node.id, dq);
                     }
                     if let Some(node) = k_node {
-                        let dk = Flex::float_matmul(Flex::float_transpose(d_scores.clone()), s.q);
+                        let dk = matmul(&Flex::float_transpose(d_scores.clone()), &s.q);
                         grads.register::<Flex>(node.id, dk);
                     }
                     if let Some(node) = bias_node {
@@ -137,7 +138,7 @@ impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
                 if let Some(node) = v_node {
                     // dv = dropout(probs)ᵀ · g, the probabilities dropped out in their own buffer.
                     drop_and_scale(probs.storage_mut::<f32>(), s.seed, s.p);
-                    let dv = Flex::float_matmul(Flex::float_transpose(probs), grad);
+                    let dv = matmul(&Flex::float_transpose(probs), &grad);
                     grads.register::<Flex>(node.id, dv);
                 }
             }
@@ -157,7 +158,7 @@ impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
                 );
                 let (mut probs, rows) = softmax_rows(scores(q.clone(), k.clone(), bias.clone()));
                 drop_and_scale(probs.storage_mut::<f32>(), seed, p);
-                let out = Flex::float_matmul(probs, v.clone());
+                let out = matmul(&probs, &v);
                 let saved = Saved {
                     q,
                     k,
@@ -183,7 +184,7 @@ impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
 
 /// `q·kᵀ + bias`, `[b, h, tq, tk]`.
 fn scores(q: FlexTensor, k: FlexTensor, bias: FlexTensor) -> FlexTensor {
-    Flex::float_add(Flex::float_matmul(q, Flex::float_transpose(k)), bias)
+    Flex::float_add(matmul(&q, &Flex::float_transpose(k)), bias)
 }
 
 /// Each softmax row's max and 1/sum: all backward needs to rebuild the probabilities from scores.

@@ -13,6 +13,7 @@ use burn::tensor::{FloatDType, TensorData};
 
 use crate::model::block_ckpt::pull;
 use crate::model::grad_sink::GradSink;
+use crate::model::linear_op::product;
 use crate::model::t5::T5Forward;
 use crate::model::xent::nll_and_grad_in_place;
 
@@ -84,9 +85,9 @@ fn head_loss_and_cotangent<E>(
         }
         let x = if tied { rows * input_scale } else { rows };
         let logits = if tied {
-            x.clone().matmul(weight.clone().transpose())
+            product(x.clone(), weight.clone().transpose())
         } else {
-            x.clone().matmul(weight.clone())
+            product(x.clone(), weight.clone())
         };
         // The loss in f32 whatever the compute dtype (as transformers upcasts logits for it).
         let dtype = logits.dtype();
@@ -102,16 +103,16 @@ fn head_loss_and_cotangent<E>(
         let grad_logits = Tensor::<2>::from_data(values, (&device, dtype));
         if weight_grad_wanted {
             let grad_weight = if tied {
-                grad_logits.clone().transpose().matmul(x)
+                product(grad_logits.clone().transpose(), x)
             } else {
-                x.transpose().matmul(grad_logits.clone())
+                product(x.transpose(), grad_logits.clone())
             };
             sink.parameter(index, grad_weight)?;
         }
         cotangent.push(if tied {
-            grad_logits.matmul(weight.clone()) * input_scale
+            product(grad_logits, weight.clone()) * input_scale
         } else {
-            grad_logits.matmul(weight.clone().transpose())
+            product(grad_logits, weight.clone().transpose())
         });
     }
     let loss = Tensor::from_data(

@@ -1,22 +1,19 @@
-//! A linear layer's `x · w` as one operation with a hand-written backward, each product one `gemm`
-//! call writing straight into the output's buffer: a burn backend extension for the flex CPU
-//! backend, in f32.
-//!
-//! burn-flex's matmul allocates every output twice: a zero-filled byte vector, then (to align it)
-//! a copy of it, before `gemm` writes the result: two extra passes over, and a transient second
-//! copy of, every activation and gradient a linear layer makes. Here the output is allocated once,
-//! uninitialised, and `gemm` (the crate burn-flex calls) fills it. Inputs are read in place,
-//! strided views included. The backward is the usual `dx = g · wᵀ`, `dw = xᵀ · g`; it keeps x and
-//! w, as burn's matmul does.
+//! A linear layer's `x · w` as one operation with a hand-written backward whose products are
+//! [`gemm_f32::matmul`](crate::model::gemm_f32::matmul) calls (output allocated once, no zero fill
+//! and copy as in burn-flex's matmul): a burn backend extension for the flex CPU backend, in f32.
+//! The backward is the usual `dx = g · wᵀ`, `dw = xᵀ · g`; it keeps x and w, as burn's matmul does.
 
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
-use burn::tensor::{DType, TensorData};
+use burn::tensor::DType;
 use burn_flex::FlexTensor;
+
+use crate::model::gemm_f32::matmul;
 
 #[backend_extension(Flex, Autodiff)]
 pub trait LinearOp: Backend {
@@ -29,6 +26,11 @@ pub fn supported(x: &Tensor<2>) -> bool {
     x.dtype() == DType::F32 && x.device() == Device::flex()
 }
 
+/// `x · w` through [`linear`] where it runs, burn's matmul elsewhere.
+pub fn product(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    if supported(&x) { linear(x, w) } else { x.matmul(w) }
+}
+
 /// [`LinearOp::linear`] on tensors (see [`supported`]).
 pub fn linear(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
     Tensor::from_dispatch(<Dispatch as LinearOp>::linear(
@@ -39,7 +41,7 @@ pub fn linear(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
 
 impl LinearOp for Flex {
     fn linear(x: FlexTensor, w: FlexTensor) -> FlexTensor {
-        product(Matrix::of(&x), Matrix::of(&w))
+        matmul(&x, &w)
     }
 }
 
@@ -62,11 +64,11 @@ impl<C: CheckpointStrategy> LinearOp for Autodiff<Flex, C> {
                 let grad = grads.consume::<Flex>(&ops.node);
                 let (x, w) = ops.state;
                 if let Some(node) = w_node {
-                    let dw = product(Matrix::of(&x).transposed(), Matrix::of(&grad));
+                    let dw = matmul(&Flex::float_transpose(x), &grad);
                     grads.register::<Flex>(node.id, dw);
                 }
                 if let Some(node) = x_node {
-                    let dx = product(Matrix::of(&grad), Matrix::of(&w).transposed());
+                    let dx = matmul(&grad, &Flex::float_transpose(w));
                     grads.register::<Flex>(node.id, dx);
                 }
             }
@@ -89,111 +91,10 @@ impl<C: CheckpointStrategy> LinearOp for Autodiff<Flex, C> {
     }
 }
 
-/// A 2-d f32 tensor read in place: its buffer, first element, shape and strides (in elements).
-struct Matrix<'a> {
-    data: &'a [f32],
-    offset: usize,
-    rows: usize,
-    cols: usize,
-    row_stride: isize,
-    col_stride: isize,
-}
-
-impl<'a> Matrix<'a> {
-    fn of(t: &'a FlexTensor) -> Self {
-        assert_eq!(t.dtype(), DType::F32, "the linear op runs in f32");
-        let layout = t.layout();
-        let (shape, strides) = (layout.shape(), layout.strides());
-        assert_eq!(shape.num_dims(), 2, "the linear op takes 2-d tensors");
-        Self {
-            data: t.storage::<f32>(),
-            offset: layout.start_offset(),
-            rows: shape[0],
-            cols: shape[1],
-            row_stride: strides[0],
-            col_stride: strides[1],
-        }
-    }
-
-    /// The same buffer read as the transpose (no copy).
-    fn transposed(self) -> Self {
-        Self {
-            rows: self.cols,
-            cols: self.rows,
-            row_stride: self.col_stride,
-            col_stride: self.row_stride,
-            ..self
-        }
-    }
-
-    fn ptr(&self) -> *const f32 {
-        self.data[self.offset..].as_ptr()
-    }
-
-    /// The buffer covers every element the shape and strides address.
-    fn check_bounds(&self) {
-        if self.rows == 0 || self.cols == 0 {
-            return;
-        }
-        let last = self.offset as isize
-            + (self.rows as isize - 1) * self.row_stride
-            + (self.cols as isize - 1) * self.col_stride;
-        assert!(
-            self.row_stride >= 0 && self.col_stride >= 0 && (last as usize) < self.data.len(),
-            "matrix view outside its buffer"
-        );
-    }
-}
-
-/// Products at least this large (m·n·k) use the rayon pool: burn-flex's threshold.
-const PARALLEL_MIN: usize = 192 * 192 * 192;
-
-/// `a · b` as a new row-major tensor, written once by `gemm`.
-fn product(a: Matrix, b: Matrix) -> FlexTensor {
-    assert_eq!(a.cols, b.rows, "inner dimensions of a product");
-    a.check_bounds();
-    b.check_bounds();
-    let (m, n, k) = (a.rows, b.cols, a.cols);
-    let parallelism = if m.saturating_mul(n).saturating_mul(k) >= PARALLEL_MIN {
-        gemm::Parallelism::Rayon(0)
-    } else {
-        gemm::Parallelism::None
-    };
-    let mut out = Vec::<f32>::with_capacity(m * n);
-    // SAFETY: both inputs lie inside their buffers (checked above) and outlive the call; `out` has
-    // room for m·n elements. With `read_dst` false gemm never reads the destination (it sets the
-    // destination's factor to zero and overwrites; k = 0 writes zeros), so it initialises all m·n
-    // elements before `set_len`.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.ptr(),
-            a.col_stride,
-            a.row_stride,
-            b.ptr(),
-            b.col_stride,
-            b.row_stride,
-            0.0f32,
-            1.0f32,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-        out.set_len(m * n);
-    }
-    FlexTensor::from_data(TensorData::new(out, [m, n]))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::tensor::TensorData;
 
     fn tensor(shape: [usize; 2], salt: usize) -> Tensor<2> {
         let n: usize = shape.iter().product();

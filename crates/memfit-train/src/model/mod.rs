@@ -16,6 +16,7 @@ pub mod dropout_op;
 pub mod flex_f32;
 pub mod flops;
 pub mod fused_rms_norm;
+pub mod gemm_f32;
 pub mod grad_sink;
 pub mod layout;
 pub mod linear_op;

@@ -68,13 +68,7 @@ impl<'a> T5Forward<'a> {
         let [b, t, d] = x.dims();
         let w = self.p(weight);
         let out = w.dims()[1];
-        let x = x.reshape([b * t, d]);
-        let y = if linear_op::supported(&x) {
-            linear_op::linear(x, w)
-        } else {
-            x.matmul(w)
-        };
-        y.reshape([b, t, out])
+        linear_op::product(x.reshape([b * t, d]), w).reshape([b, t, out])
     }
 
     fn heads(&self, x: Tensor<3>) -> Tensor<4> {
@@ -349,9 +343,12 @@ impl<'a> T5Forward<'a> {
         let [b, t, d] = hidden.dims();
         let h = hidden.reshape([b * t, d]);
         match self.layout.lm_head {
-            Some(head) => h.matmul(self.p(head)),
+            Some(head) => linear_op::product(h, self.p(head)),
             // Tied: transformers rescales by d_model^-½ before projecting onto the embedding.
-            None => (h * (d as f64).powf(-0.5)).matmul(self.p(self.layout.shared).transpose()),
+            None => linear_op::product(
+                h * (d as f64).powf(-0.5),
+                self.p(self.layout.shared).transpose(),
+            ),
         }
     }
 }
