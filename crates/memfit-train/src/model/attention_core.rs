@@ -12,7 +12,7 @@
 
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
@@ -22,6 +22,7 @@ use burn_flex::FlexTensor;
 
 use crate::model::dropout::drop_and_scale;
 use crate::model::flex_f32::{into_values, values};
+use crate::model::flex_op::record;
 use crate::model::gemm_f32::matmul;
 use crate::model::xent::exp_shifted_in_place;
 
@@ -144,41 +145,21 @@ impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
             }
         }
 
-        match Core
-            .prepare::<C>([q.node(), k.node(), v.node(), bias.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (q, k, v, bias) = (
-                    q.into_primitive(),
-                    k.into_primitive(),
-                    v.into_primitive(),
-                    bias.into_primitive(),
-                );
-                let (mut probs, rows) = softmax_rows(scores(q.clone(), k.clone(), bias.clone()));
-                drop_and_scale(probs.storage_mut::<f32>(), seed, p);
-                let out = matmul(&probs, &v);
-                let saved = Saved {
-                    q,
-                    k,
-                    v,
-                    bias,
-                    rows,
-                    seed,
-                    p,
-                };
-                prep.finish(saved, out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(Flex::attention(
-                q.into_primitive(),
-                k.into_primitive(),
-                v.into_primitive(),
-                bias.into_primitive(),
+        record::<C, _, 4>(Core, [q, k, v, bias], |[q, k, v, bias]| {
+            let (mut probs, rows) = softmax_rows(scores(q.clone(), k.clone(), bias.clone()));
+            drop_and_scale(probs.storage_mut::<f32>(), seed, p);
+            let out = matmul(&probs, &v);
+            let saved = Saved {
+                q,
+                k,
+                v,
+                bias,
+                rows,
                 seed,
                 p,
-            )),
-        }
+            };
+            (out, saved)
+        })
     }
 }
 
@@ -262,22 +243,9 @@ fn sum_to_shape(mut t: FlexTensor, shape: &[usize]) -> FlexTensor {
 mod tests {
     use super::*;
     use crate::model::dropout::Dropout;
+    use crate::model::test_tensors::{tracked as tensor, values};
     use burn::tensor::TensorData;
     use burn::tensor::activation::softmax;
-
-    fn tensor(shape: [usize; 4], salt: usize) -> Tensor<4> {
-        let n: usize = shape.iter().product();
-        let values: Vec<f32> = (0..n)
-            .map(|i| (((i + salt) * 7919 % 211) as f32 - 105.0) / 40.0)
-            .collect();
-        Tensor::from_data(TensorData::new(values, shape), &Device::flex())
-            .autodiff()
-            .require_grad()
-    }
-
-    fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().try_to_vec().unwrap()
-    }
 
     /// Output and gradients of (q, k, v, bias) through `f`, weighted by a fixed cotangent. q is a
     /// strided view (`[b, q, h, d]` with its middle dimensions swapped), as the model's heads are.
@@ -288,7 +256,12 @@ mod tests {
         let q = tensor([2, 5, 3, 4], 1);
         let (k, v) = (tensor([2, 3, 7, 4], 2), tensor([2, 3, 7, 4], 3));
         let bias = tensor(bias_shape, 4);
-        let out = f(q.clone().swap_dims(1, 2), k.clone(), v.clone(), bias.clone());
+        let out = f(
+            q.clone().swap_dims(1, 2),
+            k.clone(),
+            v.clone(),
+            bias.clone(),
+        );
         let weight = tensor([2, 3, 5, 4], 5).inner();
         let grads = (out.clone() * weight).sum().backward();
         [
@@ -336,7 +309,11 @@ mod tests {
         let flex = |shape: [usize; 4], salt: usize| {
             FlexTensor::from_data(TensorData::new(values(tensor(shape, salt).inner()), shape))
         };
-        let (q, k, bias) = (flex([1, 2, 3, 4], 7), flex([1, 2, 6, 4], 8), flex([1, 2, 3, 6], 9));
+        let (q, k, bias) = (
+            flex([1, 2, 3, 4], 7),
+            flex([1, 2, 6, 4], 8),
+            flex([1, 2, 3, 6], 9),
+        );
         let (probs, rows) = softmax_rows(scores(q.clone(), k.clone(), bias.clone()));
         let again = softmax_rows_again(scores(q, k, bias), &rows);
         assert_eq!(probs.as_slice::<f32>(), again.as_slice::<f32>());
@@ -356,9 +333,19 @@ mod tests {
     #[test]
     fn runs_untracked_too() {
         let q = tensor([1, 2, 3, 2], 5).inner();
-        let (k, v) = (tensor([1, 2, 4, 2], 6).inner(), tensor([1, 2, 4, 2], 7).inner());
+        let (k, v) = (
+            tensor([1, 2, 4, 2], 6).inner(),
+            tensor([1, 2, 4, 2], 7).inner(),
+        );
         let bias = tensor([1, 1, 3, 4], 8).inner();
-        let fused = values(attention(q.clone(), k.clone(), v.clone(), bias.clone(), 1, 0.0));
+        let fused = values(attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            bias.clone(),
+            1,
+            0.0,
+        ));
         let composite = values(softmax(q.matmul(k.swap_dims(2, 3)) + bias, 3).matmul(v));
         for (x, y) in fused.iter().zip(&composite) {
             assert!((x - y).abs() < 1e-6, "{x} vs {y}");

@@ -89,19 +89,24 @@ impl Dropout {
             let seed = self.mask_seed(x.shape().num_elements());
             return dropout_op::dropout(x, seed, self.p);
         }
+        // Other dtypes and backends: a boolean mask, of which backward keeps 1 byte per element
+        // (an f32 mask multiplied in kept 4, and the product kept its other operand too).
         let dropped = self.draw(x.shape(), &x.device());
-        // A boolean mask: backward keeps 1 byte per element (an f32 mask multiplied in kept 4, and
-        // the product kept its other operand too).
         x.mask_fill(dropped, 0.0) * self.keep_scale()
     }
 
-    /// `dropout(relu(x))` as one masked fill: zero where `x ≤ 0` or dropped, then scale. Same values
-    /// and gradient as the two ops (burn's ReLU passes no gradient at 0 either), but backward keeps
-    /// only the 1-byte mask, where ReLU alone keeps its f32 input: 4 bytes less per FFN element.
+    /// `dropout(relu(x))` as one op: zero where `x ≤ 0` or dropped, then scale. Same values and
+    /// gradient as the two ops (burn's ReLU passes no gradient at 0 either). In f32 on flex
+    /// ([`dropout_op`]) backward keeps nothing but the output the next layer keeps anyway; elsewhere
+    /// one masked fill keeps a 1-byte mask, where ReLU alone keeps its input.
     pub fn apply_after_relu<const D: usize>(&mut self, x: Tensor<D>) -> Tensor<D> {
         if dropout_op::supported(&x) {
             // With p = 0 the mask is all kept and nothing is drawn, as below.
-            let n = if self.p > 0.0 { x.shape().num_elements() } else { 0 };
+            let n = if self.p > 0.0 {
+                x.shape().num_elements()
+            } else {
+                0
+            };
             let seed = self.mask_seed(n);
             return dropout_op::relu_dropout(x, seed, self.p);
         }

@@ -9,7 +9,7 @@
 
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
@@ -18,6 +18,7 @@ use burn_flex::FlexTensor;
 
 use crate::model::dropout::drop_and_scale;
 use crate::model::flex_f32::{into_values, values};
+use crate::model::flex_op::record;
 
 #[backend_extension(Flex, Autodiff)]
 pub trait DropoutOp: Backend {
@@ -55,7 +56,8 @@ impl DropoutOp for Flex {
 
     fn relu_dropout(x: FlexTensor, seed: u64, p: f64) -> FlexTensor {
         map_in_place(x, |v| {
-            v.iter_mut().for_each(|x| *x = if *x > 0.0 { *x } else { 0.0 });
+            v.iter_mut()
+                .for_each(|x| *x = if *x > 0.0 { *x } else { 0.0 });
             drop_and_scale(v, seed, p)
         })
     }
@@ -63,78 +65,51 @@ impl DropoutOp for Flex {
 
 impl<C: CheckpointStrategy> DropoutOp for Autodiff<Flex, C> {
     fn dropout(x: FloatTensor<Self>, seed: u64, p: f64) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct Drop;
-
-        impl Backward<Flex, 1> for Drop {
-            /// The mask's seed and p.
-            type State = (u64, f64);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let [x_node] = ops.parents;
-                let grad = grads.consume::<Flex>(&ops.node);
-                let (seed, p) = ops.state;
-                if let Some(node) = x_node {
-                    grads.register::<Flex>(
-                        node.id,
-                        map_in_place(grad, |g| drop_and_scale(g, seed, p)),
-                    );
-                }
-            }
-        }
-
-        match Drop.prepare::<C>([x.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                prep.finish((seed, p), Flex::dropout(x.into_primitive(), seed, p))
-            }
-            OpsKind::UnTracked(prep) => prep.finish(Flex::dropout(x.into_primitive(), seed, p)),
-        }
+        record::<C, _, 1>(DropBackward, [x], |[x]| {
+            (Flex::dropout(x, seed, p), Kept::Seed { seed, p })
+        })
     }
 
     fn relu_dropout(x: FloatTensor<Self>, seed: u64, p: f64) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct ReluDrop;
+        record::<C, _, 1>(DropBackward, [x], |[x]| {
+            let out = Flex::relu_dropout(x, seed, p);
+            (out.clone(), Kept::Output { out, p })
+        })
+    }
+}
 
-        impl Backward<Flex, 1> for ReluDrop {
-            /// The output (shared with the next layer, which keeps it) and p.
-            type State = (FlexTensor, f64);
+/// What a dropout keeps for its backward.
+#[derive(Debug, Clone)]
+enum Kept {
+    /// Plain dropout: the mask's seed (the mask is drawn again).
+    Seed { seed: u64, p: f64 },
+    /// After ReLU: the output (shared with the next layer, which keeps it).
+    Output { out: FlexTensor, p: f64 },
+}
 
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let [x_node] = ops.parents;
-                let grad = grads.consume::<Flex>(&ops.node);
-                let (out, p) = ops.state;
-                if let Some(node) = x_node {
-                    let keep_scale = (1.0 / (1.0 - p)) as f32;
-                    let out = values(&out);
-                    let dx = map_in_place(grad, |g| {
-                        for (g, &y) in g.iter_mut().zip(out.iter()) {
-                            *g = if y > 0.0 { *g * keep_scale } else { 0.0 };
-                        }
-                    });
-                    grads.register::<Flex>(node.id, dx);
-                }
-            }
-        }
+#[derive(Debug)]
+struct DropBackward;
 
-        match ReluDrop.prepare::<C>([x.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let out = Flex::relu_dropout(x.into_primitive(), seed, p);
-                prep.finish((out.clone(), p), out)
+impl Backward<Flex, 1> for DropBackward {
+    type State = Kept;
+
+    fn backward(self, ops: Ops<Kept, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [x_node] = ops.parents;
+        let grad = grads.consume::<Flex>(&ops.node);
+        let Some(node) = x_node else { return };
+        let dx = match ops.state {
+            Kept::Seed { seed, p } => map_in_place(grad, |g| drop_and_scale(g, seed, p)),
+            Kept::Output { out, p } => {
+                let keep_scale = (1.0 / (1.0 - p)) as f32;
+                let out = values(&out);
+                map_in_place(grad, |g| {
+                    for (g, &y) in g.iter_mut().zip(out.iter()) {
+                        *g = if y > 0.0 { *g * keep_scale } else { 0.0 };
+                    }
+                })
             }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(Flex::relu_dropout(x.into_primitive(), seed, p))
-            }
-        }
+        };
+        grads.register::<Flex>(node.id, dx);
     }
 }
 
@@ -168,7 +143,12 @@ mod tests {
         let w = Tensor::<2>::from_data(TensorData::new(weights, [9, 7]), &Device::flex());
         let y = f(x.clone());
         let grads = (y.clone() * w).sum().backward();
-        let grad = x.grad(&grads).unwrap().into_data().try_to_vec::<f32>().unwrap();
+        let grad = x
+            .grad(&grads)
+            .unwrap()
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
         (y.inner().into_data().try_to_vec::<f32>().unwrap(), grad)
     }
 
@@ -202,7 +182,10 @@ mod tests {
     #[test]
     fn run_untracked_too() {
         let x = input().inner();
-        let fused: Vec<f32> = dropout(x.clone(), 3, 0.5).into_data().try_to_vec::<f32>().unwrap();
+        let fused: Vec<f32> = dropout(x.clone(), 3, 0.5)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
         let mut dropped = vec![false; 63];
         fill_dropped(&mut SplitMix64::new(3), 0.5, &mut dropped);
         let source: Vec<f32> = x.into_data().try_to_vec::<f32>().unwrap();

@@ -7,7 +7,7 @@
 
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
@@ -15,6 +15,7 @@ use burn::tensor::DType;
 use burn_flex::FlexTensor;
 
 use crate::model::flex_f32::{tensor_like, values};
+use crate::model::flex_op::record;
 
 #[backend_extension(Flex, Autodiff)]
 pub trait RmsNormOp: Backend {
@@ -70,20 +71,10 @@ impl<C: CheckpointStrategy> RmsNormOp for Autodiff<Flex, C> {
             }
         }
 
-        match Norm
-            .prepare::<C>([x.node(), w.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (x, w) = (x.into_primitive(), w.into_primitive());
-                let (out, r) = forward(&x, &w, eps);
-                prep.finish((x, w, r), out)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(Flex::rms_norm(x.into_primitive(), w.into_primitive(), eps))
-            }
-        }
+        record::<C, _, 2>(Norm, [x, w], |[x, w]| {
+            let (out, r) = forward(&x, &w, eps);
+            (out, (x, w, r))
+        })
     }
 }
 

@@ -103,10 +103,13 @@ impl<'a> Operand<'a> {
             self.row_stride >= 0 && self.col_stride >= 0,
             "negative strides are not supported"
         );
-        let extent = (self.rows - 1) * self.row_stride as usize
-            + (self.cols - 1) * self.col_stride as usize;
+        let extent =
+            (self.rows - 1) * self.row_stride as usize + (self.cols - 1) * self.col_stride as usize;
         for &o in &self.offsets {
-            assert!(o + extent < self.data.len(), "matrix view outside its buffer");
+            assert!(
+                o + extent < self.data.len(),
+                "matrix view outside its buffer"
+            );
         }
     }
 
@@ -159,21 +162,24 @@ unsafe fn product(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::test_tensors::pattern;
     use burn::backend::Flex;
     use burn::backend::ops::FloatTensorOps;
 
     fn tensor(shape: &[usize], salt: usize) -> FlexTensor {
-        let n: usize = shape.iter().product();
-        let values: Vec<f32> = (0..n)
-            .map(|i| (((i + salt) * 7919 % 211) as f32 - 105.0) / 40.0)
-            .collect();
+        let values = pattern(shape.iter().product(), salt);
         FlexTensor::from_data(TensorData::new(values, shape.to_vec()))
     }
 
     fn close(a: &FlexTensor, b: FlexTensor) {
         assert_eq!(a.layout().shape(), b.layout().shape());
         let b = b.to_contiguous();
-        for (x, y) in a.as_slice::<f32>().unwrap().iter().zip(b.as_slice::<f32>().unwrap()) {
+        for (x, y) in a
+            .as_slice::<f32>()
+            .unwrap()
+            .iter()
+            .zip(b.as_slice::<f32>().unwrap())
+        {
             assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
         }
     }

@@ -5,7 +5,7 @@
 
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
@@ -13,6 +13,7 @@ use burn::prelude::*;
 use burn::tensor::DType;
 use burn_flex::FlexTensor;
 
+use crate::model::flex_op::record;
 use crate::model::gemm_f32::matmul;
 
 #[backend_extension(Flex, Autodiff)]
@@ -28,7 +29,11 @@ pub fn supported(x: &Tensor<2>) -> bool {
 
 /// `x · w` through [`linear`] where it runs, burn's matmul elsewhere.
 pub fn product(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
-    if supported(&x) { linear(x, w) } else { x.matmul(w) }
+    if supported(&x) {
+        linear(x, w)
+    } else {
+        x.matmul(w)
+    }
 }
 
 /// [`LinearOp::linear`] on tensors (see [`supported`]).
@@ -74,41 +79,18 @@ impl<C: CheckpointStrategy> LinearOp for Autodiff<Flex, C> {
             }
         }
 
-        match Linear
-            .prepare::<C>([x.node(), w.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (x, w) = (x.into_primitive(), w.into_primitive());
-                let out = Flex::linear(x.clone(), w.clone());
-                prep.finish((x, w), out)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(Flex::linear(x.into_primitive(), w.into_primitive()))
-            }
-        }
+        record::<C, _, 2>(Linear, [x, w], |[x, w]| {
+            let out = Flex::linear(x.clone(), w.clone());
+            (out, (x, w))
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::test_tensors::{tracked as tensor, values};
     use burn::tensor::TensorData;
-
-    fn tensor(shape: [usize; 2], salt: usize) -> Tensor<2> {
-        let n: usize = shape.iter().product();
-        let values: Vec<f32> = (0..n)
-            .map(|i| (((i + salt) * 7919 % 211) as f32 - 105.0) / 40.0)
-            .collect();
-        Tensor::from_data(TensorData::new(values, shape), &Device::flex())
-            .autodiff()
-            .require_grad()
-    }
-
-    fn values(t: Tensor<2>) -> Vec<f32> {
-        t.into_data().try_to_vec().unwrap()
-    }
 
     /// Output and gradients of (x, w) through `f`; x is given transposed (a strided view) when
     /// `strided`.
@@ -118,7 +100,11 @@ mod tests {
         } else {
             (tensor([5, 6], 1), tensor([6, 300], 2))
         };
-        let input = if strided { x.clone().transpose() } else { x.clone() };
+        let input = if strided {
+            x.clone().transpose()
+        } else {
+            x.clone()
+        };
         let out = f(input, w.clone());
         let weight = tensor([5, 300], 3).inner();
         let grads = (out.clone() * weight).sum().backward();
@@ -137,10 +123,16 @@ mod tests {
                 linear(x, w)
             });
             let reference = run(strided, |x, w| x.matmul(w));
-            for (which, (a, b)) in ["output", "dx", "dw"].iter().zip(fused.iter().zip(&reference)) {
+            for (which, (a, b)) in ["output", "dx", "dw"]
+                .iter()
+                .zip(fused.iter().zip(&reference))
+            {
                 assert_eq!(a.len(), b.len());
                 for (x, y) in a.iter().zip(b) {
-                    assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "{which}: {x} vs {y}");
+                    assert!(
+                        (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                        "{which}: {x} vs {y}"
+                    );
                 }
             }
         }

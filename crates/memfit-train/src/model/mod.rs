@@ -14,6 +14,7 @@ pub mod config;
 pub mod dropout;
 pub mod dropout_op;
 pub mod flex_f32;
+pub mod flex_op;
 pub mod flops;
 pub mod fused_rms_norm;
 pub mod gemm_f32;
@@ -23,6 +24,8 @@ pub mod linear_op;
 pub mod loss;
 pub mod t5;
 pub mod tensor_file;
+#[cfg(test)]
+mod test_tensors;
 pub mod xent;
 
 use std::borrow::Cow;
