@@ -68,7 +68,7 @@ impl<'a> T5Forward<'a> {
         let [b, t, d] = x.dims();
         let w = self.p(weight);
         let out = w.dims()[1];
-        linear_op::product(x.reshape([b * t, d]), w).reshape([b, t, out])
+        linear_op::layer(x.reshape([b * t, d]), w).reshape([b, t, out])
     }
 
     fn heads(&self, x: Tensor<3>) -> Tensor<4> {
