@@ -21,7 +21,7 @@
 //! end of its backward pass (states + device gradients + host gradients). Writing a checkpoint is a
 //! third moment, counted separately (it does not happen in `memfit bench train`).
 //!
-//! Four constants are fitted to `validation/memfit_grid.csv` (`memfit bench memory-grid`, 2 threads):
+//! Five constants are fitted to `validation/memfit_grid.csv` (`memfit bench memory-grid`, 2 threads):
 //! see [`fitted`]. Everything else is counted from the code.
 
 use super::setup::{Optimizer, Precision, Setup};
@@ -41,11 +41,15 @@ pub mod fitted {
     /// backend and the rayon pool (2 threads). Fitted: 20 MB (the grid's smallest point, a 9.4M
     /// parameter model at 1 × 8 tokens, is 234 MiB of which 224 MiB are the counted states).
     pub const RUNTIME_RSS: u64 = 20_000_000;
-    /// Resident share of the op-by-op count of saved block tensors ([`super::encoder_block`]).
-    /// Fitted: 1.30 — the count misses temporaries the allocator holds while the graph grows
-    /// (re-laid-out heads before a matmul, broadcast copies of the norm's scale, and burn-flex's
-    /// zeroed buffer beside each matmul output while it is copied into an aligned one).
-    pub const BLOCK_SCALE: f64 = 1.30;
+    /// Resident share of the op-by-op count of saved block tensors ([`super::encoder_block`]) where
+    /// the engine's hand-written f32 ops run. Fitted: 1.10 — the count misses what the
+    /// allocator holds beside the kept tensors while the graph grows (freed temporaries it has not
+    /// returned, re-laid-out heads before a product).
+    pub const BLOCK_SCALE: f64 = 1.10;
+    /// The same with burn's composite ops (bf16). Fitted: 1.30 — these also allocate every matmul
+    /// output twice (burn-flex's zeroed buffer beside it while it is copied into an aligned one) and
+    /// broadcast the norm's scale.
+    pub const COMPOSITE_BLOCK_SCALE: f64 = 1.30;
     /// One block's graph counted this many times at both moments of a checkpointed step: the
     /// allocator keeps the freed temporaries of a block's untracked forward (or the block
     /// recomputed before) resident beside what is live. Fitted: 1.6 (with 1.0 the checkpointed
@@ -57,30 +61,32 @@ pub mod fitted {
     /// 2 from the code.
     pub const ATTENTION_COPIES: f64 = 2.0;
     /// f32 buffers of one head chunk (at most [`super::HEAD_CHUNK_LOGITS`] logits) alive at the
-    /// worst moment of the loss: the logits (turned into their gradient in place) and, while the
-    /// GEMM writes them, burn-flex's zeroed staging buffer; bf16 adds the f32 cast. Fitted: 1.75.
+    /// worst moment of the loss: the logits (turned into their gradient in place) and what the
+    /// allocator holds beside them (bf16: also burn-flex's staging buffer and the f32 cast).
+    /// Fitted: 1.75.
     pub const LOGITS_COPIES: f64 = 1.75;
 }
 
 /// Bytes per token one encoder block keeps for the backward pass, activations in `cb`-byte elements
-/// and dropout masks as booleans (1 B: the engine's dropout is a `mask_fill` on a bool mask).
+/// and, with burn's composite ops (bf16), dropout masks as booleans ([`mask_bytes`]).
 ///
 /// With trained weights (d = d_model, i = heads × d_kv, f = d_ff):
 /// - residual stream in and after the attention sub-layer: 2d;
 /// - two RMS norms, each keeping its output (kept by the next linears) and, with burn's composite
 ///   ops (bf16), also `x·rsqrt(mean(x²)+ε)` for the weight's gradient: 2d in f32 (the engine's
 ///   fused norm keeps only its input, the residual stream), 4d otherwise ([`norm_elements`]);
-/// - q, k, v (kept by the two attention matmuls) and the re-laid-out context (kept by `o`): 4i;
+/// - q, k, v (kept by the attention: the fused f32 op or the composite's two matmuls) and the
+///   re-laid-out context (kept by `o`): 4i;
 /// - FFN: the dropped-out activations (kept by `wo`): f; with another activation than a plain
-///   ReLU, also the activation's input: 2f (the engine fuses ReLU and dropout into one boolean mask);
-/// - dropout masks: two after the sub-layers (2d) and the FFN's (f), 1 B each.
+///   ReLU, also the activation's input: 2f (the engine fuses ReLU and dropout into one op);
+/// - dropout masks: two after the sub-layers (2d) and the FFN's (f), see [`mask_bytes`].
 ///
 /// A frozen block (its weights need no gradient, but its input does) keeps no linear inputs and no
 /// normed products: 2d residual, q, k, v (3i), the activation's input unless ReLU (f), and the
 /// same masks.
 fn encoder_block(arch: &Arch, trained: bool, cb: u64) -> u64 {
     let (d, f, i) = (arch.hidden, arch.ffn, arch.heads * arch.head_dim);
-    let masks = 2 * d + f;
+    let masks = mask_bytes(cb, 2 * d + f);
     let fused_relu = arch.activation == Activation::Relu && !arch.gated_ffn;
     let activation_input = if fused_relu { 0 } else { f };
     if trained {
@@ -88,6 +94,23 @@ fn encoder_block(arch: &Arch, trained: bool, cb: u64) -> u64 {
     } else {
         cb * (2 * d + 3 * i + activation_input) + masks
     }
+}
+
+/// [`fitted::BLOCK_SCALE`] where the engine's hand-written f32 ops run, else
+/// [`fitted::COMPOSITE_BLOCK_SCALE`].
+fn block_scale(cb: u64) -> f64 {
+    if cb == 4 {
+        fitted::BLOCK_SCALE
+    } else {
+        fitted::COMPOSITE_BLOCK_SCALE
+    }
+}
+
+/// Bytes of the dropout masks over `elements` elements. burn's `mask_fill` (bf16) keeps a boolean
+/// per element; the engine's f32 dropout ops keep none (the mask is drawn again from its seed in
+/// backward, and after ReLU the kept output tells where the gradient passes).
+fn mask_bytes(cb: u64, elements: u64) -> u64 {
+    if cb == 4 { 0 } else { elements }
 }
 
 /// Elements `norms` trained RMS norms keep per token beside their input: the output, and with burn's
@@ -98,12 +121,12 @@ fn norm_elements(d: u64, cb: u64, norms: u64) -> u64 {
 
 /// Bytes per decoder token one decoder block keeps: an encoder block's terms plus a
 /// cross-attention sub-layer (residual + norm: 2d in f32, 3d otherwise; q and context: 2i; its
-/// dropout mask: d at 1 B);
+/// dropout mask over d);
 /// with an encoder, also k and v over the encoder tokens ([`cross_kv`]).
 fn decoder_block(arch: &Arch, cb: u64) -> u64 {
     let (d, i) = (arch.hidden, arch.heads * arch.head_dim);
     let cross = if arch.encoder_layers > 0 {
-        cb * (d + norm_elements(d, cb, 1) + 2 * i) + d
+        cb * (d + norm_elements(d, cb, 1) + 2 * i) + mask_bytes(cb, d)
     } else {
         0
     };
@@ -122,10 +145,10 @@ fn cross_kv(arch: &Arch, cb: u64) -> u64 {
 /// Bytes the autodiff graph of one micro-batch keeps for the backward pass, without attention
 /// matrices and logits: every block ([`encoder_block`], [`decoder_block`]) and, per stack, the
 /// embedding output, the final norm and its products (3d in f32, 4d otherwise) and two dropout
-/// masks (2d at 1 B).
+/// masks over 2d.
 pub fn saved_bytes(arch: &Arch, setup: &Setup, cb: u64) -> u64 {
     let d = arch.hidden;
-    let stack = cb * (2 * d + norm_elements(d, cb, 1)) + 2 * d;
+    let stack = cb * (2 * d + norm_elements(d, cb, 1)) + mask_bytes(cb, 2 * d);
     let (src, tgt) = lengths(arch, setup);
     let b = setup.batch;
     let mut total = 0;
@@ -142,16 +165,19 @@ pub fn saved_bytes(arch: &Arch, setup: &Setup, cb: u64) -> u64 {
 }
 
 /// Attention matrix elements of one micro-batch: every self- and cross-attention's
-/// `batch × heads × q × k`, plus the encoder's position bias with the padding mask folded in
-/// (`[batch, heads, s, s]`, shared by all encoder blocks; the decoder's is `[1, heads, t, t]`).
-fn attention_elements(arch: &Arch, setup: &Setup) -> (u64, u64) {
+/// `batch × heads × q × k`, their softmax rows (`batch × heads × q`), and the encoder's position
+/// bias with the padding mask folded in (`[batch, heads, s, s]`, shared by all encoder blocks; the
+/// decoder's is `[1, heads, t, t]`).
+fn attention_elements(arch: &Arch, setup: &Setup) -> (u64, u64, u64) {
     let (src, tgt) = lengths(arch, setup);
     let (b, h) = (setup.batch, arch.heads);
     let live = live_stacks(arch, setup);
     let mut per_attention = 0;
+    let mut rows = 0;
     let mut shared = 0;
     if arch.encoder_layers > 0 && live.0 {
         per_attention += arch.encoder_layers * b * h * src * src;
+        rows += arch.encoder_layers * b * h * src;
         shared += b * h * src * src;
     }
     if arch.decoder_layers > 0 && live.1 {
@@ -161,18 +187,25 @@ fn attention_elements(arch: &Arch, setup: &Setup) -> (u64, u64) {
             0
         };
         per_attention += arch.decoder_layers * (b * h * tgt * tgt + cross);
+        let cross_rows = if arch.encoder_layers > 0 {
+            b * h * tgt
+        } else {
+            0
+        };
+        rows += arch.decoder_layers * (b * h * tgt + cross_rows);
         shared += h * tgt * tgt;
     }
-    (per_attention, shared)
+    (per_attention, rows, shared)
 }
 
-/// Bytes of `matrices` attention-matrix elements. In f32 the engine runs softmax, dropout and the
-/// probs·V product as one op that keeps only the softmax output (its mask is redrawn from a seed);
+/// Bytes kept for `matrices` attention-matrix elements over `rows` softmax rows. In f32 the engine
+/// runs `dropout(softmax(q·kᵀ + bias))·v` as one op that keeps no matrix, only each row's max and
+/// 1/sum (8 B; the probabilities are recomputed in backward, the mask redrawn from its seed);
 /// otherwise burn's composite ops keep [`fitted::ATTENTION_COPIES`] matrices in the compute dtype
 /// and the dropout mask at 1 B.
-fn attention_bytes(cb: u64, matrices: u64) -> u64 {
+fn attention_bytes(cb: u64, matrices: u64, rows: u64) -> u64 {
     if cb == 4 {
-        cb * matrices
+        8 * rows
     } else {
         (fitted::ATTENTION_COPIES * (cb * matrices) as f64) as u64 + matrices
     }
@@ -222,19 +255,24 @@ fn checkpointed(arch: &Arch, setup: &Setup, cb: u64, logits: u64, accumulated: u
             + b * h * src * src
             + h * tgt * tgt);
     // one block recomputed with its graph: the largest block of either stack
-    let one_block = |bytes: u64, matrices: u64| {
-        (fitted::BLOCK_SCALE * bytes as f64) as u64 + attention_bytes(cb, matrices)
+    let one_block = |bytes: u64, matrices: u64, rows: u64| {
+        (block_scale(cb) * bytes as f64) as u64 + attention_bytes(cb, matrices, rows)
     };
     // recomputed blocks run with their weights as autodiff leaves: counted as trained
-    let cross = if arch.encoder_layers > 0 {
-        tgt * src
+    let (cross, cross_rows) = if arch.encoder_layers > 0 {
+        (tgt * src, tgt)
     } else {
-        0
+        (0, 0)
     };
-    let encoder = one_block(b * src * encoder_block(arch, true, cb), b * h * src * src);
+    let encoder = one_block(
+        b * src * encoder_block(arch, true, cb),
+        b * h * src * src,
+        b * h * src,
+    );
     let decoder = one_block(
         b * tgt * decoder_block(arch, cb) + b * src * cross_kv(arch, cb),
         b * h * (tgt * tgt + cross),
+        b * h * (tgt + cross_rows),
     );
     let block = encoder.max(decoder);
     let retained = ((fitted::RECOMPUTE_RETAINED - 1.0) * block as f64) as u64;
@@ -270,9 +308,9 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
         _ => 8 * pt,
     };
     let (src, tgt) = lengths(arch, setup);
-    let (matrices, shared_bias) = attention_elements(arch, setup);
-    let blocks = (fitted::BLOCK_SCALE * saved_bytes(arch, setup, cb) as f64) as u64;
-    let attention = attention_bytes(cb, matrices) + cb * shared_bias;
+    let (matrices, rows, shared_bias) = attention_elements(arch, setup);
+    let blocks = (block_scale(cb) * saved_bytes(arch, setup, cb) as f64) as u64;
+    let attention = attention_bytes(cb, matrices, rows) + cb * shared_bias;
     let out_tokens = match setup.task {
         Task::Seq2seq => setup.batch * tgt,
         Task::CausalLm => setup.batch * src,
@@ -384,7 +422,7 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
             "attention matrices",
             attention,
             Scaling::BatchAndSequence,
-            "batch × heads × q × k per attention (f32: the softmax output; bf16: softmax, dropout mask, probabilities) + position bias",
+            "f32: each softmax row's max and 1/sum (probabilities recomputed in backward); bf16: softmax, dropout mask and probabilities per attention; + position bias",
         ));
         c.push(Component::new(
             "logits and loss",
