@@ -96,10 +96,17 @@ fn encoder_block(arch: &Arch, trained: bool, cb: u64) -> u64 {
     }
 }
 
+/// Whether the engine runs its hand-written ops (attention, norms, dropout, linear layers: flex
+/// backend extensions, f32 only) and lends the master weights to the device: f32 compute on the
+/// CPU, the only device this model describes. bf16 runs burn's composite ops on a converted copy.
+fn hand_written_ops(cb: u64) -> bool {
+    cb == 4
+}
+
 /// [`fitted::BLOCK_SCALE`] where the engine's hand-written f32 ops run, else
 /// [`fitted::COMPOSITE_BLOCK_SCALE`].
 fn block_scale(cb: u64) -> f64 {
-    if cb == 4 {
+    if hand_written_ops(cb) {
         fitted::BLOCK_SCALE
     } else {
         fitted::COMPOSITE_BLOCK_SCALE
@@ -110,13 +117,17 @@ fn block_scale(cb: u64) -> f64 {
 /// per element; the engine's f32 dropout ops keep none (the mask is drawn again from its seed in
 /// backward, and after ReLU the kept output tells where the gradient passes).
 fn mask_bytes(cb: u64, elements: u64) -> u64 {
-    if cb == 4 { 0 } else { elements }
+    if hand_written_ops(cb) { 0 } else { elements }
 }
 
 /// Elements `norms` trained RMS norms keep per token beside their input: the output, and with burn's
 /// composite ops (any dtype but f32) also the normalised `x·r`.
 fn norm_elements(d: u64, cb: u64, norms: u64) -> u64 {
-    if cb == 4 { norms * d } else { 2 * norms * d }
+    if hand_written_ops(cb) {
+        norms * d
+    } else {
+        2 * norms * d
+    }
 }
 
 /// Bytes per decoder token one decoder block keeps: an encoder block's terms plus a
@@ -204,7 +215,7 @@ fn attention_elements(arch: &Arch, setup: &Setup) -> (u64, u64, u64) {
 /// otherwise burn's composite ops keep [`fitted::ATTENTION_COPIES`] matrices in the compute dtype
 /// and the dropout mask at 1 B.
 fn attention_bytes(cb: u64, matrices: u64, rows: u64) -> u64 {
-    if cb == 4 {
+    if hand_written_ops(cb) {
         8 * rows
     } else {
         (fitted::ATTENTION_COPIES * (cb * matrices) as f64) as u64 + matrices
@@ -348,7 +359,7 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
         };
     // f32 on the CPU backend: a micro-batch runs on the master weights' own buffers (lent to the
     // device tensors, no copy); bf16 needs its converted copy.
-    let device_weights = if cb == 4 { 0 } else { cb * p };
+    let device_weights = if hand_written_ops(cb) { 0 } else { cb * p };
     // The head's chunks are back-propagated while every activation is alive: each yields the
     // head's `vocab × d` weight gradient, added into (or, the first, copied to) its host
     // accumulator: 2 copies.

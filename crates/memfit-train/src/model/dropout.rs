@@ -92,7 +92,7 @@ impl Dropout {
         // Other dtypes and backends: a boolean mask, of which backward keeps 1 byte per element
         // (an f32 mask multiplied in kept 4, and the product kept its other operand too).
         let dropped = self.draw(x.shape(), &x.device());
-        x.mask_fill(dropped, 0.0) * self.keep_scale()
+        x.mask_fill(dropped, 0.0) * keep_scale(self.p)
     }
 
     /// `dropout(relu(x))` as one op: zero where `x ≤ 0` or dropped, then scale. Same values and
@@ -115,11 +115,7 @@ impl Dropout {
             return x.mask_fill(not_positive, 0.0);
         }
         let dropped = self.draw(x.shape(), &x.device());
-        x.mask_fill(not_positive.bool_or(dropped), 0.0) * self.keep_scale()
-    }
-
-    fn keep_scale(&self) -> f64 {
-        1.0 / (1.0 - self.p)
+        x.mask_fill(not_positive.bool_or(dropped), 0.0) * keep_scale(self.p)
     }
 
     /// The next mask: `true` where an element is dropped.
@@ -156,10 +152,15 @@ pub fn drop_and_scale(values: &mut [f32], seed: u64, p: f64) {
     }
     let mut dropped = vec![false; values.len()];
     fill_dropped(&mut SplitMix64::new(seed), p, &mut dropped);
-    let keep_scale = (1.0 / (1.0 - p)) as f32;
+    let keep_scale = keep_scale(p) as f32;
     for (x, &d) in values.iter_mut().zip(&dropped) {
         *x = if d { 0.0 } else { *x * keep_scale };
     }
+}
+
+/// The factor inverted dropout scales kept elements by: `1/(1−p)`.
+pub fn keep_scale(p: f64) -> f64 {
+    1.0 / (1.0 - p)
 }
 
 /// Draws one dropout mask into `dropped` (`true`: dropped with probability `p`): each u64 gives two

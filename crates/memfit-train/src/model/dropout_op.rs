@@ -16,7 +16,7 @@ use burn::prelude::*;
 use burn::tensor::DType;
 use burn_flex::FlexTensor;
 
-use crate::model::dropout::drop_and_scale;
+use crate::model::dropout::{drop_and_scale, keep_scale};
 use crate::model::flex_f32::{into_values, values};
 use crate::model::flex_op::record;
 
@@ -100,7 +100,7 @@ impl Backward<Flex, 1> for DropBackward {
         let dx = match ops.state {
             Kept::Seed { seed, p } => map_in_place(grad, |g| drop_and_scale(g, seed, p)),
             Kept::Output { out, p } => {
-                let keep_scale = (1.0 / (1.0 - p)) as f32;
+                let keep_scale = keep_scale(p) as f32;
                 let out = values(&out);
                 map_in_place(grad, |g| {
                     for (g, &y) in g.iter_mut().zip(out.iter()) {
