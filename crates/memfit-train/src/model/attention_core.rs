@@ -17,11 +17,10 @@ use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
-use burn::tensor::DType;
 use burn_flex::FlexTensor;
 
 use crate::model::dropout::drop_and_scale;
-use crate::model::flex_f32::{into_values, values};
+use crate::model::flex_f32::{into_values, is_flex_f32, values};
 use crate::model::flex_op::record;
 use crate::model::gemm_f32::matmul;
 use crate::model::xent::exp_shifted_in_place;
@@ -44,7 +43,7 @@ pub trait AttentionCore: Backend {
 /// Whether [`attention`] runs for these tensors (flex, f32); other backends and dtypes use the
 /// composite ops.
 pub fn supported(q: &Tensor<4>) -> bool {
-    q.dtype() == DType::F32 && q.device() == Device::flex()
+    is_flex_f32(q)
 }
 
 /// [`AttentionCore::attention`] on tensors (see [`supported`]).

@@ -13,11 +13,10 @@ use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
-use burn::tensor::DType;
 use burn_flex::FlexTensor;
 
 use crate::model::dropout::{drop_and_scale, keep_scale};
-use crate::model::flex_f32::{into_values, values};
+use crate::model::flex_f32::{into_values, is_flex_f32, values};
 use crate::model::flex_op::record;
 
 #[backend_extension(Flex, Autodiff)]
@@ -32,7 +31,7 @@ pub trait DropoutOp: Backend {
 
 /// Whether the ops run for `x` (flex, f32); other backends and dtypes use burn's `mask_fill`.
 pub fn supported<const D: usize>(x: &Tensor<D>) -> bool {
-    x.dtype() == DType::F32 && x.device() == Device::flex()
+    is_flex_f32(x)
 }
 
 /// [`DropoutOp::dropout`] on a tensor (see [`supported`]).

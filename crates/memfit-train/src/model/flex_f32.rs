@@ -3,8 +3,14 @@
 
 use std::borrow::Cow;
 
+use burn::prelude::*;
 use burn::tensor::{DType, TensorData};
 use burn_flex::FlexTensor;
+
+/// Whether `t` is an f32 tensor on the flex backend: where the hand-written ops run.
+pub fn is_flex_f32<const D: usize>(t: &Tensor<D>) -> bool {
+    t.dtype() == DType::F32 && t.device() == Device::flex()
+}
 
 /// The values of an f32 tensor in row-major order (a copy only when `t` is a strided view).
 pub fn values(t: &FlexTensor) -> Cow<'_, [f32]> {

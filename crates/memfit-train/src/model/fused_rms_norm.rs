@@ -11,10 +11,9 @@ use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
-use burn::tensor::DType;
 use burn_flex::FlexTensor;
 
-use crate::model::flex_f32::{tensor_like, values};
+use crate::model::flex_f32::{is_flex_f32, tensor_like, values};
 use crate::model::flex_op::record;
 
 #[backend_extension(Flex, Autodiff)]
@@ -25,7 +24,7 @@ pub trait RmsNormOp: Backend {
 
 /// Whether [`rms_norm`] runs for `x` (flex, f32); other backends and dtypes use the composite ops.
 pub fn supported(x: &Tensor<3>) -> bool {
-    x.dtype() == DType::F32 && x.device() == Device::flex()
+    is_flex_f32(x)
 }
 
 /// [`RmsNormOp::rms_norm`] on tensors (see [`supported`]).

@@ -10,9 +10,9 @@ use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
-use burn::tensor::DType;
 use burn_flex::FlexTensor;
 
+use crate::model::flex_f32::is_flex_f32;
 use crate::model::flex_op::record;
 use crate::model::gemm_f32::matmul;
 
@@ -26,7 +26,7 @@ pub trait LinearOp: Backend {
 
 /// Whether [`linear`] runs for `x` (flex, f32); other backends and dtypes use burn's matmul.
 pub fn supported(x: &Tensor<2>) -> bool {
-    x.dtype() == DType::F32 && x.device() == Device::flex()
+    is_flex_f32(x)
 }
 
 /// `x · w` through [`linear`] where it runs, burn's matmul elsewhere.
