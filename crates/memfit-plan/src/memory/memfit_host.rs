@@ -14,7 +14,8 @@
 //!   tensor by tensor into the host accumulation (in f32 the first micro-batch's become it);
 //! - **activations**: what burn's autodiff graph keeps for the backward pass of one micro-batch,
 //!   counted op by op from the T5 forward in crates/memfit-train/src/model/t5.rs (see
-//!   [`saved_bytes`]), plus the attention matrices and one chunk of the logits/loss tensors.
+//!   [`saved_bytes`]), plus the attention's row statistics and position biases and one chunk of the
+//!   logits/loss tensors.
 //!
 //! The peak is the larger of two moments of a step: the end of the forward pass of a micro-batch
 //! (states + activations + logits; + accumulated gradients from the second micro-batch on) and the
@@ -42,10 +43,10 @@ pub mod fitted {
     /// parameter model at 1 × 8 tokens, is 234 MiB of which 224 MiB are the counted states).
     pub const RUNTIME_RSS: u64 = 20_000_000;
     /// Resident share of the op-by-op count of saved block tensors ([`super::encoder_block`]) where
-    /// the engine's hand-written f32 ops run. Fitted: 1.10 — the count misses what the
+    /// the engine's hand-written f32 ops run. Fitted: 1.05 — the count misses what the
     /// allocator holds beside the kept tensors while the graph grows (freed temporaries it has not
     /// returned, re-laid-out heads before a product).
-    pub const BLOCK_SCALE: f64 = 1.10;
+    pub const BLOCK_SCALE: f64 = 1.05;
     /// The same with burn's composite ops (bf16). Fitted: 1.30 — these also allocate every matmul
     /// output twice (burn-flex's zeroed buffer beside it while it is copied into an aligned one) and
     /// broadcast the norm's scale.
@@ -55,11 +56,6 @@ pub mod fitted {
     /// recomputed before) resident beside what is live. Fitted: 1.6 (with 1.0 the checkpointed
     /// points came out 5–11% low).
     pub const RECOMPUTE_RETAINED: f64 = 1.6;
-    /// `batch × heads × q × k` matrices of the compute dtype alive per attention at the end of the
-    /// forward pass where burn's composite ops run (bf16): the softmax's exp output (kept by its division's backward) and the dropped-out
-    /// probabilities (kept by the probs·V matmul); the dropout mask is counted apart (1 B). Counted
-    /// 2 from the code.
-    pub const ATTENTION_COPIES: f64 = 2.0;
     /// f32 buffers of one head chunk (at most [`super::HEAD_CHUNK_LOGITS`] logits) alive at the
     /// worst moment of the loss: the logits (turned into their gradient in place) and what the
     /// allocator holds beside them (bf16: also burn-flex's staging buffer and the f32 cast).
@@ -75,15 +71,15 @@ pub mod fitted {
 /// - two RMS norms, each keeping its output (kept by the next linears) and, with burn's composite
 ///   ops (bf16), also `x·rsqrt(mean(x²)+ε)` for the weight's gradient: 2d in f32 (the engine's
 ///   fused norm keeps only its input, the residual stream), 4d otherwise ([`norm_elements`]);
-/// - q, k, v (kept by the attention: the fused f32 op or the composite's two matmuls) and the
-///   re-laid-out context (kept by `o`): 4i;
+/// - q, k, v (kept by the attention op) and the re-laid-out context (kept by `o`): 4i;
 /// - FFN: the dropped-out activations (kept by `wo`): f; with another activation than a plain
 ///   ReLU, also the activation's input: 2f (the engine fuses ReLU and dropout into one op);
 /// - dropout masks: two after the sub-layers (2d) and the FFN's (f), see [`mask_bytes`].
 ///
 /// A frozen block (its weights need no gradient, but its input does) keeps no linear inputs and no
-/// normed products: 2d residual, q, k, v (3i), the activation's input unless ReLU (f), and the
-/// same masks.
+/// normed products: 2d residual, q, k, v (3i), the activation's input unless ReLU (f) — or, for
+/// ReLU where the hand-written f32 ops run, the ReLU-dropout output its gradient is read from
+/// (f; in a trained block `wo` keeps it anyway) — and the same masks.
 fn encoder_block(arch: &Arch, trained: bool, cb: u64) -> u64 {
     let (d, f, i) = (arch.hidden, arch.ffn, arch.heads * arch.head_dim);
     let masks = mask_bytes(cb, 2 * d + f);
@@ -92,13 +88,19 @@ fn encoder_block(arch: &Arch, trained: bool, cb: u64) -> u64 {
     if trained {
         cb * (2 * d + norm_elements(d, cb, 2) + 4 * i + f + activation_input) + masks
     } else {
-        cb * (2 * d + 3 * i + activation_input) + masks
+        let relu_output = if fused_relu && hand_written_ops(cb) {
+            f
+        } else {
+            0
+        };
+        cb * (2 * d + 3 * i + activation_input + relu_output) + masks
     }
 }
 
-/// Whether the engine runs its hand-written ops (attention, norms, dropout, linear layers: flex
-/// backend extensions, f32 only) and lends the master weights to the device: f32 compute on the
-/// CPU, the only device this model describes. bf16 runs burn's composite ops on a converted copy.
+/// Whether the engine runs its hand-written norm, dropout and linear ops (flex backend extensions,
+/// f32 only; the attention op runs in bf16 too, see [`attention_bytes`]) and lends the master
+/// weights to the device: f32 compute on the CPU, the only device this model describes. bf16 runs
+/// burn's composite ops on a converted copy.
 fn hand_written_ops(cb: u64) -> bool {
     cb == 4
 }
@@ -175,29 +177,20 @@ pub fn saved_bytes(arch: &Arch, setup: &Setup, cb: u64) -> u64 {
     total
 }
 
-/// Attention matrix elements of one micro-batch: every self- and cross-attention's
-/// `batch × heads × q × k`, their softmax rows (`batch × heads × q`), and the encoder's position
-/// bias with the padding mask folded in (`[batch, heads, s, s]`, shared by all encoder blocks; the
-/// decoder's is `[1, heads, t, t]`).
-fn attention_elements(arch: &Arch, setup: &Setup) -> (u64, u64, u64) {
+/// Attention elements of one micro-batch: every self- and cross-attention's softmax rows
+/// (`batch × heads × q`), and the encoder's position bias with the padding mask folded in
+/// (`[batch, heads, s, s]`, shared by all encoder blocks; the decoder's is `[1, heads, t, t]`).
+fn attention_elements(arch: &Arch, setup: &Setup) -> (u64, u64) {
     let (src, tgt) = lengths(arch, setup);
     let (b, h) = (setup.batch, arch.heads);
     let live = live_stacks(arch, setup);
-    let mut per_attention = 0;
     let mut rows = 0;
     let mut shared = 0;
     if arch.encoder_layers > 0 && live.0 {
-        per_attention += arch.encoder_layers * b * h * src * src;
         rows += arch.encoder_layers * b * h * src;
         shared += b * h * src * src;
     }
     if arch.decoder_layers > 0 && live.1 {
-        let cross = if arch.encoder_layers > 0 {
-            b * h * tgt * src
-        } else {
-            0
-        };
-        per_attention += arch.decoder_layers * (b * h * tgt * tgt + cross);
         let cross_rows = if arch.encoder_layers > 0 {
             b * h * tgt
         } else {
@@ -206,20 +199,15 @@ fn attention_elements(arch: &Arch, setup: &Setup) -> (u64, u64, u64) {
         rows += arch.decoder_layers * (b * h * tgt + cross_rows);
         shared += h * tgt * tgt;
     }
-    (per_attention, rows, shared)
+    (rows, shared)
 }
 
-/// Bytes kept for `matrices` attention-matrix elements over `rows` softmax rows. In f32 the engine
-/// runs `dropout(softmax(q·kᵀ + bias))·v` as one op that keeps no matrix, only each row's max and
-/// 1/sum (8 B; the probabilities are recomputed in backward, the mask redrawn from its seed);
-/// otherwise burn's composite ops keep [`fitted::ATTENTION_COPIES`] matrices in the compute dtype
-/// and the dropout mask at 1 B.
-fn attention_bytes(cb: u64, matrices: u64, rows: u64) -> u64 {
-    if hand_written_ops(cb) {
-        8 * rows
-    } else {
-        (fitted::ATTENTION_COPIES * (cb * matrices) as f64) as u64 + matrices
-    }
+/// Bytes the attention keeps over `rows` softmax rows beside q, k and v: the engine runs
+/// `dropout(softmax(q·kᵀ + bias))·v` as one op (f32 and bf16, computing in f32) that keeps no
+/// `q × k` matrix, only each row's max and 1/sum (the probabilities are recomputed in backward,
+/// the mask redrawn from its seed).
+fn attention_bytes(rows: u64) -> u64 {
+    8 * rows
 }
 
 /// Whether any tensor of `group` trains.
@@ -266,23 +254,13 @@ fn checkpointed(arch: &Arch, setup: &Setup, cb: u64, logits: u64, accumulated: u
             + b * h * src * src
             + h * tgt * tgt);
     // one block recomputed with its graph: the largest block of either stack
-    let one_block = |bytes: u64, matrices: u64, rows: u64| {
-        (block_scale(cb) * bytes as f64) as u64 + attention_bytes(cb, matrices, rows)
-    };
+    let one_block =
+        |bytes: u64, rows: u64| (block_scale(cb) * bytes as f64) as u64 + attention_bytes(rows);
     // recomputed blocks run with their weights as autodiff leaves: counted as trained
-    let (cross, cross_rows) = if arch.encoder_layers > 0 {
-        (tgt * src, tgt)
-    } else {
-        (0, 0)
-    };
-    let encoder = one_block(
-        b * src * encoder_block(arch, true, cb),
-        b * h * src * src,
-        b * h * src,
-    );
+    let cross_rows = if arch.encoder_layers > 0 { tgt } else { 0 };
+    let encoder = one_block(b * src * encoder_block(arch, true, cb), b * h * src);
     let decoder = one_block(
         b * tgt * decoder_block(arch, cb) + b * src * cross_kv(arch, cb),
-        b * h * (tgt * tgt + cross),
         b * h * (tgt + cross_rows),
     );
     let block = encoder.max(decoder);
@@ -319,9 +297,9 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
         _ => 8 * pt,
     };
     let (src, tgt) = lengths(arch, setup);
-    let (matrices, rows, shared_bias) = attention_elements(arch, setup);
+    let (rows, shared_bias) = attention_elements(arch, setup);
     let blocks = (block_scale(cb) * saved_bytes(arch, setup, cb) as f64) as u64;
-    let attention = attention_bytes(cb, matrices, rows) + cb * shared_bias;
+    let attention = attention_bytes(rows) + cb * shared_bias;
     let out_tokens = match setup.task {
         Task::Seq2seq => setup.batch * tgt,
         Task::CausalLm => setup.batch * src,
@@ -433,7 +411,7 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
             "attention matrices",
             attention,
             Scaling::BatchAndSequence,
-            "f32: each softmax row's max and 1/sum (probabilities recomputed in backward); bf16: softmax, dropout mask and probabilities per attention; + position bias",
+            "the position biases (+ mask) shared by the blocks, and each softmax row's max and 1/sum (no per-attention q × k matrix: probabilities recomputed in backward)",
         ));
         c.push(Component::new(
             "logits and loss",

@@ -1,9 +1,10 @@
 //! Attention's `dropout(softmax(q·kᵀ + bias)) · v` as one operation with a hand-written backward:
-//! a burn backend extension for the flex CPU backend, in f32.
+//! a burn backend extension for the flex CPU backend. It computes in f32; bf16 inputs are converted
+//! per use and the outputs and gradients leave in their input's dtype.
 //!
 //! burn's composite softmax runs five element-wise passes (max, subtract, scalar `expf`, sum,
 //! divide) and keeps the `exp` output for backward, dropout keeps its mask, and the probs·V matmul
-//! keeps the dropped-out probabilities: two `batch × heads × q × k` f32 matrices and a byte mask per
+//! keeps the dropped-out probabilities: two `batch × heads × q × k` matrices and a byte mask per
 //! attention. Here the forward is one sweep per row (vectorised `exp`), and backward keeps no
 //! `q × k` matrix at all, only q, k, v, the bias (which the linear layers and the other blocks keep
 //! anyway) and two numbers per row (max and 1/sum): the probabilities are recomputed from them in
@@ -17,10 +18,11 @@ use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
+use burn::tensor::{DType, FloatDType};
 use burn_flex::FlexTensor;
 
 use crate::model::dropout::drop_and_scale;
-use crate::model::flex_f32::{into_values, is_flex_f32, values};
+use crate::model::flex_f32::{into_values, values};
 use crate::model::flex_op::record;
 use crate::model::gemm_f32::matmul;
 use crate::model::xent::exp_shifted_in_place;
@@ -40,10 +42,10 @@ pub trait AttentionCore: Backend {
     ) -> FloatTensor<Self>;
 }
 
-/// Whether [`attention`] runs for these tensors (flex, f32); other backends and dtypes use the
-/// composite ops.
+/// Whether [`attention`] runs for these tensors (flex, f32 or bf16: it computes in f32 and keeps
+/// its inputs in their dtype); other backends use the composite ops.
 pub fn supported(q: &Tensor<4>) -> bool {
-    is_flex_f32(q)
+    q.device() == Device::flex() && matches!(q.dtype(), DType::F32 | DType::BF16)
 }
 
 /// [`AttentionCore::attention`] on tensors (see [`supported`]).
@@ -74,14 +76,16 @@ impl AttentionCore for Flex {
         seed: u64,
         p: f64,
     ) -> FlexTensor {
+        let dtype = v.dtype();
+        let [q, k, v, bias] = [q, k, v, bias].map(in_f32);
         let (mut probs, _) = softmax_rows(scores(q, k, bias));
         drop_and_scale(probs.storage_mut::<f32>(), seed, p);
-        matmul(&probs, &v)
+        cast(matmul(&probs, &v), dtype)
     }
 }
 
-/// What the backward pass keeps: the inputs (shared with the tensors that produced them, so no
-/// copy) and each softmax row's max and 1/sum.
+/// What the backward pass keeps: the inputs in their own dtype (shared with the tensors that
+/// produced them, so no copy) and each softmax row's max and 1/sum.
 #[derive(Debug, Clone)]
 struct Saved {
     q: FlexTensor,
@@ -115,39 +119,45 @@ impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
                 _checkpointer: &mut Checkpointer,
             ) {
                 let [q_node, k_node, v_node, bias_node] = ops.parents;
-                let grad = grads.consume::<Flex>(&ops.node);
                 let s = ops.state;
-                let scores = scores(s.q.clone(), s.k.clone(), s.bias.clone());
+                // Gradients leave in their input's dtype; the arithmetic is f32 throughout.
+                let dtypes = [&s.q, &s.k, &s.v, &s.bias].map(|t| t.dtype());
+                let grad = in_f32(grads.consume::<Flex>(&ops.node));
+                let [q, k, v, bias] = [s.q, s.k, s.v, s.bias].map(in_f32);
+                let scores = scores(q.clone(), k.clone(), bias.clone());
                 let mut probs = softmax_rows_again(scores, &s.rows);
                 if q_node.is_some() || k_node.is_some() || bias_node.is_some() {
-                    let d_dropped = matmul(&grad, &Flex::float_transpose(s.v));
+                    let d_dropped = matmul(&grad, &Flex::float_transpose(v.clone()));
                     let d_scores = softmax_dropout_backward(&probs, d_dropped, s.seed, s.p);
                     if let Some(node) = q_node {
-                        let dq = matmul(&d_scores, &s.k);
-                        grads.register::<Flex>(node.id, dq);
+                        let dq = matmul(&d_scores, &k);
+                        grads.register::<Flex>(node.id, cast(dq, dtypes[0]));
                     }
                     if let Some(node) = k_node {
-                        let dk = matmul(&Flex::float_transpose(d_scores.clone()), &s.q);
-                        grads.register::<Flex>(node.id, dk);
+                        let dk = matmul(&Flex::float_transpose(d_scores.clone()), &q);
+                        grads.register::<Flex>(node.id, cast(dk, dtypes[1]));
                     }
                     if let Some(node) = bias_node {
-                        let shape = s.bias.layout().shape().clone();
-                        grads.register::<Flex>(node.id, sum_to_shape(d_scores, &shape));
+                        let shape = bias.layout().shape().clone();
+                        let d_bias = sum_to_shape(d_scores, &shape);
+                        grads.register::<Flex>(node.id, cast(d_bias, dtypes[3]));
                     }
                 }
                 if let Some(node) = v_node {
                     // dv = dropout(probs)ᵀ · g, the probabilities dropped out in their own buffer.
                     drop_and_scale(probs.storage_mut::<f32>(), s.seed, s.p);
                     let dv = matmul(&Flex::float_transpose(probs), &grad);
-                    grads.register::<Flex>(node.id, dv);
+                    grads.register::<Flex>(node.id, cast(dv, dtypes[2]));
                 }
             }
         }
 
         record::<C, _, 4>(Core, [q, k, v, bias], |[q, k, v, bias]| {
-            let (mut probs, rows) = softmax_rows(scores(q.clone(), k.clone(), bias.clone()));
+            let dtype = v.dtype();
+            let [q32, k32, v32, bias32] = [&q, &k, &v, &bias].map(|t| in_f32(t.clone()));
+            let (mut probs, rows) = softmax_rows(scores(q32, k32, bias32));
             drop_and_scale(probs.storage_mut::<f32>(), seed, p);
-            let out = matmul(&probs, &v);
+            let out = cast(matmul(&probs, &v32), dtype);
             let saved = Saved {
                 q,
                 k,
@@ -159,6 +169,21 @@ impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
             };
             (out, saved)
         })
+    }
+}
+
+/// `t` in f32: itself when it is, else a converted copy (bf16 inputs are computed on in f32, the
+/// precision PyTorch's autocast gives softmax).
+fn in_f32(t: FlexTensor) -> FlexTensor {
+    cast(t, DType::F32)
+}
+
+/// `t` in `dtype` (itself when it already is).
+fn cast(t: FlexTensor, dtype: DType) -> FlexTensor {
+    if t.dtype() == dtype {
+        t
+    } else {
+        Flex::float_cast(t, FloatDType::from(dtype))
     }
 }
 
@@ -299,6 +324,72 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_inputs_are_computed_on_in_f32() {
+        // bf16 tensors through the op; the reference is the f32 composite on the same (bf16-rounded)
+        // values. Outputs and gradients leave in bf16: equal up to bf16 rounding.
+        let bf16 = |shape: [usize; 4], salt: usize| {
+            let t = tensor(shape, salt).inner().cast(DType::BF16);
+            t.autodiff().require_grad()
+        };
+        let as_f32 = |t: &Tensor<4>| {
+            let t = t.clone().inner().cast(DType::F32);
+            t.autodiff().require_grad()
+        };
+        let (q, k, v, bias) = (
+            bf16([2, 3, 5, 4], 1),
+            bf16([2, 3, 7, 4], 2),
+            bf16([2, 3, 7, 4], 3),
+            bf16([1, 3, 5, 7], 4),
+        );
+        assert!(supported(&q));
+        let weight = tensor([2, 3, 5, 4], 5).inner();
+        let grads_of =
+            |q: &Tensor<4>, k: &Tensor<4>, v: &Tensor<4>, bias: &Tensor<4>, out: Tensor<4>| {
+                let grads = (out.clone().cast(DType::F32) * weight.clone())
+                    .sum()
+                    .backward();
+                let g = |t: &Tensor<4>| values(t.grad(&grads).unwrap().cast(DType::F32));
+                [
+                    values(out.inner().cast(DType::F32)),
+                    g(q),
+                    g(k),
+                    g(v),
+                    g(bias),
+                ]
+            };
+        let fused = grads_of(
+            &q,
+            &k,
+            &v,
+            &bias,
+            attention(q.clone(), k.clone(), v.clone(), bias.clone(), 9, 0.2),
+        );
+        assert_eq!(
+            attention(q.clone(), k.clone(), v.clone(), bias.clone(), 9, 0.2).dtype(),
+            DType::BF16
+        );
+        let (q, k, v, bias) = (as_f32(&q), as_f32(&k), as_f32(&v), as_f32(&bias));
+        let reference = grads_of(
+            &q,
+            &k,
+            &v,
+            &bias,
+            attention(q.clone(), k.clone(), v.clone(), bias.clone(), 9, 0.2),
+        );
+        for (which, (a, b)) in ["output", "dq", "dk", "dv", "d bias"]
+            .iter()
+            .zip(fused.iter().zip(&reference))
+        {
+            for (x, y) in a.iter().zip(b) {
+                assert!(
+                    (x - y).abs() <= 1e-2 * (1.0 + y.abs()),
+                    "{which}: {x} vs {y}"
+                );
             }
         }
     }
