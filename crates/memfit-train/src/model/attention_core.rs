@@ -76,11 +76,7 @@ impl AttentionCore for Flex {
         seed: u64,
         p: f64,
     ) -> FlexTensor {
-        let dtype = v.dtype();
-        let [q, k, v, bias] = [q, k, v, bias].map(in_f32);
-        let (mut probs, _) = softmax_rows(scores(q, k, bias));
-        drop_and_scale(probs.storage_mut::<f32>(), seed, p);
-        cast(matmul(&probs, &v), dtype)
+        forward([q, k, v, bias], seed, p).0
     }
 }
 
@@ -153,11 +149,7 @@ impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
         }
 
         record::<C, _, 4>(Core, [q, k, v, bias], |[q, k, v, bias]| {
-            let dtype = v.dtype();
-            let [q32, k32, v32, bias32] = [&q, &k, &v, &bias].map(|t| in_f32(t.clone()));
-            let (mut probs, rows) = softmax_rows(scores(q32, k32, bias32));
-            drop_and_scale(probs.storage_mut::<f32>(), seed, p);
-            let out = cast(matmul(&probs, &v32), dtype);
+            let (out, rows) = forward([q.clone(), k.clone(), v.clone(), bias.clone()], seed, p);
             let saved = Saved {
                 q,
                 k,
@@ -170,6 +162,16 @@ impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
             (out, saved)
         })
     }
+}
+
+/// The output (in v's dtype) of `[q, k, v, bias]` and the softmax rows' statistics; the arithmetic
+/// is f32 whatever the inputs' dtype.
+fn forward(inputs: [FlexTensor; 4], seed: u64, p: f64) -> (FlexTensor, RowStats) {
+    let dtype = inputs[2].dtype();
+    let [q, k, v, bias] = inputs.map(in_f32);
+    let (mut probs, rows) = softmax_rows(scores(q, k, bias));
+    drop_and_scale(probs.storage_mut::<f32>(), seed, p);
+    (cast(matmul(&probs, &v), dtype), rows)
 }
 
 /// `t` in f32: itself when it is, else a converted copy (bf16 inputs are computed on in f32, the
@@ -267,7 +269,7 @@ fn sum_to_shape(mut t: FlexTensor, shape: &[usize]) -> FlexTensor {
 mod tests {
     use super::*;
     use crate::model::dropout::Dropout;
-    use crate::model::test_tensors::{tracked as tensor, values};
+    use crate::model::test_tensors::{assert_close, tracked as tensor, values};
     use burn::tensor::TensorData;
     use burn::tensor::activation::softmax;
 
@@ -360,12 +362,7 @@ mod tests {
             .iter()
             .zip(bf16.iter().zip(&f32))
         {
-            for (x, y) in a.iter().zip(b) {
-                assert!(
-                    (x - y).abs() <= 1e-2 * (1.0 + y.abs()),
-                    "{which}: {x} vs {y}"
-                );
-            }
+            assert_close(which, a, b, 1e-2);
         }
     }
 

@@ -162,7 +162,7 @@ unsafe fn product(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::test_tensors::pattern;
+    use crate::model::test_tensors::{assert_close, pattern};
     use burn::backend::Flex;
     use burn::backend::ops::FloatTensorOps;
 
@@ -174,14 +174,8 @@ mod tests {
     fn close(a: &FlexTensor, b: FlexTensor) {
         assert_eq!(a.layout().shape(), b.layout().shape());
         let b = b.to_contiguous();
-        for (x, y) in a
-            .as_slice::<f32>()
-            .unwrap()
-            .iter()
-            .zip(b.as_slice::<f32>().unwrap())
-        {
-            assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
-        }
+        let values = |t: &FlexTensor| t.as_slice::<f32>().unwrap().to_vec();
+        assert_close("product", &values(a), &values(&b), 1e-4);
     }
 
     #[test]

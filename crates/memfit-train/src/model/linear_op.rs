@@ -104,7 +104,7 @@ impl<C: CheckpointStrategy> LinearOp for Autodiff<Flex, C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::test_tensors::{tracked as tensor, values};
+    use crate::model::test_tensors::{assert_close, tracked as tensor, values};
     use burn::tensor::TensorData;
 
     /// Output and gradients of (x, w) through `f`; x is given transposed (a strided view) when
@@ -142,13 +142,7 @@ mod tests {
                 .iter()
                 .zip(fused.iter().zip(&reference))
             {
-                assert_eq!(a.len(), b.len());
-                for (x, y) in a.iter().zip(b) {
-                    assert!(
-                        (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
-                        "{which}: {x} vs {y}"
-                    );
-                }
+                assert_close(which, a, b, 1e-5);
             }
         }
     }
@@ -162,9 +156,7 @@ mod tests {
         let dx = |out: Tensor<2>| values(x.grad(&(out * weight.clone()).sum().backward()).unwrap());
         let fused = dx(layer(x.clone(), frozen.clone()));
         let reference = dx(x.clone().matmul(frozen));
-        for (a, b) in fused.iter().zip(&reference) {
-            assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
-        }
+        assert_close("dx", &fused, &reference, 1e-5);
     }
 
     #[test]
@@ -173,9 +165,7 @@ mod tests {
         let (x, w) = (tensor([256, 192], 4).inner(), tensor([192, 200], 5).inner());
         let fused = values(linear(x.clone(), w.clone(), true));
         let reference = values(x.matmul(w));
-        for (a, b) in fused.iter().zip(&reference) {
-            assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
-        }
+        assert_close("x·w", &fused, &reference, 1e-4);
     }
 
     #[test]

@@ -23,3 +23,15 @@ pub fn tracked<const D: usize>(shape: [usize; D], salt: usize) -> Tensor<D> {
 pub fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().try_to_vec().unwrap()
 }
+
+/// Every `actual[i]` within `tol · (1 + |expected[i]|)` of `expected[i]`, the lengths equal;
+/// `which` names the compared quantity in the failure.
+pub fn assert_close(which: &str, actual: &[f32], expected: &[f32], tol: f32) {
+    assert_eq!(actual.len(), expected.len(), "{which}: lengths");
+    for (x, y) in actual.iter().zip(expected) {
+        assert!(
+            (x - y).abs() <= tol * (1.0 + y.abs()),
+            "{which}: {x} vs {y}"
+        );
+    }
+}
