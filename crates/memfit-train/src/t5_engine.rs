@@ -14,6 +14,7 @@ use crate::engine::{Engine, GenerateConfig, ParamCounts, Seq2SeqBatch, StepStats
 use crate::model::block_ckpt::{self, MicroBatch, Trainable};
 use crate::model::chunked_head::{CHUNK_LOGITS, HeadInputs, loss_through_head};
 use crate::model::dropout::Dropout;
+use crate::model::embedding_leaf::EmbeddingLeaf;
 use crate::model::grad_sink::GradSink;
 use crate::model::loss::{masked_cross_entropy, shift_right};
 use crate::model::t5::{T5Forward, padding_mask};
@@ -25,7 +26,8 @@ use crate::optim::{Optimizer, OptimizerConfig, ParamShape, clip_global_norm, glo
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
     F32,
-    /// bf16 activations and weights on the device (flex supports it; no loss scaling needed).
+    /// bf16 activations (no loss scaling needed). On flex the weights stay f32 (the master copies,
+    /// lent) and every product computes in f32; elsewhere the weights are uploaded as bf16.
     Bf16,
 }
 
@@ -274,9 +276,14 @@ impl T5Engine {
         }
     }
 
-    /// `batch`'s source ids, source padding mask and decoder input ids (the labels shifted right) on
-    /// `device`.
-    fn device_inputs(&self, batch: &Seq2SeqBatch, device: &Device) -> DeviceInputs {
+    /// `batch`'s source ids, source padding mask (in `mask_dtype`, the parameters') and decoder input
+    /// ids (the labels shifted right) on `device`.
+    fn device_inputs(
+        &self,
+        batch: &Seq2SeqBatch,
+        device: &Device,
+        mask_dtype: DType,
+    ) -> DeviceInputs {
         let cfg = &self.model.config;
         let decoder_ids = shift_right(
             &batch.labels,
@@ -293,7 +300,7 @@ impl T5Engine {
                 batch.batch,
                 batch.src_len,
                 device,
-                self.dtype(),
+                mask_dtype,
             ),
             decoder_ids: Tensor::from_data(
                 TensorData::new(decoder_ids, [batch.batch, batch.tgt_len]),
@@ -312,7 +319,7 @@ impl T5Engine {
         drop: &mut Dropout,
     ) -> Tensor<2> {
         let fwd = T5Forward::of(&self.model, params, self.dtype());
-        let inputs = self.device_inputs(batch, device);
+        let inputs = self.device_inputs(batch, device, fwd.param_dtype());
         fwd.lm_logits(fwd.encode_decode(inputs.input_ids, &inputs.mask, inputs.decoder_ids, drop))
     }
 
@@ -328,11 +335,12 @@ impl T5Engine {
         masked_cross_entropy(logits, &batch.labels, &batch.label_mask)
     }
 
-    /// Whether a micro-batch can run on the master weights' own buffers: on the flex (CPU) backend in
-    /// f32 a device tensor can take a host `Vec<f32>` without copying it, so the weights exist once
-    /// instead of twice (master + device copy) while the step's activations are alive.
+    /// Whether a micro-batch runs on the master weights' own buffers: on the flex (CPU) backend a
+    /// device tensor can take a host `Vec<f32>` without copying it, so the weights exist once instead
+    /// of twice (master + device copy) while the step's activations are alive. In bf16 the
+    /// hand-written ops take these f32 weights beside bf16 activations.
     fn lends_weights(&self) -> bool {
-        self.options.backend == Backend::Flex && self.options.precision == Precision::F32
+        self.options.backend == Backend::Flex
     }
 
     /// Moves the master weights into device tensors (no copy); [`Self::reclaim_weights`] moves them
@@ -381,11 +389,14 @@ impl T5Engine {
             self.block_checkpointed_loss(plain, &leaves, batch, &mut drop, loss_scale)?
         } else {
             let fwd = T5Forward::of(&self.model, &leaves, self.dtype());
-            let inputs = self.device_inputs(batch, &self.train_device);
-            let out = fwd.encode_decode(
-                inputs.input_ids,
+            let inputs = self.device_inputs(batch, &self.train_device, fwd.param_dtype());
+            let shared_trains = self.trainable[self.model.layout.shared];
+            let source = EmbeddingLeaf::new(&fwd, inputs.input_ids, shared_trains);
+            let decoder_inputs = EmbeddingLeaf::new(&fwd, inputs.decoder_ids, shared_trains);
+            let out = fwd.encode_decode_embedded(
+                source.input.clone(),
                 &inputs.mask,
-                inputs.decoder_ids,
+                decoder_inputs.input.clone(),
                 &mut drop,
             );
             let mut sink = Accumulators {
@@ -400,7 +411,11 @@ impl T5Engine {
                 loss_scale: loss_scale as f64,
                 chunk_logits: CHUNK_LOGITS,
             };
-            let (loss, _) = loss_through_head(&fwd, out, head, &mut sink)?;
+            let (loss, grads) = loss_through_head(&fwd, out, head, &mut sink)?;
+            if let Some(mut grads) = grads {
+                decoder_inputs.backward(&mut grads, &mut sink)?;
+                source.backward(&mut grads, &mut sink)?;
+            }
             loss
         };
         Ok(to_f32_vec(loss)?.first().copied().unwrap_or(f32::NAN))
@@ -427,7 +442,7 @@ impl T5Engine {
             encoder_rel_bias: self.trainable[layout.encoder_rel_bias],
             decoder_rel_bias: self.trainable[layout.decoder_rel_bias],
         };
-        let inputs = self.device_inputs(batch, &self.device);
+        let inputs = self.device_inputs(batch, &self.device, plain[layout.shared].dtype());
         let micro = MicroBatch {
             input_ids: inputs.input_ids,
             mask: inputs.mask,
@@ -502,16 +517,23 @@ impl Accumulators<'_> {
     fn add(&mut self, index: usize, grad: Tensor<2>) -> Result<(), ModelError> {
         // Read in place: flex's buffers are 16-byte aligned, so turning one into a `Vec<f32>`
         // would copy it; a later part of the same gradient is added without any temporary.
-        let data = grad.cast(FloatDType::F32).into_data();
-        let g: &[f32] = data.as_slice().map_err(|e| {
-            ModelError::Io(format!("reading a gradient back from the device: {e:?}"))
-        })?;
+        let data = f32_data(grad);
+        let g = gradient_values(&data)?;
         match &mut self.acc[index] {
             Some(a) => a.iter_mut().zip(g).for_each(|(a, b)| *a += b),
             slot @ None => *slot = Some(g.to_vec()),
         }
         Ok(())
     }
+}
+
+fn f32_data(t: Tensor<2>) -> TensorData {
+    t.cast(FloatDType::F32).into_data()
+}
+
+fn gradient_values(data: &TensorData) -> Result<&[f32], ModelError> {
+    data.as_slice()
+        .map_err(|e| ModelError::Io(format!("reading a gradient back from the device: {e:?}")))
 }
 
 impl GradSink for Accumulators<'_> {
@@ -534,6 +556,24 @@ impl GradSink for Accumulators<'_> {
     fn parameter(&mut self, index: usize, grad: Tensor<2>) -> Result<(), ModelError> {
         if self.trainable[index] {
             self.add(index, grad)?;
+        }
+        Ok(())
+    }
+
+    fn rows(&mut self, index: usize, ids: &[usize], grad: Tensor<2>) -> Result<(), ModelError> {
+        if !self.trainable[index] {
+            return Ok(());
+        }
+        let [_, width] = grad.dims();
+        let len = self.leaves[index].shape().num_elements();
+        let data = f32_data(grad);
+        let g = gradient_values(&data)?;
+        let acc = self.acc[index].get_or_insert_with(|| vec![0.0; len]);
+        for (&id, row) in ids.iter().zip(g.chunks_exact(width)) {
+            let target = acc.get_mut(id * width..(id + 1) * width).ok_or_else(|| {
+                ModelError::Input(format!("embedding row {id} is outside the table"))
+            })?;
+            target.iter_mut().zip(row).for_each(|(a, b)| *a += b);
         }
         Ok(())
     }
@@ -606,7 +646,7 @@ impl Engine for T5Engine {
         let fwd = T5Forward::of(&self.model, &params, self.dtype());
         let device = &self.device;
         let mut drop = Dropout::disabled();
-        let mask = padding_mask(input_mask, batch, src_len, device, self.dtype());
+        let mask = padding_mask(input_mask, batch, src_len, device, fwd.param_dtype());
         // The encoder runs once; the decoder runs one position per token over its KV cache.
         let encoded = fwd.encode(
             int_tensor(input_ids, batch, src_len, device),

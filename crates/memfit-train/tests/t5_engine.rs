@@ -5,7 +5,7 @@ use memfit_train::engine::{Engine, GenerateConfig, Seq2SeqBatch};
 use memfit_train::model::dropout::SplitMix64;
 use memfit_train::model::{Group, T5Config, T5Layout, T5Model};
 use memfit_train::optim::{AdafactorConfig, AdamWConfig, OptimizerConfig};
-use memfit_train::t5_engine::{EngineOptions, T5Engine};
+use memfit_train::t5_engine::{EngineOptions, Precision, T5Engine};
 use serde_json::json;
 
 const VOCAB: usize = 64;
@@ -467,6 +467,104 @@ fn per_block_checkpointing_gives_the_same_loss_and_gradients() {
             }
         }
         assert!(compared > 0, "freeze {freeze:?}: no gradient compared");
+    }
+}
+
+/// The gradients of `loss_scale × loss` by burn's autodiff through the plain forward pass (the
+/// lookup through `select`, logits `[tokens, vocab]` at once): what the engine must reproduce with
+/// its embedding leaves, chunked head and hand-written ops.
+fn autodiff_gradients(
+    model: &T5Model,
+    precision: Precision,
+    b: &Seq2SeqBatch,
+    loss_scale: f32,
+    seed: u64,
+) -> Vec<Vec<f32>> {
+    use burn::prelude::*;
+    use burn::tensor::{DType, TensorData};
+    use memfit_train::model::dropout::Dropout;
+    use memfit_train::model::loss::{masked_cross_entropy, shift_right};
+    use memfit_train::model::t5::{T5Forward, padding_mask};
+
+    let device = Device::flex();
+    let leaves: Vec<Tensor<2>> = model
+        .weights
+        .iter()
+        .zip(&model.layout.specs)
+        .map(|(w, spec)| {
+            Tensor::from_data(TensorData::new(w.clone(), spec.kind.shape()), &device)
+                .autodiff()
+                .require_grad()
+        })
+        .collect();
+    let dtype = match precision {
+        Precision::F32 => DType::F32,
+        Precision::Bf16 => DType::BF16,
+    };
+    let fwd = T5Forward::of(model, &leaves, dtype);
+    let ids =
+        |v: Vec<i64>, len| Tensor::<2, Int>::from_data(TensorData::new(v, [b.batch, len]), &device);
+    let cfg = &model.config;
+    let decoder_ids = shift_right(
+        &b.labels,
+        &b.label_mask,
+        b.batch,
+        b.tgt_len,
+        cfg.decoder_start_token_id,
+        cfg.pad_token_id,
+    );
+    let mask = padding_mask(&b.input_mask, b.batch, b.src_len, &device, DType::F32);
+    let hidden = fwd.encode_decode(
+        ids(b.input_ids.iter().map(|&i| i as i64).collect(), b.src_len),
+        &mask,
+        ids(decoder_ids, b.tgt_len),
+        &mut Dropout::new(seed, cfg.dropout_rate),
+    );
+    // Logits and loss in f32, as the engine's head computes them.
+    let logits = fwd.lm_logits(hidden.cast(DType::F32));
+    let loss = masked_cross_entropy(logits, &b.labels, &b.label_mask) * loss_scale;
+    let grads = loss.backward();
+    leaves
+        .iter()
+        .map(|l| l.grad(&grads).unwrap().into_data().try_to_vec().unwrap())
+        .collect()
+}
+
+#[test]
+fn engine_gradients_equal_autodiff_through_the_whole_model() {
+    for precision in [Precision::F32, Precision::Bf16] {
+        for tied in [true, false] {
+            let cfg = tiny(json!({"dropout_rate": 0.1, "tie_word_embeddings": tied}));
+            let options = EngineOptions {
+                precision,
+                ..adamw(0.0)
+            };
+            let mut engine = T5Engine::new(cfg, options, 5).unwrap();
+            let b = copy_batch(&mut SplitMix64::new(17), 3, 6);
+            let reference = autodiff_gradients(engine.model(), precision, &b, 0.5, 40);
+            engine.accumulate(&b, 0.5, 40).unwrap();
+            // bf16: the same ops on the same bf16 activations; only summation orders differ.
+            let tol = match precision {
+                Precision::F32 => 1e-5,
+                Precision::Bf16 => 2e-3,
+            };
+            for (i, (g, r)) in engine
+                .accumulated_gradients()
+                .iter()
+                .zip(&reference)
+                .enumerate()
+            {
+                let g = g.as_ref().expect("every parameter trains");
+                let scale = r.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+                for (x, y) in g.iter().zip(r) {
+                    assert!(
+                        (x - y).abs() <= tol * scale,
+                        "{precision:?}, tied {tied}: {}: {x} vs {y}",
+                        engine.model().layout.specs[i].name
+                    );
+                }
+            }
+        }
     }
 }
 

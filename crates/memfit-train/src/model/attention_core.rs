@@ -18,12 +18,11 @@ use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
-use burn::tensor::{DType, FloatDType};
 use burn_flex::FlexTensor;
 
 use crate::model::dropout::drop_and_scale;
-use crate::model::flex_f32::{into_values, values};
 use crate::model::flex_op::record;
+use crate::model::flex_values::{cast, in_f32, into_values, is_flex_float, values};
 use crate::model::gemm_f32::matmul;
 use crate::model::xent::exp_shifted_in_place;
 
@@ -45,7 +44,7 @@ pub trait AttentionCore: Backend {
 /// Whether [`attention`] runs for these tensors (flex, f32 or bf16: it computes in f32 and keeps
 /// its inputs in their dtype); other backends use the composite ops.
 pub fn supported(q: &Tensor<4>) -> bool {
-    q.device() == Device::flex() && matches!(q.dtype(), DType::F32 | DType::BF16)
+    is_flex_float(q)
 }
 
 /// [`AttentionCore::attention`] on tensors (see [`supported`]).
@@ -174,21 +173,6 @@ fn forward(inputs: [FlexTensor; 4], seed: u64, p: f64) -> (FlexTensor, RowStats)
     (cast(matmul(&probs, &v), dtype), rows)
 }
 
-/// `t` in f32: itself when it is, else a converted copy (bf16 inputs are computed on in f32, the
-/// precision PyTorch's autocast gives softmax).
-fn in_f32(t: FlexTensor) -> FlexTensor {
-    cast(t, DType::F32)
-}
-
-/// `t` in `dtype` (itself when it already is).
-fn cast(t: FlexTensor, dtype: DType) -> FlexTensor {
-    if t.dtype() == dtype {
-        t
-    } else {
-        Flex::float_cast(t, FloatDType::from(dtype))
-    }
-}
-
 /// `q·kᵀ + bias`, `[b, h, tq, tk]`.
 fn scores(q: FlexTensor, k: FlexTensor, bias: FlexTensor) -> FlexTensor {
     Flex::float_add(matmul(&q, &Flex::float_transpose(k)), bias)
@@ -270,8 +254,8 @@ mod tests {
     use super::*;
     use crate::model::dropout::Dropout;
     use crate::model::test_tensors::{assert_close, tracked as tensor, values};
-    use burn::tensor::TensorData;
     use burn::tensor::activation::softmax;
+    use burn::tensor::{DType, TensorData};
 
     /// Output and gradients of (q, k, v, bias) through `f`, weighted by a fixed cotangent. q is a
     /// strided view (`[b, q, h, d]` with its middle dimensions swapped), as the model's heads are.

@@ -9,7 +9,7 @@
 //! gradient to the segment before. Peak activation memory is one block's graph plus the saved
 //! boundaries, for the price of a second forward pass of every block.
 //!
-//! Segments, in forward order: encoder embedding, encoder bias (position bias + padding mask, shared
+//! Segments, in forward order: encoder embedding (an [`EmbeddingLeaf`]), encoder bias (position bias + padding mask, shared
 //! by every encoder block), encoder blocks, encoder final norm; decoder embedding, decoder bias,
 //! decoder blocks (each also attending to the encoder output), then the head (final norm, then LM
 //! head and loss in row chunks, [`crate::model::chunked_head`]). Tensors used by several blocks (the biases, the encoder output) collect their
@@ -24,6 +24,7 @@ use burn::tensor::Gradients;
 
 use crate::model::chunked_head::{CHUNK_LOGITS, HeadInputs, loss_through_head};
 use crate::model::dropout::Dropout;
+use crate::model::embedding_leaf::EmbeddingLeaf;
 use crate::model::grad_sink::GradSink;
 use crate::model::t5::T5Forward;
 
@@ -152,13 +153,8 @@ pub fn loss_and_grads<E>(
     {
         sink.gradients(&mut grads)?;
     }
-    if let Some(cot) = cotangent
-        && let Some(mut grads) = pull(
-            tracked.embed_input(batch.decoder_ids, &mut dec_embed_drop.clone()),
-            &cot,
-        )
-    {
-        sink.gradients(&mut grads)?;
+    if let Some(cot) = cotangent {
+        embedding_backward(tracked, batch.decoder_ids, dec_embed_drop, &cot, sink)?;
     }
 
     // Encoder: final norm, blocks last first, bias, embedding.
@@ -191,13 +187,24 @@ pub fn loss_and_grads<E>(
     {
         sink.gradients(&mut grads)?;
     }
-    if let Some(cot) = cotangent
-        && let Some(mut grads) = pull(
-            tracked.embed_input(batch.input_ids, &mut enc_embed_drop.clone()),
-            &cot,
-        )
-    {
-        sink.gradients(&mut grads)?;
+    if let Some(cot) = cotangent {
+        embedding_backward(tracked, batch.input_ids, enc_embed_drop, &cot, sink)?;
     }
     Ok(loss)
+}
+
+/// The embedding segment of `ids` (lookup, then dropout with `drop`) back-propagated from the
+/// cotangent of its output: the table's gradient rows go to `sink`.
+fn embedding_backward<E>(
+    tracked: &T5Forward,
+    ids: Tensor<2, Int>,
+    mut drop: Dropout,
+    cotangent: &Tensor<3>,
+    sink: &mut dyn GradSink<Error = E>,
+) -> Result<(), E> {
+    let embedded = EmbeddingLeaf::new(tracked, ids, true);
+    match pull(drop.apply(embedded.input.clone()), cotangent) {
+        Some(mut grads) => embedded.backward(&mut grads, sink),
+        None => Ok(()),
+    }
 }

@@ -55,6 +55,7 @@ fn head_loss_and_cotangent<E>(
         chunk_logits,
     } = head;
     let [b, t, d] = hidden.dims();
+    let hidden_dtype = hidden.dtype();
     let vocab = tracked.cfg.vocab_size;
     let n = b * t;
     let device = hidden.device();
@@ -77,7 +78,8 @@ fn head_loss_and_cotangent<E>(
     let mut cotangent = Vec::with_capacity(n.div_ceil(rows_per_chunk));
     for start in (0..n).step_by(rows_per_chunk) {
         let end = (start + rows_per_chunk).min(n);
-        let rows = flat.clone().slice([start..end, 0..d]);
+        // Logits in the weight's dtype: f32 over the lent master weights when activations are bf16.
+        let rows = flat.clone().slice([start..end, 0..d]).cast(weight.dtype());
         if !label_mask[start..end].iter().any(|m| *m) {
             // No target here: no loss, no gradient.
             cotangent.push(rows.zeros_like());
@@ -119,7 +121,10 @@ fn head_loss_and_cotangent<E>(
         TensorData::new(vec![(nll / count.max(1) as f64) as f32], [1]),
         &device,
     );
-    Ok((loss, Tensor::cat(cotangent, 0).reshape([b, t, d])))
+    let cotangent = Tensor::cat(cotangent, 0)
+        .reshape([b, t, d])
+        .cast(hidden_dtype);
+    Ok((loss, cotangent))
 }
 
 /// The loss of `batch`'s targets over the tracked decoder output `out` `[b, t, d]`, back-propagated
@@ -184,6 +189,9 @@ mod tests {
             );
             self.add(grad);
             Ok(())
+        }
+        fn rows(&mut self, _: usize, _: &[usize], _: Tensor<2>) -> Result<(), ()> {
+            unreachable!("the head's tests look up no embeddings")
         }
     }
 

@@ -1,5 +1,5 @@
 //! Dropout, and dropout after ReLU, as operations with a hand-written backward that keep no mask:
-//! a burn backend extension for the flex CPU backend, in f32.
+//! a burn backend extension for the flex CPU backend, on f32 or bf16 tensors (scaled in f32).
 //!
 //! burn's `mask_fill` keeps its boolean mask for backward: one byte per element of every dropout
 //! (each residual branch, the embeddings, the FFN). Here plain dropout keeps only its seed and draws
@@ -16,8 +16,8 @@ use burn::prelude::*;
 use burn_flex::FlexTensor;
 
 use crate::model::dropout::{drop_and_scale, keep_scale};
-use crate::model::flex_f32::{into_values, is_flex_f32, values};
 use crate::model::flex_op::record;
+use crate::model::flex_values::{is_flex_float, map_in_place, values};
 
 #[backend_extension(Flex, Autodiff)]
 pub trait DropoutOp: Backend {
@@ -29,9 +29,10 @@ pub trait DropoutOp: Backend {
     fn relu_dropout(x: FloatTensor<Self>, seed: u64, p: f64) -> FloatTensor<Self>;
 }
 
-/// Whether the ops run for `x` (flex, f32); other backends and dtypes use burn's `mask_fill`.
+/// Whether the ops run for `x` (flex, f32 or bf16); other backends and dtypes use burn's
+/// `mask_fill`.
 pub fn supported<const D: usize>(x: &Tensor<D>) -> bool {
-    is_flex_f32(x)
+    is_flex_float(x)
 }
 
 /// [`DropoutOp::dropout`] on a tensor (see [`supported`]).
@@ -112,18 +113,12 @@ impl Backward<Flex, 1> for DropBackward {
     }
 }
 
-/// `f` applied to `t`'s values, in `t`'s own buffer when it is contiguous and not shared.
-fn map_in_place(t: FlexTensor, f: impl FnOnce(&mut [f32])) -> FlexTensor {
-    let mut data = into_values(t);
-    f(data.as_mut_slice::<f32>().expect("f32"));
-    FlexTensor::from_data(data)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::dropout::{SplitMix64, fill_dropped};
-    use burn::tensor::TensorData;
+    use crate::model::test_tensors::{Produced, assert_bf16_is_rounded_f32, tracked_in};
+    use burn::tensor::{DType, TensorData};
 
     fn input() -> Tensor<2> {
         let values: Vec<f32> = (0..63)
@@ -175,6 +170,37 @@ mod tests {
                 run(|x| composite(x, 5, p, true)),
                 "relu + dropout, p = {p}"
             );
+        }
+    }
+
+    #[test]
+    fn bf16_values_are_the_f32_ops_rounded() {
+        for relu in [false, true] {
+            assert_bf16_is_rounded_f32(|dtype| {
+                let x = tracked_in([9, 7], 1, dtype);
+                let y = if relu {
+                    relu_dropout(x.clone(), 5, 0.3)
+                } else {
+                    dropout(x.clone(), 5, 0.3)
+                };
+                assert_eq!(y.dtype(), dtype);
+                let g = tracked_in([9, 7], 2, DType::F32).inner();
+                let dx = x.grad(&(y.clone().cast(DType::F32) * g).sum().backward());
+                let f32_values =
+                    |t: Tensor<2>| t.cast(DType::F32).into_data().try_to_vec().unwrap();
+                vec![
+                    Produced {
+                        name: "y",
+                        values: f32_values(y.inner()),
+                        in_activation_dtype: true,
+                    },
+                    Produced {
+                        name: "dx",
+                        values: f32_values(dx.unwrap()),
+                        in_activation_dtype: true,
+                    },
+                ]
+            });
         }
     }
 

@@ -1,5 +1,6 @@
 //! T5's RMS norm, `x · rsqrt(mean(x²) + ε) · w`, as one operation with a hand-written backward: a
-//! burn backend extension for the flex CPU backend, in f32.
+//! burn backend extension for the flex CPU backend. It computes in f32; x and w may be stored as f32
+//! or bf16, and the output and gradients leave in their inputs' dtypes.
 //!
 //! burn's composite ops run seven element-wise passes and keep, besides the input, the normalised
 //! `x · r` for the weight's gradient: one extra `[tokens, d]` tensor per norm. Here the forward is one
@@ -13,8 +14,8 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use burn_flex::FlexTensor;
 
-use crate::model::flex_f32::{is_flex_f32, tensor_like, values};
 use crate::model::flex_op::record;
+use crate::model::flex_values::{is_flex_float, tensor_like, values};
 
 #[backend_extension(Flex, Autodiff)]
 pub trait RmsNormOp: Backend {
@@ -22,9 +23,10 @@ pub trait RmsNormOp: Backend {
     fn rms_norm(x: FloatTensor<Self>, w: FloatTensor<Self>, eps: f64) -> FloatTensor<Self>;
 }
 
-/// Whether [`rms_norm`] runs for `x` (flex, f32); other backends and dtypes use the composite ops.
+/// Whether [`rms_norm`] runs for `x` (flex, f32 or bf16); other backends and dtypes use the
+/// composite ops.
 pub fn supported(x: &Tensor<3>) -> bool {
-    is_flex_f32(x)
+    is_flex_float(x)
 }
 
 /// [`RmsNormOp::rms_norm`] on tensors (see [`supported`]).
@@ -136,6 +138,8 @@ fn backward(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::test_tensors::{Produced, assert_bf16_is_rounded_f32, tracked_in, values};
+    use burn::tensor::{DType, TensorData};
 
     fn tracked(values: Vec<f32>, shape: [usize; 3]) -> Tensor<3> {
         Tensor::from_data(TensorData::new(values, shape), &Device::flex())
@@ -147,6 +151,40 @@ mod tests {
     fn composite(x: Tensor<3>, w: Tensor<3>, eps: f64) -> Tensor<3> {
         let var = x.clone().square().mean_dim(2);
         x * (var + eps).sqrt().recip() * w
+    }
+
+    #[test]
+    fn bf16_activations_over_an_f32_weight_are_the_f32_op_rounded() {
+        assert_bf16_is_rounded_f32(|dtype| {
+            let (x, w) = (
+                tracked_in([2, 3, 8], 1, dtype),
+                tracked_in([1, 1, 8], 2, DType::F32),
+            );
+            let y = rms_norm(x.clone(), w.clone(), 1e-6);
+            assert_eq!(y.dtype(), dtype);
+            let g = tracked_in([2, 3, 8], 3, DType::F32).inner();
+            let grads = (y.clone().cast(DType::F32) * g).sum().backward();
+            let (dx, dw) = (x.grad(&grads).unwrap(), w.grad(&grads).unwrap());
+            assert_eq!((dx.dtype(), dw.dtype()), (dtype, DType::F32));
+            let f32_values = |t: Tensor<3>| values(t.cast(DType::F32));
+            vec![
+                Produced {
+                    name: "y",
+                    values: f32_values(y.inner()),
+                    in_activation_dtype: true,
+                },
+                Produced {
+                    name: "dx",
+                    values: f32_values(dx),
+                    in_activation_dtype: true,
+                },
+                Produced {
+                    name: "dw",
+                    values: f32_values(dw),
+                    in_activation_dtype: false,
+                },
+            ]
+        });
     }
 
     #[test]

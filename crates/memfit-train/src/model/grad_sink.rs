@@ -12,4 +12,8 @@ pub trait GradSink {
 
     /// A gradient computed without autodiff for parameter `index` (its shape), to add to the rest.
     fn parameter(&mut self, index: usize, grad: Tensor<2>) -> Result<(), Self::Error>;
+
+    /// Gradients of some rows of parameter `index` (an embedding table): row `r` of `grad`
+    /// `[ids.len(), width]` adds to the parameter's row `ids[r]` (ids may repeat).
+    fn rows(&mut self, index: usize, ids: &[usize], grad: Tensor<2>) -> Result<(), Self::Error>;
 }

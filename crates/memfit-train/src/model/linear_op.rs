@@ -1,7 +1,12 @@
 //! A linear layer's `x · w` as one operation with a hand-written backward whose products are
 //! [`gemm_f32::matmul`](crate::model::gemm_f32::matmul) calls (output allocated once, no zero fill
-//! and copy as in burn-flex's matmul): a burn backend extension for the flex CPU backend, in f32.
+//! and copy as in burn-flex's matmul): a burn backend extension for the flex CPU backend.
 //! The backward is the usual `dx = g · wᵀ`, `dw = xᵀ · g`; it keeps x and w, as burn's matmul does.
+//!
+//! Products are f32 whatever the storage: x and w may each be f32 or bf16 (converted per use), the
+//! output and dx leave in x's dtype, dw in w's. So bf16 training keeps bf16 activations beside the
+//! f32 master weights, with no bf16 copy of the weights (autocast's mixed precision, computing in
+//! f32: this CPU path has no faster bf16 GEMM).
 
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
@@ -12,8 +17,8 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use burn_flex::FlexTensor;
 
-use crate::model::flex_f32::is_flex_f32;
 use crate::model::flex_op::record;
+use crate::model::flex_values::{cast, in_f32, is_flex_float};
 use crate::model::gemm_f32::matmul;
 
 #[backend_extension(Flex, Autodiff)]
@@ -24,9 +29,10 @@ pub trait LinearOp: Backend {
     fn linear(x: FloatTensor<Self>, w: FloatTensor<Self>, w_trains: bool) -> FloatTensor<Self>;
 }
 
-/// Whether [`linear`] runs for `x` (flex, f32); other backends and dtypes use burn's matmul.
+/// Whether [`linear`] runs for `x` (flex, f32 or bf16); other backends and dtypes use burn's
+/// matmul.
 pub fn supported(x: &Tensor<2>) -> bool {
-    is_flex_f32(x)
+    is_flex_float(x)
 }
 
 /// `x · w` through [`linear`] where it runs, burn's matmul elsewhere.
@@ -60,8 +66,14 @@ pub fn linear(x: Tensor<2>, w: Tensor<2>, w_trains: bool) -> Tensor<2> {
 
 impl LinearOp for Flex {
     fn linear(x: FlexTensor, w: FlexTensor, _w_trains: bool) -> FlexTensor {
-        matmul(&x, &w)
+        forward(x, w)
     }
+}
+
+/// `x · w` in f32, the result in x's dtype.
+fn forward(x: FlexTensor, w: FlexTensor) -> FlexTensor {
+    let dtype = x.dtype();
+    cast(matmul(&in_f32(x), &in_f32(w)), dtype)
 }
 
 impl<C: CheckpointStrategy> LinearOp for Autodiff<Flex, C> {
@@ -81,21 +93,24 @@ impl<C: CheckpointStrategy> LinearOp for Autodiff<Flex, C> {
             ) {
                 let [x_node, w_node] = ops.parents;
                 let grad = grads.consume::<Flex>(&ops.node);
+                let dx_dtype = grad.dtype();
+                let grad = in_f32(grad);
                 let (x, w) = ops.state;
                 if let Some(node) = w_node {
                     let x = x.expect("the linear op was told its weight trains no gradient");
-                    let dw = matmul(&Flex::float_transpose(x), &grad);
-                    grads.register::<Flex>(node.id, dw);
+                    let dw_dtype = w.dtype();
+                    let dw = matmul(&Flex::float_transpose(in_f32(x)), &grad);
+                    grads.register::<Flex>(node.id, cast(dw, dw_dtype));
                 }
                 if let Some(node) = x_node {
-                    let dx = matmul(&grad, &Flex::float_transpose(w));
-                    grads.register::<Flex>(node.id, dx);
+                    let dx = matmul(&grad, &Flex::float_transpose(in_f32(w)));
+                    grads.register::<Flex>(node.id, cast(dx, dx_dtype));
                 }
             }
         }
 
         record::<C, _, 2>(Linear, [x, w], |[x, w]| {
-            let out = matmul(&x, &w);
+            let out = forward(x.clone(), w.clone());
             (out, (w_trains.then_some(x), w))
         })
     }
@@ -104,8 +119,18 @@ impl<C: CheckpointStrategy> LinearOp for Autodiff<Flex, C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::test_tensors::{assert_close, tracked as tensor, values};
-    use burn::tensor::TensorData;
+    use crate::model::test_tensors::{
+        Produced, assert_bf16_is_rounded_f32, assert_close, tracked as tensor, tracked_in, values,
+    };
+    use burn::tensor::{DType, TensorData};
+
+    fn produced(name: &'static str, t: Tensor<2>, in_activation_dtype: bool) -> Produced {
+        Produced {
+            name,
+            values: values(t.cast(DType::F32)),
+            in_activation_dtype,
+        }
+    }
 
     /// Output and gradients of (x, w) through `f`; x is given transposed (a strided view) when
     /// `strided`.
@@ -145,6 +170,27 @@ mod tests {
                 assert_close(which, a, b, 1e-5);
             }
         }
+    }
+
+    #[test]
+    fn bf16_activations_over_f32_weights_are_the_f32_op_rounded() {
+        assert_bf16_is_rounded_f32(|dtype| {
+            let (x, w) = (
+                tracked_in([5, 6], 1, dtype),
+                tracked_in([6, 40], 2, DType::F32),
+            );
+            let out = linear(x.clone(), w.clone(), true);
+            assert_eq!(out.dtype(), dtype);
+            let weight = tracked_in([5, 40], 3, DType::F32).inner();
+            let grads = (out.clone().cast(DType::F32) * weight).sum().backward();
+            let (dx, dw) = (x.grad(&grads).unwrap(), w.grad(&grads).unwrap());
+            assert_eq!((dx.dtype(), dw.dtype()), (dtype, DType::F32));
+            vec![
+                produced("output", out.inner(), true),
+                produced("dx", dx, true),
+                produced("dw", dw, false),
+            ]
+        });
     }
 
     #[test]

@@ -26,13 +26,16 @@ const MASKED: f32 = -1e9;
 pub struct T5Forward<'a> {
     pub cfg: &'a T5Config,
     pub layout: &'a T5Layout,
+    /// The parameters, f32 or bf16. Position biases and masks are in their dtype.
     pub params: &'a [Tensor<2>],
-    /// Float dtype of the parameters (f32, or bf16); masks are built in it.
+    /// Float dtype of the activations (f32, or bf16): the embeddings are cast to it, and every op
+    /// after them keeps it. bf16 activations over f32 parameters is bf16 training on flex.
     pub dtype: DType,
 }
 
 impl<'a> T5Forward<'a> {
-    /// `model`'s forward pass over `params` (its weights on a device, tracked or not) in `dtype`.
+    /// `model`'s forward pass over `params` (its weights on a device, tracked or not) with
+    /// activations in `dtype`.
     pub fn of(model: &'a T5Model, params: &'a [Tensor<2>], dtype: DType) -> Self {
         Self {
             cfg: &model.config,
@@ -46,10 +49,26 @@ impl<'a> T5Forward<'a> {
         self.params[i].clone()
     }
 
+    /// The dtype of the parameters, in which masks and position biases are built.
+    pub fn param_dtype(&self) -> DType {
+        self.params[self.layout.shared].dtype()
+    }
+
     fn embed(&self, ids: Tensor<2, Int>) -> Tensor<3> {
+        self.look_up(self.p(self.layout.shared), ids)
+    }
+
+    /// The embeddings of `ids` `[b, t]` in the activation dtype, looked up without autodiff: a
+    /// training step makes them a leaf ([`crate::model::embedding_leaf`]).
+    pub fn embed_untracked(&self, ids: Tensor<2, Int>) -> Tensor<3> {
+        self.look_up(self.p(self.layout.shared).inner(), ids)
+    }
+
+    fn look_up(&self, table: Tensor<2>, ids: Tensor<2, Int>) -> Tensor<3> {
         let [b, t] = ids.dims();
-        self.p(self.layout.shared)
+        table
             .select(0, ids.reshape([b * t]))
+            .cast(self.dtype)
             .reshape([b, t, self.cfg.d_model])
     }
 
@@ -181,7 +200,7 @@ impl<'a> T5Forward<'a> {
     /// The decoder's self-attention bias `[1, h, t, t]`: relative position bias plus the causal mask.
     pub fn decoder_bias(&self, t: usize, device: &Device) -> Tensor<4> {
         self.position_bias(self.layout.decoder_rel_bias, t, t, 0, false, device)
-            + causal_mask(t, device, self.dtype)
+            + causal_mask(t, device, self.param_dtype())
     }
 
     /// Encoder block `i` applied to `x` `[b, s, d]`.
@@ -231,9 +250,19 @@ impl<'a> T5Forward<'a> {
 
     /// Encoder output `[b, s, d]` (after the final norm and dropout).
     pub fn encode(&self, ids: Tensor<2, Int>, mask: &Tensor<4>, drop: &mut Dropout) -> Tensor<3> {
-        let [_, s] = ids.dims();
+        self.encode_embedded(self.embed(ids), mask, drop)
+    }
+
+    /// [`Self::encode`] from the source's embeddings `[b, s, d]` (before dropout).
+    pub fn encode_embedded(
+        &self,
+        embedded: Tensor<3>,
+        mask: &Tensor<4>,
+        drop: &mut Dropout,
+    ) -> Tensor<3> {
+        let [_, s, _] = embedded.dims();
         let bias = self.encoder_bias(s, mask);
-        let mut x = self.embed_input(ids, drop);
+        let mut x = drop.apply(embedded);
         for i in 0..self.layout.encoder.len() {
             x = self.encoder_block(i, x, &bias, drop);
         }
@@ -248,9 +277,20 @@ impl<'a> T5Forward<'a> {
         cross_mask: &Tensor<4>,
         drop: &mut Dropout,
     ) -> Tensor<3> {
-        let [_, t] = ids.dims();
-        let bias = self.decoder_bias(t, &ids.device());
-        let mut x = self.embed_input(ids, drop);
+        self.decode_embedded(self.embed(ids), encoded, cross_mask, drop)
+    }
+
+    /// [`Self::decode`] from the decoder inputs' embeddings `[b, t, d]` (before dropout).
+    pub fn decode_embedded(
+        &self,
+        embedded: Tensor<3>,
+        encoded: &Tensor<3>,
+        cross_mask: &Tensor<4>,
+        drop: &mut Dropout,
+    ) -> Tensor<3> {
+        let [_, t, _] = embedded.dims();
+        let bias = self.decoder_bias(t, &embedded.device());
+        let mut x = drop.apply(embedded);
         for i in 0..self.layout.decoder.len() {
             x = self.decoder_block(i, x, encoded, &bias, cross_mask, drop);
         }
@@ -334,8 +374,19 @@ impl<'a> T5Forward<'a> {
         decoder_ids: Tensor<2, Int>,
         drop: &mut Dropout,
     ) -> Tensor<3> {
-        let encoded = self.encode(input_ids, mask, drop);
-        self.decode(decoder_ids, &encoded, mask, drop)
+        self.encode_decode_embedded(self.embed(input_ids), mask, self.embed(decoder_ids), drop)
+    }
+
+    /// [`Self::encode_decode`] from the embeddings of the source and of the decoder inputs.
+    pub fn encode_decode_embedded(
+        &self,
+        source: Tensor<3>,
+        mask: &Tensor<4>,
+        decoder_inputs: Tensor<3>,
+        drop: &mut Dropout,
+    ) -> Tensor<3> {
+        let encoded = self.encode_embedded(source, mask, drop);
+        self.decode_embedded(decoder_inputs, &encoded, mask, drop)
     }
 
     /// Logits `[b·t, vocab]` from decoder output.

@@ -35,3 +35,45 @@ pub fn assert_close(which: &str, actual: &[f32], expected: &[f32], tol: f32) {
         );
     }
 }
+
+/// [`tracked`] pattern values rounded to bf16, held in `dtype`: the same numbers in either dtype.
+pub fn tracked_in<const D: usize>(
+    shape: [usize; D],
+    salt: usize,
+    dtype: burn::tensor::DType,
+) -> Tensor<D> {
+    use burn::tensor::DType;
+    tracked(shape, salt)
+        .inner()
+        .cast(DType::BF16)
+        .cast(dtype)
+        .autodiff()
+        .require_grad()
+}
+
+/// One quantity an op produced, as f32 values, and whether it is stored in the activation dtype
+/// (output, input gradient) or stays f32 (a weight's gradient).
+pub struct Produced {
+    pub name: &'static str,
+    pub values: Vec<f32>,
+    pub in_activation_dtype: bool,
+}
+
+/// An op computes in f32 whatever the storage: with bf16 activations each result equals the f32
+/// run's on the same values, rounded to bf16 where it is stored as bf16, bit for bit.
+pub fn assert_bf16_is_rounded_f32(run: impl Fn(burn::tensor::DType) -> Vec<Produced>) {
+    use burn::tensor::{DType, bf16};
+    let (narrow, wide) = (run(DType::BF16), run(DType::F32));
+    assert_eq!(narrow.len(), wide.len());
+    for (n, w) in narrow.iter().zip(&wide) {
+        let expected: Vec<f32> = if w.in_activation_dtype {
+            w.values
+                .iter()
+                .map(|&x| bf16::from_f32(x).to_f32())
+                .collect()
+        } else {
+            w.values.clone()
+        };
+        assert_eq!(n.values, expected, "{}", n.name);
+    }
+}

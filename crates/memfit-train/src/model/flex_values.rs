@@ -1,0 +1,125 @@
+//! Float data of flex tensors for the hand-written ops, which compute in f32 whatever the storage:
+//! f32 tensors are read (and, where they are not shared, written) in place; bf16 tensors —
+//! activations kept at half the size — are converted on the way in and out.
+
+use std::borrow::Cow;
+
+use burn::prelude::*;
+use burn::tensor::{DType, TensorData, bf16};
+use burn_flex::FlexTensor;
+
+/// Whether `t` is a flex tensor stored as f32 or bf16: where the hand-written ops run.
+pub fn is_flex_float<const D: usize>(t: &Tensor<D>) -> bool {
+    t.device() == Device::flex() && matches!(t.dtype(), DType::F32 | DType::BF16)
+}
+
+/// The values of `t` (f32 or bf16) as f32 in row-major order: borrowed when `t` is contiguous f32,
+/// converted or gathered otherwise.
+pub fn values(t: &FlexTensor) -> Cow<'_, [f32]> {
+    match t.dtype() {
+        DType::F32 => match t.as_slice::<f32>() {
+            Some(v) => Cow::Borrowed(v),
+            None => Cow::Owned(t.to_contiguous().as_slice::<f32>().unwrap().to_vec()),
+        },
+        DType::BF16 => {
+            let widen = |v: &[bf16]| v.iter().map(|x| x.to_f32()).collect();
+            Cow::Owned(match t.as_slice::<bf16>() {
+                Some(v) => widen(v),
+                None => widen(t.to_contiguous().as_slice::<bf16>().unwrap()),
+            })
+        }
+        other => panic!("the hand-written ops take f32 or bf16 tensors, not {other:?}"),
+    }
+}
+
+/// A tensor of `shape` in `dtype` (f32: `values`' own buffer; bf16: rounded to nearest even).
+pub fn from_values(values: Vec<f32>, shape: Shape, dtype: DType) -> FlexTensor {
+    match dtype {
+        DType::F32 => FlexTensor::from_data(TensorData::new(values, shape)),
+        DType::BF16 => {
+            let narrow: Vec<bf16> = values.iter().map(|&x| bf16::from_f32(x)).collect();
+            FlexTensor::from_data(TensorData::new(narrow, shape))
+        }
+        other => panic!("the hand-written ops store f32 or bf16, not {other:?}"),
+    }
+}
+
+/// A tensor of `like`'s shape and dtype holding `values`.
+pub fn tensor_like(values: Vec<f32>, like: &FlexTensor) -> FlexTensor {
+    from_values(values, like.layout().shape().clone(), like.dtype())
+}
+
+/// `t` in `dtype` (itself when it already is).
+pub fn cast(t: FlexTensor, dtype: DType) -> FlexTensor {
+    if t.dtype() == dtype {
+        return t;
+    }
+    let shape = t.layout().shape().clone();
+    from_values(values(&t).into_owned(), shape, dtype)
+}
+
+/// `t` in f32: itself when it is, else a converted copy.
+pub fn in_f32(t: FlexTensor) -> FlexTensor {
+    cast(t, DType::F32)
+}
+
+/// `f` applied to `t`'s values, the result in `t`'s dtype: in `t`'s own buffer when it is
+/// contiguous unshared f32, through an f32 copy when it is bf16.
+pub fn map_in_place(t: FlexTensor, f: impl FnOnce(&mut [f32])) -> FlexTensor {
+    match t.dtype() {
+        DType::F32 => {
+            let mut data = into_values(t);
+            f(data.as_mut_slice::<f32>().expect("f32"));
+            FlexTensor::from_data(data)
+        }
+        _ => {
+            let mut v = values(&t).into_owned();
+            f(&mut v);
+            tensor_like(v, &t)
+        }
+    }
+}
+
+/// An f32 tensor's values as contiguous data to write to (no copy when `t` is contiguous and not
+/// shared).
+pub fn into_values(t: FlexTensor) -> TensorData {
+    assert_eq!(t.dtype(), DType::F32, "in-place access is for f32 tensors");
+    t.into_data()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_round_trips_through_f32_to_nearest_even() {
+        // 1 + 2^-8 lies halfway between the bf16 neighbours 1 and 1 + 2^-7: it goes to the even 1.
+        let v = vec![1.0, 1.0 + 1.0 / 256.0, -2.5, 1.0e-3, 3.0e38];
+        let t = from_values(v.clone(), Shape::new([5]), DType::BF16);
+        assert_eq!(t.dtype(), DType::BF16);
+        let back = values(&t);
+        assert_eq!(back[0], 1.0);
+        assert_eq!(back[1], 1.0, "ties go to even");
+        assert_eq!(back[2], -2.5);
+        for (b, x) in back.iter().zip(&v) {
+            assert!((b - x).abs() <= x.abs() / 128.0, "{b} vs {x}");
+        }
+    }
+
+    #[test]
+    fn f32_tensors_are_read_in_place() {
+        let t = from_values(vec![1.0, 2.0, 3.0], Shape::new([3]), DType::F32);
+        assert!(matches!(values(&t), Cow::Borrowed(_)));
+        let doubled = map_in_place(t, |v| v.iter_mut().for_each(|x| *x *= 2.0));
+        assert_eq!(&*values(&doubled), &[2.0, 4.0, 6.0]);
+    }
+
+    #[test]
+    fn bf16_maps_keep_their_dtype() {
+        let t = from_values(vec![1.5, -3.0], Shape::new([2]), DType::BF16);
+        let out = map_in_place(t, |v| v.iter_mut().for_each(|x| *x += 1.0));
+        assert_eq!(out.dtype(), DType::BF16);
+        assert_eq!(&*values(&out), &[2.5, -2.0]);
+        assert_eq!(cast(out, DType::F32).dtype(), DType::F32);
+    }
+}
