@@ -302,7 +302,7 @@ fn grid_section(grid: &[crate::grid::Compared]) -> String {
          below and rewrites the CSV): every point is a separate `memfit bench train` process ({} steps,\n\
          {} threads, target length = source length, synthetic tokens); the measured value is its peak RSS\n\
          (VmHWM). Predicted: the training-phase host peak of `crates/memfit-plan/src/memory/memfit_host.rs`\n\
-         (no checkpoint is written while benchmarking). Five constants of that model are fitted to these\n\
+         (no checkpoint is written while benchmarking). Four constants of that model are fitted to these\n\
          points (`docs/memory-model.md`); everything else is counted from what the trainer holds. The\n\
          test `crates/memfit-plan/tests/accuracy.rs` asserts every point within ±10%. Gradient\n\
          checkpointing is the per-block recomputation of `crates/memfit-train/src/model/block_ckpt.rs`.\n\n",

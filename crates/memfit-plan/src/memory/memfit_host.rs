@@ -3,15 +3,18 @@
 //! The terms follow what `memfit-train`'s `T5Engine` holds (crates/memfit-train/src/t5_engine.rs):
 //!
 //! - **master weights**: every parameter as a host `Vec<f32>` (`model.weights`), 4 B/param;
-//! - **device weights**: in f32 none while training (a micro-batch runs on the master weights'
-//!   own buffers, lent to the device tensors); in bf16 the converted copy uploaded per optimizer
-//!   step (2 B/param); an evaluation uploads a copy too (cached until the next micro-batch);
+//! - **device weights**: none while training, in f32 and in bf16 (a micro-batch runs on the master
+//!   weights' own buffers, lent to the device tensors; bf16 keeps its activations in bf16 beside
+//!   these f32 weights); an evaluation uploads a copy in the compute dtype (cached until the next
+//!   micro-batch);
 //! - **optimizer states**: AdamW's two f32 moments (8 B per trained param), Adafactor's f32 row
 //!   and column factors; allocated zeroed (calloc, not resident) and touched by the first step;
 //! - **accumulated gradients**: a host `Vec<f32>` per trained tensor, filled after the backward pass
 //!   of the first micro-batch and kept until the optimizer step;
-//! - **device gradients**: burn's gradient container of one backward pass (compute dtype), moved
-//!   tensor by tensor into the host accumulation (in f32 the first micro-batch's become it);
+//! - **device gradients**: burn's gradient container of one backward pass (f32, the weights'
+//!   dtype), moved tensor by tensor into the host accumulation (the first micro-batch's become it);
+//!   token embeddings are leaves whose gradient rows are added into the table's host gradient, so
+//!   no `vocab × d` gradient is built per lookup;
 //! - **activations**: what burn's autodiff graph keeps for the backward pass of one micro-batch,
 //!   counted op by op from the T5 forward in crates/memfit-train/src/model/t5.rs (see
 //!   [`saved_bytes`]), plus the attention's row statistics and position biases and one chunk of the
@@ -22,8 +25,10 @@
 //! end of its backward pass (states + device gradients + host gradients). Writing a checkpoint is a
 //! third moment, counted separately (it does not happen in `memfit bench train`).
 //!
-//! Five constants are fitted to `validation/memfit_grid.csv` (`memfit bench memory-grid`, 2 threads):
-//! see [`fitted`]. Everything else is counted from the code.
+//! Four constants are fitted to `validation/memfit_grid.csv` (`memfit bench memory-grid`, 2 threads):
+//! see [`fitted`]. Everything else is counted from the code. The trainer's hand-written ops (norm,
+//! dropout, linear layers, attention: flex backend extensions computing in f32, storing f32 or bf16)
+//! run in both precisions on the CPU, the only device this model describes.
 
 use super::setup::{Optimizer, Precision, Setup};
 use super::states::{base_trains, trainable};
@@ -42,104 +47,56 @@ pub mod fitted {
     /// backend and the rayon pool (2 threads). Fitted: 20 MB (the grid's smallest point, a 9.4M
     /// parameter model at 1 × 8 tokens, is 234 MiB of which 224 MiB are the counted states).
     pub const RUNTIME_RSS: u64 = 20_000_000;
-    /// Resident share of the op-by-op count of saved block tensors ([`super::encoder_block`]) where
-    /// the engine's hand-written f32 ops run. Fitted: 1.05 — the count misses what the
-    /// allocator holds beside the kept tensors while the graph grows (freed temporaries it has not
-    /// returned, re-laid-out heads before a product).
+    /// Resident share of the op-by-op count of saved block tensors ([`super::encoder_block`]).
+    /// Fitted: 1.05 — the count misses what the allocator holds beside the kept tensors while the
+    /// graph grows (freed temporaries it has not returned, re-laid-out heads before a product).
     pub const BLOCK_SCALE: f64 = 1.05;
-    /// The same with burn's composite ops (bf16). Fitted: 1.30 — these also allocate every matmul
-    /// output twice (burn-flex's zeroed buffer beside it while it is copied into an aligned one) and
-    /// broadcast the norm's scale.
-    pub const COMPOSITE_BLOCK_SCALE: f64 = 1.30;
     /// One block's graph counted this many times at both moments of a checkpointed step: the
     /// allocator keeps the freed temporaries of a block's untracked forward (or the block
-    /// recomputed before) resident beside what is live. Fitted: 1.6 (with 1.0 the checkpointed
+    /// recomputed before) resident beside what is live. Fitted: 1.4 (with 1.0 the checkpointed
     /// points came out 5–11% low).
-    pub const RECOMPUTE_RETAINED: f64 = 1.6;
-    /// f32 buffers of one head chunk (at most [`super::HEAD_CHUNK_LOGITS`] logits) alive at the
-    /// worst moment of the loss: the logits (turned into their gradient in place) and what the
-    /// allocator holds beside them (bf16: also burn-flex's staging buffer and the f32 cast).
-    /// Fitted: 1.75.
+    pub const RECOMPUTE_RETAINED: f64 = 1.4;
+    /// f32 buffers of one head chunk (at most [`super::HEAD_CHUNK_LOGITS`] logits, f32 in both
+    /// precisions) alive at the worst moment of the loss: the logits (turned into their gradient
+    /// in place) and what the allocator holds beside them. Fitted: 1.75.
     pub const LOGITS_COPIES: f64 = 1.75;
 }
 
 /// Bytes per token one encoder block keeps for the backward pass, activations in `cb`-byte elements
-/// and, with burn's composite ops (bf16), dropout masks as booleans ([`mask_bytes`]).
+/// (dropout keeps no mask: it is drawn again from its seed in backward, and after ReLU the kept
+/// output tells where the gradient passes).
 ///
 /// With trained weights (d = d_model, i = heads × d_kv, f = d_ff):
 /// - residual stream in and after the attention sub-layer: 2d;
-/// - two RMS norms, each keeping its output (kept by the next linears) and, with burn's composite
-///   ops (bf16), also `x·rsqrt(mean(x²)+ε)` for the weight's gradient: 2d in f32 (the engine's
-///   fused norm keeps only its input, the residual stream), 4d otherwise ([`norm_elements`]);
+/// - two RMS norms, each keeping its output (kept by the next linears; the fused norm itself keeps
+///   only its input, the residual stream): 2d;
 /// - q, k, v (kept by the attention op) and the re-laid-out context (kept by `o`): 4i;
 /// - FFN: the dropped-out activations (kept by `wo`): f; with another activation than a plain
-///   ReLU, also the activation's input: 2f (the engine fuses ReLU and dropout into one op);
-/// - dropout masks: two after the sub-layers (2d) and the FFN's (f), see [`mask_bytes`].
+///   ReLU, also the activation's input: 2f (the engine fuses ReLU and dropout into one op).
 ///
 /// A frozen block (its weights need no gradient, but its input does) keeps no linear inputs and no
-/// normed products: 2d residual, q, k, v (3i), the activation's input unless ReLU (f) — or, for
-/// ReLU where the hand-written f32 ops run, the ReLU-dropout output its gradient is read from
-/// (f; in a trained block `wo` keeps it anyway) — and the same masks.
+/// normed products: 2d residual, q, k, v (3i), and the activation's input unless ReLU (f) — or,
+/// for ReLU, the ReLU-dropout output its gradient is read from (f; in a trained block `wo` keeps
+/// it anyway).
 fn encoder_block(arch: &Arch, trained: bool, cb: u64) -> u64 {
     let (d, f, i) = (arch.hidden, arch.ffn, arch.heads * arch.head_dim);
-    let masks = mask_bytes(cb, 2 * d + f);
     let fused_relu = arch.activation == Activation::Relu && !arch.gated_ffn;
     let activation_input = if fused_relu { 0 } else { f };
     if trained {
-        cb * (2 * d + norm_elements(d, cb, 2) + 4 * i + f + activation_input) + masks
+        cb * (2 * d + 2 * d + 4 * i + f + activation_input)
     } else {
-        let relu_output = if fused_relu && hand_written_ops(cb) {
-            f
-        } else {
-            0
-        };
-        cb * (2 * d + 3 * i + activation_input + relu_output) + masks
-    }
-}
-
-/// Whether the engine runs its hand-written norm, dropout and linear ops (flex backend extensions,
-/// f32 only; the attention op runs in bf16 too, see [`attention_bytes`]) and lends the master
-/// weights to the device: f32 compute on the CPU, the only device this model describes. bf16 runs
-/// burn's composite ops on a converted copy.
-fn hand_written_ops(cb: u64) -> bool {
-    cb == 4
-}
-
-/// [`fitted::BLOCK_SCALE`] where the engine's hand-written f32 ops run, else
-/// [`fitted::COMPOSITE_BLOCK_SCALE`].
-fn block_scale(cb: u64) -> f64 {
-    if hand_written_ops(cb) {
-        fitted::BLOCK_SCALE
-    } else {
-        fitted::COMPOSITE_BLOCK_SCALE
-    }
-}
-
-/// Bytes of the dropout masks over `elements` elements. burn's `mask_fill` (bf16) keeps a boolean
-/// per element; the engine's f32 dropout ops keep none (the mask is drawn again from its seed in
-/// backward, and after ReLU the kept output tells where the gradient passes).
-fn mask_bytes(cb: u64, elements: u64) -> u64 {
-    if hand_written_ops(cb) { 0 } else { elements }
-}
-
-/// Elements `norms` trained RMS norms keep per token beside their input: the output, and with burn's
-/// composite ops (any dtype but f32) also the normalised `x·r`.
-fn norm_elements(d: u64, cb: u64, norms: u64) -> u64 {
-    if hand_written_ops(cb) {
-        norms * d
-    } else {
-        2 * norms * d
+        let relu_output = if fused_relu { f } else { 0 };
+        cb * (2 * d + 3 * i + activation_input + relu_output)
     }
 }
 
 /// Bytes per decoder token one decoder block keeps: an encoder block's terms plus a
-/// cross-attention sub-layer (residual + norm: 2d in f32, 3d otherwise; q and context: 2i; its
-/// dropout mask over d);
-/// with an encoder, also k and v over the encoder tokens ([`cross_kv`]).
+/// cross-attention sub-layer (residual + norm output: 2d; q and context: 2i); with an encoder,
+/// also k and v over the encoder tokens ([`cross_kv`]).
 fn decoder_block(arch: &Arch, cb: u64) -> u64 {
     let (d, i) = (arch.hidden, arch.heads * arch.head_dim);
     let cross = if arch.encoder_layers > 0 {
-        cb * (d + norm_elements(d, cb, 1) + 2 * i) + mask_bytes(cb, d)
+        cb * (2 * d + 2 * i)
     } else {
         0
     };
@@ -157,11 +114,10 @@ fn cross_kv(arch: &Arch, cb: u64) -> u64 {
 
 /// Bytes the autodiff graph of one micro-batch keeps for the backward pass, without attention
 /// matrices and logits: every block ([`encoder_block`], [`decoder_block`]) and, per stack, the
-/// embedding output, the final norm and its products (3d in f32, 4d otherwise) and two dropout
-/// masks over 2d.
+/// embedding output, the final norm's input and output (3d).
 pub fn saved_bytes(arch: &Arch, setup: &Setup, cb: u64) -> u64 {
     let d = arch.hidden;
-    let stack = cb * (2 * d + norm_elements(d, cb, 1)) + mask_bytes(cb, 2 * d);
+    let stack = cb * 3 * d;
     let (src, tgt) = lengths(arch, setup);
     let b = setup.batch;
     let mut total = 0;
@@ -245,7 +201,14 @@ fn live_stacks(arch: &Arch, setup: &Setup) -> (bool, bool) {
 /// backward pass first runs the head (final norm, logits, loss) with autodiff, then recomputes one
 /// block at a time, last first, handing each segment's gradients to the host accumulators.
 /// Returns the two moments of the step: (head backward, last recomputed block).
-fn checkpointed(arch: &Arch, setup: &Setup, cb: u64, logits: u64, accumulated: u64) -> (u64, u64) {
+fn checkpointed(
+    arch: &Arch,
+    setup: &Setup,
+    cb: u64,
+    logits: u64,
+    head_grads: u64,
+    accumulated: u64,
+) -> (u64, u64) {
     let (src, tgt) = lengths(arch, setup);
     let (b, d, h) = (setup.batch, arch.hidden, arch.heads);
     let boundaries = cb
@@ -255,7 +218,7 @@ fn checkpointed(arch: &Arch, setup: &Setup, cb: u64, logits: u64, accumulated: u
             + h * tgt * tgt);
     // one block recomputed with its graph: the largest block of either stack
     let one_block =
-        |bytes: u64, rows: u64| (block_scale(cb) * bytes as f64) as u64 + attention_bytes(rows);
+        |bytes: u64, rows: u64| (fitted::BLOCK_SCALE * bytes as f64) as u64 + attention_bytes(rows);
     // recomputed blocks run with their weights as autodiff leaves: counted as trained
     let cross_rows = if arch.encoder_layers > 0 { tgt } else { 0 };
     let encoder = one_block(b * src * encoder_block(arch, true, cb), b * h * src);
@@ -265,18 +228,11 @@ fn checkpointed(arch: &Arch, setup: &Setup, cb: u64, logits: u64, accumulated: u
     );
     let block = encoder.max(decoder);
     let retained = ((fitted::RECOMPUTE_RETAINED - 1.0) * block as f64) as u64;
-    // the head's backward: the shared embedding's gradient on the device and on the host
-    let embedding = arch.vocab * d;
     let trained = trainable(arch, setup).base;
-    let head = boundaries + logits + (cb + 4) * embedding + accumulated + retained;
-    // the embedding segments: a `vocab × d` table gradient (built from zeros by the select's
-    // backward) beside the host accumulators, 2 copies
-    let table_grads = if shared_trains(arch, setup) {
-        2 * cb * embedding
-    } else {
-        0
-    };
-    let last_block = boundaries + block.max(table_grads) + retained + 4 * trained;
+    // the head's backward: a chunk's head-weight gradient beside its host accumulator
+    let head = boundaries + logits + head_grads + accumulated + retained;
+    // the embedding segments add their gradient rows into the table's host accumulator
+    let last_block = boundaries + block + retained + 4 * trained;
     (head, last_block)
 }
 
@@ -298,8 +254,9 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
     };
     let (src, tgt) = lengths(arch, setup);
     let (rows, shared_bias) = attention_elements(arch, setup);
-    let blocks = (block_scale(cb) * saved_bytes(arch, setup, cb) as f64) as u64;
-    let attention = attention_bytes(rows) + cb * shared_bias;
+    let blocks = (fitted::BLOCK_SCALE * saved_bytes(arch, setup, cb) as f64) as u64;
+    // the position biases come from f32 tables (the weights stay f32 in both precisions)
+    let attention = attention_bytes(rows) + 4 * shared_bias;
     let out_tokens = match setup.task {
         Task::Seq2seq => setup.batch * tgt,
         Task::CausalLm => setup.batch * src,
@@ -310,34 +267,26 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
     } else {
         arch.vocab
     };
-    // The loss runs in f32 whatever the compute dtype (masked_nll_sum casts the logits), one head
-    // chunk at a time; the decoder output's cotangent is assembled from the chunks' (2 copies).
+    // The head computes in f32 over the f32 weights, one chunk of logits at a time; the decoder
+    // output's cotangent is assembled from the chunks' in f32 (2 copies) and cast to `cb`.
     let chunk = (out_tokens * classes).min(HEAD_CHUNK_LOGITS);
     let logits =
-        (fitted::LOGITS_COPIES * (4 * chunk) as f64) as u64 + 2 * cb * out_tokens * arch.hidden;
+        (fitted::LOGITS_COPIES * (4 * chunk) as f64) as u64 + 2 * 4 * out_tokens * arch.hidden;
     let host_grads = 4 * pt;
-    let device_grads = cb * pt;
+    let device_grads = 4 * pt;
     let accumulated = if setup.accum > 1 { host_grads } else { 0 };
-    // At the end of a backward pass burn holds the micro-batch's gradients; they are moved out one
-    // by one into the host accumulators (f32 without a copy; bf16 converted as each is removed), so
-    // the first micro-batch peaks at the host gradients and later ones add the device gradients.
-    // The shared table's gradient is built once per use (both embeddings' select backward and,
-    // tied, the LM head) as a full `vocab × d` tensor before burn sums them: 3 transient copies.
+    // At the end of a backward pass burn holds the micro-batch's gradients (f32, as the weights);
+    // they are moved out one by one into the host accumulators, so the first micro-batch peaks at
+    // the host gradients and later ones add the device gradients.
     let shared_trains = shared_trains(arch, setup);
-    let embedding_grads = if shared_trains {
-        3 * cb * arch.vocab * arch.hidden
+    let backward_end = if setup.accum > 1 {
+        host_grads + device_grads
     } else {
-        0
+        host_grads
     };
-    let backward_end = embedding_grads
-        + if setup.accum > 1 {
-            host_grads + device_grads
-        } else {
-            host_grads.max(device_grads)
-        };
-    // f32 on the CPU backend: a micro-batch runs on the master weights' own buffers (lent to the
-    // device tensors, no copy); bf16 needs its converted copy.
-    let device_weights = if hand_written_ops(cb) { 0 } else { cb * p };
+    // A micro-batch runs on the master weights' own buffers (lent to the device tensors, no copy),
+    // in bf16 too: the hand-written ops take f32 weights beside bf16 activations.
+    let device_weights = 0;
     // The head's chunks are back-propagated while every activation is alive: each yields the
     // head's `vocab × d` weight gradient, added into (or, the first, copied to) its host
     // accumulator: 2 copies.
@@ -352,7 +301,7 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
         0
     };
     let (forward_end, backward_end) = if setup.grad_ckpt {
-        checkpointed(arch, setup, cb, logits, accumulated)
+        checkpointed(arch, setup, cb, logits, head_grads, accumulated)
     } else {
         (
             blocks + attention + logits + head_grads + accumulated,
@@ -377,11 +326,7 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
             "device weights",
             device_weights,
             n,
-            if device_weights == 0 {
-                "none in fp32: the device tensors borrow the master weights' buffers".to_string()
-            } else {
-                format!("copy uploaded per optimizer step in {}", setup.precision)
-            },
+            "none while training: the device tensors borrow the master weights' buffers",
         ),
         Component::new(
             "optimizer states",
