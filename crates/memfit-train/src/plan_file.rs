@@ -241,16 +241,36 @@ pub fn planned_start(
             (planning, chosen.host_need())
         }
         PolicyChoice::Table(p) => {
-            let decision = policy::decide(p, available_bytes).map_err(PlanError::Input)?;
+            let decision = policy::decide(p, available_bytes);
             let mut setup = base.clone();
             let mut notes = Vec::new();
             if let Some(rule) = &decision.rule {
-                match (rule.set.accum, fixed.accum) {
-                    (Some(a), None) => setup.accum = a,
-                    (Some(a), Some(f)) if a != f => notes.push(format!(
-                        "accumulation stays {f} (set by --accum) instead of the policy's {a}"
-                    )),
-                    _ => {}
+                let knobs = [
+                    (
+                        rule.set.micro_batch,
+                        fixed.batch,
+                        &mut setup.batch,
+                        "micro-batch",
+                        "--batch",
+                    ),
+                    (
+                        rule.set.accum,
+                        fixed.accum,
+                        &mut setup.accum,
+                        "accumulation",
+                        "--accum",
+                    ),
+                ];
+                for (knob, flag, value, what, flag_name) in knobs {
+                    let Some(knob) = knob else { continue };
+                    let wanted = knob.apply(*value);
+                    match flag {
+                        None => *value = wanted,
+                        Some(f) if f != wanted => notes.push(format!(
+                            "{what} stays {f} (set by {flag_name}) instead of the policy's {wanted}"
+                        )),
+                        Some(_) => {}
+                    }
                 }
             }
             let estimate =
@@ -272,8 +292,8 @@ pub fn planned_start(
             ));
             if setup.batch * setup.accum != effective {
                 notes.push(format!(
-                    "the effective batch changes from {effective} to {} (the policy sets \
-                     accumulation, not the micro-batch)",
+                    "the effective batch changes from {effective} to {} (the policy sets its \
+                     knobs without keeping the effective batch, as the seed did)",
                     setup.batch * setup.accum
                 ));
             }
@@ -410,15 +430,44 @@ mod tests {
         let high = planned_start(&c, &m, &budget(64), Fixed::default(), v8, 12 << 30).unwrap();
         assert_eq!((high.config.batch, high.config.accum), (16, 2));
         assert!(high.planning["decision"]["rule"].is_null());
-        let v3 = PolicyChoice::parse("chatlm-v3").unwrap();
-        assert!(matches!(
-            planned_start(&c, &m, &budget(64), Fixed::default(), v3, 6 << 30),
-            Err(PlanError::Input(_))
-        ));
         assert!(
             PolicyChoice::parse("chatlm-v9")
                 .unwrap_err()
-                .contains("auto, chatlm-v8")
+                .contains("auto, chatlm-v8, chatlm-v3")
+        );
+    }
+
+    #[test]
+    fn chatlm_v3_sets_micro_batch_and_accumulation_on_both_sides_of_13_gib() {
+        let (c, m) = t5_small();
+        let v3 = PolicyChoice::parse("chatlm-v3").unwrap();
+        let low = planned_start(&c, &m, &budget(64), Fixed::default(), v3, 12 << 30).unwrap();
+        assert_eq!((low.config.batch, low.config.accum), (1, 8));
+        assert_eq!(low.planning["policy"], "chatlm-v3");
+        assert!(
+            low.lines
+                .iter()
+                .any(|l| l.contains("effective batch changes from 32 to 8")),
+            "{:?}",
+            low.lines
+        );
+        // configured 16 × 2: micro-batch lowered to 2, accumulation raised to 16
+        let high = planned_start(&c, &m, &budget(64), Fixed::default(), v3, 20 << 30).unwrap();
+        assert_eq!((high.config.batch, high.config.accum), (2, 16));
+        // a flag the user gave wins, and the plan says so
+        let given = TrainConfig { batch: 4, ..c };
+        let fixed = Fixed {
+            batch: Some(4),
+            ..Fixed::default()
+        };
+        let kept = planned_start(&given, &m, &budget(64), fixed, v3, 20 << 30).unwrap();
+        assert_eq!((kept.config.batch, kept.config.accum), (4, 16));
+        assert!(
+            kept.lines
+                .iter()
+                .any(|l| l.contains("micro-batch stays 4 (set by --batch)")),
+            "{:?}",
+            kept.lines
         );
     }
 }

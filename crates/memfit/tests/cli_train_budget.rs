@@ -114,12 +114,27 @@ fn bad_budgets_and_policies_exit_2_naming_the_value() {
         (&["--budget", "0"][..], "\"0\""),
         (&["--budget-gpu", "8 parsecs"][..], "8 parsecs"),
         (&["--policy", "chatlm-v9"][..], "chatlm-v9"),
-        (&["--policy", "chatlm-v3"][..], "chatlm-v3"),
     ] {
         let (code, _, err) = plan(&config, flags);
         assert_eq!(code, 2, "{flags:?}: {err}");
         assert!(err.contains(named), "{flags:?}: {err}");
     }
+}
+
+#[test]
+fn chatlm_v3_policy_decision_is_printed_and_planned() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path());
+    let (code, v, err) = plan(&config, &["--policy", "chatlm-v3", "--budget-ram", "64GiB"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("chatlm-v3"), "{err}");
+    assert_eq!(v["policy"], "chatlm-v3");
+    assert!(v["policy_source"].as_str().unwrap().contains("5d716e6"));
+    // below 13 GiB available: 1 × 8; above: the configured 16 × 2 bounded to at most 2 × at least 16
+    let avail = v["available_bytes"].as_u64().unwrap();
+    let expected = if avail < 13 << 30 { (1, 8) } else { (2, 16) };
+    let (batch, accum, _) = chosen(&v);
+    assert_eq!((batch, accum), expected);
 }
 
 #[test]
