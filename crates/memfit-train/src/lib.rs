@@ -28,6 +28,7 @@ pub mod optim;
 pub mod t5_engine;
 
 // The loop half (plain Rust, no tensors): see each module's doc.
+pub mod alloc_reserve;
 pub mod batches;
 pub mod checkpoint;
 pub mod config;

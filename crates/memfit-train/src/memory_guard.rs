@@ -21,10 +21,8 @@
 //! process, re-armed by the ratchet described at [`Watch`]; what is shared is the reading (`ProcMem`)
 //! and the size syntax (`memfit_sys::units::parse_size`).
 //!
-//! What it cannot do: Rust aborts the process when an allocation fails (`handle_alloc_error`), so an
-//! out-of-memory cannot be caught and recovered from inside the process. The guard acts before that
-//! point; if memory still runs out (a single allocation larger than the room left, faster than one
-//! sample period), the newest checkpoint is the protection: at most the steps since it are lost.
+//! An allocation that fails despite the guard is handled by [`crate::alloc_reserve`]: the reserve it
+//! gives back lets the loop stop as at the hard limit, losing at most the current step.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};

@@ -9,6 +9,7 @@
 //! The micro-batch size is saved too; it changes how a step's rows are cut, not which rows or their
 //! gradient (up to summation order and dropout masks).
 
+use crate::alloc_reserve;
 use crate::batches::{self, Collate, PairSource};
 use crate::checkpoint::{
     BestRecord, CheckpointError, Checkpointer, RngState, SaveOutcome, SchedulerState, TrainerState,
@@ -27,6 +28,10 @@ use memfit_sys::units::human_bytes;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
+
+/// The `stop` event's reason when an allocation failed and the memory reserve was given back for it
+/// ([`alloc_reserve`]).
+pub const ALLOCATION_FAILURE: &str = "allocation_failure";
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoopError {
@@ -239,7 +244,9 @@ impl<'a, E: Engine> Trainer<'a, E> {
             let (mut loss_sum, mut tokens) = (0.0f64, 0u64);
             let mut abandoned = None;
             for (i, (batch, scale)) in micro_batches.iter().zip(&scales).enumerate() {
-                if self.guard.is_some_and(|g| g.verdict() == Verdict::Hard) {
+                if self.guard.is_some_and(|g| g.verdict() == Verdict::Hard)
+                    || alloc_reserve::released()
+                {
                     abandoned = Some(i);
                     break;
                 }
@@ -262,7 +269,12 @@ impl<'a, E: Engine> Trainer<'a, E> {
                 if let Some(path) = self.save(&p, &schedule, total)? {
                     last_checkpoint = Some(path);
                 }
-                self.stop_for_memory(&p, status.as_ref(), Some((done, k)), "memory_hard_limit")?;
+                let reason = if alloc_reserve::released() {
+                    ALLOCATION_FAILURE
+                } else {
+                    "memory_hard_limit"
+                };
+                self.stop_for_memory(&p, status.as_ref(), Some((done, k)), reason)?;
                 finish = Finish::Stopped;
                 break;
             }
@@ -341,9 +353,12 @@ impl<'a, E: Engine> Trainer<'a, E> {
             };
             let verdict = status.as_ref().map_or(Verdict::Fine, |s| s.verdict);
             let old_micro = p.micro;
-            let downgrade = verdict == Verdict::Soft && p.micro > 1;
+            let allocation_failed = alloc_reserve::released();
+            let downgrade = verdict == Verdict::Soft && p.micro > 1 && !allocation_failed;
             // Soft with nothing left to halve is treated as hard.
-            let memory_stop = verdict == Verdict::Hard || (verdict == Verdict::Soft && !downgrade);
+            let memory_stop = allocation_failed
+                || verdict == Verdict::Hard
+                || (verdict == Verdict::Soft && !downgrade);
             if downgrade || memory_stop {
                 p.micro = batches::halve(p.micro);
             }
@@ -364,7 +379,9 @@ impl<'a, E: Engine> Trainer<'a, E> {
                 self.downgrade_event(p.step, old_micro, p.micro, s, saved.as_deref())?;
             }
             if memory_stop {
-                let reason = if verdict == Verdict::Hard {
+                let reason = if allocation_failed {
+                    ALLOCATION_FAILURE
+                } else if verdict == Verdict::Hard {
                     "memory_hard_limit"
                 } else {
                     "memory_soft_limit_at_micro_batch_1"
@@ -532,12 +549,21 @@ impl<'a, E: Engine> Trainer<'a, E> {
                 "resume_micro_batch": p.micro,
             }),
         )?;
+        let what = if reason == ALLOCATION_FAILURE {
+            format!(
+                "an allocation failed at {} (the memory reserve was given back for it)",
+                human_bytes(metrics::rss().current)
+            )
+        } else {
+            format!(
+                "{} against a hard limit of {}",
+                human_bytes(rss.unwrap_or(0)),
+                human_bytes(status.and_then(|s| s.limits).map_or(0, |l| l.hard_bytes))
+            )
+        };
         self.observer.on_message(&format!(
-            "memory guard ({reason}): {} against a hard limit of {}; checkpointed at step {}, stopping (exit 75); --resume continues at micro-batch {}",
-            human_bytes(rss.unwrap_or(0)),
-            human_bytes(status.and_then(|s| s.limits).map_or(0, |l| l.hard_bytes)),
-            p.step,
-            p.micro
+            "memory guard ({reason}): {what}; checkpointed at step {}, stopping (exit 75); --resume continues at micro-batch {}",
+            p.step, p.micro
         ));
         Ok(())
     }

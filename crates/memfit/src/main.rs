@@ -41,6 +41,12 @@ enum Command {
     Report(cmd::report::Args),
 }
 
+/// The system allocator with a memory reserve it gives back when an allocation fails, so that
+/// `memfit train` can still checkpoint and stop (memfit_train::alloc_reserve).
+#[global_allocator]
+static ALLOCATOR: memfit_train::alloc_reserve::ReserveAllocator =
+    memfit_train::alloc_reserve::ReserveAllocator;
+
 fn main() -> ExitCode {
     // Rust ignores SIGPIPE; restore the default so `memfit … | head` ends quietly, as Unix tools do,
     // instead of panicking in `println!`.

@@ -13,8 +13,8 @@ use memfit_train::schedule::ScheduleKind;
 use memfit_train::session::{self, CheckpointSpec, Session};
 use memfit_train::train_loop::{Finish, Observer, Summary, Trainer};
 use memfit_train::{
-    batches::Collate, checkpoint, demo, engine_setup, model_spec, plan_file, presets, run_data,
-    signals::StopFlag, text,
+    alloc_reserve, batches::Collate, checkpoint, demo, engine_setup, model_spec, plan_file,
+    presets, run_data, signals::StopFlag, text,
 };
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -469,6 +469,18 @@ pub fn run(args: Args) -> Outcome {
         .map_err(|e| bad_input(e.to_string()))?
         .id;
     let mut observer = Bar::new(args.json);
+    // Address space held back for an allocation failure: the binary's allocator gives it back and
+    // the loop checkpoints and exits 75 (memfit_train::alloc_reserve). Its size is the room the
+    // stop needs, the share of the budget above the guard's hard limit.
+    let reserve = config.memory_budget_bytes.map_or(0, |b| {
+        (b as f64 * (1.0 - config.guard_hard_fraction).max(0.0)) as usize
+    });
+    alloc_reserve::reserve(reserve).context("mapping the memory reserve")?;
+    s.run.log(&format!(
+        "memory reserve: {} of address space, given back if an allocation fails",
+        memfit_sys::units::human_bytes(alloc_reserve::reserved_bytes() as u64)
+    ))?;
+
     // The in-process memory guard: samples this process every 250 ms against the budget (or the
     // RUN/budget override); the loop halves the micro-batch or checkpoints and exits 75.
     let guard = MemoryGuard::start(
