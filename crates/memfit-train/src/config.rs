@@ -95,6 +95,10 @@ pub struct TrainConfig {
     /// Host-memory budget: the memory guard's limits are fractions of it; the summary compares the peak
     /// RSS with it.
     pub memory_budget_bytes: Option<u64>,
+    /// GPU-memory budget (`--budget-gpu`): the guard applies the same fractions to this process's GPU
+    /// memory where NVML reads it (a CPU run uses none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_budget_bytes: Option<u64>,
     /// The memory guard's soft limit as a fraction of the budget: crossing it halves the micro-batch
     /// (see `memory_guard::DEFAULT_SOFT_FRACTION` for why 0.85).
     #[serde(default = "default_soft_fraction")]
@@ -148,6 +152,7 @@ impl Default for TrainConfig {
             gen_max_tokens: 24,
             best_metric: BestMetric::Bleu4,
             memory_budget_bytes: Some(1 << 30),
+            gpu_memory_budget_bytes: None,
             guard_soft_fraction: default_soft_fraction(),
             guard_hard_fraction: default_hard_fraction(),
         }
@@ -189,6 +194,7 @@ pub struct ConfigLayer {
     pub gen_max_tokens: Option<usize>,
     pub best_metric: Option<BestMetric>,
     pub memory_budget_bytes: Option<u64>,
+    pub gpu_memory_budget_bytes: Option<u64>,
     pub guard_soft_fraction: Option<f64>,
     pub guard_hard_fraction: Option<f64>,
     /// Keys this trainer does not know (e.g. from a newer `memfit plan --emit memfit`): reported, unused.
@@ -257,7 +263,8 @@ impl ConfigLayer {
             max_steps,
             save_steps,
             eval_steps,
-            memory_budget_bytes
+            memory_budget_bytes,
+            gpu_memory_budget_bytes
         );
     }
 }
@@ -390,7 +397,7 @@ impl TrainConfig {
     /// The settings that decide the trajectory of the weights, as name → value. Bookkeeping
     /// (save/eval cadence, retention, threads, budget) may change across a resume.
     fn trajectory(&self) -> BTreeMap<String, serde_json::Value> {
-        const BOOKKEEPING: [&str; 10] = [
+        const BOOKKEEPING: [&str; 11] = [
             "threads",
             "save_steps",
             "keep",
@@ -399,6 +406,7 @@ impl TrainConfig {
             "gen_max_tokens",
             "best_metric",
             "memory_budget_bytes",
+            "gpu_memory_budget_bytes",
             "guard_soft_fraction",
             "guard_hard_fraction",
         ];

@@ -78,6 +78,28 @@ pub trait DeviceMemory: Send {
     fn used_bytes(&mut self) -> Option<u64>;
 }
 
+/// This process's GPU memory as NVML reports it (summed over devices; `None` while it holds none).
+pub struct NvmlProcessMemory {
+    sampler: memfit_sys::probe::gpu::GpuSampler,
+    pid: u32,
+}
+
+impl NvmlProcessMemory {
+    /// `None` when NVML cannot be loaded (no NVIDIA driver, or a build without memfit-sys's `nvml`).
+    pub fn new() -> Option<Self> {
+        memfit_sys::probe::gpu::GpuSampler::new().map(|sampler| Self {
+            sampler,
+            pid: std::process::id(),
+        })
+    }
+}
+
+impl DeviceMemory for NvmlProcessMemory {
+    fn used_bytes(&mut self) -> Option<u64> {
+        self.sampler.per_pid().get(&self.pid).copied()
+    }
+}
+
 /// This process's memory from /proc/self/status, and a device's if one is attached.
 #[derive(Default)]
 pub struct ProcessMemory {
@@ -220,7 +242,7 @@ impl GuardSettings {
     pub fn for_run(config: &crate::config::TrainConfig, run_dir: &Path) -> Self {
         Self {
             budget_bytes: config.memory_budget_bytes,
-            gpu_budget_bytes: None,
+            gpu_budget_bytes: config.gpu_memory_budget_bytes,
             soft_fraction: config.guard_soft_fraction,
             hard_fraction: config.guard_hard_fraction,
             period: SAMPLE_PERIOD,
@@ -583,6 +605,18 @@ mod tests {
         let g = MemoryGuard::manual(settings(None), fed(&value));
         let s = g.check_now();
         assert_eq!((s.verdict, s.limits), (Verdict::Fine, None));
+    }
+
+    #[test]
+    fn a_runs_settings_carry_both_budgets() {
+        let config = crate::config::TrainConfig {
+            gpu_memory_budget_bytes: Some(4 << 30),
+            ..Default::default()
+        };
+        let s = GuardSettings::for_run(&config, Path::new("/run"));
+        assert_eq!(s.budget_bytes, config.memory_budget_bytes);
+        assert_eq!(s.gpu_budget_bytes, Some(4 << 30));
+        assert_eq!(s.override_file.as_deref(), Some(Path::new("/run/budget")));
     }
 
     #[test]

@@ -168,6 +168,8 @@ fn a_run_writes_its_plan_and_budget() {
         "2",
         "--budget-ram",
         "2GiB",
+        "--budget-gpu",
+        "4GiB",
         "--json",
     ]);
     assert!(
@@ -191,6 +193,12 @@ fn a_run_writes_its_plan_and_budget() {
         config.contains(&format!("memory_budget_bytes = {}", 2u64 << 30)),
         "{config}"
     );
+    // the GPU budget reaches the guard's settings through the config
+    assert!(
+        config.contains(&format!("gpu_memory_budget_bytes = {}", 4u64 << 30)),
+        "{config}"
+    );
+    assert_eq!(planning["budget"]["gpu_bytes"], 4u64 << 30);
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["budget_bytes"], 2u64 << 30);
 }

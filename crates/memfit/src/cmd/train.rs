@@ -7,7 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use memfit_train::config::{BestMetric, ConfigLayer, OptimizerKind, Precision, TrainConfig};
 use memfit_train::engine::Engine;
 use memfit_train::eval::EvalReport;
-use memfit_train::memory_guard::{GuardSettings, MemoryGuard, ProcessMemory};
+use memfit_train::memory_guard::{GuardSettings, MemoryGuard, NvmlProcessMemory, ProcessMemory};
 use memfit_train::metrics::StepMetrics;
 use memfit_train::schedule::ScheduleKind;
 use memfit_train::session::{self, CheckpointSpec, Session};
@@ -179,6 +179,10 @@ impl Args {
             // a new budget is bookkeeping: on --resume it applies without re-planning
             memory_budget_bytes: match self.budget_ram {
                 Some(_) => Some(budget::budget(self, None)?.ram_bytes),
+                None => None,
+            },
+            gpu_memory_budget_bytes: match self.budget_gpu {
+                Some(_) => budget::budget(self, None)?.gpu_bytes,
                 None => None,
             },
             ..ConfigLayer::default()
@@ -483,11 +487,13 @@ pub fn run(args: Args) -> Outcome {
 
     // The in-process memory guard: samples this process every 250 ms against the budget (or the
     // RUN/budget override); the loop halves the micro-batch or checkpoints and exits 75.
-    let guard = MemoryGuard::start(
-        GuardSettings::for_run(&config, s.run.root()),
-        ProcessMemory::new(),
-    )
-    .context("starting the memory guard thread")?;
+    // GPU memory too where NVML reads it (this trainer computes on the CPU: it holds none).
+    let sampler = match NvmlProcessMemory::new() {
+        Some(gpu) => ProcessMemory::with_device(Box::new(gpu)),
+        None => ProcessMemory::new(),
+    };
+    let guard = MemoryGuard::start(GuardSettings::for_run(&config, s.run.root()), sampler)
+        .context("starting the memory guard thread")?;
     let summary = Trainer {
         engine: &mut engine,
         config: &config,
