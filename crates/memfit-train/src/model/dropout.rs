@@ -18,12 +18,15 @@ impl SplitMix64 {
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        // Constants from the SplitMix64 reference implementation.
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0 = self.0.wrapping_add(GAMMA);
+        mix(self.0)
+    }
+
+    /// The `i`-th output of `SplitMix64::new(seed)` (from 0), without the ones before: each output
+    /// depends only on its position, so loops over them vectorise.
+    #[inline(always)]
+    pub fn output(seed: u64, i: u64) -> u64 {
+        mix(seed.wrapping_add(i.wrapping_add(1).wrapping_mul(GAMMA)))
     }
 
     /// Uniform in `0..n` (n > 0), by rejection so every value is equally likely.
@@ -58,6 +61,16 @@ impl SplitMix64 {
         let u2 = self.next_f64();
         (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
     }
+}
+
+/// SplitMix64's increment and output function (constants from its reference implementation).
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+#[inline(always)]
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// Inverted dropout: keeps each element with probability `1 - p` and scales kept ones by `1/(1-p)`.
@@ -150,12 +163,26 @@ pub fn drop_and_scale(values: &mut [f32], seed: u64, p: f64) {
     if p <= 0.0 {
         return;
     }
-    let mut dropped = vec![false; values.len()];
-    fill_dropped(&mut SplitMix64::new(seed), p, &mut dropped);
-    let keep_scale = keep_scale(p) as f32;
-    for (x, &d) in values.iter_mut().zip(&dropped) {
-        *x = if d { 0.0 } else { *x * keep_scale };
+    // The mask `fill_dropped` draws, drawn and applied in one pass (each pair's u64 from its index).
+    let threshold = keep_threshold(p);
+    let scale = keep_scale(p) as f32;
+    let apply = |x: f32, bits: u64| if bits >= threshold { 0.0 } else { x * scale };
+    let mut pairs = values.chunks_exact_mut(2);
+    let mut i = 0;
+    for pair in &mut pairs {
+        let r = SplitMix64::output(seed, i);
+        pair[0] = apply(pair[0], r & 0xFFFF_FFFF);
+        pair[1] = apply(pair[1], r >> 32);
+        i += 1;
     }
+    if let [last] = pairs.into_remainder() {
+        *last = apply(*last, SplitMix64::output(seed, i) & 0xFFFF_FFFF);
+    }
+}
+
+/// A 32-bit draw at or above this drops its element: P = p.
+fn keep_threshold(p: f64) -> u64 {
+    ((1.0 - p) * 4_294_967_296.0) as u64
 }
 
 /// The factor inverted dropout scales kept elements by: `1/(1−p)`.
@@ -166,7 +193,7 @@ pub fn keep_scale(p: f64) -> f64 {
 /// Draws one dropout mask into `dropped` (`true`: dropped with probability `p`): each u64 gives two
 /// elements, its 32-bit halves compared with the keep threshold.
 pub fn fill_dropped(rng: &mut SplitMix64, p: f64, dropped: &mut [bool]) {
-    let threshold = ((1.0 - p) * 4_294_967_296.0) as u64;
+    let threshold = keep_threshold(p);
     for pair in dropped.chunks_mut(2) {
         let r = rng.next_u64();
         pair[0] = r & 0xFFFF_FFFF >= threshold;
@@ -180,6 +207,23 @@ pub fn fill_dropped(rng: &mut SplitMix64, p: f64, dropped: &mut [bool]) {
 mod tests {
     use super::*;
     use burn::tensor::activation::relu;
+
+    #[test]
+    fn outputs_by_position_equal_the_sequence_and_the_fused_mask_equals_fill_dropped() {
+        let mut rng = SplitMix64::new(99);
+        for i in 0..1000 {
+            assert_eq!(SplitMix64::output(99, i), rng.next_u64());
+        }
+        for (n, p) in [(1, 0.5), (7, 0.1), (1000, 0.3)] {
+            let mut dropped = vec![false; n];
+            fill_dropped(&mut SplitMix64::new(5), p, &mut dropped);
+            let mut values = vec![1.0f32; n];
+            drop_and_scale(&mut values, 5, p);
+            for (v, d) in values.iter().zip(&dropped) {
+                assert_eq!(*v == 0.0, *d, "n {n}, p {p}");
+            }
+        }
+    }
 
     #[test]
     fn relu_then_dropout_as_one_mask_gives_the_same_values_and_gradient() {

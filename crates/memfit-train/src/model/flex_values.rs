@@ -36,12 +36,32 @@ pub fn values(t: &FlexTensor) -> Cow<'_, [f32]> {
 pub fn from_values(values: Vec<f32>, shape: Shape, dtype: DType) -> FlexTensor {
     match dtype {
         DType::F32 => FlexTensor::from_data(TensorData::new(values, shape)),
-        DType::BF16 => {
-            let narrow: Vec<bf16> = values.iter().map(|&x| bf16::from_f32(x)).collect();
-            FlexTensor::from_data(TensorData::new(narrow, shape))
-        }
-        other => panic!("the hand-written ops store f32 or bf16, not {other:?}"),
+        _ => narrowed(&values, shape, dtype),
     }
+}
+
+/// `values` rounded into a new tensor of `shape` in `dtype` (bf16).
+fn narrowed(values: &[f32], shape: Shape, dtype: DType) -> FlexTensor {
+    assert_eq!(
+        dtype,
+        DType::BF16,
+        "the hand-written ops store f32 or bf16, not {dtype:?}"
+    );
+    let narrow: Vec<bf16> = values
+        .iter()
+        .map(|&x| bf16::from_bits(bf16_bits(x)))
+        .collect();
+    FlexTensor::from_data(TensorData::new(narrow, shape))
+}
+
+/// `x` rounded to bf16 bits (to nearest, ties to even; NaN stays a quiet NaN), branch-free so that
+/// loops over tensors vectorise. Equals `half::bf16::from_f32` (tested).
+#[inline(always)]
+pub fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+    let nan = ((b >> 16) | 0x40) as u16;
+    if x.is_nan() { nan } else { rounded }
 }
 
 /// A tensor of `like`'s shape and dtype holding `values`.
@@ -55,7 +75,12 @@ pub fn cast(t: FlexTensor, dtype: DType) -> FlexTensor {
         return t;
     }
     let shape = t.layout().shape().clone();
-    from_values(values(&t).into_owned(), shape, dtype)
+    match dtype {
+        // from bf16: the widened values are a fresh vector already
+        DType::F32 => from_values(values(&t).into_owned(), shape, dtype),
+        // from f32: rounded straight from the (borrowed) values
+        _ => narrowed(&values(&t), shape, dtype),
+    }
 }
 
 /// `t` in f32: itself when it is, else a converted copy.
@@ -103,6 +128,33 @@ mod tests {
         assert_eq!(back[2], -2.5);
         for (b, x) in back.iter().zip(&v) {
             assert!((b - x).abs() <= x.abs() / 128.0, "{b} vs {x}");
+        }
+    }
+
+    #[test]
+    fn rounding_equals_halfs_on_every_kind_of_value() {
+        let specials = [
+            0.0f32,
+            -0.0,
+            1.0,
+            1.0 + 1.0 / 256.0,
+            1.0 + 3.0 / 256.0,
+            -2.5,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            1e-40,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ];
+        let pattern = (0..100_000u32).map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761)));
+        for x in specials.into_iter().chain(pattern) {
+            let ours = bf16_bits(x);
+            let theirs = bf16::from_f32(x).to_bits();
+            if x.is_nan() {
+                assert!(bf16::from_bits(ours).is_nan(), "{x:?}");
+            } else {
+                assert_eq!(ours, theirs, "{x:e} ({:#x})", x.to_bits());
+            }
         }
     }
 
