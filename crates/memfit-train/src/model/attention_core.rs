@@ -1,6 +1,7 @@
 //! Attention's `dropout(softmax(q·kᵀ + bias)) · v` as one operation with a hand-written backward:
-//! a burn backend extension for the flex CPU backend. It computes in f32; bf16 inputs are converted
-//! per use and the outputs and gradients leave in their input's dtype.
+//! a burn backend extension for the flex CPU backend. Softmax and its backward run in f32; the six
+//! products are f32, or for bf16 inputs bf16 products summed in f32 ([`Products`], as PyTorch's
+//! bf16 attention); outputs and gradients leave in their input's dtype.
 //!
 //! burn's composite softmax runs five element-wise passes (max, subtract, scalar `expf`, sum,
 //! divide) and keeps the `exp` output for backward, dropout keeps its mask, and the probs·V matmul
@@ -23,7 +24,7 @@ use burn_flex::FlexTensor;
 use crate::model::dropout::drop_and_scale;
 use crate::model::flex_op::record;
 use crate::model::flex_values::{cast, in_f32, into_values, is_flex_float, values};
-use crate::model::gemm_f32::matmul;
+use crate::model::gemm_bf16::Products;
 use crate::model::xent::exp_shifted_in_place;
 
 #[backend_extension(Flex, Autodiff)]
@@ -115,21 +116,22 @@ impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
             ) {
                 let [q_node, k_node, v_node, bias_node] = ops.parents;
                 let s = ops.state;
-                // Gradients leave in their input's dtype; the arithmetic is f32 throughout.
+                // Gradients leave in their input's dtype; softmax's arithmetic is f32 throughout.
                 let dtypes = [&s.q, &s.k, &s.v, &s.bias].map(|t| t.dtype());
-                let grad = in_f32(grads.consume::<Flex>(&ops.node));
-                let [q, k, v, bias] = [s.q, s.k, s.v, s.bias].map(in_f32);
-                let scores = scores(q.clone(), k.clone(), bias.clone());
+                let products = Products::for_activations(dtypes[0]);
+                let grad = grads.consume::<Flex>(&ops.node);
+                let (q, k, v, bias) = (s.q, s.k, s.v, s.bias);
+                let scores = scores(products, &q, &k, &bias);
                 let mut probs = softmax_rows_again(scores, &s.rows);
                 if q_node.is_some() || k_node.is_some() || bias_node.is_some() {
-                    let d_dropped = matmul(&grad, &Flex::float_transpose(v.clone()));
+                    let d_dropped = products.matmul(&grad, &Flex::float_transpose(v.clone()));
                     let d_scores = softmax_dropout_backward(&probs, d_dropped, s.seed, s.p);
                     if let Some(node) = q_node {
-                        let dq = matmul(&d_scores, &k);
+                        let dq = products.matmul(&d_scores, &k);
                         grads.register::<Flex>(node.id, cast(dq, dtypes[0]));
                     }
                     if let Some(node) = k_node {
-                        let dk = matmul(&Flex::float_transpose(d_scores.clone()), &q);
+                        let dk = products.matmul(&Flex::float_transpose(d_scores.clone()), &q);
                         grads.register::<Flex>(node.id, cast(dk, dtypes[1]));
                     }
                     if let Some(node) = bias_node {
@@ -141,7 +143,7 @@ impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
                 if let Some(node) = v_node {
                     // dv = dropout(probs)ᵀ · g, the probabilities dropped out in their own buffer.
                     drop_and_scale(probs.storage_mut::<f32>(), s.seed, s.p);
-                    let dv = matmul(&Flex::float_transpose(probs), &grad);
+                    let dv = products.matmul(&Flex::float_transpose(probs), &grad);
                     grads.register::<Flex>(node.id, cast(dv, dtypes[2]));
                 }
             }
@@ -166,16 +168,17 @@ impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
 /// The output (in v's dtype) of `[q, k, v, bias]` and the softmax rows' statistics; the arithmetic
 /// is f32 whatever the inputs' dtype.
 fn forward(inputs: [FlexTensor; 4], seed: u64, p: f64) -> (FlexTensor, RowStats) {
-    let dtype = inputs[2].dtype();
-    let [q, k, v, bias] = inputs.map(in_f32);
-    let (mut probs, rows) = softmax_rows(scores(q, k, bias));
+    let [q, k, v, bias] = inputs;
+    let products = Products::for_activations(q.dtype());
+    let (mut probs, rows) = softmax_rows(scores(products, &q, &k, &bias));
     drop_and_scale(probs.storage_mut::<f32>(), seed, p);
-    (cast(matmul(&probs, &v), dtype), rows)
+    (cast(products.matmul(&probs, &v), v.dtype()), rows)
 }
 
 /// `q·kᵀ + bias`, `[b, h, tq, tk]`.
-fn scores(q: FlexTensor, k: FlexTensor, bias: FlexTensor) -> FlexTensor {
-    Flex::float_add(matmul(&q, &Flex::float_transpose(k)), bias)
+fn scores(products: Products, q: &FlexTensor, k: &FlexTensor, bias: &FlexTensor) -> FlexTensor {
+    let qk = products.matmul(q, &Flex::float_transpose(k.clone()));
+    Flex::float_add(qk, in_f32(bias.clone()))
 }
 
 /// Each softmax row's max and 1/sum: all backward needs to rebuild the probabilities from scores.
@@ -355,14 +358,20 @@ mod tests {
         let flex = |shape: [usize; 4], salt: usize| {
             FlexTensor::from_data(TensorData::new(values(tensor(shape, salt).inner()), shape))
         };
-        let (q, k, bias) = (
-            flex([1, 2, 3, 4], 7),
-            flex([1, 2, 6, 4], 8),
-            flex([1, 2, 3, 6], 9),
-        );
-        let (probs, rows) = softmax_rows(scores(q.clone(), k.clone(), bias.clone()));
-        let again = softmax_rows_again(scores(q, k, bias), &rows);
-        assert_eq!(probs.as_slice::<f32>(), again.as_slice::<f32>());
+        for products in [Products::F32, Products::Bf16] {
+            let (q, k, bias) = (
+                flex([1, 2, 3, 4], 7),
+                flex([1, 2, 6, 4], 8),
+                flex([1, 2, 3, 6], 9),
+            );
+            let (probs, rows) = softmax_rows(scores(products, &q, &k, &bias));
+            let again = softmax_rows_again(scores(products, &q, &k, &bias), &rows);
+            assert_eq!(
+                probs.as_slice::<f32>(),
+                again.as_slice::<f32>(),
+                "{products:?}"
+            );
+        }
     }
 
     #[test]

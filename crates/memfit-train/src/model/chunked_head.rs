@@ -9,9 +9,10 @@
 use burn::prelude::*;
 use burn::tensor::Gradients;
 
-use burn::tensor::{FloatDType, TensorData};
+use burn::tensor::{DType, FloatDType, TensorData};
 
 use crate::model::block_ckpt::pull;
+use crate::model::gemm_bf16::Products;
 use crate::model::grad_sink::GradSink;
 use crate::model::linear_op::product;
 use crate::model::t5::T5Forward;
@@ -69,7 +70,12 @@ fn head_loss_and_cotangent<E>(
     };
     let weight = tracked.params[index].clone();
     let weight_grad_wanted = weight.is_require_grad();
-    let weight = weight.inner();
+    let products = tracked.products();
+    // bf16 products read the weight rounded: round it once, not in every chunk's two products
+    let weight = match products {
+        Products::Bf16 => weight.inner().cast(DType::BF16),
+        Products::F32 => weight.inner(),
+    };
     let input_scale = if tied { (d as f64).powf(-0.5) } else { 1.0 };
 
     let rows_per_chunk = (chunk_logits / vocab.max(1)).clamp(1, n.max(1));
@@ -78,8 +84,9 @@ fn head_loss_and_cotangent<E>(
     let mut cotangent = Vec::with_capacity(n.div_ceil(rows_per_chunk));
     for start in (0..n).step_by(rows_per_chunk) {
         let end = (start + rows_per_chunk).min(n);
-        // Logits in the weight's dtype: f32 over the lent master weights when activations are bf16.
-        let rows = flat.clone().slice([start..end, 0..d]).cast(weight.dtype());
+        // f32 rows (exact from bf16), so the logits come out f32 (an op's output takes its first
+        // operand's dtype); bf16 activations still take bf16 products, as autocast's head does.
+        let rows = flat.clone().slice([start..end, 0..d]).cast(DType::F32);
         if !label_mask[start..end].iter().any(|m| *m) {
             // No target here: no loss, no gradient.
             cotangent.push(rows.zeros_like());
@@ -87,9 +94,9 @@ fn head_loss_and_cotangent<E>(
         }
         let x = if tied { rows * input_scale } else { rows };
         let logits = if tied {
-            product(x.clone(), weight.clone().transpose())
+            product(x.clone(), weight.clone().transpose(), products)
         } else {
-            product(x.clone(), weight.clone())
+            product(x.clone(), weight.clone(), products)
         };
         // The loss in f32 whatever the compute dtype (as transformers upcasts logits for it).
         let dtype = logits.dtype();
@@ -105,16 +112,16 @@ fn head_loss_and_cotangent<E>(
         let grad_logits = Tensor::<2>::from_data(values, (&device, dtype));
         if weight_grad_wanted {
             let grad_weight = if tied {
-                product(grad_logits.clone().transpose(), x)
+                product(grad_logits.clone().transpose(), x, products)
             } else {
-                product(x.transpose(), grad_logits.clone())
+                product(x.transpose(), grad_logits.clone(), products)
             };
             sink.parameter(index, grad_weight)?;
         }
         cotangent.push(if tied {
-            product(grad_logits, weight.clone()) * input_scale
+            product(grad_logits, weight.clone(), products) * input_scale
         } else {
-            product(grad_logits, weight.clone().transpose())
+            product(grad_logits, weight.clone().transpose(), products)
         });
     }
     let loss = Tensor::from_data(

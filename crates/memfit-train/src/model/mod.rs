@@ -18,6 +18,7 @@ pub mod flex_op;
 pub mod flex_values;
 pub mod flops;
 pub mod fused_rms_norm;
+pub mod gemm_bf16;
 pub mod gemm_f32;
 pub mod grad_sink;
 pub mod layout;

@@ -15,6 +15,7 @@ use crate::model::T5Model;
 use crate::model::bucket::bucket_grid;
 use crate::model::config::{Activation, T5Config};
 use crate::model::dropout::Dropout;
+use crate::model::gemm_bf16::Products;
 use crate::model::layout::{AttnParams, FfnParams, T5Layout};
 use crate::model::{attention_core, fused_rms_norm, linear_op};
 
@@ -47,6 +48,11 @@ impl<'a> T5Forward<'a> {
 
     fn p(&self, i: usize) -> Tensor<2> {
         self.params[i].clone()
+    }
+
+    /// How the hand-written ops multiply: bf16 operands for bf16 activations.
+    pub fn products(&self) -> Products {
+        Products::for_activations(self.dtype)
     }
 
     /// The dtype of the parameters, in which masks and position biases are built.
@@ -87,7 +93,7 @@ impl<'a> T5Forward<'a> {
         let [b, t, d] = x.dims();
         let w = self.p(weight);
         let out = w.dims()[1];
-        linear_op::layer(x.reshape([b * t, d]), w).reshape([b, t, out])
+        linear_op::layer(x.reshape([b * t, d]), w, self.products()).reshape([b, t, out])
     }
 
     fn heads(&self, x: Tensor<3>) -> Tensor<4> {
@@ -394,11 +400,12 @@ impl<'a> T5Forward<'a> {
         let [b, t, d] = hidden.dims();
         let h = hidden.reshape([b * t, d]);
         match self.layout.lm_head {
-            Some(head) => linear_op::product(h, self.p(head)),
+            Some(head) => linear_op::product(h, self.p(head), self.products()),
             // Tied: transformers rescales by d_model^-½ before projecting onto the embedding.
             None => linear_op::product(
                 h * (d as f64).powf(-0.5),
                 self.p(self.layout.shared).transpose(),
+                self.products(),
             ),
         }
     }
