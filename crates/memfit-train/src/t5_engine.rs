@@ -493,6 +493,15 @@ struct DeviceInputs {
     decoder_ids: Tensor<2, Int>,
 }
 
+/// Runs `work` on a thread of rayon's pool (the caller waits): the many parallel sections inside
+/// a micro-batch then run as nested work in the pool, not as hand-offs from an outside thread that
+/// sleeps and is woken for each (thousands of context switches per step with one thread).
+fn in_pool<T: Send>(work: impl FnOnce() -> T + Send) -> T {
+    let mut out = None;
+    rayon::scope(|_| out = Some(work()));
+    out.expect("the scope ran its work")
+}
+
 fn int_tensor(ids: &[u32], batch: usize, len: usize, device: &Device) -> Tensor<2, Int> {
     let data: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
     Tensor::from_data(TensorData::new(data, [batch, len]), device)
@@ -591,11 +600,11 @@ impl Engine for T5Engine {
         self.check_batch(batch)?;
         if !self.lends_weights() {
             let plain = self.weights_on_device();
-            return self.accumulate_with(&plain, batch, loss_scale, seed);
+            return in_pool(|| self.accumulate_with(&plain, batch, loss_scale, seed));
         }
         self.invalidate();
         let plain = self.lend_weights();
-        let loss = self.accumulate_with(&plain, batch, loss_scale, seed);
+        let loss = in_pool(|| self.accumulate_with(&plain, batch, loss_scale, seed));
         self.reclaim_weights(plain)?;
         loss
     }
