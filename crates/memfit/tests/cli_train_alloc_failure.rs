@@ -44,10 +44,12 @@ fn wait_with_timeout(child: &mut Child, limit: Duration) -> i32 {
 fn an_allocation_failure_checkpoints_the_last_step_and_exits_75() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    // The demo at micro-batch 256: its address space grows and shrinks by several MiB every step
-    // (activations above glibc's mmap threshold), so a limit inside that swing fails an
-    // allocation within a step or two. An 8 GiB budget holds back a 410 MiB reserve.
+    // The demo at micro-batch 256, with glibc's mmap threshold pinned at 64 KiB: every tensor
+    // gets its own mapping, returned when freed, so every step asks the kernel for tens of MiB of
+    // fresh address space. (Left adaptive, glibc keeps freed memory for reuse and may not ask for
+    // a long time.) An 8 GiB budget holds back a 410 MiB reserve.
     let mut child = memfit()
+        .env("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536")
         .args(["train", "--out"])
         .arg(&run)
         .args(["--batch", "256", "--epochs", "1000", "--budget-ram", "8GiB"])
@@ -69,7 +71,9 @@ fn an_allocation_failure_checkpoints_the_last_step_and_exits_75() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    // The address space over half a second of training: its low and high points.
+    // The address space over half a second of training: its low and high points; the limit goes
+    // just under the low point, so the next fresh mapping fails once glibc's free heap space is
+    // used up (glibc falls back to it when a mapping is refused).
     let pid = child.id();
     let (mut low, mut high) = (u64::MAX, 0);
     let sampling = Instant::now();
@@ -81,7 +85,7 @@ fn an_allocation_failure_checkpoints_the_last_step_and_exits_75() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert!(high > low, "the address space did not move ({low} bytes)");
-    let limit = low + (high - low) / 4;
+    let limit = low - (4 << 20);
     prlimit(
         Pid::from_raw(pid as i32),
         Resource::As,
