@@ -64,8 +64,11 @@ pub struct BenchReport {
     pub params_total: u64,
     /// Model FLOPs of one optimizer step (forward + backward matmuls; no recomputation).
     pub model_flops_per_step: f64,
-    /// One core's peak f32 FLOP/s (cpuinfo clock × FMA width; `None` when the clock is unknown).
+    /// One core's peak FLOP/s for the run's products, measured on the core ([`crate::peak_flops`]):
+    /// f32 FMA, or for bf16 the AVX512-BF16 dot product where the CPU has it.
     pub cpu_peak_flops_per_core: Option<f64>,
+    /// How that peak was measured (instruction set and operation).
+    pub cpu_peak_basis: String,
     /// Model FLOPs utilisation per CPU-second: model FLOPs ÷ (CPU-seconds × one core's peak). It
     /// equals the usual wall-clock MFU when every thread is busy, and stays comparable on a
     /// machine others are loading.
@@ -263,7 +266,8 @@ pub fn run(
         setup.tgt_len,
         encoder_backward,
     );
-    let peak = memfit_sys::probe::cpu::cpu().and_then(|c| c.peak_f32_flops_per_core());
+    let (peak, basis) = crate::peak_flops::peak_flops_per_core(setup.precision == Precision::Bf16);
+    let peak = Some(peak);
     let precision = match setup.precision {
         Precision::F32 => "fp32",
         Precision::Bf16 => "bf16",
@@ -290,6 +294,7 @@ pub fn run(
         step_seconds: seconds,
         model_flops_per_step: model_flops,
         cpu_peak_flops_per_core: peak,
+        cpu_peak_basis: basis.to_string(),
         mfu: peak
             .filter(|_| cpu_sec > 0.0)
             .map(|p| model_flops / (cpu_sec * p)),

@@ -38,6 +38,7 @@ pub mod eval;
 pub mod memory_guard;
 pub mod metrics;
 pub mod model_spec;
+pub mod peak_flops;
 pub mod plan_file;
 pub mod presets;
 pub mod run_data;

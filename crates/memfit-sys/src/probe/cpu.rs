@@ -44,24 +44,6 @@ impl Cpu {
     pub fn has(&self, flag: &str) -> bool {
         self.isa.iter().any(|f| f == flag)
     }
-
-    /// One core's peak f32 FLOP/s from its widest FMA and its clock: 64 FLOP/cycle with AVX-512
-    /// (two 16-lane FMA units, as Xeon Scalable Gold/Platinum cores have; parts with one unit peak
-    /// at half, so an MFU against this is a lower bound), 32 with AVX2 + FMA (two 8-lane units),
-    /// 16 with NEON (four 4-lane FMA pipes on recent Arm server cores, an upper estimate). `None`
-    /// when the clock is unknown.
-    pub fn peak_f32_flops_per_core(&self) -> Option<f64> {
-        let per_cycle = if self.has("avx512f") {
-            64.0
-        } else if self.has("avx2") && self.has("fma") {
-            32.0
-        } else if self.has("asimd") {
-            16.0
-        } else {
-            8.0
-        };
-        self.mhz.map(|mhz| mhz * 1e6 * per_cycle)
-    }
 }
 
 /// Parses /proc/cpuinfo text; `usable_cores` is filled by the caller (it is not in cpuinfo).
@@ -132,9 +114,6 @@ mod tests {
         assert!(cpu.has("avx2") && cpu.has("avx512f"));
         assert!(!cpu.has("sve"));
         assert_eq!(cpu.mhz, Some(2499.998));
-        // AVX-512: 64 FLOP/cycle × 2.5 GHz.
-        let peak = cpu.peak_f32_flops_per_core().unwrap();
-        assert!((peak - 2499.998e6 * 64.0).abs() < 1.0, "{peak}");
     }
 
     #[test]
@@ -144,6 +123,6 @@ mod tests {
         let cpu = parse_cpuinfo(text);
         assert_eq!((cpu.logical_cores, cpu.physical_cores), (2, 1));
         assert_eq!(cpu.isa, ["avx2", "amx_tile", "amx_bf16"]);
-        assert_eq!(cpu.peak_f32_flops_per_core(), None, "no clock in this text");
+        assert_eq!(cpu.mhz, None, "no clock in this text");
     }
 }
