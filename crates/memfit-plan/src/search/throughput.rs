@@ -38,8 +38,14 @@ pub mod rates {
     pub const INTER_NODE_BW: f64 = 12.5e9;
     /// CPU training: sustained fp32 matmul rate of a few cores with AVX2 (burn flex / MKL).
     pub const CPU_FP32_FLOPS: f64 = 0.2e12;
-    /// bf16 on CPU ran ~50% slower than fp32 in burn flex (DESIGN.md §6 measurement).
+    /// bf16 in a PyTorch process on the CPU: ~50% slower than fp32 where the CPU has no bf16
+    /// arithmetic (DESIGN.md §6 measurement); AMX or AVX512-BF16 parts run it faster than fp32.
     pub const CPU_BF16_SLOWDOWN: f64 = 1.5;
+    /// bf16 in memfit's trainer: its products run on AVX512-BF16 where the CPU has it (faster than
+    /// fp32, README's trainer table) and as rounded f32 products elsewhere (a few percent slower).
+    /// Ranked just below fp32, so the planner takes bf16 when fp32 does not fit, not for speed
+    /// alone: its numerics differ from fp32's.
+    pub const MEMFIT_CPU_BF16_SLOWDOWN: f64 = 1.05;
     /// Host memory bandwidth for a CPU optimizer step.
     pub const CPU_MEM_BW: f64 = 10e9;
 }
@@ -112,10 +118,10 @@ pub fn tokens_per_second(arch: &Arch, setup: &Setup) -> f64 {
             1024.0,
         ),
         Device::Cpu => (
-            if setup.precision == Precision::Bf16 {
-                CPU_FP32_FLOPS / CPU_BF16_SLOWDOWN
-            } else {
-                CPU_FP32_FLOPS
+            match (setup.precision, setup.runtime) {
+                (Precision::Bf16, Runtime::Memfit) => CPU_FP32_FLOPS / MEMFIT_CPU_BF16_SLOWDOWN,
+                (Precision::Bf16, _) => CPU_FP32_FLOPS / CPU_BF16_SLOWDOWN,
+                _ => CPU_FP32_FLOPS,
             },
             64.0,
         ),
