@@ -86,8 +86,9 @@ def main():
             rows.append((name, variant, mf, pt))
 
     print("| config | variant | memfit CPU-s/step | PyTorch CPU-s/step | speed memfit/PyTorch "
-          "| memfit peak RSS | PyTorch peak RSS | RSS memfit/PyTorch | MFU memfit / PyTorch |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| tokens/s memfit / PyTorch | memfit peak RSS | PyTorch peak RSS | RSS memfit/PyTorch "
+          "| MFU memfit / PyTorch |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, variant, mf, pt in rows:
         mf_cpu, pt_cpu = mf["cpu_sec_per_step_median"], pt["cpu_s_per_step_median"]
         mf_rss, pt_rss = mf["peak_rss_bytes"], pt["peak_rss_getrusage_mib"] * 2**20
@@ -98,8 +99,9 @@ def main():
             mfu = f"{100 * flops / (mf_cpu * peak):.1f}% / {100 * flops / (pt_cpu * peak):.1f}%"
         else:
             mfu = "—"
-        print(f"| ({name}) | {variant} | {mf_cpu:.2f} | {pt_cpu:.2f} | {pt_cpu / mf_cpu:.2f}× "
-              f"| {gib(mf_rss):.2f} GiB | {gib(pt_rss):.2f} GiB | {mf_rss / pt_rss:.2f}× | {mfu} |")
+        tps = f"{mf['tokens_per_s']:.0f} / {pt['tokens_per_s']:.0f}"
+        print(f"| ({name}) | {variant} | {mf_cpu:.2f} | {pt_cpu:.2f} | {pt_cpu / mf_cpu:.2f}× | {tps} "
+              f"| {gib(mf_rss):.2f} GiB | {gib(pt_rss):.2f} GiB | {mf_rss / pt_rss:.3f}× | {mfu} |")
 
 
 if __name__ == "__main__":

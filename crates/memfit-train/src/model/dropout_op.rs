@@ -186,19 +186,9 @@ mod tests {
                 assert_eq!(y.dtype(), dtype);
                 let g = tracked_in([9, 7], 2, DType::F32).inner();
                 let dx = x.grad(&(y.clone().cast(DType::F32) * g).sum().backward());
-                let f32_values =
-                    |t: Tensor<2>| t.cast(DType::F32).into_data().try_to_vec().unwrap();
                 vec![
-                    Produced {
-                        name: "y",
-                        values: f32_values(y.inner()),
-                        in_activation_dtype: true,
-                    },
-                    Produced {
-                        name: "dx",
-                        values: f32_values(dx.unwrap()),
-                        in_activation_dtype: true,
-                    },
+                    Produced::of("y", y.inner(), true),
+                    Produced::of("dx", dx.unwrap(), true),
                 ]
             });
         }

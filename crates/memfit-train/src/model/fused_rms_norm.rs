@@ -138,7 +138,7 @@ fn backward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::test_tensors::{Produced, assert_bf16_is_rounded_f32, tracked_in, values};
+    use crate::model::test_tensors::{Produced, assert_bf16_is_rounded_f32, tracked_in};
     use burn::tensor::{DType, TensorData};
 
     fn tracked(values: Vec<f32>, shape: [usize; 3]) -> Tensor<3> {
@@ -166,23 +166,10 @@ mod tests {
             let grads = (y.clone().cast(DType::F32) * g).sum().backward();
             let (dx, dw) = (x.grad(&grads).unwrap(), w.grad(&grads).unwrap());
             assert_eq!((dx.dtype(), dw.dtype()), (dtype, DType::F32));
-            let f32_values = |t: Tensor<3>| values(t.cast(DType::F32));
             vec![
-                Produced {
-                    name: "y",
-                    values: f32_values(y.inner()),
-                    in_activation_dtype: true,
-                },
-                Produced {
-                    name: "dx",
-                    values: f32_values(dx),
-                    in_activation_dtype: true,
-                },
-                Produced {
-                    name: "dw",
-                    values: f32_values(dw),
-                    in_activation_dtype: false,
-                },
+                Produced::of("y", y.inner(), true),
+                Produced::of("dx", dx, true),
+                Produced::of("dw", dw, false),
             ]
         });
     }

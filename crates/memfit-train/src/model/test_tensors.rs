@@ -59,6 +59,17 @@ pub struct Produced {
     pub in_activation_dtype: bool,
 }
 
+impl Produced {
+    /// `t`'s values read as f32.
+    pub fn of<const D: usize>(name: &'static str, t: Tensor<D>, in_activation_dtype: bool) -> Self {
+        Self {
+            name,
+            values: values(t.cast(burn::tensor::DType::F32)),
+            in_activation_dtype,
+        }
+    }
+}
+
 /// An op computes in f32 whatever the storage: with bf16 activations each result equals the f32
 /// run's on the same values, rounded to bf16 where it is stored as bf16, bit for bit.
 pub fn assert_bf16_is_rounded_f32(run: impl Fn(burn::tensor::DType) -> Vec<Produced>) {
