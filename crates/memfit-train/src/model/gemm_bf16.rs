@@ -8,10 +8,14 @@
 //! AVX512-BF16, the same rounded operands are multiplied by the f32 `gemm` crate: the products are
 //! the same (a product of two bf16 values is exact in f32), the summation order differs.
 //!
-//! The kernel is the usual packed GEMM (Goto/BLIS): for each block of 512 k-values, A is packed in
-//! panels of [`MR`] rows holding each row's k-pair as one u32, B in panels of [`NR`] columns holding
-//! each column's k-pair side by side; a 6 × 64 micro-kernel keeps its C tile in 24 zmm registers and
-//! reads, per k-pair, four B vectors and six broadcast A pairs. Work is split over rows and columns
+//! The kernel is the usual packed GEMM (Goto/BLIS): for each block of 512 k-values, B is packed in
+//! panels of [`NR`] columns holding each column's k-pair side by side, and A's rows are read as one
+//! u32 per k-pair — in place when they are bf16 rows (the activations of the forward pass), else
+//! converted row by row, or k-pair by k-pair when A is transposed (the weight gradients). A 6 × 64
+//! micro-kernel keeps its C tile in 24 zmm registers and reads, per k-pair, four B vectors and six
+//! broadcast A pairs. Every packing loop is vectorised (a transposed B through 16 × 16 register
+//! transposes): packing is O(m·k + k·n) against O(m·n·k) products, but at d = 512 its scalar
+//! form cost a fifth of the products' time. Work is split over rows and columns
 //! only, never over k, so every output element is summed in the same order whatever the thread
 //! count: results do not depend on it.
 
@@ -22,7 +26,7 @@ use rayon::prelude::*;
 use crate::model::flex_values::{bf16_bits, cast, in_f32};
 use crate::model::gemm_f32;
 
-/// Rows of a micro-tile (A panel height).
+/// Rows of a micro-tile.
 const MR: usize = 6;
 /// Columns of a micro-tile (B panel width): four zmm vectors of 16 f32 lanes.
 const NR: usize = 64;
@@ -63,7 +67,7 @@ impl Products {
     }
 }
 
-/// Whether this CPU runs the bf16 kernel (AVX512-F and AVX512-BF16, detected once).
+/// Whether this CPU runs the bf16 kernel (AVX512-F, -BW and -BF16, detected once).
 pub fn hardware_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -71,6 +75,7 @@ pub fn hardware_bf16() -> bool {
         static DETECTED: OnceLock<bool> = OnceLock::new();
         *DETECTED.get_or_init(|| {
             std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512bf16")
         })
     }
@@ -171,24 +176,49 @@ impl<'a> Operand<'a> {
         }
     }
 
-    /// `dst.len()` elements from `at` on, `stride` apart, as bf16 bits.
+    /// `out.len()` contiguous values from `lo` on, each paired with the value at the same place
+    /// from `hi` on (zero without `hi`): one u32 per value, `lo`'s bf16 in the low half.
     #[inline(always)]
-    fn gather(&self, at: usize, stride: usize, dst: &mut [u16]) {
-        let len = dst.len();
+    fn interleave(&self, lo: usize, hi: Option<usize>, out: &mut [u32]) {
+        #[inline(always)]
+        fn pairs<T>(lo: &[T], hi: Option<&[T]>, out: &mut [u32], bits: impl Fn(&T) -> u16) {
+            match hi {
+                Some(hi) => {
+                    for ((o, l), h) in out.iter_mut().zip(lo).zip(hi) {
+                        *o = bits(l) as u32 | (bits(h) as u32) << 16;
+                    }
+                }
+                None => {
+                    for (o, l) in out.iter_mut().zip(lo) {
+                        *o = bits(l) as u32;
+                    }
+                }
+            }
+        }
+        let n = out.len();
         match self.data {
-            Storage::F32(v) if stride == 1 => {
-                for (d, x) in dst.iter_mut().zip(&v[at..at + len]) {
-                    *d = bf16_bits(*x);
+            Storage::F32(v) => pairs(&v[lo..lo + n], hi.map(|h| &v[h..h + n]), out, |x| {
+                bf16_bits(*x)
+            }),
+            Storage::Bf16(v) => pairs(&v[lo..lo + n], hi.map(|h| &v[h..h + n]), out, |x| {
+                x.to_bits()
+            }),
+        }
+    }
+
+    /// `out.len()` contiguous values from `at` on, as bf16 bits.
+    #[inline(always)]
+    fn run(&self, at: usize, out: &mut [u16]) {
+        let n = out.len();
+        match self.data {
+            Storage::F32(v) => {
+                for (o, x) in out.iter_mut().zip(&v[at..at + n]) {
+                    *o = bf16_bits(*x);
                 }
             }
-            Storage::Bf16(v) if stride == 1 => {
-                for (d, x) in dst.iter_mut().zip(&v[at..at + len]) {
-                    *d = x.to_bits();
-                }
-            }
-            _ => {
-                for (j, d) in dst.iter_mut().enumerate() {
-                    *d = self.bits_at(at + j * stride);
+            Storage::Bf16(v) => {
+                for (o, x) in out.iter_mut().zip(&v[at..at + n]) {
+                    *o = x.to_bits();
                 }
             }
         }
@@ -228,89 +258,229 @@ fn matmul_packed(a: &FlexTensor, b: &FlexTensor) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(out, shape))
 }
 
-/// A's rows `rows` of k-block `k0..k0 + kc` packed: per panel of [`MR`] rows, per k-pair, one u32
-/// per row (the lower k in the low half).
-fn pack_a(a: &Operand, i: usize, rows: std::ops::Range<usize>, k0: usize, kc: usize) -> Vec<u32> {
+/// One k-block of A's rows as the kernel reads them: row `r`'s k-pair `p` (counted from the
+/// block's first row and first k) is the u32 at byte `addr + r · row_step + p · pair_step`, the
+/// lower k's bf16 in its low half. Either A's own memory (bf16, row-major) or `owned`.
+struct PairedRows {
+    /// The packed values when they are not A's own (kept alive for `addr`).
+    _owned: Vec<u32>,
+    addr: usize,
+    row_step: usize,
+    pair_step: usize,
+}
+
+impl PairedRows {
+    /// Over `owned` (`row_step`, `pair_step` counted in u32).
+    fn over(owned: Vec<u32>, row_step: usize, pair_step: usize) -> Self {
+        let addr = owned.as_ptr() as usize;
+        Self {
+            _owned: owned,
+            addr,
+            row_step: 4 * row_step,
+            pair_step: 4 * pair_step,
+        }
+    }
+
+    /// The kernel's row addresses for rows `r0..r0 + MR` of which the first `valid` exist; the
+    /// others repeat row `r0` (the kernel computes them, the caller drops them).
+    fn rows(&self, r0: usize, valid: usize) -> [*const u32; MR] {
+        std::array::from_fn(|r| {
+            let r = if r < valid { r0 + r } else { r0 };
+            (self.addr + r * self.row_step) as *const u32
+        })
+    }
+}
+
+/// A's rows `rows` of k-block `k0..k0 + kc`, in the layout that suits how they lie: read in place
+/// when they are bf16 rows of whole k-pairs; converted row by row when each row is a run of k;
+/// interleaved k-pair by k-pair when A is transposed (each k a run of rows).
+fn pack_a(a: &Operand, i: usize, rows: std::ops::Range<usize>, k0: usize, kc: usize) -> PairedRows {
     let pairs = kc.div_ceil(2);
-    let panels = rows.len().div_ceil(MR);
-    let mut packed = vec![0u32; panels * pairs * MR];
-    if a.row_stride == 1 && a.col_stride != 1 {
-        // a transposed operand: for each k a panel's rows lie side by side
-        let mut run = [0u16; MR];
-        for (panel, dst) in packed.chunks_exact_mut(pairs * MR).enumerate() {
-            let r0 = rows.start + panel * MR;
-            let height = MR.min(rows.end - r0);
-            for kk in 0..kc {
-                let at = a.offsets[i] + r0 + (k0 + kk) * a.col_stride;
-                a.gather(at, 1, &mut run[..height]);
-                let shift = 16 * (kk % 2);
-                let lanes = &mut dst[(kk / 2) * MR..(kk / 2) * MR + height];
-                for (lane, &x) in lanes.iter_mut().zip(&run) {
-                    *lane |= (x as u32) << shift;
-                }
-            }
+    let first = a.offsets[i] + rows.start * a.row_stride + k0 * a.col_stride;
+    if a.col_stride == 1 {
+        if let Storage::Bf16(v) = a.data
+            && kc.is_multiple_of(2)
+        {
+            // SAFETY (pointer only): `first` lies inside `v` (checked by `Operand::of`).
+            let addr = unsafe { v.as_ptr().add(first) } as usize;
+            return PairedRows {
+                _owned: Vec::new(),
+                addr,
+                row_step: 2 * a.row_stride,
+                pair_step: 4,
+            };
         }
-        return packed;
+        let mut owned = vec![0u32; rows.len() * pairs];
+        for (r, dst) in owned.chunks_exact_mut(pairs).enumerate() {
+            a.run(first + r * a.row_stride, &mut as_halves(dst)[..kc]);
+        }
+        return PairedRows::over(owned, pairs, 1);
     }
-    let mut line = vec![0u16; 2 * pairs];
-    for r in rows.clone() {
-        // row r's k-block, zero-padded to whole pairs
-        let at = a.offsets[i] + r * a.row_stride + k0 * a.col_stride;
-        a.gather(at, a.col_stride, &mut line[..kc]);
-        let (panel, lane) = ((r - rows.start) / MR, (r - rows.start) % MR);
-        let dst = &mut packed[panel * pairs * MR..(panel + 1) * pairs * MR];
-        for (p, pair) in line.chunks_exact(2).enumerate() {
-            dst[p * MR + lane] = pair[0] as u32 | (pair[1] as u32) << 16;
+    let mut owned = vec![0u32; pairs * rows.len()];
+    if a.row_stride == 1 {
+        let width = rows.len();
+        // SAFETY: the packed path runs only where `hardware_bf16` found AVX512 (BW included).
+        unsafe { interleave_runs(a, first, (a.col_stride, kc), width, &mut owned, width) };
+        return PairedRows::over(owned, 1, width);
+    }
+    for (r, line) in owned.chunks_exact_mut(pairs).enumerate() {
+        let halves = as_halves(line);
+        for (kk, h) in halves[..kc].iter_mut().enumerate() {
+            *h = a.bits_at(first + r * a.row_stride + kk * a.col_stride);
         }
     }
-    packed
+    PairedRows::over(owned, pairs, 1)
+}
+
+/// A u32 buffer as its bf16 halves, in memory order (the lower k first: little-endian).
+fn as_halves(words: &mut [u32]) -> &mut [u16] {
+    // SAFETY: u16 has no invalid values and a smaller alignment; the length covers the same bytes.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), 2 * words.len()) }
+}
+
+/// Runs of `width` values side by side, the run of k at `first + k · step` for k < `kc`, paired
+/// per k-pair: pair `p`'s u32s at `dst[p · dst_step..][..width]`, the lower k in the low half
+/// (zero past `kc`).
+///
+/// # Safety
+/// The CPU must have AVX512-F and AVX512-BW (the loops are vectorised for them).
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f,avx512bw"))]
+unsafe fn interleave_runs(
+    op: &Operand,
+    first: usize,
+    (step, kc): (usize, usize),
+    width: usize,
+    dst: &mut [u32],
+    dst_step: usize,
+) {
+    for p in 0..kc.div_ceil(2) {
+        let lo = first + 2 * p * step;
+        let hi = (2 * p + 1 < kc).then_some(lo + step);
+        op.interleave(lo, hi, &mut dst[p * dst_step..p * dst_step + width]);
+    }
 }
 
 /// B's columns `cols` of k-block `k0..k0 + kc` packed: per panel of [`NR`] columns, per k-pair,
-/// the pair of each column side by side (the lower k first).
-fn pack_b(b: &Operand, i: usize, cols: std::ops::Range<usize>, k0: usize, kc: usize) -> Vec<u16> {
+/// the pairs of the panel's columns side by side (`[panel][pair][column]`), zero-padded past
+/// `cols` and `kc`; groups of panels over the pool.
+fn pack_b(b: &Operand, i: usize, cols: std::ops::Range<usize>, k0: usize, kc: usize) -> Vec<u32> {
+    const GROUP: usize = 4;
     let pairs = kc.div_ceil(2);
-    let panels = cols.len().div_ceil(NR);
-    let mut packed = vec![0u16; panels * pairs * NR * 2];
+    let mut packed = vec![0u32; cols.len().div_ceil(NR) * pairs * NR];
     packed
-        .par_chunks_mut(pairs * NR * 2)
+        .par_chunks_mut(GROUP * pairs * NR)
         .enumerate()
-        .with_min_len(4)
-        .for_each(|(panel, dst)| {
-            let c0 = cols.start + panel * NR;
-            let width = NR.min(cols.end - c0);
-            if b.row_stride == 1 && b.col_stride != 1 {
-                // a transposed operand: each column's k-block is one run
-                let mut line = vec![0u16; 2 * pairs];
-                for j in 0..width {
-                    let at = b.offsets[i] + k0 + (c0 + j) * b.col_stride;
-                    b.gather(at, 1, &mut line[..kc]);
-                    for (p, pair) in line.chunks_exact(2).enumerate() {
-                        dst[(p * NR + j) * 2] = pair[0];
-                        dst[(p * NR + j) * 2 + 1] = pair[1];
+        .for_each(|(g, group)| {
+            let mut columns = vec![0u32; if b.row_stride == 1 { NR * pairs } else { 0 }];
+            for (q, panel) in group.chunks_exact_mut(pairs * NR).enumerate() {
+                let c0 = cols.start + (g * GROUP + q) * NR;
+                let width = NR.min(cols.end - c0);
+                let first = b.offsets[i] + k0 * b.row_stride + c0 * b.col_stride;
+                if b.col_stride == 1 {
+                    // each k a run of columns
+                    let k_runs = (b.row_stride, kc);
+                    // SAFETY: as in `pack_a`.
+                    unsafe { interleave_runs(b, first, k_runs, width, panel, NR) };
+                } else if b.row_stride == 1 {
+                    // each column a run of k: its pairs in order, then the panel transposed
+                    for (j, line) in columns.chunks_exact_mut(pairs).enumerate() {
+                        let halves = as_halves(line);
+                        if j < width {
+                            b.run(first + j * b.col_stride, &mut halves[..kc]);
+                        } else {
+                            halves.fill(0);
+                        }
                     }
-                }
-                return;
-            }
-            let (mut lower, mut upper) = ([0u16; NR], [0u16; NR]);
-            for p in 0..pairs {
-                let k = k0 + 2 * p;
-                // rows k and k + 1 of this panel's columns
-                let at = b.offsets[i] + k * b.row_stride + c0 * b.col_stride;
-                b.gather(at, b.col_stride, &mut lower[..width]);
-                if 2 * p + 1 < kc {
-                    b.gather(at + b.row_stride, b.col_stride, &mut upper[..width]);
+                    transpose_into_panel(&columns, pairs, panel);
                 } else {
-                    upper[..width].iter_mut().for_each(|x| *x = 0);
-                }
-                let row = &mut dst[p * NR * 2..(p * NR + width) * 2];
-                for ((pair, lo), hi) in row.chunks_exact_mut(2).zip(&lower).zip(&upper) {
-                    pair[0] = *lo;
-                    pair[1] = *hi;
+                    for j in 0..width {
+                        for kk in 0..kc {
+                            let bits = b.bits_at(first + kk * b.row_stride + j * b.col_stride);
+                            panel[(kk / 2) * NR + j] |= (bits as u32) << (16 * (kk % 2));
+                        }
+                    }
                 }
             }
         });
     packed
+}
+
+/// `columns` (`[NR][pairs]`: each column's k-pairs) written as `panel` (`[pairs][NR]`).
+fn transpose_into_panel(columns: &[u32], pairs: usize, panel: &mut [u32]) {
+    #[cfg(target_arch = "x86_64")]
+    let whole = {
+        let whole = pairs - pairs % 16;
+        for p0 in (0..whole).step_by(16) {
+            for j0 in (0..NR).step_by(16) {
+                // SAFETY: AVX512-F (the packed path's CPU); 16 × 16 inside both buffers.
+                unsafe {
+                    transpose16::block(
+                        columns.as_ptr().add(j0 * pairs + p0),
+                        pairs,
+                        panel.as_mut_ptr().add(p0 * NR + j0),
+                        NR,
+                    )
+                };
+            }
+        }
+        whole
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let whole = 0;
+    for p in whole..pairs {
+        for j in 0..NR {
+            panel[p * NR + j] = columns[j * pairs + p];
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod transpose16 {
+    use std::arch::x86_64::*;
+
+    /// The 16 × 16 u32 block at `src` (row stride `lds`) written transposed at `dst` (row stride
+    /// `ldd`): four rounds, each swapping the off-diagonal sub-blocks of half the previous size.
+    ///
+    /// # Safety
+    /// AVX512-F; 16 rows of 16 u32 readable at `src`, writable at `dst`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn block(src: *const u32, lds: usize, dst: *mut u32, ldd: usize) {
+        // SAFETY: the caller's contract; unaligned loads and stores.
+        unsafe {
+            let mut rows: [__m512i; 16] =
+                std::array::from_fn(|r| _mm512_loadu_si512(src.add(r * lds).cast()));
+            for size in [8usize, 4, 2, 1] {
+                // row i (i / size even) keeps its even sub-blocks and takes row i + size's
+                // even ones into its odd places; row i + size gets row i's odd ones
+                let upper: [i32; 16] = std::array::from_fn(|c| {
+                    (if (c / size) % 2 == 0 {
+                        c
+                    } else {
+                        16 + c - size
+                    }) as i32
+                });
+                let lower: [i32; 16] = std::array::from_fn(|c| {
+                    (if (c / size) % 2 == 0 {
+                        c + size
+                    } else {
+                        16 + c
+                    }) as i32
+                });
+                let (upper, lower) = (
+                    _mm512_loadu_si512(upper.as_ptr().cast()),
+                    _mm512_loadu_si512(lower.as_ptr().cast()),
+                );
+                for i in (0..16).filter(|i| (i / size) % 2 == 0) {
+                    let (x, y) = (rows[i], rows[i + size]);
+                    rows[i] = _mm512_permutex2var_epi32(x, upper, y);
+                    rows[i + size] = _mm512_permutex2var_epi32(x, lower, y);
+                }
+            }
+            for (r, row) in rows.iter().enumerate() {
+                _mm512_storeu_si512(dst.add(r * ldd).cast(), *row);
+            }
+        }
+    }
 }
 
 /// Matrix `i` of `a · b` into `c` (`m × n`, row-major), over the rayon pool when `parallel`.
@@ -323,10 +493,10 @@ unsafe fn product(a: &Operand, b: &Operand, i: usize, c: *mut f32, parallel: boo
     for k0 in (0..k).step_by(KC) {
         let kc = KC.min(k - k0);
         let pairs = kc.div_ceil(2);
-        // A for this k-block, one packed block per task of MC rows
+        // A for this k-block, one block per task of MC rows
         let row_blocks: Vec<std::ops::Range<usize>> =
             (0..m).step_by(MC).map(|r| r..(r + MC).min(m)).collect();
-        let a_blocks: Vec<Vec<u32>> = if parallel {
+        let a_blocks: Vec<PairedRows> = if parallel {
             row_blocks
                 .par_iter()
                 .map(|rows| pack_a(a, i, rows.clone(), k0, kc))
@@ -358,17 +528,20 @@ unsafe fn product(a: &Operand, b: &Operand, i: usize, c: *mut f32, parallel: boo
                 let rows = &row_blocks[rb];
                 let ap = &a_blocks[rb];
                 for panel in g * per_group..((g + 1) * per_group).min(panels) {
-                    let bpanel = &bp[panel * pairs * NR * 2..(panel + 1) * pairs * NR * 2];
+                    let bpanel = &bp[panel * pairs * NR..(panel + 1) * pairs * NR];
                     let col0 = n0 + panel * NR;
                     let ncols = NR.min(n - col0);
-                    for (ip, apanel) in ap.chunks_exact(pairs * MR).enumerate() {
-                        let row0 = rows.start + ip * MR;
-                        let nrows = MR.min(rows.end - row0);
+                    for r0 in (0..rows.len()).step_by(MR) {
+                        let nrows = MR.min(rows.len() - r0);
+                        let arows = ap.rows(r0, nrows);
+                        let row0 = rows.start + r0;
                         // SAFETY: tasks cover disjoint (row, column) tiles of `c`, which outlives
-                        // the scope; the tile lies inside `c` (row0 + nrows ≤ m, col0 + ncols ≤ n).
+                        // the scope; the tile lies inside `c` (row0 + nrows ≤ m, col0 + ncols ≤ n);
+                        // `arows` hold `pairs` k-pairs each (`pack_a`).
                         unsafe {
                             let tile = (c_addr as *mut f32).add(row0 * n + col0);
-                            tile_product(apanel, bpanel, pairs, tile, n, (nrows, ncols), first);
+                            let a_tile = (arows, ap.pair_step);
+                            tile_product(a_tile, bpanel, pairs, tile, n, (nrows, ncols), first);
                         }
                     }
                 }
@@ -382,15 +555,17 @@ unsafe fn product(a: &Operand, b: &Operand, i: usize, c: *mut f32, parallel: boo
     }
 }
 
-/// One tile of C: `c[r][j] (+)= Σ_p apanel · bpanel` for r < rows, j < cols of `size`; stored
-/// when `first` (the first k-block), added otherwise.
+/// One tile of C: `c[r][j] (+)= Σ_p a[r][p] · bpanel[p][j]` for r < rows, j < cols of `size`,
+/// A's row `r` pair `p` at byte `arows[r] + p · a_step`; stored when `first` (the first k-block),
+/// added otherwise.
 ///
 /// # Safety
-/// `c` must be valid for writing (and, unless `first`, reading) `size.0` rows of `size.1` f32 at
-/// row stride `ldc`, with no other access to them during the call; the CPU must have AVX512-BF16.
+/// `arows` must each be readable for `pairs` u32 `a_step` bytes apart; `c` must be valid for
+/// writing (and, unless `first`, reading) `size.0` rows of `size.1` f32 at row stride `ldc`, with
+/// no other access to them during the call; the CPU must have AVX512-BF16.
 unsafe fn tile_product(
-    apanel: &[u32],
-    bpanel: &[u16],
+    (arows, a_step): ([*const u32; MR], usize),
+    bpanel: &[u32],
     pairs: usize,
     c: *mut f32,
     ldc: usize,
@@ -398,15 +573,23 @@ unsafe fn tile_product(
     first: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: the caller's contract; the panels hold `pairs` k-pairs of MR rows and NR columns.
+    // SAFETY: the caller's contract; the B panel holds `pairs` k-pairs of NR columns.
     unsafe {
         if size == (MR, NR) {
-            kernel::tile(apanel, bpanel, pairs, c, ldc, first);
+            kernel::tile(arows, a_step, bpanel, pairs, c, ldc, first);
             return;
         }
         // an edge tile: computed whole into a buffer, its valid part moved to C
         let mut tile = [[0.0f32; NR]; MR];
-        kernel::tile(apanel, bpanel, pairs, tile.as_mut_ptr().cast(), NR, true);
+        kernel::tile(
+            arows,
+            a_step,
+            bpanel,
+            pairs,
+            tile.as_mut_ptr().cast(),
+            NR,
+            true,
+        );
         for (r, row) in tile.iter().enumerate().take(size.0) {
             let dst = std::slice::from_raw_parts_mut(c.add(r * ldc), size.1);
             if first {
@@ -418,7 +601,7 @@ unsafe fn tile_product(
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!(
-        "the packed kernel runs on x86_64 only ({apanel:?} {bpanel:?} {pairs} {c:?} {ldc} {size:?} {first})"
+        "the packed kernel runs on x86_64 only ({arows:?} {a_step} {bpanel:?} {pairs} {c:?} {ldc} {size:?} {first})"
     );
 }
 
@@ -427,22 +610,25 @@ mod kernel {
     use super::{MR, NR};
     use std::arch::x86_64::*;
 
-    /// The 6 × 64 micro-kernel: `c (+)= Σ_p apanel[p] · bpanel[p]` over `pairs` k-pairs, the tile
-    /// at `c` with row stride `ldc`, stored when `first`, added otherwise.
+    /// The 6 × 64 micro-kernel: `c (+)= Σ_p a[p] · bpanel[p]` over `pairs` k-pairs, A's row `r`
+    /// pair `p` at byte `arows[r] + p · a_step`, the tile at `c` with row stride `ldc`, stored when
+    /// `first`, added otherwise.
     ///
     /// # Safety
-    /// The CPU must have AVX512-F and AVX512-BF16; `apanel` holds `pairs · MR` u32, `bpanel`
-    /// `pairs · NR · 2` u16, and `c` is valid for MR rows of NR f32 (read too unless `first`).
+    /// The CPU must have AVX512-F and AVX512-BF16; each of `arows` is readable for `pairs` u32
+    /// `a_step` bytes apart (unaligned), `bpanel` holds `pairs · NR` u32, and `c` is valid for MR
+    /// rows of NR f32 (read too unless `first`).
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub unsafe fn tile(
-        apanel: &[u32],
-        bpanel: &[u16],
+        arows: [*const u32; MR],
+        a_step: usize,
+        bpanel: &[u32],
         pairs: usize,
         c: *mut f32,
         ldc: usize,
         first: bool,
     ) {
-        assert!(apanel.len() >= pairs * MR && bpanel.len() >= pairs * NR * 2);
+        assert!(bpanel.len() >= pairs * NR);
         // SAFETY (the whole body): in bounds by the assertion and the caller's contract;
         // unaligned loads and stores.
         unsafe {
@@ -455,15 +641,17 @@ mod kernel {
                     }
                 })
             });
-            let (a, b) = (apanel.as_ptr(), bpanel.as_ptr());
+            let b = bpanel.as_ptr();
+            let mut arows = arows.map(|p| p.cast::<u8>());
             for p in 0..pairs {
-                let bp = b.add(p * NR * 2);
+                let bp = b.add(p * NR);
                 let bv: [__m512bh; 4] = std::array::from_fn(|v| {
-                    std::mem::transmute(_mm512_loadu_si512(bp.add(v * 32).cast()))
+                    std::mem::transmute(_mm512_loadu_si512(bp.add(v * 16).cast()))
                 });
-                let ap = a.add(p * MR);
-                for (r, row) in acc.iter_mut().enumerate() {
-                    let pair: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(r) as i32));
+                for (row, a) in acc.iter_mut().zip(&mut arows) {
+                    let bits = a.cast::<u32>().read_unaligned() as i32;
+                    *a = a.add(a_step);
+                    let pair: __m512bh = std::mem::transmute(_mm512_set1_epi32(bits));
                     for (lane, bv) in row.iter_mut().zip(&bv) {
                         *lane = _mm512_dpbf16_ps(*lane, pair, *bv);
                     }
@@ -567,6 +755,16 @@ mod tests {
         let at = Flex::float_transpose(tensor(&[9, 11], 3, DType::BF16));
         let b = tensor(&[9, 70], 4, DType::F32);
         check(matmul(&at, &b), &at, &b, "transposed a");
+        // B transposed: whole 16 × 16 blocks, a partial one and a partial panel
+        let a = tensor(&[13, 100], 11, DType::BF16);
+        let bt = Flex::float_transpose(tensor(&[70, 100], 12, DType::F32));
+        check(matmul(&a, &bt), &a, &bt, "transposed b");
+        // neither dimension contiguous: [m, k, 2] and [k, n, 2] seen as [2, m, k] and [2, k, n]
+        let strided = |shape: [usize; 3], salt| {
+            Flex::float_permute(tensor(&shape, salt, DType::F32), &[2, 0, 1])
+        };
+        let (a, b) = (strided([7, 35, 2], 13), strided([35, 66, 2], 14));
+        check(matmul(&a, &b), &a, &b, "strided both");
         let q = Flex::float_swap_dims(tensor(&[2, 5, 3, 8], 5, DType::BF16), 1, 2);
         let kt = Flex::float_transpose(tensor(&[2, 3, 7, 8], 6, DType::BF16));
         check(matmul(&q, &kt), &q, &kt, "batched heads");
