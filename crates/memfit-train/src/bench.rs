@@ -224,6 +224,10 @@ pub fn run(
     let mut cpu = Vec::with_capacity(setup.steps);
     let mut losses = Vec::with_capacity(setup.steps);
     let mut micro = 0u64;
+    // The core's peak, measured before and after the steps, the better kept: one measurement
+    // can fall in a moment the VM's core is lent elsewhere.
+    let bf16_peak = setup.precision == Precision::Bf16;
+    let (peak_before, basis) = crate::peak_flops::peak_flops_per_core(bf16_peak);
     for step in 0..setup.steps {
         let batches: Vec<Seq2SeqBatch> = (0..setup.accum)
             .map(|_| {
@@ -266,8 +270,11 @@ pub fn run(
         setup.tgt_len,
         encoder_backward,
     );
-    let (peak, basis) = crate::peak_flops::peak_flops_per_core(setup.precision == Precision::Bf16);
-    let peak = Some(peak);
+    let peak = Some(
+        crate::peak_flops::peak_flops_per_core(bf16_peak)
+            .0
+            .max(peak_before),
+    );
     let precision = match setup.precision {
         Precision::F32 => "fp32",
         Precision::Bf16 => "bf16",

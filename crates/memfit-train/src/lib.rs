@@ -35,7 +35,7 @@ pub mod config;
 pub mod demo;
 pub mod engine_setup;
 pub mod eval;
-pub mod malloc_arenas;
+pub mod malloc_tuning;
 pub mod memory_guard;
 pub mod metrics;
 pub mod model_spec;

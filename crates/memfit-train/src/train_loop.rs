@@ -375,6 +375,8 @@ impl<'a, E: Engine> Trainer<'a, E> {
                 last_checkpoint = Some(path);
             }
             if downgrade && let (Some(g), Some(s)) = (self.guard, status.as_ref()) {
+                // the smaller micro-batch needs less: give back what malloc keeps free
+                crate::malloc_tuning::release_free();
                 g.downgraded();
                 self.downgrade_event(p.step, old_micro, p.micro, s, saved.as_deref())?;
             }
