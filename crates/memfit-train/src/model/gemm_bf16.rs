@@ -311,9 +311,8 @@ fn pack_a(a: &Operand, i: usize, rows: std::ops::Range<usize>, k0: usize, kc: us
             };
         }
         let mut owned = vec![0u32; rows.len() * pairs];
-        for (r, dst) in owned.chunks_exact_mut(pairs).enumerate() {
-            a.run(first + r * a.row_stride, &mut as_halves(dst)[..kc]);
-        }
+        // SAFETY: the packed path runs only where `hardware_bf16` found AVX512 (BW included).
+        unsafe { convert_runs(a, first, a.row_stride, kc, &mut owned) };
         return PairedRows::over(owned, pairs, 1);
     }
     let mut owned = vec![0u32; pairs * rows.len()];
@@ -330,6 +329,19 @@ fn pack_a(a: &Operand, i: usize, rows: std::ops::Range<usize>, k0: usize, kc: us
         }
     }
     PairedRows::over(owned, pairs, 1)
+}
+
+/// Runs of `kc` contiguous values, the j-th from `first + j · stride`, as bf16 k-pairs: run `j`
+/// into `dst[j · kc.div_ceil(2)..]`, one line per run until `dst` ends (its last half-word stays
+/// as it is when `kc` is odd).
+///
+/// # Safety
+/// The CPU must have AVX512-F and AVX512-BW (the loops are vectorised for them).
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f,avx512bw"))]
+unsafe fn convert_runs(op: &Operand, first: usize, stride: usize, kc: usize, dst: &mut [u32]) {
+    for (j, line) in dst.chunks_exact_mut(kc.div_ceil(2)).enumerate() {
+        op.run(first + j * stride, &mut as_halves(line)[..kc]);
+    }
 }
 
 /// A u32 buffer as its bf16 halves, in memory order (the lower k first: little-endian).
@@ -383,14 +395,10 @@ fn pack_b(b: &Operand, i: usize, cols: std::ops::Range<usize>, k0: usize, kc: us
                     unsafe { interleave_runs(b, first, k_runs, width, panel, NR) };
                 } else if b.row_stride == 1 {
                     // each column a run of k: its pairs in order, then the panel transposed
-                    for (j, line) in columns.chunks_exact_mut(pairs).enumerate() {
-                        let halves = as_halves(line);
-                        if j < width {
-                            b.run(first + j * b.col_stride, &mut halves[..kc]);
-                        } else {
-                            halves.fill(0);
-                        }
-                    }
+                    let (valid, past) = columns.split_at_mut(width * pairs);
+                    // SAFETY: as in `pack_a`.
+                    unsafe { convert_runs(b, first, b.col_stride, kc, valid) };
+                    past.fill(0);
                     transpose_into_panel(&columns, pairs, panel);
                 } else {
                     for j in 0..width {
