@@ -16,17 +16,30 @@
 //!   ([`crate::memory_guard`]); after a downgrade the loop hands free memory back
 //!   ([`release_free`]).
 //!
-//! Whoever sets `GLIBC_TUNABLES` tunes malloc themselves: the second setting is left to them.
+//! The first holds for every command; the second only for the training ones (`memfit train`,
+//! `memfit bench train`). Whoever sets `GLIBC_TUNABLES` tunes malloc themselves: the second
+//! setting is left to them.
 
-/// Makes glibc's malloc use one arena and, unless `GLIBC_TUNABLES` is set, keep freed memory;
-/// call before other threads start. Elsewhere a no-op.
-pub fn configure() {
+/// Makes glibc's malloc use one arena (every memfit command); call before other threads start.
+/// Elsewhere a no-op.
+pub fn use_one_arena() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt changes malloc settings, valid at any time (arenas and blocks already
-    // created stay in use); called before the process starts its threads.
+    // SAFETY: mallopt changes a malloc setting; M_ARENA_MAX = 1 is valid at any time (arenas
+    // already created stay in use), and it is called before the process starts its threads.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
-        if std::env::var_os("GLIBC_TUNABLES").is_none() {
+    }
+}
+
+/// Makes glibc's malloc keep freed memory for reuse, unless `GLIBC_TUNABLES` is set: for the
+/// training commands, whose steps repeat the same allocations (not for streaming ones such as
+/// `memfit data`, whose buffers vary). Elsewhere a no-op.
+pub fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("GLIBC_TUNABLES").is_none() {
+        // SAFETY: mallopt changes malloc settings, valid at any time (blocks already mapped stay
+        // mapped until freed).
+        unsafe {
             libc::mallopt(libc::M_MMAP_MAX, 0);
             // -1: never trim (mallopt(3))
             libc::mallopt(libc::M_TRIM_THRESHOLD, -1);

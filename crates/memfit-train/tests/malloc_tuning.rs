@@ -2,7 +2,7 @@
 
 #![cfg(all(target_os = "linux", target_env = "gnu"))]
 
-use memfit_train::malloc_tuning::{configure, release_free};
+use memfit_train::malloc_tuning::{keep_freed_memory, release_free, use_one_arena};
 
 /// Resident bytes of this process (/proc/self/statm).
 fn rss() -> u64 {
@@ -16,10 +16,11 @@ fn rss() -> u64 {
 fn freed_blocks_stay_resident_until_released() {
     const MIB: u64 = 1 << 20;
     if std::env::var_os("GLIBC_TUNABLES").is_some() {
-        eprintln!("GLIBC_TUNABLES is set: configure leaves freeing to it, nothing to test");
+        eprintln!("GLIBC_TUNABLES is set: keep_freed_memory leaves freeing to it, nothing to test");
         return;
     }
-    configure();
+    use_one_arena();
+    keep_freed_memory();
     let before = rss();
     // 48 MiB: above glibc's largest mmap threshold, so by default unmapped when freed
     let block = vec![1u8; 48 * MIB as usize];

@@ -48,7 +48,7 @@ static ALLOCATOR: memfit_train::alloc_reserve::ReserveAllocator =
     memfit_train::alloc_reserve::ReserveAllocator;
 
 fn main() -> ExitCode {
-    memfit_train::malloc_tuning::configure();
+    memfit_train::malloc_tuning::use_one_arena();
     // Rust ignores SIGPIPE; restore the default so `memfit … | head` ends quietly, as Unix tools do,
     // instead of panicking in `println!`.
     // SAFETY: called first thing, before any thread exists; SIG_DFL installs no handler code.

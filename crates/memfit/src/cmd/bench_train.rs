@@ -52,6 +52,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Outcome {
+    // a training step reuses what the last one freed (memfit_train::malloc_tuning)
+    memfit_train::malloc_tuning::keep_freed_memory();
     let config =
         bench::resolve_model(&args.model).map_err(|e| bad_input(format!("--model: {e}")))?;
     let threads = args

@@ -269,6 +269,8 @@ fn resolve_new(args: &Args) -> anyhow::Result<TrainConfig> {
 }
 
 pub fn run(args: Args) -> Outcome {
+    // a training step reuses what the last one freed (memfit_train::malloc_tuning)
+    memfit_train::malloc_tuning::keep_freed_memory();
     let spec = |files: Vec<PathBuf>, bytes: u64| CheckpointSpec {
         tokenizer_files: files,
         free_space: checkpoint::free_bytes,
