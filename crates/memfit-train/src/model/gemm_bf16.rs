@@ -292,55 +292,59 @@ impl PairedRows {
 }
 
 /// A's rows `rows` of k-block `k0..k0 + kc`, in the layout that suits how they lie: read in place
-/// when they are bf16 rows of whole k-pairs; converted row by row when each row is a run of k;
-/// interleaved k-pair by k-pair when A is transposed (each k a run of rows).
+/// when they are bf16 rows of whole k-pairs; interleaved k-pair by k-pair when A is transposed
+/// (each k a run of rows); else converted row by row.
 fn pack_a(a: &Operand, i: usize, rows: std::ops::Range<usize>, k0: usize, kc: usize) -> PairedRows {
     let pairs = kc.div_ceil(2);
     let first = a.offsets[i] + rows.start * a.row_stride + k0 * a.col_stride;
-    if a.col_stride == 1 {
-        if let Storage::Bf16(v) = a.data
-            && kc.is_multiple_of(2)
-        {
-            // SAFETY (pointer only): `first` lies inside `v` (checked by `Operand::of`).
-            let addr = unsafe { v.as_ptr().add(first) } as usize;
-            return PairedRows {
-                _owned: Vec::new(),
-                addr,
-                row_step: 2 * a.row_stride,
-                pair_step: 4,
-            };
-        }
-        let mut owned = vec![0u32; rows.len() * pairs];
-        // SAFETY: the packed path runs only where `hardware_bf16` found AVX512 (BW included).
-        unsafe { convert_runs(a, first, a.row_stride, kc, &mut owned) };
-        return PairedRows::over(owned, pairs, 1);
+    if a.col_stride == 1
+        && let Storage::Bf16(v) = a.data
+        && kc.is_multiple_of(2)
+    {
+        // SAFETY (pointer only): `first` lies inside `v` (checked by `Operand::of`).
+        let addr = unsafe { v.as_ptr().add(first) } as usize;
+        return PairedRows {
+            _owned: Vec::new(),
+            addr,
+            row_step: 2 * a.row_stride,
+            pair_step: 4,
+        };
     }
     let mut owned = vec![0u32; pairs * rows.len()];
-    if a.row_stride == 1 {
+    if a.col_stride != 1 && a.row_stride == 1 {
         let width = rows.len();
         // SAFETY: the packed path runs only where `hardware_bf16` found AVX512 (BW included).
         unsafe { interleave_runs(a, first, (a.col_stride, kc), width, &mut owned, width) };
         return PairedRows::over(owned, 1, width);
     }
-    for (r, line) in owned.chunks_exact_mut(pairs).enumerate() {
-        let halves = as_halves(line);
-        for (kk, h) in halves[..kc].iter_mut().enumerate() {
-            *h = a.bits_at(first + r * a.row_stride + kk * a.col_stride);
-        }
-    }
+    // SAFETY: as above.
+    unsafe { runs_as_pairs(a, first, (a.row_stride, a.col_stride), kc, &mut owned) };
     PairedRows::over(owned, pairs, 1)
 }
 
-/// Runs of `kc` contiguous values, the j-th from `first + j · stride`, as bf16 k-pairs: run `j`
-/// into `dst[j · kc.div_ceil(2)..]`, one line per run until `dst` ends (its last half-word stays
-/// as it is when `kc` is odd).
+/// Runs of `kc` values, the j-th from `first + j · x_stride`, `k_stride` apart, as bf16 k-pairs:
+/// run `j` into `dst[j · kc.div_ceil(2)..]`, one line per run until `dst` ends (its last
+/// half-word stays as it is when `kc` is odd).
 ///
 /// # Safety
 /// The CPU must have AVX512-F and AVX512-BW (the loops are vectorised for them).
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f,avx512bw"))]
-unsafe fn convert_runs(op: &Operand, first: usize, stride: usize, kc: usize, dst: &mut [u32]) {
+unsafe fn runs_as_pairs(
+    op: &Operand,
+    first: usize,
+    (x_stride, k_stride): (usize, usize),
+    kc: usize,
+    dst: &mut [u32],
+) {
     for (j, line) in dst.chunks_exact_mut(kc.div_ceil(2)).enumerate() {
-        op.run(first + j * stride, &mut as_halves(line)[..kc]);
+        let (start, halves) = (first + j * x_stride, &mut as_halves(line)[..kc]);
+        if k_stride == 1 {
+            op.run(start, halves);
+        } else {
+            for (kk, h) in halves.iter_mut().enumerate() {
+                *h = op.bits_at(start + kk * k_stride);
+            }
+        }
     }
 }
 
@@ -383,7 +387,7 @@ fn pack_b(b: &Operand, i: usize, cols: std::ops::Range<usize>, k0: usize, kc: us
         .par_chunks_mut(GROUP * pairs * NR)
         .enumerate()
         .for_each(|(g, group)| {
-            let mut columns = vec![0u32; if b.row_stride == 1 { NR * pairs } else { 0 }];
+            let mut columns = vec![0u32; if b.col_stride != 1 { NR * pairs } else { 0 }];
             for (q, panel) in group.chunks_exact_mut(pairs * NR).enumerate() {
                 let c0 = cols.start + (g * GROUP + q) * NR;
                 let width = NR.min(cols.end - c0);
@@ -393,20 +397,15 @@ fn pack_b(b: &Operand, i: usize, cols: std::ops::Range<usize>, k0: usize, kc: us
                     let k_runs = (b.row_stride, kc);
                     // SAFETY: as in `pack_a`.
                     unsafe { interleave_runs(b, first, k_runs, width, panel, NR) };
-                } else if b.row_stride == 1 {
-                    // each column a run of k: its pairs in order, then the panel transposed
+                } else {
+                    // each column's k-pairs in order (one run when B is transposed), then the
+                    // panel transposed
                     let (valid, past) = columns.split_at_mut(width * pairs);
+                    let strides = (b.col_stride, b.row_stride);
                     // SAFETY: as in `pack_a`.
-                    unsafe { convert_runs(b, first, b.col_stride, kc, valid) };
+                    unsafe { runs_as_pairs(b, first, strides, kc, valid) };
                     past.fill(0);
                     transpose_into_panel(&columns, pairs, panel);
-                } else {
-                    for j in 0..width {
-                        for kk in 0..kc {
-                            let bits = b.bits_at(first + kk * b.row_stride + j * b.col_stride);
-                            panel[(kk / 2) * NR + j] |= (bits as u32) << (16 * (kk % 2));
-                        }
-                    }
                 }
             }
         });
