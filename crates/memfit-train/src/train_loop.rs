@@ -33,6 +33,18 @@ use std::time::Instant;
 /// ([`alloc_reserve`]).
 pub const ALLOCATION_FAILURE: &str = "allocation_failure";
 
+/// The `stop` event's reason for a stop for memory: a failed allocation first, else the guard's
+/// verdict (soft only when the micro-batch cannot be halved any more).
+fn memory_stop_reason(allocation_failed: bool, verdict: Verdict) -> &'static str {
+    if allocation_failed {
+        ALLOCATION_FAILURE
+    } else if verdict == Verdict::Hard {
+        "memory_hard_limit"
+    } else {
+        "memory_soft_limit_at_micro_batch_1"
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LoopError {
     #[error("the training data has no rows")]
@@ -269,11 +281,7 @@ impl<'a, E: Engine> Trainer<'a, E> {
                 if let Some(path) = self.save(&p, &schedule, total)? {
                     last_checkpoint = Some(path);
                 }
-                let reason = if alloc_reserve::released() {
-                    ALLOCATION_FAILURE
-                } else {
-                    "memory_hard_limit"
-                };
+                let reason = memory_stop_reason(alloc_reserve::released(), Verdict::Hard);
                 self.stop_for_memory(&p, status.as_ref(), Some((done, k)), reason)?;
                 finish = Finish::Stopped;
                 break;
@@ -381,13 +389,7 @@ impl<'a, E: Engine> Trainer<'a, E> {
                 self.downgrade_event(p.step, old_micro, p.micro, s, saved.as_deref())?;
             }
             if memory_stop {
-                let reason = if allocation_failed {
-                    ALLOCATION_FAILURE
-                } else if verdict == Verdict::Hard {
-                    "memory_hard_limit"
-                } else {
-                    "memory_soft_limit_at_micro_batch_1"
-                };
+                let reason = memory_stop_reason(allocation_failed, verdict);
                 self.stop_for_memory(&p, status.as_ref(), None, reason)?;
                 finish = Finish::Stopped;
                 break;

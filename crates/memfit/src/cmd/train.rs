@@ -181,10 +181,7 @@ impl Args {
                 Some(_) => Some(budget::budget(self, None)?.ram_bytes),
                 None => None,
             },
-            gpu_memory_budget_bytes: match self.budget_gpu {
-                Some(_) => budget::budget(self, None)?.gpu_bytes,
-                None => None,
-            },
+            gpu_memory_budget_bytes: budget::gpu_budget(self)?,
             ..ConfigLayer::default()
         })
     }

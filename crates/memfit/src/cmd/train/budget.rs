@@ -75,12 +75,16 @@ pub fn budget(args: &Args, from_config_file: Option<u64>) -> anyhow::Result<Budg
             }
         }
     };
-    budget.gpu_bytes = args
-        .budget_gpu
+    budget.gpu_bytes = gpu_budget(args)?;
+    Ok(budget)
+}
+
+/// `--budget-gpu` in bytes, if given; exit 2 naming the value when it is not a size.
+pub fn gpu_budget(args: &Args) -> anyhow::Result<Option<u64>> {
+    args.budget_gpu
         .as_deref()
         .map(|t| parse_size(t).map_err(|e| bad_input(format!("--budget-gpu {t:?}: {e}"))))
-        .transpose()?;
-    Ok(budget)
+        .transpose()
 }
 
 /// The flags that fix part of the setup.
