@@ -284,9 +284,6 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
     } else {
         host_grads
     };
-    // A micro-batch runs on the master weights' own buffers (lent to the device tensors, no copy),
-    // in bf16 too: the hand-written ops take f32 weights beside bf16 activations.
-    let device_weights = 0;
     // The head's chunks are back-propagated while every activation is alive: each yields the
     // head's `vocab × d` weight gradient, added into (or, the first, copied to) its host
     // accumulator: 2 copies.
@@ -322,9 +319,11 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
             n,
             "all parameters as host f32 (model.weights)",
         ),
+        // A micro-batch runs on the master weights' own buffers (lent to the device tensors, no
+        // copy), in bf16 too: the hand-written ops take f32 weights beside bf16 activations.
         Component::new(
             "device weights",
-            device_weights,
+            0,
             n,
             "none while training: the device tensors borrow the master weights' buffers",
         ),
@@ -396,7 +395,7 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
     // copy, cached until the next micro-batch): they are counted.
     let largest = arch.tensors.iter().map(|t| t.elements()).max().unwrap_or(0);
     let checkpoint = 2 * 4 * largest;
-    let checkpoint_peak = states - device_weights + cb * p + checkpoint;
+    let checkpoint_peak = states + cb * p + checkpoint;
     c.push(Component::new(
         "checkpoint write (transient)",
         checkpoint,

@@ -9,11 +9,12 @@
 //! gradient to the segment before. Peak activation memory is one block's graph plus the saved
 //! boundaries, for the price of a second forward pass of every block.
 //!
-//! Segments, in forward order: encoder embedding (an [`EmbeddingLeaf`]), encoder bias (position bias + padding mask, shared
-//! by every encoder block), encoder blocks, encoder final norm; decoder embedding, decoder bias,
-//! decoder blocks (each also attending to the encoder output), then the head (final norm, then LM
-//! head and loss in row chunks, [`crate::model::chunked_head`]). Tensors used by several blocks (the biases, the encoder output) collect their
-//! cotangents over those blocks before their own segment is back-propagated.
+//! Segments, in forward order: encoder embedding (an [`EmbeddingLeaf`]), encoder bias (position
+//! bias + padding mask, shared by every encoder block), encoder blocks, encoder final norm; decoder
+//! embedding, decoder bias, decoder blocks (each also attending to the encoder output), then the
+//! head (final norm, then LM head and loss in row chunks, [`crate::model::chunked_head`]). Tensors
+//! used by several blocks (the biases, the encoder output) collect their cotangents over those
+//! blocks before their own segment is back-propagated.
 //!
 //! Dropout draws the same masks as an unchecked pass: each segment's recompute starts from a copy of
 //! the generator taken when the forward pass reached it, so loss and gradients equal an unchecked
