@@ -17,8 +17,8 @@
 //!   ([`release_free`]).
 //!
 //! The first holds for every command; the second only for the training ones (`memfit train`,
-//! `memfit bench train`). Whoever sets `GLIBC_TUNABLES` tunes malloc themselves: the second
-//! setting is left to them.
+//! `memfit bench train`). Whoever tunes malloc through the environment (`GLIBC_TUNABLES`, or the
+//! older `MALLOC_*` variables) keeps their settings: the second one is left to them.
 
 /// Makes glibc's malloc use one arena (every memfit command); call before other threads start.
 /// Elsewhere a no-op.
@@ -31,12 +31,13 @@ pub fn use_one_arena() {
     }
 }
 
-/// Makes glibc's malloc keep freed memory for reuse, unless `GLIBC_TUNABLES` is set: for the
-/// training commands, whose steps repeat the same allocations (not for streaming ones such as
-/// `memfit data`, whose buffers vary). Elsewhere a no-op.
+/// Makes glibc's malloc keep freed memory for reuse, unless malloc is tuned through the
+/// environment ([`tuned_by_environment`]): for the training commands, whose steps repeat the same
+/// allocations (not for streaming ones such as `memfit data`, whose buffers vary). Elsewhere a
+/// no-op.
 pub fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var_os("GLIBC_TUNABLES").is_none() {
+    if !tuned_by_environment() {
         // SAFETY: mallopt changes malloc settings, valid at any time (blocks already mapped stay
         // mapped until freed).
         unsafe {
@@ -45,6 +46,14 @@ pub fn keep_freed_memory() {
             libc::mallopt(libc::M_TRIM_THRESHOLD, -1);
         }
     }
+}
+
+/// Whether `GLIBC_TUNABLES` or one of glibc's `MALLOC_*` variables (mallopt(3)) is set.
+pub fn tuned_by_environment() -> bool {
+    std::env::vars_os().any(|(name, _)| {
+        name.to_str()
+            .is_some_and(|n| n == "GLIBC_TUNABLES" || n.starts_with("MALLOC_"))
+    })
 }
 
 /// Hands the heap's free pages back to the kernel (after the trainer sheds memory).

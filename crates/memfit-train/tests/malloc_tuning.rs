@@ -1,25 +1,28 @@
-//! `malloc_tuning` in a process of its own: it changes process-wide malloc settings.
+//! `malloc_tuning` in a process of its own, without the test harness's threads (`harness = false`):
+//! its settings are process-wide, and `memfit`'s main makes them before any thread exists.
 
-#![cfg(all(target_os = "linux", target_env = "gnu"))]
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn main() {
+    use memfit_train::malloc_tuning::{
+        keep_freed_memory, release_free, tuned_by_environment, use_one_arena,
+    };
 
-use memfit_train::malloc_tuning::{keep_freed_memory, release_free, use_one_arena};
+    /// Resident bytes of this process (/proc/self/statm).
+    fn rss() -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+        let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+        // SAFETY: sysconf reads a constant.
+        pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
+    }
 
-/// Resident bytes of this process (/proc/self/statm).
-fn rss() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    // SAFETY: sysconf reads a constant.
-    pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
-}
-
-#[test]
-fn freed_blocks_stay_resident_until_released() {
     const MIB: u64 = 1 << 20;
-    if std::env::var_os("GLIBC_TUNABLES").is_some() {
-        eprintln!("GLIBC_TUNABLES is set: keep_freed_memory leaves freeing to it, nothing to test");
+    use_one_arena();
+    if tuned_by_environment() {
+        println!(
+            "malloc is tuned by the environment: keep_freed_memory leaves it, nothing to test"
+        );
         return;
     }
-    use_one_arena();
     keep_freed_memory();
     let before = rss();
     // 48 MiB: above glibc's largest mmap threshold, so by default unmapped when freed
@@ -42,4 +45,8 @@ fn freed_blocks_stay_resident_until_released() {
         released + 44 * MIB <= held,
         "release_free hands it back: {held} → {released}"
     );
+    println!("freed blocks stay resident until released: ok");
 }
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn main() {}

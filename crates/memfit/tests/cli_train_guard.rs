@@ -3,10 +3,10 @@
 //! limit: the run completes, exit 0) or stops the run with a checkpoint (hard limit: exit 75), after
 //! which `--resume` continues at the halved micro-batch.
 //!
-//! The children run with glibc's trim and mmap thresholds raised, so freed memory stays in the heap
-//! and RSS holds at its high-water mark between steps (the allocator behaviour the guard's ratchet is
-//! built for; with the defaults the demo's tiny RSS swings ±8 % inside every step, too much for a
-//! budget set from one reading to land reliably between the soft and hard limits).
+//! `memfit train` keeps freed memory in malloc's heap (`memfit_train::malloc_tuning`), so RSS holds
+//! at its high-water mark between steps (the allocator behaviour the guard's ratchet is built for;
+//! with glibc's defaults the demo's tiny RSS swings ±8 % inside every step, too much for a budget
+//! set from one reading to land reliably between the soft and hard limits).
 
 use serde_json::Value;
 use std::path::Path;
@@ -14,11 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn memfit() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_memfit"));
-    // glibc malloc tunables (mallopt(3)): keep freed memory rather than returning it to the kernel.
-    c.env("MALLOC_TRIM_THRESHOLD_", "1073741824")
-        .env("MALLOC_MMAP_THRESHOLD_", "1073741824");
-    c
+    Command::new(env!("CARGO_BIN_EXE_memfit"))
 }
 
 fn start(out: &Path, steps: u64) -> Child {
