@@ -6,10 +6,10 @@
 use std::borrow::Cow;
 use std::path::PathBuf;
 
+use memfit_nn::kernels::dropout::SplitMix64;
+use memfit_nn::t5::T5Config;
+use memfit_nn::weights::{NamedTensor, write_f32};
 use memfit_train::engine::{Engine, Seq2SeqBatch};
-use memfit_train::model::T5Config;
-use memfit_train::model::dropout::SplitMix64;
-use memfit_train::model::tensor_file::{NamedTensor, write_f32};
 use memfit_train::t5_engine::{EngineOptions, T5Engine};
 use serde_json::json;
 

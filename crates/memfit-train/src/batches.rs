@@ -59,7 +59,7 @@ impl PairSource for StoreRows {
     }
 }
 
-pub use crate::model::dropout::SplitMix64;
+pub use memfit_nn::kernels::dropout::SplitMix64;
 
 /// A seed for one purpose derived from the run seed and coordinates (stable across versions).
 pub fn derive_seed(seed: u64, parts: &[u64]) -> u64 {

@@ -8,11 +8,12 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::engine::{Engine, Seq2SeqBatch};
-use crate::model::dropout::SplitMix64;
-use crate::model::flops::t5_training_flops;
-use crate::model::{ModelError, T5Config};
 use crate::optim::{AdafactorConfig, AdafactorLr, AdamWConfig, OptimizerConfig};
 use crate::t5_engine::{EngineOptions, Precision, T5Engine, set_threads};
+use memfit_nn::ModelError;
+use memfit_nn::kernels::dropout::SplitMix64;
+use memfit_nn::t5::T5Config;
+use memfit_nn::t5::flops::t5_training_flops;
 use memfit_plan::grid;
 
 /// Steps excluded from the median, as bench_t5.py's `WARMUP`.
@@ -42,7 +43,7 @@ pub struct BenchSetup {
     /// `adamw` or `adafactor` (external lr 1e-3, no parameter scaling, as bench_t5.py's `--optim adafactor`).
     pub optimizer: String,
     /// Frozen module groups (no gradients, no optimizer state).
-    pub freeze: Vec<crate::model::Group>,
+    pub freeze: Vec<memfit_nn::t5::Group>,
     pub seed: u64,
 }
 
@@ -262,7 +263,7 @@ pub fn run(
     let tokens = (setup.batch * setup.accum * (setup.src_len + setup.tgt_len)) as f64;
     let frozen = |g| setup.freeze.contains(&g);
     let encoder_backward =
-        !(frozen(crate::model::Group::Embeddings) && frozen(crate::model::Group::Encoder));
+        !(frozen(memfit_nn::t5::Group::Embeddings) && frozen(memfit_nn::t5::Group::Encoder));
     let model_flops = t5_training_flops(
         &setup.config,
         setup.batch * setup.accum,

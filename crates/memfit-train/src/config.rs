@@ -53,6 +53,11 @@ pub enum BestMetric {
 pub struct TrainConfig {
     /// `demo`, a preset name (`chatlm-mini`, …) or a path to a Hugging Face `config.json`.
     pub model: String,
+    /// A Hugging Face model directory (config.json + safetensors) or a memfit checkpoint whose weights
+    /// the run starts from (`--init`); none: transformers' random initialisation. Left out of
+    /// config.toml when unset, so runs written before it keep their config hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<String>,
     pub task: String,
     /// Training data: a token store directory, or a parquet/JSONL file prepared on the fly.
     pub data: Option<String>,
@@ -121,6 +126,7 @@ impl Default for TrainConfig {
     fn default() -> Self {
         Self {
             model: "demo".into(),
+            init: None,
             task: "seq2seq".into(),
             data: None,
             valid: None,
@@ -163,6 +169,7 @@ impl Default for TrainConfig {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ConfigLayer {
     pub model: Option<String>,
+    pub init: Option<String>,
     pub task: Option<String>,
     pub data: Option<String>,
     pub valid: Option<String>,
@@ -256,6 +263,7 @@ impl ConfigLayer {
             guard_hard_fraction
         );
         set_opt!(
+            init,
             data,
             valid,
             tokenizer,

@@ -1,7 +1,6 @@
-//! memfit-train: the Rust trainer on burn.
+//! memfit-train: the Rust trainer on burn. The models and their kernels are memfit-nn's; this crate
+//! is the run around them.
 //!
-//! - `model`      — T5 (v1.0 ReLU and v1.1 gated-GELU): config.json, transformers' tensor names,
-//!   forward pass, masked cross-entropy, safetensors weights. (BERT, decoder LM + LoRA: later.)
 //! - `optim`      — AdamW, Adafactor; global-norm gradient clipping; state in `optimizer.safetensors`.
 //! - `t5_engine`  — `T5Engine`: the `engine::Engine` the loop drives (accumulate, step, eval, generate,
 //!   save/load) on burn's flex backend (cuda / tch behind cargo features).
@@ -23,7 +22,6 @@
 
 pub mod bench;
 pub mod engine;
-pub mod model;
 pub mod optim;
 pub mod t5_engine;
 

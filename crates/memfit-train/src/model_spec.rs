@@ -6,8 +6,8 @@ use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelSpecError {
-    #[error("model {0:?}: neither a preset (see `memfit plan --help`) nor a config.json file")]
-    Unknown(String),
+    #[error("unknown model {name:?}: not a preset ({presets}) and not a config.json path")]
+    Unknown { name: String, presets: String },
     #[error("model config {path}: {message}")]
     Read { path: String, message: String },
     #[error(
@@ -39,7 +39,10 @@ pub fn model_config(model: &str, demo_config: Option<&Path>) -> Result<Value, Mo
     if path.is_file() {
         return read(path);
     }
-    Err(ModelSpecError::Unknown(model.into()))
+    Err(ModelSpecError::Unknown {
+        name: model.into(),
+        presets: memfit_plan::arch::presets::PRESET_NAMES.join(", "),
+    })
 }
 
 fn read(path: &Path) -> Result<Value, ModelSpecError> {
@@ -97,7 +100,7 @@ mod tests {
         );
         assert!(matches!(
             model_config("no-such-model", None),
-            Err(ModelSpecError::Unknown(_))
+            Err(ModelSpecError::Unknown { .. })
         ));
     }
 

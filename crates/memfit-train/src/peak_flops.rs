@@ -7,7 +7,7 @@
 //! rate is measured: independent multiply-adds in registers for a few tens of milliseconds, the
 //! best of three rounds. f32 uses the widest FMA the CPU has; bf16 uses AVX512-BF16's dot product
 //! (two products and two adds per f32 lane), the instruction memfit's bf16 products run on
-//! ([`crate::model::gemm_bf16`]), or the f32 rate where the CPU lacks it.
+//! ([`memfit_nn::kernels::gemm_bf16`]), or the f32 rate where the CPU lacks it.
 
 use std::time::Instant;
 
@@ -18,7 +18,7 @@ const ROUND_SECONDS: f64 = 0.03;
 pub fn peak_flops_per_core(bf16: bool) -> (f64, &'static str) {
     #[cfg(target_arch = "x86_64")]
     {
-        if bf16 && crate::model::gemm_bf16::hardware_bf16() {
+        if bf16 && memfit_nn::kernels::gemm_bf16::hardware_bf16() {
             return (
                 best_rate(x86::bf16_dot),
                 "measured: AVX512-BF16 dot products",

@@ -20,8 +20,23 @@ pub enum RunDirError {
         "{path} already holds a run (config.toml); continue it with --resume {path} or choose another --out"
     )]
     AlreadyARun { path: String },
-    #[error("{path} is not a run directory (no config.toml)")]
-    NotARun { path: String },
+    #[error("{path} is not a run directory: {reason}")]
+    NotARun { path: String, reason: String },
+}
+
+impl RunDirError {
+    /// `root` is no run: why, from the error reading its `config.toml`.
+    pub fn not_a_run(root: &Path, err: &std::io::Error) -> Self {
+        let reason = match err.kind() {
+            std::io::ErrorKind::NotFound if !root.exists() => "it does not exist".to_string(),
+            std::io::ErrorKind::NotFound => "it has no config.toml".to_string(),
+            _ => format!("reading its config.toml: {err}"),
+        };
+        RunDirError::NotARun {
+            path: root.display().to_string(),
+            reason,
+        }
+    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RunDirError + '_ {
@@ -89,10 +104,8 @@ impl RunDir {
 
     /// Opens an existing run to continue it.
     pub fn open(root: &Path) -> Result<Self, RunDirError> {
-        if !root.join(Self::CONFIG).is_file() {
-            return Err(RunDirError::NotARun {
-                path: root.display().to_string(),
-            });
+        if let Err(e) = fs::metadata(root.join(Self::CONFIG)) {
+            return Err(RunDirError::not_a_run(root, &e));
         }
         fs::create_dir_all(root.join(Self::CHECKPOINTS)).map_err(io_err(root))?;
         Self::open_logs(root)

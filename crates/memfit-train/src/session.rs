@@ -123,9 +123,8 @@ pub fn resume(
     spec: CheckpointSpec,
 ) -> Result<Session, SessionError> {
     let config_path = dir.join(RunDir::CONFIG);
-    let text = std::fs::read_to_string(&config_path).map_err(|_| RunDirError::NotARun {
-        path: dir.display().to_string(),
-    })?;
+    let text =
+        std::fs::read_to_string(&config_path).map_err(|e| RunDirError::not_a_run(dir, &e))?;
     let old = TrainConfig::from_toml(&text, &config_path)?;
     let mut config = old.clone();
     overrides.apply(&mut config);

@@ -11,15 +11,17 @@ use burn::prelude::*;
 use burn::tensor::{DType, FloatDType, Gradients, TensorData};
 
 use crate::engine::{Engine, GenerateConfig, ParamCounts, Seq2SeqBatch, StepStats};
-use crate::model::block_ckpt::{self, MicroBatch, Trainable};
-use crate::model::chunked_head::{CHUNK_LOGITS, HeadInputs, loss_through_head};
-use crate::model::dropout::Dropout;
-use crate::model::embedding_leaf::EmbeddingLeaf;
-use crate::model::grad_sink::GradSink;
-use crate::model::loss::{masked_cross_entropy, shift_right};
-use crate::model::t5::{T5Forward, padding_mask};
-use crate::model::{Group, Kind, ModelError, T5Config, T5Model};
 use crate::optim::{Optimizer, OptimizerConfig, ParamShape, clip_global_norm, global_norm};
+use memfit_nn::ModelError;
+use memfit_nn::kernels::dropout::Dropout;
+use memfit_nn::layers::grad_sink::GradSink;
+use memfit_nn::layers::loss::{masked_cross_entropy, shift_right};
+use memfit_nn::t5::block_ckpt::{self, MicroBatch, Trainable};
+use memfit_nn::t5::chunked_head::{CHUNK_LOGITS, HeadInputs, loss_through_head};
+use memfit_nn::t5::embedding_leaf::EmbeddingLeaf;
+use memfit_nn::t5::forward::{T5Forward, padding_mask};
+use memfit_nn::t5::{Group, Kind, T5Config, T5Model};
+use memfit_nn::weights::HfWeights;
 
 /// Floating-point precision of the forward and backward passes. Master weights, gradients as
 /// accumulated and optimizer state stay f32 on the host in both.
@@ -79,7 +81,7 @@ pub struct EngineOptions {
     pub optimizer: OptimizerConfig,
     pub precision: Precision,
     /// Per-block gradient checkpointing: keep only each block's input between the forward and the
-    /// backward pass and recompute the block in backward ([`crate::model::block_ckpt`]).
+    /// backward pass and recompute the block in backward ([`memfit_nn::t5::block_ckpt`]).
     pub grad_ckpt: bool,
     pub backend: Backend,
 }
@@ -153,7 +155,7 @@ impl T5Engine {
     /// Weights and config from a checkpoint directory (`config.json` + `model.safetensors`); the
     /// optimizer starts fresh (use [`Engine::load`] with `with_optimizer` to resume).
     pub fn from_checkpoint(dir: &Path, options: EngineOptions) -> Result<Self, ModelError> {
-        Self::with_model(T5Model::load(dir)?, options)
+        Self::with_model(T5Model::load(dir)?.0, options)
     }
 
     pub fn with_model(model: T5Model, options: EngineOptions) -> Result<Self, ModelError> {
@@ -721,20 +723,14 @@ impl Engine for T5Engine {
     fn load(&mut self, dir: &Path, with_optimizer: bool) -> Result<(), ModelError> {
         let config = T5Config::from_file(&dir.join("config.json"))?;
         // Same tensors (names and shapes); init scales and other hyper-parameters may differ.
-        let tensors = |l: &crate::model::T5Layout| {
-            l.specs
-                .iter()
-                .map(|s| (s.name.clone(), s.kind))
-                .collect::<Vec<_>>()
-        };
-        if tensors(&crate::model::T5Layout::new(&config)) != tensors(&self.model.layout) {
+        if !memfit_nn::t5::T5Layout::new(&config).same_tensors(&self.model.layout) {
             return Err(ModelError::Input(format!(
                 "{}: the checkpoint's config.json describes another model than this engine's",
                 dir.display()
             )));
         }
         let mut model = self.model.clone();
-        model.load_weights(&dir.join("model.safetensors"))?;
+        model.load_weights(&mut HfWeights::open_dir(dir)?)?;
         let mut optimizer = self.optimizer.clone();
         if with_optimizer {
             optimizer.load(&dir.join("optimizer.safetensors"))?;

@@ -89,7 +89,7 @@ impl Observer for WriteBudgetAt {
 }
 
 fn run(root: &Path, config: &TrainConfig, guarded: bool) -> (Vec<serde_json::Value>, Option<u64>) {
-    let mut engine = engine_setup::build(config, &model_json()).unwrap();
+    let (mut engine, _) = engine_setup::build(config, &model_json(), true).unwrap();
     let guard = guarded.then(|| {
         MemoryGuard::start(GuardSettings::for_run(config, root), ProcessMemory::new()).unwrap()
     });

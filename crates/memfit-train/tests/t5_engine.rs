@@ -1,9 +1,9 @@
 //! The T5 engine on tiny generated models: shapes, checkpoints in transformers' layout, freezing,
 //! accumulation, determinism and exact resume.
 
+use memfit_nn::kernels::dropout::SplitMix64;
+use memfit_nn::t5::{Group, T5Config, T5Layout, T5Model};
 use memfit_train::engine::{Engine, GenerateConfig, Seq2SeqBatch};
-use memfit_train::model::dropout::SplitMix64;
-use memfit_train::model::{Group, T5Config, T5Layout, T5Model};
 use memfit_train::optim::{AdafactorConfig, AdamWConfig, OptimizerConfig};
 use memfit_train::t5_engine::{EngineOptions, Precision, T5Engine};
 use serde_json::json;
@@ -196,7 +196,8 @@ fn safetensors_round_trip_is_bit_identical() {
     ] {
         let model = T5Model::init(tiny(extra), 11);
         model.save(dir.path()).unwrap();
-        let back = T5Model::load(dir.path()).unwrap();
+        let (back, report) = T5Model::load(dir.path()).unwrap();
+        assert!(report.unused.is_empty(), "{report:?}");
         assert_eq!(back.config.to_json(), model.config.to_json());
         assert_eq!(back.weights.len(), model.weights.len());
         for (a, b) in back.weights.iter().zip(&model.weights) {
@@ -228,7 +229,7 @@ fn loading_a_checkpoint_of_another_model_is_refused() {
         serde_json::to_string(&tiny(json!({})).to_json()).unwrap(),
     )
     .unwrap();
-    let err = T5Model::load(dir.path()).unwrap_err().to_string();
+    let err = T5Model::load(dir.path()).err().unwrap().to_string();
     assert!(
         err.contains("DenseReluDense.wi.weight") && err.contains("shape"),
         "{err}"
@@ -482,9 +483,9 @@ fn autodiff_gradients(
 ) -> Vec<Vec<f32>> {
     use burn::prelude::*;
     use burn::tensor::{DType, TensorData};
-    use memfit_train::model::dropout::Dropout;
-    use memfit_train::model::loss::{masked_cross_entropy, shift_right};
-    use memfit_train::model::t5::{T5Forward, padding_mask};
+    use memfit_nn::kernels::dropout::Dropout;
+    use memfit_nn::layers::loss::{masked_cross_entropy, shift_right};
+    use memfit_nn::t5::forward::{T5Forward, padding_mask};
 
     let device = Device::flex();
     let leaves: Vec<Tensor<2>> = model
@@ -572,8 +573,8 @@ fn engine_gradients_equal_autodiff_through_the_whole_model() {
 fn cached_decoding_equals_the_full_decoder_at_every_position() {
     use burn::prelude::*;
     use burn::tensor::{DType, TensorData};
-    use memfit_train::model::dropout::Dropout;
-    use memfit_train::model::t5::{T5Forward, padding_mask};
+    use memfit_nn::kernels::dropout::Dropout;
+    use memfit_nn::t5::forward::{T5Forward, padding_mask};
 
     for cfg in [
         tiny(json!({})),

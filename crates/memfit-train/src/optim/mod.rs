@@ -18,8 +18,8 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
-use crate::model::ModelError;
-use crate::model::tensor_file::{NamedTensor, read_f32, write_f32};
+use memfit_nn::ModelError;
+use memfit_nn::weights::{NamedTensor, read_f32, write_f32};
 
 /// Which optimizer, with its hyper-parameters.
 #[derive(Debug, Clone, PartialEq)]

@@ -4,8 +4,8 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
+use memfit_nn::ModelError;
 use memfit_train::bench::{self, BenchSetup};
-use memfit_train::model::ModelError;
 use memfit_train::t5_engine::Precision;
 
 use crate::exit::{Outcome, bad_input};
@@ -63,7 +63,7 @@ pub fn run(args: Args) -> Outcome {
         .freeze
         .iter()
         .map(|g| {
-            memfit_train::model::Group::parse(g).ok_or_else(|| {
+            memfit_nn::t5::Group::parse(g).ok_or_else(|| {
                 bad_input(format!(
                     "--freeze {g:?}: expected embeddings, encoder or decoder"
                 ))

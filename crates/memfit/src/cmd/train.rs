@@ -41,9 +41,14 @@ pub struct Args {
     /// The seed's named training configurations: pretrain, sft, sft-small, sft-fast.
     #[arg(long)]
     profile: Option<String>,
-    /// Model: a preset name or a config.json (default: the demo's tiny T5).
+    /// Model: a preset name or a config.json (default: the demo's tiny T5, or the --init directory's).
     #[arg(long)]
     model: Option<String>,
+    /// Start from the weights of a Hugging Face model directory (config.json + model.safetensors or
+    /// its shards; f32, f16 or bf16) or of a memfit checkpoint (RUN/best). Names the model unless
+    /// --model is given too (then both must describe the same tensors).
+    #[arg(long, value_name = "DIR", conflicts_with = "resume")]
+    init: Option<PathBuf>,
     /// Training data: parquet/JSONL (prepared into the run) or a token store directory.
     #[arg(long)]
     data: Option<String>,
@@ -135,8 +140,13 @@ impl Args {
     /// The settings given on the command line.
     fn layer(&self) -> anyhow::Result<ConfigLayer> {
         let parse_err = |e: String| bad_input(e);
+        let init = self
+            .init
+            .as_deref()
+            .map(|d| absolute(&d.display().to_string()));
         Ok(ConfigLayer {
-            model: self.model.clone(),
+            model: self.model.clone().or_else(|| init.clone()),
+            init,
             data: self.data.as_deref().map(absolute),
             valid: self.valid.as_deref().map(absolute),
             tokenizer: self.tokenizer.as_deref().map(absolute),
@@ -279,10 +289,8 @@ pub fn run(args: Args) -> Outcome {
     let (root, mut config, demo_config) = match &args.resume {
         Some(dir) => {
             let text = std::fs::read_to_string(dir.join("config.toml")).map_err(|e| {
-                bad_input(format!(
-                    "--resume {}: not a run directory ({e})",
-                    dir.display()
-                ))
+                let why = memfit_train::run_dir::RunDirError::not_a_run(dir, &e);
+                bad_input(format!("--resume: {why}"))
             })?;
             let mut config = TrainConfig::from_toml(&text, &dir.join("config.toml"))
                 .map_err(|e| bad_input(e.to_string()))?;
@@ -329,6 +337,8 @@ pub fn run(args: Args) -> Outcome {
     // Compute threads first: the data preparation below already starts the shared thread pool.
     engine_setup::set_threads(&config).map_err(|e| bad_input(e.to_string()))?;
     let (mut config_for_data, mut demo_config) = (config.clone(), demo_config);
+    // Removes the run directory this start made if the start fails before the run exists.
+    let mut made_root: Option<FailedStart> = None;
     if args.resume.is_none() {
         if root.join("config.toml").exists() {
             return Err(bad_input(format!(
@@ -336,6 +346,9 @@ pub fn run(args: Args) -> Outcome {
                 root.display(),
                 root.display()
             )));
+        }
+        if !root.exists() {
+            made_root = Some(FailedStart(root.clone()));
         }
         std::fs::create_dir_all(&root).map_err(|e| {
             bad_input(format!(
@@ -384,8 +397,11 @@ pub fn run(args: Args) -> Outcome {
         .map_err(|e| bad_input(e.to_string()))?;
 
     // 3. The engine (before the session, so a bad model leaves no run behind).
-    let mut engine =
-        engine_setup::build(&config, &model_json).map_err(|e| bad_input(e.to_string()))?;
+    let (mut engine, loaded) = engine_setup::build(&config, &model_json, args.resume.is_none())
+        .map_err(|e| bad_input(e.to_string()))?;
+    if let (Some(report), Some(init)) = (&loaded, &config.init) {
+        eprintln!("{}", init_line(init, report));
+    }
     let params = engine.param_counts();
     // Checkpoint size before the first one exists: f32 weights + up to two f32 optimizer moments.
     let expected_bytes = params.total * 4 + params.trainable * 8;
@@ -414,6 +430,9 @@ pub fn run(args: Args) -> Outcome {
                 }
             })?,
     };
+    if let Some(made) = made_root.take() {
+        made.disarm();
+    }
     if !s.changes.is_empty() {
         eprintln!(
             "config changed (--allow-config-change): {}",
@@ -521,6 +540,36 @@ pub fn run(args: Args) -> Outcome {
         // EX_TEMPFAIL: stopped with a resumable checkpoint (DESIGN.md §3).
         Finish::Stopped => ExitCode::from(75),
     })
+}
+
+/// A run directory made by a start that has not got as far as a run: removed when dropped, so a
+/// failed start (bad data, tokenizer, model or --init) leaves nothing behind.
+struct FailedStart(PathBuf);
+
+impl FailedStart {
+    fn disarm(mut self) {
+        self.0 = PathBuf::new();
+    }
+}
+
+impl Drop for FailedStart {
+    fn drop(&mut self) {
+        if !self.0.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// What `--init` loaded, as transformers reports missing and unexpected keys.
+fn init_line(init: &str, report: &memfit_nn::weights::LoadReport) -> String {
+    let mut line = format!("init: weights from {init}");
+    if !report.initialised.is_empty() {
+        line += &format!("; newly initialised: {}", report.initialised.join(", "));
+    }
+    if !report.unused.is_empty() {
+        line += &format!("; unused: {}", report.unused.join(", "));
+    }
+    line
 }
 
 fn thousands(n: u64) -> String {

@@ -11,12 +11,12 @@ use burn::tensor::Gradients;
 
 use burn::tensor::{DType, FloatDType, TensorData};
 
-use crate::model::block_ckpt::pull;
-use crate::model::gemm_bf16::Products;
-use crate::model::grad_sink::GradSink;
-use crate::model::linear_op::product;
-use crate::model::t5::T5Forward;
-use crate::model::xent::nll_and_grad_in_place;
+use crate::kernels::gemm_bf16::Products;
+use crate::kernels::linear_op::product;
+use crate::kernels::xent::nll_and_grad_in_place;
+use crate::layers::grad_sink::GradSink;
+use crate::t5::block_ckpt::pull;
+use crate::t5::forward::T5Forward;
 
 /// Logit elements per chunk: 8 Mi f32 = 32 MiB (a 32k vocabulary gives 256 rows); small enough
 /// to be negligible beside activations, large enough that the head's GEMM stays efficient. The
@@ -158,8 +158,8 @@ pub fn loss_through_head<E>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::T5Model;
-    use crate::model::loss::masked_cross_entropy;
+    use crate::layers::loss::masked_cross_entropy;
+    use crate::t5::T5Model;
     use burn::tensor::{DType, TensorData};
     use serde_json::json;
 
@@ -207,7 +207,7 @@ mod tests {
     /// A one-layer model (tied or not), its parameters as tracked leaves, a tracked decoder output
     /// `[3, 5, 8]`, labels, and a mask with a fully padded row and a partly padded one.
     fn setup(tie: bool) -> Setup {
-        let cfg = crate::model::T5Config::from_json(&json!({
+        let cfg = crate::t5::T5Config::from_json(&json!({
             "vocab_size": 40, "d_model": 8, "d_kv": 4, "d_ff": 16, "num_layers": 1,
             "num_heads": 2, "tie_word_embeddings": tie
         }))

@@ -5,7 +5,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::path::Path;
 
-use crate::model::ModelError;
+use crate::ModelError;
 
 /// The feed-forward block: activation and whether it is gated (`wi_0`/`wi_1`) or plain (`wi`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,7 +179,7 @@ impl T5Config {
     pub fn from_json(value: &Value) -> Result<Self, ModelError> {
         let raw = value
             .as_object()
-            .ok_or_else(|| ModelError::Config("config.json: expected a JSON object".into()))?
+            .ok_or_else(|| ModelError::Config("expected a JSON object".into()))?
             .clone();
         if let Some(t) = raw.get("model_type").and_then(Value::as_str)
             && t != "t5"
@@ -189,8 +189,8 @@ impl T5Config {
                 "model_type {t:?}: the T5 engine handles \"t5\" and \"mt5\""
             )));
         }
-        let r: RawT5Config = serde_json::from_value(value.clone())
-            .map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
+        let r: RawT5Config =
+            serde_json::from_value(value.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
         let eos = match r.eos_token_id {
             EosId::One(id) => id,
             EosId::Many(ids) => *ids

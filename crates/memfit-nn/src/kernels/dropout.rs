@@ -5,7 +5,7 @@
 use burn::prelude::*;
 use burn::tensor::TensorData;
 
-use crate::model::dropout_op;
+use crate::kernels::dropout_op;
 
 /// SplitMix64 (Steele, Lea, Flood 2014): a tiny, well-mixed generator; the trainer's one, for
 /// dropout masks, initial weights, derived seeds and the demo task.

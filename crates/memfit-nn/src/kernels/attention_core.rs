@@ -21,11 +21,11 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use burn_flex::FlexTensor;
 
-use crate::model::dropout::drop_and_scale;
-use crate::model::flex_op::record;
-use crate::model::flex_values::{cast, in_f32, into_values, is_flex_float, values};
-use crate::model::gemm_bf16::Products;
-use crate::model::xent::exp_shifted_in_place;
+use crate::kernels::dropout::drop_and_scale;
+use crate::kernels::flex_op::record;
+use crate::kernels::flex_values::{cast, in_f32, into_values, is_flex_float, values};
+use crate::kernels::gemm_bf16::Products;
+use crate::kernels::xent::exp_shifted_in_place;
 
 #[backend_extension(Flex, Autodiff)]
 pub trait AttentionCore: Backend {
@@ -255,8 +255,8 @@ fn sum_to_shape(mut t: FlexTensor, shape: &[usize]) -> FlexTensor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::dropout::Dropout;
-    use crate::model::test_tensors::{assert_close, tracked as tensor, values};
+    use crate::kernels::dropout::Dropout;
+    use crate::kernels::test_tensors::{assert_close, tracked as tensor, values};
     use burn::tensor::activation::softmax;
     use burn::tensor::{DType, TensorData};
 

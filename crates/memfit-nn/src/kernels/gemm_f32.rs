@@ -162,7 +162,7 @@ unsafe fn product(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::test_tensors::{assert_close, pattern};
+    use crate::kernels::test_tensors::{assert_close, pattern};
     use burn::backend::Flex;
     use burn::backend::ops::FloatTensorOps;
 

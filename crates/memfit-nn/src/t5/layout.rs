@@ -1,7 +1,7 @@
 //! Every T5 parameter: its transformers name, its shape, its module group (for freezing) and its
 //! initial scale. The forward pass refers to parameters by the indices this layout hands out.
 
-use crate::model::config::T5Config;
+use crate::t5::config::T5Config;
 
 /// The module groups `--freeze` names (the seed's SFT mode freezes `embeddings,encoder`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -124,6 +124,19 @@ pub struct T5Layout {
     pub decoder_norm: usize,
     /// `None` when the LM head is tied to `shared.weight`.
     pub lm_head: Option<usize>,
+}
+
+impl T5Layout {
+    /// Whether two layouts hold the same tensors (names and shapes, in order): weights of one fit the
+    /// other, whatever their init scales or other hyper-parameters.
+    pub fn same_tensors(&self, other: &T5Layout) -> bool {
+        self.specs.len() == other.specs.len()
+            && self
+                .specs
+                .iter()
+                .zip(&other.specs)
+                .all(|(a, b)| a.name == b.name && a.kind == b.kind)
+    }
 }
 
 struct Builder<'a> {

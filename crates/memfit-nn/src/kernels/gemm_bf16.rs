@@ -3,7 +3,7 @@
 //! of an f32 FMA per instruction).
 //!
 //! Operands may be f32 or bf16 flex tensors (any strides, batched like
-//! [`gemm_f32::matmul`](crate::model::gemm_f32::matmul)); they are rounded to bf16 (to nearest
+//! [`gemm_f32::matmul`](crate::kernels::gemm_f32::matmul)); they are rounded to bf16 (to nearest
 //! even) as they are packed, and the result is a new contiguous f32 tensor. Where the CPU lacks
 //! AVX512-BF16, the same rounded operands are multiplied by the f32 `gemm` crate: the products are
 //! the same (a product of two bf16 values is exact in f32), the summation order differs.
@@ -23,8 +23,8 @@ use burn::tensor::{DType, TensorData, bf16};
 use burn_flex::FlexTensor;
 use rayon::prelude::*;
 
-use crate::model::flex_values::{bf16_bits, cast, in_f32};
-use crate::model::gemm_f32;
+use crate::kernels::flex_values::{bf16_bits, cast, in_f32};
+use crate::kernels::gemm_f32;
 
 /// Rows of a micro-tile.
 const MR: usize = 6;
@@ -676,7 +676,7 @@ mod kernel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::test_tensors::pattern;
+    use crate::kernels::test_tensors::pattern;
     use burn::backend::Flex;
     use burn::backend::ops::FloatTensorOps;
 

@@ -6,29 +6,14 @@
 //! optimizer exact and backend-independent, makes frozen modules simply "not tracked", and ties the
 //! LM head to the embedding by using the same tensor twice.
 
-pub mod attention_core;
 pub mod block_ckpt;
 pub mod bucket;
 pub mod chunked_head;
 pub mod config;
-pub mod dropout;
-pub mod dropout_op;
 pub mod embedding_leaf;
-pub mod flex_op;
-pub mod flex_values;
 pub mod flops;
-pub mod fused_rms_norm;
-pub mod gemm_bf16;
-pub mod gemm_f32;
-pub mod grad_sink;
+pub mod forward;
 pub mod layout;
-pub mod linear_op;
-pub mod loss;
-pub mod t5;
-pub mod tensor_file;
-#[cfg(test)]
-mod test_tensors;
-pub mod xent;
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -39,21 +24,10 @@ use burn::tensor::{DType, TensorData};
 pub use config::T5Config;
 pub use layout::{Group, Kind, T5Layout};
 
-use dropout::SplitMix64;
+use crate::ModelError;
+use crate::kernels::dropout::SplitMix64;
+use crate::weights::{HfWeights, LoadReport, NamedTensor, transpose, write_atomic, write_f32};
 use layout::Init;
-use tensor_file::{NamedTensor, read_f32, write_f32};
-
-#[derive(Debug, thiserror::Error)]
-pub enum ModelError {
-    #[error("invalid T5 config: {0}")]
-    Config(String),
-    #[error("{0}")]
-    Io(String),
-    #[error("bad checkpoint: {0}")]
-    Format(String),
-    #[error("bad input: {0}")]
-    Input(String),
-}
 
 /// A T5 model's configuration and its f32 master weights.
 #[derive(Debug, Clone)]
@@ -134,9 +108,10 @@ impl T5Model {
 
     /// Writes `config.json` and `model.safetensors` into `dir`.
     pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
+        let path = dir.join("config.json");
         let config = serde_json::to_string_pretty(&self.config.to_json())
-            .map_err(|e| ModelError::Io(format!("config.json: {e}")))?;
-        write_atomic(&dir.join("config.json"), config.as_bytes())?;
+            .map_err(|e| ModelError::Io(format!("{}: {e}", path.display())))?;
+        write_atomic(&path, config.as_bytes())?;
         let metadata = [("format".to_string(), "pt".to_string())]
             .into_iter()
             .collect();
@@ -147,43 +122,29 @@ impl T5Model {
         )
     }
 
-    /// Reads `config.json` and `model.safetensors` from `dir` (a memfit or transformers checkpoint).
-    pub fn load(dir: &Path) -> Result<Self, ModelError> {
+    /// Reads `config.json` and the weights from `dir`: a memfit checkpoint, or a transformers
+    /// directory (one `model.safetensors` or shards, f32/f16/bf16). Returns what was left unused.
+    pub fn load(dir: &Path) -> Result<(Self, LoadReport), ModelError> {
         let config = T5Config::from_file(&dir.join("config.json"))?;
         let mut model = Self {
             layout: T5Layout::new(&config),
             config,
             weights: Vec::new(),
         };
-        model.load_weights(&dir.join("model.safetensors"))?;
-        Ok(model)
+        let report = model.load_weights(&mut HfWeights::open_dir(dir)?)?;
+        Ok((model, report))
     }
 
-    /// Replaces the weights with those of a safetensors file with transformers' names. Extra names
-    /// transformers may write for tied weights (`encoder.embed_tokens.weight`, …) are ignored.
-    pub fn load_weights(&mut self, path: &Path) -> Result<(), ModelError> {
-        let (mut tensors, _) = read_f32(path)?;
+    /// Replaces every weight with the tensor of the same transformers name. The copies transformers
+    /// may write of the tied embedding (`encoder.embed_tokens.weight`, …) are reported as unused; any
+    /// other tensor the layout does not know is an error naming it.
+    pub fn load_weights(&mut self, source: &mut HfWeights) -> Result<LoadReport, ModelError> {
         let mut weights = Vec::with_capacity(self.layout.specs.len());
         for spec in &self.layout.specs {
-            let t = tensors.remove(&spec.name).ok_or_else(|| {
-                ModelError::Format(format!(
-                    "{}: tensor {} is missing",
-                    path.display(),
-                    spec.name
-                ))
-            })?;
-            let want = spec.kind.hf_shape();
-            if t.shape != want {
-                return Err(ModelError::Format(format!(
-                    "{}: tensor {} has shape {:?}, the config needs {want:?}",
-                    path.display(),
-                    spec.name,
-                    t.shape
-                )));
-            }
+            let values = source.take_shaped(&spec.name, &spec.kind.hf_shape())?;
             weights.push(match spec.kind {
-                Kind::Linear { d_in, d_out } => transpose(&t.values, d_out, d_in),
-                _ => t.values,
+                Kind::Linear { d_in, d_out } => transpose(&values, d_out, d_in),
+                _ => values,
             });
         }
         const TIED_ALIASES: [&str; 3] = [
@@ -191,32 +152,17 @@ impl T5Model {
             "decoder.embed_tokens.weight",
             "lm_head.weight",
         ];
-        if let Some(extra) = tensors.keys().find(|k| !TIED_ALIASES.contains(&k.as_str())) {
+        let unused = source.untaken();
+        if let Some(extra) = unused.iter().find(|k| !TIED_ALIASES.contains(&k.as_str())) {
             return Err(ModelError::Format(format!(
                 "{}: tensor {extra} does not belong to this T5 config",
-                path.display()
+                source.source().display()
             )));
         }
         self.weights = weights;
-        Ok(())
+        Ok(LoadReport {
+            initialised: Vec::new(),
+            unused,
+        })
     }
-}
-
-/// `[rows, cols]` → `[cols, rows]`.
-pub fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0; values.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = values[r * cols + c];
-        }
-    }
-    out
-}
-
-/// Writes `bytes` to a sibling temporary file and renames it over `path`.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
-    let tmp = path.with_extension("tmp-write");
-    std::fs::write(&tmp, bytes)
-        .and_then(|_| std::fs::rename(&tmp, path))
-        .map_err(|e| ModelError::Io(format!("{}: {e}", path.display())))
 }

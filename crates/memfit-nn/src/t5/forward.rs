@@ -11,13 +11,13 @@ use burn::prelude::*;
 use burn::tensor::activation::{gelu, gelu_approximate, relu, silu, softmax};
 use burn::tensor::{DType, TensorData};
 
-use crate::model::T5Model;
-use crate::model::bucket::bucket_grid;
-use crate::model::config::{Activation, T5Config};
-use crate::model::dropout::Dropout;
-use crate::model::gemm_bf16::Products;
-use crate::model::layout::{AttnParams, FfnParams, T5Layout};
-use crate::model::{attention_core, fused_rms_norm, linear_op};
+use crate::kernels::dropout::Dropout;
+use crate::kernels::gemm_bf16::Products;
+use crate::kernels::{attention_core, fused_rms_norm, linear_op};
+use crate::t5::T5Model;
+use crate::t5::bucket::bucket_grid;
+use crate::t5::config::{Activation, T5Config};
+use crate::t5::layout::{AttnParams, FfnParams, T5Layout};
 
 /// Added to the scores of masked positions. transformers adds `torch.finfo(dtype).min`; any value
 /// whose `exp` underflows to 0 gives the same probabilities, and this one stays finite in bf16.
@@ -65,7 +65,7 @@ impl<'a> T5Forward<'a> {
     }
 
     /// The embeddings of `ids` `[b, t]` in the activation dtype, looked up without autodiff: a
-    /// training step makes them a leaf ([`crate::model::embedding_leaf`]).
+    /// training step makes them a leaf ([`crate::t5::embedding_leaf`]).
     pub fn embed_untracked(&self, ids: Tensor<2, Int>) -> Tensor<3> {
         self.look_up(self.p(self.layout.shared).inner(), ids)
     }

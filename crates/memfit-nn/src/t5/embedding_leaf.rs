@@ -7,8 +7,8 @@
 use burn::prelude::*;
 use burn::tensor::Gradients;
 
-use crate::model::grad_sink::GradSink;
-use crate::model::t5::T5Forward;
+use crate::layers::grad_sink::GradSink;
+use crate::t5::forward::T5Forward;
 
 /// The embeddings of one id tensor as an autodiff leaf, and the ids it holds rows of.
 pub struct EmbeddingLeaf {

@@ -14,8 +14,8 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use burn_flex::FlexTensor;
 
-use crate::model::flex_op::record;
-use crate::model::flex_values::{is_flex_float, tensor_like, values};
+use crate::kernels::flex_op::record;
+use crate::kernels::flex_values::{is_flex_float, tensor_like, values};
 
 #[backend_extension(Flex, Autodiff)]
 pub trait RmsNormOp: Backend {
@@ -138,7 +138,7 @@ fn backward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::test_tensors::{Produced, assert_bf16_is_rounded_f32, tracked_in};
+    use crate::kernels::test_tensors::{Produced, assert_bf16_is_rounded_f32, tracked_in};
     use burn::tensor::{DType, TensorData};
 
     fn tracked(values: Vec<f32>, shape: [usize; 3]) -> Tensor<3> {

@@ -6,7 +6,7 @@
 //! weight gradients) where gradients flow; a frozen encoder under a frozen embedding gets no backward.
 //! Element-wise work (norms, softmax, dropout, the loss) is left out, as is customary.
 
-use crate::model::T5Config;
+use crate::t5::T5Config;
 
 /// Forward matmul FLOPs of one row: (encoder, decoder incl. LM head).
 fn forward_per_row(cfg: &T5Config, src: usize, tgt: usize) -> (f64, f64) {

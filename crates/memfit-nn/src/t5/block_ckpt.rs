@@ -12,7 +12,7 @@
 //! Segments, in forward order: encoder embedding (an [`EmbeddingLeaf`]), encoder bias (position
 //! bias + padding mask, shared by every encoder block), encoder blocks, encoder final norm; decoder
 //! embedding, decoder bias, decoder blocks (each also attending to the encoder output), then the
-//! head (final norm, then LM head and loss in row chunks, [`crate::model::chunked_head`]). Tensors
+//! head (final norm, then LM head and loss in row chunks, [`crate::t5::chunked_head`]). Tensors
 //! used by several blocks (the biases, the encoder output) collect their cotangents over those
 //! blocks before their own segment is back-propagated.
 //!
@@ -23,11 +23,11 @@
 use burn::prelude::*;
 use burn::tensor::Gradients;
 
-use crate::model::chunked_head::{CHUNK_LOGITS, HeadInputs, loss_through_head};
-use crate::model::dropout::Dropout;
-use crate::model::embedding_leaf::EmbeddingLeaf;
-use crate::model::grad_sink::GradSink;
-use crate::model::t5::T5Forward;
+use crate::kernels::dropout::Dropout;
+use crate::layers::grad_sink::GradSink;
+use crate::t5::chunked_head::{CHUNK_LOGITS, HeadInputs, loss_through_head};
+use crate::t5::embedding_leaf::EmbeddingLeaf;
+use crate::t5::forward::T5Forward;
 
 /// One micro-batch's inputs, on the device without autodiff.
 pub struct MicroBatch<'a> {

@@ -15,9 +15,9 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use burn_flex::FlexTensor;
 
-use crate::model::dropout::{drop_and_scale, keep_scale};
-use crate::model::flex_op::record;
-use crate::model::flex_values::{is_flex_float, map_in_place, values};
+use crate::kernels::dropout::{drop_and_scale, keep_scale};
+use crate::kernels::flex_op::record;
+use crate::kernels::flex_values::{is_flex_float, map_in_place, values};
 
 #[backend_extension(Flex, Autodiff)]
 pub trait DropoutOp: Backend {
@@ -116,8 +116,8 @@ impl Backward<Flex, 1> for DropBackward {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::dropout::{SplitMix64, fill_dropped};
-    use crate::model::test_tensors::{Produced, assert_bf16_is_rounded_f32, tracked_in};
+    use crate::kernels::dropout::{SplitMix64, fill_dropped};
+    use crate::kernels::test_tensors::{Produced, assert_bf16_is_rounded_f32, tracked_in};
     use burn::tensor::{DType, TensorData};
 
     fn input() -> Tensor<2> {

@@ -1,5 +1,5 @@
 //! A linear layer's `x · w` as one operation with a hand-written backward whose products are
-//! [`gemm_f32::matmul`](crate::model::gemm_f32::matmul) calls (output allocated once, no zero fill
+//! [`gemm_f32::matmul`](crate::kernels::gemm_f32::matmul) calls (output allocated once, no zero fill
 //! and copy as in burn-flex's matmul): a burn backend extension for the flex CPU backend.
 //! The backward is the usual `dx = g · wᵀ`, `dw = xᵀ · g`; it keeps x and w, as burn's matmul does.
 //!
@@ -17,9 +17,9 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use burn_flex::FlexTensor;
 
-use crate::model::flex_op::record;
-use crate::model::flex_values::{cast, is_flex_float};
-pub use crate::model::gemm_bf16::Products;
+use crate::kernels::flex_op::record;
+use crate::kernels::flex_values::{cast, is_flex_float};
+pub use crate::kernels::gemm_bf16::Products;
 
 #[backend_extension(Flex, Autodiff)]
 pub trait LinearOp: Backend {
@@ -130,7 +130,7 @@ impl<C: CheckpointStrategy> LinearOp for Autodiff<Flex, C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::test_tensors::{assert_close, tracked as tensor, tracked_in, values};
+    use crate::kernels::test_tensors::{assert_close, tracked as tensor, tracked_in, values};
     use burn::tensor::{DType, TensorData};
 
     /// Output and gradients of (x, w) through `f`; x is given transposed (a strided view) when

@@ -1,0 +1,13 @@
+//! The error every model operation returns: a bad config, unreadable or mismatched weights, bad input.
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("invalid model config: {0}")]
+    Config(String),
+    #[error("{0}")]
+    Io(String),
+    #[error("bad checkpoint: {0}")]
+    Format(String),
+    #[error("bad input: {0}")]
+    Input(String),
+}

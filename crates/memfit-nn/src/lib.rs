@@ -1,0 +1,16 @@
+//! memfit-nn: the models, in burn tensor ops with CPU fast paths beside them. It knows tensors and
+//! models and nothing of runs (memfit-train drives them).
+//!
+//! - `kernels` — the flex CPU fast paths: hand-written forward/backward ops and the GEMMs they call.
+//! - `layers`  — what families share: gradient collection, the masked token loss.
+//! - `weights` — named tensors in safetensors files (Hugging Face names), atomic writes.
+//! - `t5`      — T5 (v1.0 ReLU and v1.1 gated-GELU): config.json, transformers' tensor names, the
+//!   forward pass, per-block checkpointing, the chunked LM head.
+
+pub mod kernels;
+pub mod layers;
+pub mod t5;
+pub mod weights;
+
+mod error;
+pub use error::ModelError;
