@@ -1,0 +1,78 @@
+//! Mixtures of experts: mixtral and qwen2_moe. Field names and defaults follow
+//! `configuration_mixtral.py` and `configuration_qwen2_moe.py` of transformers 5.23; the tensors
+//! are listed by `params::experts` from `modeling_mixtral.py` / `modeling_qwen2_moe.py`.
+
+use super::cfg::{Cfg, activation_of};
+use super::config::{ArchError, Kind, decoder_dims, llama_block, lm_head};
+use super::params::Dims;
+use super::{Family, Moe};
+
+/// Reads mixtral or qwen2_moe into `d` (attention and norms as llama's, the MLP as [`Moe`]).
+pub(crate) fn parse(model_type: &str, cfg: &Cfg, d: &mut Dims) -> Result<Kind, ArchError> {
+    decoder_dims(cfg, d)?;
+    llama_block(d);
+    let moe = match model_type {
+        "mixtral" => mixtral(cfg, d)?,
+        "qwen2_moe" => qwen2_moe(cfg, d)?,
+        other => {
+            unreachable!("config.rs dispatches only mixtral and qwen2_moe here, not {other:?}")
+        }
+    };
+    if moe.top_k > moe.experts {
+        return Err(cfg.err(
+            "num_experts_per_tok",
+            format!(
+                "({}) exceeds the number of experts ({})",
+                moe.top_k, moe.experts
+            ),
+        ));
+    }
+    d.moe = Some(moe);
+    Ok(Kind {
+        family: Family::Llama,
+        activation: activation_of(cfg, "hidden_act", "silu")?,
+        head: lm_head(cfg, false, false)?, // both default tie_word_embeddings False
+        hidden_dropout: 0.0,
+        attention_dropout: cfg.f64_or("attention_dropout", 0.0)?,
+    })
+}
+
+/// MixtralSparseMoeBlock in every block: `num_local_experts` (default 8; `num_experts` is its
+/// alias) experts of `intermediate_size`, `num_experts_per_tok` (default 2) per token; q/k/v/o
+/// without bias.
+fn mixtral(cfg: &Cfg, d: &mut Dims) -> Result<Moe, ArchError> {
+    let experts = match cfg.opt_u64("num_local_experts")? {
+        Some(e) => e,
+        None => cfg.u64_or("num_experts", 8)?,
+    };
+    Ok(Moe {
+        experts,
+        top_k: cfg.u64_or("num_experts_per_tok", 2)?,
+        expert_ffn: d.ffn,
+        shared_ffn: 0,
+        sparse_layers: d.decoder_layers,
+    })
+}
+
+/// Qwen2MoeSparseMoeBlock in block i when i is not in `mlp_only_layers` (default none) and
+/// (i + 1) is a multiple of `decoder_sparse_step` (default 1); other blocks have a dense MLP of
+/// `intermediate_size`. `num_experts` (default 60) experts of `moe_intermediate_size` (default
+/// 1408), `num_experts_per_tok` (default 4), a shared expert of
+/// `shared_expert_intermediate_size` (default 5632); q/k/v with `qkv_bias` (default True), o
+/// without.
+fn qwen2_moe(cfg: &Cfg, d: &mut Dims) -> Result<Moe, ArchError> {
+    d.qkv_bias = cfg.bool_or("qkv_bias", true)?;
+    let experts = cfg.u64_or("num_experts", 60)?;
+    let step = cfg.u64_or("decoder_sparse_step", 1)?;
+    let dense = cfg.u64_list("mlp_only_layers")?;
+    let sparse_layers = (0..d.decoder_layers)
+        .filter(|i| !dense.contains(i) && (i + 1).is_multiple_of(step))
+        .count() as u64;
+    Ok(Moe {
+        experts,
+        top_k: cfg.u64_or("num_experts_per_tok", 4)?,
+        expert_ffn: cfg.u64_or("moe_intermediate_size", 1408)?,
+        shared_ffn: cfg.u64_or("shared_expert_intermediate_size", 5632)?,
+        sparse_layers,
+    })
+}
