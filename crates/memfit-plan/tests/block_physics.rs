@@ -125,3 +125,14 @@ fn causal_loss_upcasts_the_logits() {
     assert_eq!(now, lv * (2 + 4 + 4));
     assert_eq!(old, lv * (2 + 2 + 2));
 }
+
+/// A token computes with top_k experts: more experts of the same size add parameters, not FLOPs.
+#[test]
+fn moe_flops_count_the_active_experts() {
+    use memfit_plan::search::throughput::flops_per_token;
+    let flops = |a: &Arch| flops_per_token(a, &Setup::new(a));
+    let (eight, sixteen) = (mixtral(8, 2), mixtral(16, 2));
+    assert!(sixteen.params_total() > eight.params_total());
+    assert_eq!(flops(&eight), flops(&sixteen));
+    assert!(flops(&mixtral(8, 4)) > flops(&eight));
+}

@@ -50,6 +50,9 @@ pub struct ParamTensor {
     /// Output features of a linear (the vector length for vectors).
     pub cols: u64,
     pub count: u64,
+    /// A routed expert's weight: each token passes through `top_k` of the mixture's experts, so
+    /// it computes with `top_k / experts` of these instances (see [`super::Moe`]).
+    pub routed: bool,
 }
 
 impl ParamTensor {
@@ -119,6 +122,7 @@ fn t(group: Group, role: Role, rows: u64, cols: u64, count: u64) -> ParamTensor 
         rows,
         cols,
         count,
+        routed: false,
     }
 }
 
@@ -304,7 +308,11 @@ fn experts(v: &mut Vec<ParamTensor>, d: &Dims, m: Moe) {
         mlp_bias: false,
         ..d.clone()
     };
+    let first_expert = v.len();
     mlp(v, &gated, m.expert_ffn, n * m.experts);
+    for p in &mut v[first_expert..] {
+        p.routed = true;
+    }
     if m.shared_ffn > 0 {
         mlp(v, &gated, m.shared_ffn, n);
         v.push(t(g, Role::Other, h, 1, n));
