@@ -144,6 +144,12 @@ MODELS = [
         "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 24,
         "vocab_size": 151936, "num_experts": 60, "num_experts_per_tok": 4,
         "decoder_sparse_step": 1, "tie_word_embeddings": False}),
+    ("qwen3-30b-a3b", "Qwen3MoeForCausalLM", {
+        "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+        "moe_intermediate_size": 768, "num_attention_heads": 32, "num_key_value_heads": 4,
+        "head_dim": 128, "num_hidden_layers": 48, "vocab_size": 151936, "num_experts": 128,
+        "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "norm_topk_prob": True, "tie_word_embeddings": False}),
     # Not a published model: qwen2_moe with dense layers among the sparse ones, so that
     # `mlp_only_layers` and `decoder_sparse_step` are both exercised.
     ("qwen2-moe-mixed-layers", "Qwen2MoeForCausalLM", {

@@ -97,6 +97,7 @@ fn table_covers_every_model_type() {
         "starcoder2",
         "mixtral",
         "qwen2_moe",
+        "qwen3_moe",
     ] {
         assert!(types.iter().any(|x| x == t), "no row of model_type {t}");
     }

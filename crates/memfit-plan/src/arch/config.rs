@@ -30,7 +30,7 @@ pub enum ArchError {
 }
 
 const SUPPORTED: &str = "t5, mt5, bert, roberta, gpt2, llama, mistral, qwen2, qwen3, gemma, gemma2, \
-     phi, phi3, stablelm, falcon, bloom, gpt_neox, gptj, opt, starcoder2, mixtral, qwen2_moe";
+     phi, phi3, stablelm, falcon, bloom, gpt_neox, gptj, opt, starcoder2, mixtral, qwen2_moe, qwen3_moe";
 
 /// What a model type's reader decides besides the dimensions.
 pub(crate) struct Kind {
@@ -264,8 +264,8 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
             head = lm_head(&cfg, true, false)?;
         }
         "gpt_neox" | "gptj" | "opt" | "phi3" | "gemma2" | "qwen3" | "starcoder2" | "mixtral"
-        | "qwen2_moe" => {
-            let k = if matches!(model_type.as_str(), "mixtral" | "qwen2_moe") {
+        | "qwen2_moe" | "qwen3_moe" => {
+            let k = if matches!(model_type.as_str(), "mixtral" | "qwen2_moe" | "qwen3_moe") {
                 super::moe::parse(&model_type, &cfg, &mut d)?
             } else {
                 super::decoders::parse(&model_type, &cfg, &mut d)?
@@ -318,7 +318,7 @@ pub(crate) fn llama_block(d: &mut Dims) {
 }
 
 /// Shared fields of llama-style configs (llama, mistral, qwen2, qwen3, gemma, gemma2, phi, phi3,
-/// stablelm, starcoder2, mixtral, qwen2_moe).
+/// stablelm, starcoder2, mixtral, qwen2_moe, qwen3_moe).
 pub(crate) fn decoder_dims(cfg: &Cfg, d: &mut Dims) -> Result<(), ArchError> {
     d.hidden = cfg.u64("hidden_size")?;
     d.heads = cfg.u64("num_attention_heads")?;

@@ -1,22 +1,22 @@
-//! Mixtures of experts: mixtral and qwen2_moe. Field names and defaults follow
-//! `configuration_mixtral.py` and `configuration_qwen2_moe.py` of transformers 5.23; the tensors
-//! are listed by `params::experts` from `modeling_mixtral.py` / `modeling_qwen2_moe.py`.
+//! Mixtures of experts: mixtral, qwen2_moe and qwen3_moe. Field names and defaults follow their
+//! `configuration_*.py` in transformers 5.23; the tensors are listed by `params::experts` from
+//! their `modeling_*.py`.
 
 use super::cfg::{Cfg, activation_of};
 use super::config::{ArchError, Kind, decoder_dims, llama_block, lm_head};
 use super::params::Dims;
 use super::{Family, Moe};
 
-/// Reads mixtral or qwen2_moe into `d` (attention and norms as llama's, the MLP as [`Moe`]).
+/// Reads mixtral, qwen2_moe or qwen3_moe into `d` (attention and norms as llama's, the MLP as
+/// [`Moe`]).
 pub(crate) fn parse(model_type: &str, cfg: &Cfg, d: &mut Dims) -> Result<Kind, ArchError> {
     decoder_dims(cfg, d)?;
     llama_block(d);
     let moe = match model_type {
         "mixtral" => mixtral(cfg, d)?,
         "qwen2_moe" => qwen2_moe(cfg, d)?,
-        other => {
-            unreachable!("config.rs dispatches only mixtral and qwen2_moe here, not {other:?}")
-        }
+        "qwen3_moe" => qwen3_moe(cfg, d)?,
+        other => unreachable!("config.rs dispatches only mixtures here, not {other:?}"),
     };
     if moe.top_k > moe.experts {
         return Err(cfg.err(
@@ -54,25 +54,45 @@ fn mixtral(cfg: &Cfg, d: &mut Dims) -> Result<Moe, ArchError> {
     })
 }
 
-/// Qwen2MoeSparseMoeBlock in block i when i is not in `mlp_only_layers` (default none) and
-/// (i + 1) is a multiple of `decoder_sparse_step` (default 1); other blocks have a dense MLP of
-/// `intermediate_size`. `num_experts` (default 60) experts of `moe_intermediate_size` (default
+/// Qwen2MoeSparseMoeBlock in the blocks [`qwen_sparse_layers`] picks; other blocks have a dense MLP
+/// of `intermediate_size`. `num_experts` (default 60) experts of `moe_intermediate_size` (default
 /// 1408), `num_experts_per_tok` (default 4), a shared expert of
 /// `shared_expert_intermediate_size` (default 5632); q/k/v with `qkv_bias` (default True), o
 /// without.
 fn qwen2_moe(cfg: &Cfg, d: &mut Dims) -> Result<Moe, ArchError> {
     d.qkv_bias = cfg.bool_or("qkv_bias", true)?;
-    let experts = cfg.u64_or("num_experts", 60)?;
-    let step = cfg.u64_or("decoder_sparse_step", 1)?;
-    let dense = cfg.u64_list("mlp_only_layers")?;
-    let sparse_layers = (0..d.decoder_layers)
-        .filter(|i| !dense.contains(i) && (i + 1).is_multiple_of(step))
-        .count() as u64;
     Ok(Moe {
-        experts,
+        experts: cfg.u64_or("num_experts", 60)?,
         top_k: cfg.u64_or("num_experts_per_tok", 4)?,
         expert_ffn: cfg.u64_or("moe_intermediate_size", 1408)?,
         shared_ffn: cfg.u64_or("shared_expert_intermediate_size", 5632)?,
-        sparse_layers,
+        sparse_layers: qwen_sparse_layers(cfg, d.decoder_layers)?,
     })
+}
+
+/// Qwen3MoeSparseMoeBlock, chosen per block as qwen2_moe's: `num_experts` (default 128) experts of
+/// `moe_intermediate_size` (default 768), `num_experts_per_tok` (default 8), no shared expert;
+/// attention as qwen3's (q/k/v/o with `attention_bias`, default False; `q_norm`/`k_norm`).
+fn qwen3_moe(cfg: &Cfg, d: &mut Dims) -> Result<Moe, ArchError> {
+    let bias = cfg.bool_or("attention_bias", false)?;
+    (d.qkv_bias, d.o_bias) = (bias, bias);
+    d.qk_norm = 2 * d.head_dim;
+    d.block.qk_norm = true;
+    Ok(Moe {
+        experts: cfg.u64_or("num_experts", 128)?,
+        top_k: cfg.u64_or("num_experts_per_tok", 8)?,
+        expert_ffn: cfg.u64_or("moe_intermediate_size", 768)?,
+        shared_ffn: 0,
+        sparse_layers: qwen_sparse_layers(cfg, d.decoder_layers)?,
+    })
+}
+
+/// Blocks i with a mixture in qwen2_moe/qwen3_moe: i not in `mlp_only_layers` (default none) and
+/// (i + 1) a multiple of `decoder_sparse_step` (default 1).
+fn qwen_sparse_layers(cfg: &Cfg, layers: u64) -> Result<u64, ArchError> {
+    let step = cfg.u64_or("decoder_sparse_step", 1)?;
+    let dense = cfg.u64_list("mlp_only_layers")?;
+    Ok((0..layers)
+        .filter(|i| !dense.contains(i) && (i + 1).is_multiple_of(step))
+        .count() as u64)
 }
