@@ -117,13 +117,9 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
         "bert" | "roberta" => {
             family = Family::Bert;
             let roberta = model_type == "roberta";
-            d.hidden = cfg.u64("hidden_size")?;
-            d.heads = cfg.u64("num_attention_heads")?;
-            d.kv_heads = d.heads;
-            d.head_dim = cfg.divides(d.hidden, d.heads, "num_attention_heads")?;
+            mha_dims(&cfg, &mut d)?;
             d.encoder_layers = cfg.u64("num_hidden_layers")?;
             d.ffn = cfg.u64("intermediate_size")?;
-            d.vocab = cfg.u64("vocab_size")?;
             d.max_positions =
                 cfg.u64_or("max_position_embeddings", if roberta { 514 } else { 512 })?;
             d.type_vocab = cfg.u64_or("type_vocab_size", if roberta { 1 } else { 2 })?;
@@ -145,13 +141,7 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
         }
         "gpt2" => {
             family = Family::Gpt2;
-            d.hidden = cfg.u64_any(&["n_embd", "hidden_size"])?;
-            d.heads = cfg.u64_any(&["n_head", "num_attention_heads"])?;
-            d.kv_heads = d.heads;
-            d.head_dim = cfg.divides(d.hidden, d.heads, "n_head")?;
-            d.decoder_layers = cfg.u64_any(&["n_layer", "num_hidden_layers"])?;
-            d.ffn = cfg.u64_or("n_inner", 4 * d.hidden)?;
-            d.vocab = cfg.u64("vocab_size")?;
+            gpt2_dims(&cfg, &mut d)?;
             d.max_positions = cfg.u64_or("n_positions", 1024)?;
             d.fused_qkv = true;
             (d.qkv_bias, d.o_bias, d.mlp_bias, d.norm_bias) = (true, true, true, true);
@@ -211,11 +201,8 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
         }
         "falcon" => {
             family = Family::Falcon;
-            d.hidden = cfg.u64("hidden_size")?;
-            d.heads = cfg.u64("num_attention_heads")?;
-            d.head_dim = cfg.divides(d.hidden, d.heads, "num_attention_heads")?;
+            mha_dims(&cfg, &mut d)?;
             d.decoder_layers = cfg.u64("num_hidden_layers")?;
-            d.vocab = cfg.u64("vocab_size")?;
             d.ffn = cfg.u64_or("ffn_hidden_size", 4 * d.hidden)?;
             let new_arch = cfg.bool_or("new_decoder_architecture", false)?;
             // FalconConfig: multi_query default True; new_decoder_architecture uses num_kv_heads.
@@ -304,6 +291,30 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
         moe: d.moe,
         tensors,
     })
+}
+
+/// Hidden size, vocabulary and heads of configs with one key/value head per query head
+/// (`hidden_size`, `num_attention_heads` dividing it, `vocab_size`): bert, roberta, falcon, opt.
+pub(crate) fn mha_dims(cfg: &Cfg, d: &mut Dims) -> Result<(), ArchError> {
+    d.hidden = cfg.u64("hidden_size")?;
+    d.heads = cfg.u64("num_attention_heads")?;
+    d.kv_heads = d.heads;
+    d.head_dim = cfg.divides(d.hidden, d.heads, "num_attention_heads")?;
+    d.vocab = cfg.u64("vocab_size")?;
+    Ok(())
+}
+
+/// The GPT-2 naming (`n_embd`, `n_head`, `n_layer`, `n_inner` default 4·n_embd, each with its
+/// `attribute_map` alias): gpt2 and gptj.
+pub(crate) fn gpt2_dims(cfg: &Cfg, d: &mut Dims) -> Result<(), ArchError> {
+    d.hidden = cfg.u64_any(&["n_embd", "hidden_size"])?;
+    d.heads = cfg.u64_any(&["n_head", "num_attention_heads"])?;
+    d.kv_heads = d.heads;
+    d.head_dim = cfg.divides(d.hidden, d.heads, "n_head")?;
+    d.decoder_layers = cfg.u64_any(&["n_layer", "num_hidden_layers"])?;
+    d.ffn = cfg.u64_or("n_inner", 4 * d.hidden)?;
+    d.vocab = cfg.u64("vocab_size")?;
+    Ok(())
 }
 
 /// The block of llama-style decoders: gated MLP, two pre-norms (RMS, in Python), rotary.

@@ -3,7 +3,7 @@
 //! default used when a key is absent is noted inline); the tensors follow its `modeling_*.py`.
 
 use super::cfg::{Cfg, activation_of};
-use super::config::{ArchError, Kind, decoder_dims, llama_block, lm_head};
+use super::config::{ArchError, Kind, decoder_dims, gpt2_dims, llama_block, lm_head, mha_dims};
 use super::params::Dims;
 use super::{Block, Family};
 
@@ -26,13 +26,7 @@ pub(crate) fn parse(model_type: &str, cfg: &Cfg, d: &mut Dims) -> Result<Kind, A
 /// `post_attention_layernorm` (both read the block input when `use_parallel_residual`, default
 /// True), `final_layer_norm`, untied `embed_out` (tie_word_embeddings default False).
 fn gpt_neox(cfg: &Cfg, d: &mut Dims) -> Result<Kind, ArchError> {
-    d.hidden = cfg.u64("hidden_size")?;
-    d.heads = cfg.u64("num_attention_heads")?;
-    d.kv_heads = d.heads;
-    d.head_dim = cfg.divides(d.hidden, d.heads, "num_attention_heads")?;
-    d.decoder_layers = cfg.u64("num_hidden_layers")?;
-    d.ffn = cfg.u64("intermediate_size")?;
-    d.vocab = cfg.u64("vocab_size")?;
+    decoder_dims(cfg, d)?; // no num_key_value_heads or head_dim: one kv head per head
     d.fused_qkv = true;
     let bias = cfg.bool_or("attention_bias", true)?;
     (d.qkv_bias, d.o_bias, d.mlp_bias, d.norm_bias) = (bias, bias, true, true);
@@ -55,13 +49,7 @@ fn gpt_neox(cfg: &Cfg, d: &mut Dims) -> Result<Kind, ArchError> {
 /// bias (n_inner default 4·n_embd), one `ln_1` feeding attention and MLP in parallel, `ln_f`, and
 /// an untied `lm_head` with a bias (tie_word_embeddings default False).
 fn gptj(cfg: &Cfg, d: &mut Dims) -> Result<Kind, ArchError> {
-    d.hidden = cfg.u64_any(&["n_embd", "hidden_size"])?;
-    d.heads = cfg.u64_any(&["n_head", "num_attention_heads"])?;
-    d.kv_heads = d.heads;
-    d.head_dim = cfg.divides(d.hidden, d.heads, "n_head")?;
-    d.decoder_layers = cfg.u64_any(&["n_layer", "num_hidden_layers"])?;
-    d.ffn = cfg.u64_or("n_inner", 4 * d.hidden)?;
-    d.vocab = cfg.u64("vocab_size")?;
+    gpt2_dims(cfg, d)?;
     (d.mlp_bias, d.norm_bias) = (true, true);
     d.block = Block {
         parallel: true,
@@ -84,13 +72,9 @@ fn gptj(cfg: &Cfg, d: &mut Dims) -> Result<Kind, ArchError> {
 /// (default True), two LayerNorms per block (`layer_norm_elementwise_affine` default True), a
 /// final LayerNorm only when `do_layer_norm_before` (default True), lm_head tied by default.
 fn opt(cfg: &Cfg, d: &mut Dims) -> Result<Kind, ArchError> {
-    d.hidden = cfg.u64("hidden_size")?;
-    d.heads = cfg.u64("num_attention_heads")?;
-    d.kv_heads = d.heads;
-    d.head_dim = cfg.divides(d.hidden, d.heads, "num_attention_heads")?;
+    mha_dims(cfg, d)?;
     d.decoder_layers = cfg.u64("num_hidden_layers")?;
     d.ffn = cfg.u64("ffn_dim")?;
-    d.vocab = cfg.u64("vocab_size")?;
     d.max_positions = cfg.u64_or("max_position_embeddings", 2048)? + 2;
     d.embed_dim = Some(cfg.u64_or("word_embed_proj_dim", d.hidden)?);
     let bias = cfg.bool_or("enable_bias", true)?;
