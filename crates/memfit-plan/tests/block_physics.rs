@@ -136,3 +136,19 @@ fn moe_flops_count_the_active_experts() {
     assert_eq!(flops(&eight), flops(&sixteen));
     assert!(flops(&mixtral(8, 4)) > flops(&eight));
 }
+
+/// `--lora-targets q,v` on a fused-qkv model adapts the fused projection, once per block.
+#[test]
+fn lora_q_v_adapts_a_fused_qkv_projection() {
+    use memfit_plan::memory::{Method, states};
+    let a = arch(
+        json!({"model_type": "gpt_neox", "hidden_size": 256, "intermediate_size": 1024,
+        "num_attention_heads": 4, "num_hidden_layers": 3, "vocab_size": 1000}),
+    );
+    let mut s = Setup::new(&a);
+    s.method = Method::Lora;
+    let r = s.lora_r;
+    assert_eq!(states::trainable(&a, &s).adapters, 3 * r * (256 + 3 * 256));
+    // the adapters build a graph: the blocks save activations
+    assert!(activations(&a, &s, &Framework::default()).blocks > 0);
+}
