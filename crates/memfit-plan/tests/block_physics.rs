@@ -152,3 +152,18 @@ fn lora_q_v_adapts_a_fused_qkv_projection() {
     // the adapters build a graph: the blocks save activations
     assert!(activations(&a, &s, &Framework::default()).blocks > 0);
 }
+
+/// With `output_router_logits` the model keeps every sparse block's router logits and the
+/// load-balancing loss saves its softmax over them.
+#[test]
+fn router_logits_for_the_aux_loss() {
+    let cfg = |aux: bool| {
+        arch(
+            json!({"model_type": "mixtral", "hidden_size": 128, "intermediate_size": 512,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+            "vocab_size": 1000, "num_local_experts": 8, "output_router_logits": aux}),
+        )
+    };
+    let (with, without) = (fp32(&cfg(true)), fp32(&cfg(false)));
+    assert_eq!(with.blocks - without.blocks, 2 * 2 * T * 8 * 4);
+}

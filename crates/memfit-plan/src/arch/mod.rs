@@ -91,6 +91,9 @@ pub struct Moe {
     pub shared_ffn: u64,
     /// Blocks whose feed-forward is the mixture; the others have a dense MLP of `Arch::ffn`.
     pub sparse_layers: u64,
+    /// `output_router_logits` (default False): the model returns every sparse block's router
+    /// logits and adds the load-balancing loss computed from them.
+    pub router_aux_loss: bool,
 }
 
 /// How the FFN turns its up-projection into the down-projection's input.

@@ -27,7 +27,10 @@ pub(crate) fn parse(model_type: &str, cfg: &Cfg, d: &mut Dims) -> Result<Kind, A
             ),
         ));
     }
-    d.moe = Some(moe);
+    d.moe = Some(Moe {
+        router_aux_loss: cfg.bool_or("output_router_logits", false)?,
+        ..moe
+    });
     Ok(Kind {
         family: Family::Llama,
         activation: activation_of(cfg, "hidden_act", "silu")?,
@@ -51,6 +54,7 @@ fn mixtral(cfg: &Cfg, d: &mut Dims) -> Result<Moe, ArchError> {
         expert_ffn: d.ffn,
         shared_ffn: 0,
         sparse_layers: d.decoder_layers,
+        router_aux_loss: false, // read by `parse` for every mixture
     })
 }
 
@@ -67,6 +71,7 @@ fn qwen2_moe(cfg: &Cfg, d: &mut Dims) -> Result<Moe, ArchError> {
         expert_ffn: cfg.u64_or("moe_intermediate_size", 1408)?,
         shared_ffn: cfg.u64_or("shared_expert_intermediate_size", 5632)?,
         sparse_layers: qwen_sparse_layers(cfg, d.decoder_layers)?,
+        router_aux_loss: false, // read by `parse` for every mixture
     })
 }
 
@@ -84,6 +89,7 @@ fn qwen3_moe(cfg: &Cfg, d: &mut Dims) -> Result<Moe, ArchError> {
         expert_ffn: cfg.u64_or("moe_intermediate_size", 768)?,
         shared_ffn: 0,
         sparse_layers: qwen_sparse_layers(cfg, d.decoder_layers)?,
+        router_aux_loss: false, // read by `parse` for every mixture
     })
 }
 

@@ -51,6 +51,11 @@ fn experts(cx: &Ctx, t: u64, m: Moe) -> (u64, u64) {
     // router probabilities: fp32 softmax output (both models `softmax(…, dtype=float)`), the
     // top-k indices (int64) and weights (fp32)
     saved += t * m.experts * 4 + routed * (8 + 4);
+    if m.router_aux_loss {
+        // the router logits the model returns (compute dtype) and the load-balancing loss's
+        // softmax over them, saved for its backward (modeling_mixtral.py load_balancing_loss_func)
+        saved += 2 * t * m.experts * w.c;
+    }
     // every routed row is a gathered copy (`hidden_states[token_idx]`) feeding its expert's
     // gate/up, then the expert's MLP over it
     saved += cx.linear_inputs(routed, up_roles(cx), h, cx.normed());
