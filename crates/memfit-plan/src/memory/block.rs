@@ -227,6 +227,7 @@ pub(super) fn attention_core(cx: &Ctx, tq: u64, tk: u64, matrix: u64) -> (u64, u
         arch.family,
         Family::T5
             | Family::Llama
+            | Family::Phi
             | Family::Bloom
             | Family::Falcon
             | Family::GptNeox
