@@ -1,8 +1,9 @@
 //! Hugging Face `config.json` → [`Arch`]. Field names and defaults follow each model's
 //! `configuration_*.py` in transformers (the default used when a key is absent is noted inline).
 
+use super::cfg::{Cfg, activation_of};
 use super::params::{self, Dims};
-use super::{Activation, Arch, Family, Head};
+use super::{Activation, Arch, Block, Family, Head};
 use serde_json::Value;
 
 /// A config that cannot be read as an architecture. Names the file (or preset) and the field.
@@ -28,8 +29,17 @@ pub enum ArchError {
     UnknownPreset { name: String, presets: String },
 }
 
-const SUPPORTED: &str =
-    "t5, mt5, bert, roberta, gpt2, llama, mistral, qwen2, gemma, phi, stablelm, falcon, bloom";
+const SUPPORTED: &str = "t5, mt5, bert, roberta, gpt2, llama, mistral, qwen2, qwen3, gemma, gemma2, \
+     phi, phi3, stablelm, falcon, bloom, gpt_neox, gptj, opt, starcoder2, mixtral, qwen2_moe, qwen3_moe";
+
+/// What a model type's reader decides besides the dimensions.
+pub(crate) struct Kind {
+    pub family: Family,
+    pub activation: Activation,
+    pub head: Head,
+    pub hidden_dropout: f64,
+    pub attention_dropout: f64,
+}
 
 /// Reads one config. `file` is only used in error messages; `name` becomes [`Arch::name`].
 pub fn parse_config(file: &str, text: &str, name: &str) -> Result<Arch, ArchError> {
@@ -38,112 +48,6 @@ pub fn parse_config(file: &str, text: &str, name: &str) -> Result<Arch, ArchErro
         message: e.to_string(),
     })?;
     from_value(file, &value, name)
-}
-
-/// Field access that names the file and field in its errors.
-struct Cfg<'a> {
-    file: &'a str,
-    v: &'a Value,
-}
-
-impl Cfg<'_> {
-    fn err(&self, field: &str, problem: impl Into<String>) -> ArchError {
-        ArchError::Field {
-            file: self.file.to_string(),
-            field: field.to_string(),
-            problem: problem.into(),
-        }
-    }
-    /// An optional positive integer; `null` counts as absent (gpt2's `n_inner: null`).
-    fn opt_u64(&self, field: &str) -> Result<Option<u64>, ArchError> {
-        match self.v.get(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(x) => match x.as_u64() {
-                Some(n) if n > 0 => Ok(Some(n)),
-                _ => Err(self.err(field, format!("must be a positive integer, found {x}"))),
-            },
-        }
-    }
-    fn u64(&self, field: &str) -> Result<u64, ArchError> {
-        self.opt_u64(field)?
-            .ok_or_else(|| self.err(field, "is missing"))
-    }
-    /// The first of several alternative names (bloom's `n_embed`/`hidden_size`).
-    fn u64_any(&self, fields: &[&str]) -> Result<u64, ArchError> {
-        for f in fields {
-            if let Some(n) = self.opt_u64(f)? {
-                return Ok(n);
-            }
-        }
-        Err(self.err(&fields.join("` or `"), "is missing"))
-    }
-    fn u64_or(&self, field: &str, default: u64) -> Result<u64, ArchError> {
-        Ok(self.opt_u64(field)?.unwrap_or(default))
-    }
-    fn bool_or(&self, field: &str, default: bool) -> Result<bool, ArchError> {
-        match self.v.get(field) {
-            None | Some(Value::Null) => Ok(default),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(x) => Err(self.err(field, format!("must be true or false, found {x}"))),
-        }
-    }
-    fn f64_or(&self, field: &str, default: f64) -> Result<f64, ArchError> {
-        match self.v.get(field) {
-            None | Some(Value::Null) => Ok(default),
-            Some(x) => x
-                .as_f64()
-                .filter(|p| (0.0..1.0).contains(p))
-                .ok_or_else(|| {
-                    self.err(field, format!("must be a probability in [0, 1), found {x}"))
-                }),
-        }
-    }
-    fn str_or<'s>(&'s self, field: &str, default: &'s str) -> Result<&'s str, ArchError> {
-        match self.v.get(field) {
-            None | Some(Value::Null) => Ok(default),
-            Some(Value::String(s)) => Ok(s),
-            Some(x) => Err(self.err(field, format!("must be a string, found {x}"))),
-        }
-    }
-    fn architecture(&self) -> String {
-        self.v
-            .get("architectures")
-            .and_then(|a| a.get(0))
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    }
-    /// `num_labels`, else the size of `id2label`, else 2 (PretrainedConfig default).
-    fn labels(&self) -> Result<u64, ArchError> {
-        if let Some(n) = self.opt_u64("num_labels")? {
-            return Ok(n);
-        }
-        Ok(self
-            .v
-            .get("id2label")
-            .and_then(Value::as_object)
-            .map_or(2, |m| m.len().max(1) as u64))
-    }
-    fn divides(&self, hidden: u64, heads: u64, field: &str) -> Result<u64, ArchError> {
-        if !hidden.is_multiple_of(heads) {
-            return Err(self.err(
-                field,
-                format!("({heads}) does not divide the hidden size {hidden}"),
-            ));
-        }
-        Ok(hidden / heads)
-    }
-}
-
-fn activation_of(cfg: &Cfg, field: &str, default: &str) -> Result<Activation, ArchError> {
-    match cfg.str_or(field, default)? {
-        "relu" => Ok(Activation::Relu),
-        "gelu" | "gelu_python" => Ok(Activation::Gelu),
-        "gelu_new" | "gelu_fast" => Ok(Activation::GeluNew),
-        "gelu_pytorch_tanh" => Ok(Activation::GeluTanh),
-        "silu" | "swish" => Ok(Activation::Silu),
-        other => Err(cfg.err(field, format!("activation {other:?} is not supported"))),
-    }
 }
 
 /// Builds an [`Arch`] from a parsed config.json value.
@@ -176,6 +80,7 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
             // configuration_t5.py: num_decoder_layers defaults to num_layers
             d.decoder_layers = cfg.u64_or("num_decoder_layers", d.encoder_layers)?;
             d.rel_buckets = cfg.u64_or("relative_attention_num_buckets", 32)?;
+            d.block.rms_norm = true; // T5LayerNorm: fp32 variance in Python
             let proj = cfg.str_or("feed_forward_proj", "relu")?;
             let (gated, act) = match proj.strip_prefix("gated-") {
                 Some(a) => (true, a),
@@ -212,13 +117,9 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
         "bert" | "roberta" => {
             family = Family::Bert;
             let roberta = model_type == "roberta";
-            d.hidden = cfg.u64("hidden_size")?;
-            d.heads = cfg.u64("num_attention_heads")?;
-            d.kv_heads = d.heads;
-            d.head_dim = cfg.divides(d.hidden, d.heads, "num_attention_heads")?;
+            mha_dims(&cfg, &mut d)?;
             d.encoder_layers = cfg.u64("num_hidden_layers")?;
             d.ffn = cfg.u64("intermediate_size")?;
-            d.vocab = cfg.u64("vocab_size")?;
             d.max_positions =
                 cfg.u64_or("max_position_embeddings", if roberta { 514 } else { 512 })?;
             d.type_vocab = cfg.u64_or("type_vocab_size", if roberta { 1 } else { 2 })?;
@@ -240,17 +141,11 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
         }
         "gpt2" => {
             family = Family::Gpt2;
-            d.hidden = cfg.u64_any(&["n_embd", "hidden_size"])?;
-            d.heads = cfg.u64_any(&["n_head", "num_attention_heads"])?;
-            d.kv_heads = d.heads;
-            d.head_dim = cfg.divides(d.hidden, d.heads, "n_head")?;
-            d.decoder_layers = cfg.u64_any(&["n_layer", "num_hidden_layers"])?;
-            d.ffn = cfg.u64_or("n_inner", 4 * d.hidden)?;
-            d.vocab = cfg.u64("vocab_size")?;
+            gpt2_dims(&cfg, &mut d)?;
             d.max_positions = cfg.u64_or("n_positions", 1024)?;
             d.fused_qkv = true;
             (d.qkv_bias, d.o_bias, d.mlp_bias, d.norm_bias) = (true, true, true, true);
-            d.norms_per_block = 2;
+            d.block.norms = 2;
             activation = activation_of(&cfg, "activation_function", "gelu_new")?;
             hidden_dropout = cfg.f64_or("resid_pdrop", 0.1)?;
             attention_dropout = cfg.f64_or("attn_pdrop", 0.1)?;
@@ -259,8 +154,7 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
         "llama" | "mistral" | "qwen2" | "gemma" => {
             family = Family::Llama;
             decoder_dims(&cfg, &mut d)?;
-            d.gated = true;
-            d.norms_per_block = 2;
+            llama_block(&mut d);
             let gemma = model_type == "gemma";
             if gemma {
                 d.head_dim = cfg.u64_or("head_dim", 256)?;
@@ -280,7 +174,7 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
             decoder_dims(&cfg, &mut d)?;
             (d.qkv_bias, d.o_bias, d.mlp_bias, d.norm_bias) = (true, true, true, true);
             // PhiDecoderLayer: one input_layernorm feeding attention and MLP in parallel.
-            d.norms_per_block = 1;
+            (d.block.norms, d.block.parallel, d.block.rotary) = (1, true, true);
             activation = activation_of(&cfg, "hidden_act", "gelu_new")?;
             hidden_dropout = cfg.f64_or("resid_pdrop", 0.0)?;
             attention_dropout = cfg.f64_or("attention_dropout", 0.0)?;
@@ -292,12 +186,14 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
             d.gated = true;
             d.norm_bias = true;
             d.qkv_bias = cfg.bool_or("use_qkv_bias", false)?;
-            d.qk_layernorm = cfg.bool_or("qk_layernorm", false)?;
-            d.norms_per_block = if cfg.bool_or("use_parallel_residual", false)? {
-                1
-            } else {
-                2
-            };
+            if cfg.bool_or("qk_layernorm", false)? {
+                // StableLmLayerNormPerHead: one bias-free LayerNorm(head_dim) per q head and per kv head
+                d.qk_norm = (d.heads + d.kv_heads) * d.head_dim;
+                d.block.qk_norm = true;
+            }
+            d.block.parallel = cfg.bool_or("use_parallel_residual", false)?;
+            d.block.norms = if d.block.parallel { 1 } else { 2 };
+            d.block.rotary = true;
             activation = activation_of(&cfg, "hidden_act", "silu")?;
             hidden_dropout = cfg.f64_or("hidden_dropout", 0.0)?;
             attention_dropout = cfg.f64_or("attention_dropout", 0.0)?;
@@ -305,11 +201,8 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
         }
         "falcon" => {
             family = Family::Falcon;
-            d.hidden = cfg.u64("hidden_size")?;
-            d.heads = cfg.u64("num_attention_heads")?;
-            d.head_dim = cfg.divides(d.hidden, d.heads, "num_attention_heads")?;
+            mha_dims(&cfg, &mut d)?;
             d.decoder_layers = cfg.u64("num_hidden_layers")?;
-            d.vocab = cfg.u64("vocab_size")?;
             d.ffn = cfg.u64_or("ffn_hidden_size", 4 * d.hidden)?;
             let new_arch = cfg.bool_or("new_decoder_architecture", false)?;
             // FalconConfig: multi_query default True; new_decoder_architecture uses num_kv_heads.
@@ -324,13 +217,17 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
             let bias = cfg.bool_or("bias", false)?;
             (d.qkv_bias, d.o_bias, d.mlp_bias) = (bias, bias, bias);
             d.norm_bias = true;
-            d.norms_per_block = if new_arch {
+            // FalconDecoderLayer: the new architecture is always parallel (ln_attn + ln_mlp, or one
+            // input_layernorm); the old one when `parallel_attn` (default True).
+            d.block.parallel = new_arch || cfg.bool_or("parallel_attn", true)?;
+            d.block.norms = if new_arch {
                 cfg.u64_or("num_ln_in_parallel_attn", 2)?
-            } else if cfg.bool_or("parallel_attn", true)? {
+            } else if d.block.parallel {
                 1
             } else {
                 2
             };
+            d.block.rotary = !cfg.bool_or("alibi", false)?;
             activation = activation_of(&cfg, "activation", "gelu")?;
             hidden_dropout = cfg.f64_or("hidden_dropout", 0.0)?;
             attention_dropout = cfg.f64_or("attention_dropout", 0.0)?;
@@ -347,11 +244,21 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
             d.ffn = 4 * d.hidden; // BloomMLP: dense_h_to_4h
             d.fused_qkv = true;
             (d.qkv_bias, d.o_bias, d.mlp_bias, d.norm_bias) = (true, true, true, true);
-            d.norms_per_block = 2;
+            d.block.norms = 2;
             activation = Activation::GeluTanh; // bloom_gelu_forward (tanh approximation)
             hidden_dropout = cfg.f64_or("hidden_dropout", 0.0)?;
             attention_dropout = cfg.f64_or("attention_dropout", 0.0)?;
             head = lm_head(&cfg, true, false)?;
+        }
+        "gpt_neox" | "gptj" | "opt" | "phi3" | "gemma2" | "qwen3" | "starcoder2" | "mixtral"
+        | "qwen2_moe" | "qwen3_moe" => {
+            let k = if matches!(model_type.as_str(), "mixtral" | "qwen2_moe" | "qwen3_moe") {
+                super::moe::parse(&model_type, &cfg, &mut d)?
+            } else {
+                super::decoders::parse(&model_type, &cfg, &mut d)?
+            };
+            (family, activation, head) = (k.family, k.activation, k.head);
+            (hidden_dropout, attention_dropout) = (k.hidden_dropout, k.attention_dropout);
         }
         other => {
             return Err(ArchError::UnknownModelType {
@@ -367,6 +274,7 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
         model_type,
         family,
         hidden: d.hidden,
+        embed_dim: d.embed_dim.unwrap_or(d.hidden),
         heads: d.heads,
         kv_heads: d.kv_heads,
         head_dim: d.head_dim,
@@ -379,12 +287,50 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
         hidden_dropout,
         attention_dropout,
         head,
+        block: d.block,
+        moe: d.moe,
         tensors,
     })
 }
 
-/// Shared fields of llama-style configs (llama, mistral, qwen2, gemma, phi, stablelm).
-fn decoder_dims(cfg: &Cfg, d: &mut Dims) -> Result<(), ArchError> {
+/// Hidden size, vocabulary and heads of configs with one key/value head per query head
+/// (`hidden_size`, `num_attention_heads` dividing it, `vocab_size`): bert, roberta, falcon, opt.
+pub(crate) fn mha_dims(cfg: &Cfg, d: &mut Dims) -> Result<(), ArchError> {
+    d.hidden = cfg.u64("hidden_size")?;
+    d.heads = cfg.u64("num_attention_heads")?;
+    d.kv_heads = d.heads;
+    d.head_dim = cfg.divides(d.hidden, d.heads, "num_attention_heads")?;
+    d.vocab = cfg.u64("vocab_size")?;
+    Ok(())
+}
+
+/// The GPT-2 naming (`n_embd`, `n_head`, `n_layer`, `n_inner` default 4·n_embd, each with its
+/// `attribute_map` alias): gpt2 and gptj.
+pub(crate) fn gpt2_dims(cfg: &Cfg, d: &mut Dims) -> Result<(), ArchError> {
+    d.hidden = cfg.u64_any(&["n_embd", "hidden_size"])?;
+    d.heads = cfg.u64_any(&["n_head", "num_attention_heads"])?;
+    d.kv_heads = d.heads;
+    d.head_dim = cfg.divides(d.hidden, d.heads, "n_head")?;
+    d.decoder_layers = cfg.u64_any(&["n_layer", "num_hidden_layers"])?;
+    d.ffn = cfg.u64_or("n_inner", 4 * d.hidden)?;
+    d.vocab = cfg.u64("vocab_size")?;
+    Ok(())
+}
+
+/// The block of llama-style decoders: gated MLP, two pre-norms (RMS, in Python), rotary.
+pub(crate) fn llama_block(d: &mut Dims) {
+    d.gated = true;
+    d.block = Block {
+        norms: 2,
+        rms_norm: true,
+        rotary: true,
+        ..Block::default()
+    };
+}
+
+/// Shared fields of llama-style configs (llama, mistral, qwen2, qwen3, gemma, gemma2, phi, phi3,
+/// stablelm, starcoder2, mixtral, qwen2_moe, qwen3_moe).
+pub(crate) fn decoder_dims(cfg: &Cfg, d: &mut Dims) -> Result<(), ArchError> {
     d.hidden = cfg.u64("hidden_size")?;
     d.heads = cfg.u64("num_attention_heads")?;
     d.kv_heads = cfg.u64_or("num_key_value_heads", d.heads)?;
@@ -407,7 +353,7 @@ fn decoder_dims(cfg: &Cfg, d: &mut Dims) -> Result<(), ArchError> {
     Ok(())
 }
 
-fn lm_head(cfg: &Cfg, tied_default: bool, bias: bool) -> Result<Head, ArchError> {
+pub(crate) fn lm_head(cfg: &Cfg, tied_default: bool, bias: bool) -> Result<Head, ArchError> {
     Ok(if cfg.bool_or("tie_word_embeddings", tied_default)? {
         Head::LmTied
     } else {

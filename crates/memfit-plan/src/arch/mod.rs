@@ -1,12 +1,17 @@
 //! Architectures: what a model is made of, read from a Hugging Face `config.json` or a preset.
 //!
-//! - [`config`]  — `config.json` → [`Arch`] for every supported `model_type`.
+//! - [`config`]  — `config.json` → [`Arch`] for every supported `model_type`, with `cfg` (field
+//!   access that names file and field in its errors), `decoders` (gpt_neox, gptj, opt, phi3,
+//!   gemma2, qwen3, starcoder2) and `moe` (mixtral, qwen2_moe).
 //! - [`presets`] — named models (`t5-small`, `chatlm-mini`, `qwen2.5-0.5b`, …) as config.json values.
 //! - [`params`]  — the parameter inventory: every weight tensor with its shape, role and group, so the
 //!   count is exact (tied weights once) and later stages can ask "which tensors are trainable / LoRA
 //!   targets / larger than N elements".
 
+mod cfg;
 pub mod config;
+mod decoders;
+mod moe;
 pub mod params;
 pub mod presets;
 
@@ -26,7 +31,8 @@ pub enum Family {
     Bert,
     /// gpt2: pre-LN decoder with fused qkv (`c_attn`) and learned positions.
     Gpt2,
-    /// llama, mistral, qwen2, gemma: pre-RMS-norm decoder with gated SiLU/GELU MLP and GQA.
+    /// llama-style pre-RMS-norm decoders with gated SiLU/GELU MLP and GQA: llama, mistral, qwen2,
+    /// qwen3, gemma, gemma2, phi3, and the mixtures of experts mixtral and qwen2_moe.
     Llama,
     /// phi: parallel attention + MLP sharing one LayerNorm, biases everywhere.
     Phi,
@@ -36,6 +42,58 @@ pub enum Family {
     Falcon,
     /// bloom: fused qkv with biases, ALiBi, embedding LayerNorm.
     Bloom,
+    /// gpt_neox (pythia): fused qkv, partial rotary, two LayerNorms feeding attention and MLP in
+    /// parallel (`use_parallel_residual`).
+    GptNeox,
+    /// gptj: separate q/k/v without bias, partial rotary, one LayerNorm, parallel attention + MLP.
+    GptJ,
+    /// opt: post- or pre-LN decoder with learned positions (offset 2), ReLU MLP, biases.
+    Opt,
+    /// starcoder2: LayerNorm with bias, GQA with biases, non-gated GELU MLP.
+    Starcoder2,
+}
+
+/// How a decoder block is wired, as far as its memory is concerned (what `memory/activations.rs`
+/// reads besides the family).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+pub struct Block {
+    /// Attention and MLP read the same block input and add into one residual (gpt-j, gpt-neox
+    /// with `use_parallel_residual`, phi, falcon with `parallel_attn`, stablelm with
+    /// `use_parallel_residual`): no intermediate residual tensor between them.
+    pub parallel: bool,
+    /// Norms per block: 2 for a sequential pre-norm block, 1 or 2 for a parallel one, 4 for
+    /// gemma2's sandwich (pre and post norm around attention and MLP).
+    pub norms: u64,
+    /// RMS norms written in Python (upcast to fp32, `pow`, `rsqrt`), as in T5 and llama-style
+    /// code, rather than `nn.LayerNorm`.
+    pub rms_norm: bool,
+    /// qwen3's per-head RMS norm of q and k (`q_norm`, `k_norm`) before rotary.
+    pub qk_norm: bool,
+    /// Rotary position embedding applied to q and k (new tensors; partial rotary concatenates the
+    /// rotated and the passed-through parts back into full-size q and k).
+    pub rotary: bool,
+    /// gemma2's `attn_logit_softcapping`: eager attention passes the scores through tanh.
+    pub attn_softcap: bool,
+    /// gemma2's `final_logit_softcapping`: the logits pass through tanh.
+    pub logit_softcap: bool,
+}
+
+/// A mixture-of-experts feed-forward (mixtral, qwen2_moe), in the blocks that have one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Moe {
+    /// Routed experts per sparse block (`num_local_experts`, `num_experts`).
+    pub experts: u64,
+    /// Experts each token is routed to (`num_experts_per_tok`).
+    pub top_k: u64,
+    /// Intermediate size of one routed expert.
+    pub expert_ffn: u64,
+    /// Intermediate size of qwen2_moe's shared expert, 0 for none.
+    pub shared_ffn: u64,
+    /// Blocks whose feed-forward is the mixture; the others have a dense MLP of `Arch::ffn`.
+    pub sparse_layers: u64,
+    /// `output_router_logits` (default False): the model returns every sparse block's router
+    /// logits and adds the load-balancing loss computed from them.
+    pub router_aux_loss: bool,
 }
 
 /// How the FFN turns its up-projection into the down-projection's input.
@@ -74,6 +132,9 @@ pub struct Arch {
     pub model_type: String,
     pub family: Family,
     pub hidden: u64,
+    /// Width of the token embedding and the LM head: `hidden`, except OPT's
+    /// `word_embed_proj_dim` (projected in and out of the blocks).
+    pub embed_dim: u64,
     pub heads: u64,
     pub kv_heads: u64,
     pub head_dim: u64,
@@ -90,6 +151,10 @@ pub struct Arch {
     /// Dropout on the attention probabilities.
     pub attention_dropout: f64,
     pub head: Head,
+    /// Block wiring that changes what autograd saves.
+    pub block: Block,
+    /// The mixture of experts, if the model has one.
+    pub moe: Option<Moe>,
     /// The parameter inventory (see [`params`]).
     pub tensors: Vec<ParamTensor>,
 }
@@ -132,7 +197,7 @@ impl Arch {
         self.head = wanted;
         params::push_head(
             &mut self.tensors,
-            self.hidden,
+            self.embed_dim,
             self.vocab,
             wanted,
             self.family,

@@ -4,7 +4,7 @@
 //! (modeling_t5.py, modeling_bert.py, modeling_gpt2.py, modeling_llama.py, …), so the sum is the
 //! exact parameter count with tied matrices listed once.
 
-use super::{Family, Head};
+use super::{Block, Family, Head, Moe};
 use serde::Serialize;
 
 /// Where a tensor lives (what `--freeze embeddings,encoder` refers to).
@@ -50,6 +50,9 @@ pub struct ParamTensor {
     /// Output features of a linear (the vector length for vectors).
     pub cols: u64,
     pub count: u64,
+    /// A routed expert's weight: each token passes through `top_k` of the mixture's experts, so
+    /// it computes with `top_k / experts` of these instances (see [`super::Moe`]).
+    pub routed: bool,
 }
 
 impl ParamTensor {
@@ -92,12 +95,22 @@ pub struct Dims {
     pub mlp_bias: bool,
     /// Norms carry a bias (LayerNorm) or only a weight (RMSNorm / T5LayerNorm).
     pub norm_bias: bool,
-    /// Norms per decoder-only block (2 sequential, 1 parallel).
-    pub norms_per_block: u64,
+    /// Block wiring; `block.norms` is the number of norms per decoder-only block.
+    pub block: Block,
+    /// Norms have neither weight nor bias (OPT's `layer_norm_elementwise_affine: false`).
+    pub norms_without_params: bool,
+    /// No final norm after the last block (OPT with `do_layer_norm_before: false`).
+    pub no_final_norm: bool,
+    /// Embedding width when it differs from `hidden` (OPT's `word_embed_proj_dim`, with
+    /// bias-free `project_in` / `project_out` linears between it and the blocks).
+    pub embed_dim: Option<u64>,
+    /// The mixture of experts (mixtral, qwen2_moe).
+    pub moe: Option<Moe>,
     /// bert pooler (hidden × hidden + bias) present.
     pub pooler: bool,
-    /// stablelm per-head q/k LayerNorm.
-    pub qk_layernorm: bool,
+    /// Elements of the q/k norms of one block (stablelm's per-head LayerNorms, qwen3's
+    /// `q_norm`/`k_norm` over head_dim); 0 for none.
+    pub qk_norm: u64,
     /// falcon: one fused qkv with output (heads + 2·kv_heads)·head_dim.
     pub fused_qkv: bool,
 }
@@ -109,6 +122,7 @@ fn t(group: Group, role: Role, rows: u64, cols: u64, count: u64) -> ParamTensor 
         rows,
         cols,
         count,
+        routed: false,
     }
 }
 
@@ -201,20 +215,53 @@ fn bert(v: &mut Vec<ParamTensor>, d: &Dims) {
     }
 }
 
-/// gpt2, llama/mistral/qwen2/gemma, phi, stablelm, falcon, bloom.
+/// gpt2, the llama-style decoders, phi, stablelm, falcon, bloom, gpt_neox, gptj, opt, starcoder2,
+/// and the mixtures of experts.
 fn decoder_only(v: &mut Vec<ParamTensor>, family: Family, d: &Dims) {
     let h = d.hidden;
     let n = d.decoder_layers;
-    let q_out = d.heads * d.head_dim;
-    let kv_out = d.kv_heads * d.head_dim;
     let g = Group::Decoder;
-    v.push(t(Group::Embeddings, Role::Embedding, d.vocab, h, 1));
+    let embed = d.embed_dim.unwrap_or(h);
+    v.push(t(Group::Embeddings, Role::Embedding, d.vocab, embed, 1));
     if d.max_positions > 0 {
         v.push(t(Group::Embeddings, Role::Embedding, d.max_positions, h, 1));
     }
     if family == Family::Bloom {
         v.push(t(Group::Embeddings, Role::Other, 1, h, 2)); // word_embeddings_layernorm
     }
+    if embed != h {
+        // OPTDecoder.project_in / project_out: Linear(word_embed_proj_dim ↔ hidden, bias=False)
+        v.push(t(Group::Embeddings, Role::Other, embed, h, 1));
+        v.push(t(g, Role::Other, h, embed, 1));
+    }
+    attention(v, d);
+    match d.moe {
+        Some(m) => {
+            mlp(v, d, d.ffn, n - m.sparse_layers);
+            experts(v, d, m);
+        }
+        None => mlp(v, d, d.ffn, n),
+    }
+    let per_norm = match (d.norms_without_params, d.norm_bias) {
+        (true, _) => 0,
+        (false, true) => 2 * h,
+        (false, false) => h,
+    };
+    let final_norm = if d.no_final_norm { 0 } else { 1 };
+    v.push(t(
+        g,
+        Role::Other,
+        1,
+        per_norm,
+        n * d.block.norms + final_norm,
+    ));
+}
+
+/// One attention per decoder block: fused or separate q/k/v, output projection, q/k norms.
+fn attention(v: &mut Vec<ParamTensor>, d: &Dims) {
+    let (h, n, g) = (d.hidden, d.decoder_layers, Group::Decoder);
+    let q_out = d.heads * d.head_dim;
+    let kv_out = d.kv_heads * d.head_dim;
     if d.fused_qkv {
         let out = q_out + 2 * kv_out;
         v.push(t(g, Role::Qkv, h, out, n));
@@ -233,18 +280,41 @@ fn decoder_only(v: &mut Vec<ParamTensor>, family: Family, d: &Dims) {
     if d.o_bias {
         v.push(t(g, Role::Other, 1, h, n));
     }
-    if d.qk_layernorm {
-        v.push(t(g, Role::Other, 1, q_out + kv_out, n));
-    }
+    v.push(t(g, Role::Other, 1, d.qk_norm, n));
+}
+
+/// A dense MLP of intermediate size `ffn` in `layers` blocks (gated: gate + up + down).
+fn mlp(v: &mut Vec<ParamTensor>, d: &Dims, ffn: u64, layers: u64) {
+    let (h, g) = (d.hidden, Group::Decoder);
     if d.gated {
-        v.push(t(g, Role::Gate, h, d.ffn, n));
+        v.push(t(g, Role::Gate, h, ffn, layers));
     }
-    v.push(t(g, Role::Up, h, d.ffn, n));
-    v.push(t(g, Role::Down, d.ffn, h, n));
+    v.push(t(g, Role::Up, h, ffn, layers));
+    v.push(t(g, Role::Down, ffn, h, layers));
     if d.mlp_bias {
-        let up_bias = if d.gated { 2 * d.ffn } else { d.ffn };
-        v.push(t(g, Role::Other, 1, up_bias + h, n));
+        let up_bias = if d.gated { 2 * ffn } else { ffn };
+        v.push(t(g, Role::Other, 1, up_bias + h, layers));
     }
-    let per_norm = if d.norm_bias { 2 * h } else { h };
-    v.push(t(g, Role::Other, 1, per_norm, n * d.norms_per_block + 1)); // + final norm
+}
+
+/// The sparse blocks' mixtures (modeling_mixtral.py, modeling_qwen2_moe.py): the router
+/// (`num_experts × hidden`, no bias), every routed expert's gate/up/down (`gate_up_proj`
+/// `E × 2f × h` and `down_proj` `E × h × f` in transformers 5; `w1`/`w3`/`w2` per expert before),
+/// and qwen2_moe's shared expert with its sigmoid gate (`Linear(hidden, 1, bias=False)`).
+fn experts(v: &mut Vec<ParamTensor>, d: &Dims, m: Moe) {
+    let (h, g, n) = (d.hidden, Group::Decoder, m.sparse_layers);
+    v.push(t(g, Role::Other, h, m.experts, n));
+    let gated = Dims {
+        mlp_bias: false,
+        ..d.clone()
+    };
+    let first_expert = v.len();
+    mlp(v, &gated, m.expert_ffn, n * m.experts);
+    for p in &mut v[first_expert..] {
+        p.routed = true;
+    }
+    if m.shared_ffn > 0 {
+        mlp(v, &gated, m.shared_ffn, n);
+        v.push(t(g, Role::Other, h, 1, n));
+    }
 }

@@ -11,10 +11,14 @@
 //!   fp32 (torch/csrc/autograd autocast op lists), and every fp32 activation feeding a linear is
 //!   cast to a fresh 16-bit copy per linear (activation casts are not cached; only leaf weights are).
 
-use super::setup::{Attention, Method, Precision, Setup};
+use super::block::block;
+use super::ffn::Ffn;
+use super::framework::Framework;
+use super::logits::logits_and_loss;
+use super::setup::{Precision, Setup};
 use super::states::{adapter_elements, base_trains};
 use crate::Task;
-use crate::arch::{Activation, Arch, Family, Group, Role};
+use crate::arch::{Arch, Family, Group, Role};
 
 /// Activation bytes of one micro-batch, by where they come from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -51,14 +55,14 @@ impl ActivationBytes {
 
 /// Byte widths in effect for a setup.
 #[derive(Debug, Clone, Copy)]
-struct Widths {
+pub(super) struct Widths {
     /// residual stream (fp32 under amp: residual adds promote to fp32)
-    r: u64,
+    pub r: u64,
     /// matmul outputs
-    c: u64,
+    pub c: u64,
     /// fp32-list ops under autocast (softmax, layer_norm, pow)
-    f: u64,
-    amp: bool,
+    pub f: u64,
+    pub amp: bool,
 }
 
 fn widths(p: Precision) -> Widths {
@@ -70,20 +74,33 @@ fn widths(p: Precision) -> Widths {
     }
 }
 
-/// One stack (encoder or decoder) of identical blocks.
-struct Stack {
-    group: Group,
-    layers: u64,
+/// One stack (encoder or decoder) of blocks alike but for their feed-forward.
+pub(super) struct Stack {
+    pub group: Group,
+    pub layers: u64,
     /// tokens per stream in this stack (batch × length)
-    tokens: u64,
+    pub tokens: u64,
     /// batch × heads × q_len × kv_len of self-attention
-    self_matrix: u64,
+    pub self_matrix: u64,
     /// cross-attention: (encoder tokens, matrix elements)
-    cross: Option<(u64, u64)>,
+    pub cross: Option<(u64, u64)>,
+}
+
+impl Stack {
+    /// The stack's blocks by feed-forward: a mixture's sparse blocks and the dense rest.
+    fn by_ffn(&self, arch: &Arch) -> Vec<(Ffn, u64)> {
+        match arch.moe {
+            Some(m) if self.group == Group::Decoder => vec![
+                (Ffn::Dense, self.layers - m.sparse_layers),
+                (Ffn::Experts(m), m.sparse_layers),
+            ],
+            _ => vec![(Ffn::Dense, self.layers)],
+        }
+    }
 }
 
 /// The model's activation memory for one micro-batch.
-pub fn activations(arch: &Arch, setup: &Setup) -> ActivationBytes {
+pub fn activations(arch: &Arch, setup: &Setup, fw: &Framework) -> ActivationBytes {
     let w = widths(setup.precision);
     let b = setup.batch;
     let src = setup.seq;
@@ -127,7 +144,6 @@ pub fn activations(arch: &Arch, setup: &Setup) -> ActivationBytes {
         if !live {
             continue;
         }
-        let blk = block(arch, setup, w, st);
         let input = w.r * st.tokens * arch.hidden;
         // T5 computes the position bias (batch × heads × q × k, with the mask folded in) once
         // per stack and passes it to every block: alive for the whole step.
@@ -136,15 +152,19 @@ pub fn activations(arch: &Arch, setup: &Setup) -> ActivationBytes {
         } else {
             0
         };
-        if setup.grad_ckpt {
-            out.blocks += st.layers * input + shared;
-            largest_block = largest_block.max(blk.saved);
-        } else {
-            out.blocks += st.layers * blk.saved + shared;
-            out.attention_matrices += st.layers * blk.matrices;
+        out.blocks += shared;
+        for (ffn, layers) in st.by_ffn(arch).into_iter().filter(|(_, n)| *n > 0) {
+            let blk = block(arch, setup, w, st, ffn);
+            if setup.grad_ckpt {
+                out.blocks += layers * input;
+                largest_block = largest_block.max(blk.saved);
+            } else {
+                out.blocks += layers * blk.saved;
+                out.attention_matrices += layers * blk.matrices;
+            }
+            largest_block_transient = largest_block_transient.max(blk.transient);
+            out.stranded_per_block = out.stranded_per_block.max(blk.stranded);
         }
-        largest_block_transient = largest_block_transient.max(blk.transient);
-        out.stranded_per_block = out.stranded_per_block.max(blk.stranded);
         // Encoder output feeding every cross-attention: saved once.
         if let Some((enc_tokens, _)) = st.cross {
             out.blocks += w.r * enc_tokens * arch.hidden;
@@ -161,24 +181,9 @@ pub fn activations(arch: &Arch, setup: &Setup) -> ActivationBytes {
     } else {
         0
     } + 3 * 8 * b * (src + tgt);
-    // Logits and loss.
-    let out_tokens = match setup.task {
-        Task::Classification => b,
-        Task::Seq2seq => b * tgt,
-        Task::CausalLm => b * src,
-    };
-    let classes = if setup.task == Task::Classification {
-        2
-    } else {
-        arch.vocab
-    };
-    let lv = out_tokens * classes;
-    let shift = if setup.task == Task::CausalLm { w.c } else { 0 };
-    // logits (c) + causal shift copy (c) + log_softmax output (fp32 under autocast)
-    out.logits = lv * (w.c + shift + w.f.max(w.c));
-    // loss backward: grad of log_softmax output + grad of logits
-    let loss_bwd = lv * (w.f.max(w.c) + w.c);
-    out.transient = loss_bwd.max(largest_block_transient);
+    let logits = logits_and_loss(arch, setup, w, fw);
+    out.logits = logits.forward;
+    out.transient = logits.backward.max(largest_block_transient);
     // autocast weight copies: every linear weight used in a live block is cast to 16 bit once
     // per forward and kept by autograd for backward (frozen ones too: the input gradient needs it).
     if w.amp {
@@ -219,210 +224,4 @@ fn trains_in(arch: &Arch, setup: &Setup, group: Group) -> bool {
         .iter()
         .filter(|t| t.group == group)
         .any(|t| base_trains(t, setup) || adapter_elements(t, setup) > 0)
-}
-
-struct BlockBytes {
-    saved: u64,
-    matrices: u64,
-    transient: u64,
-    stranded: u64,
-}
-
-/// Saved tensors of one block.
-fn block(arch: &Arch, setup: &Setup, w: Widths, st: &Stack) -> BlockBytes {
-    let h = arch.hidden;
-    let t = st.tokens;
-    let inner = arch.heads * arch.head_dim;
-    let f = arch.ffn;
-    // Whether a linear keeps its input for backward: trained weights do; so do bitsandbytes 4/8-bit
-    // linears under QLoRA, whose MatMul4Bit saves its input whenever any input needs a gradient;
-    // and under DeepSpeed ZeRO-3 every linear does: zero.Init(mem_efficient_linear=True, the
-    // default) routes F.linear through LinearFunctionForZeroStage3, which saves input and weight
-    // unconditionally (deepspeed/runtime/zero/linear.py).
-    let all_linears_save =
-        setup.method == Method::Qlora || (setup.zero.stage() == 3 && !setup.zero.is_fsdp());
-    let quantized_base = setup.method == Method::Qlora;
-    let trains = |role: Role| {
-        arch.tensors.iter().any(|x| {
-            x.group == st.group
-                && x.role == role
-                && (base_trains(x, setup) || (all_linears_save && x.is_linear()))
-        })
-    };
-    let lora = |role: Role| {
-        arch.tensors
-            .iter()
-            .any(|x| x.group == st.group && x.role == role && adapter_elements(x, setup) > 0)
-    };
-    let norm_trains = setup.method == Method::Full
-        || (setup.method == Method::Freeze && !setup.freeze.iter().any(|g| g.group() == st.group));
-    let hidden_drop = arch.hidden_dropout > 0.0;
-    let attn_drop = arch.attention_dropout > 0.0;
-    // Norm: LayerNorm saves its input (r) + mean/rstd; RMS norms written in Python (T5, llama)
-    // save the fp32 input and, when the weight trains, the normalized tensor.
-    let rms = matches!(arch.family, Family::T5 | Family::Llama);
-    let norm = |tokens: u64| -> u64 {
-        if rms {
-            tokens * h * (4 + if norm_trains { 4 } else { 0 })
-        } else {
-            tokens * h * w.r + 8 * tokens
-        }
-    };
-    // The input of a group of linears reading the same fp32/normed tensor: shared in fp32, one
-    // 16-bit cast per linear under autocast. LoRA adds its dropout output + mask per adapted linear.
-    let linear_inputs = |tokens: u64, roles: &[Role], in_features: u64, x_bytes: u64| -> u64 {
-        let mut bytes = 0;
-        let training: Vec<bool> = roles.iter().map(|r| trains(*r)).collect();
-        let n_train = training.iter().filter(|x| **x).count() as u64;
-        if n_train > 0 {
-            bytes += if w.amp && x_bytes == 4 {
-                n_train * 2 * tokens * in_features
-            } else {
-                tokens * in_features * x_bytes
-            };
-        }
-        for r in roles {
-            if lora(*r) {
-                // lora_dropout output (cast to 16 bit under amp) + its 1-byte mask
-                bytes += tokens * in_features * (if w.amp { 2 } else { x_bytes } + 1);
-            }
-        }
-        bytes
-    };
-    let normed = if w.amp { 4 } else { w.r }; // norm output dtype
-    let qkv_roles: &[Role] = if arch.tensors.iter().any(|x| x.role == Role::Qkv) {
-        &[Role::Qkv]
-    } else {
-        &[Role::Q, Role::K, Role::V]
-    };
-
-    // Self-attention sub-layer.
-    let mut saved = norm(t);
-    saved += linear_inputs(t, qkv_roles, h, normed);
-    let (attn_saved, matrices, attn_transient) =
-        attention_core(arch, setup, w, t, t, st.self_matrix, attn_drop);
-    saved += attn_saved;
-    saved += linear_inputs(t, &[Role::O], inner, w.c);
-    if hidden_drop {
-        saved += t * h;
-    }
-    let mut mats = matrices;
-    let mut transient = attn_transient;
-    // Cross-attention (encoder-decoder decoder blocks): q from the decoder stream, k/v from the
-    // encoder output (its cast copies under amp are per linear and per layer).
-    if let Some((enc_t, m)) = st.cross {
-        saved += norm(t);
-        saved += linear_inputs(t, &[Role::Q], h, normed);
-        saved += linear_inputs(enc_t, &[Role::K, Role::V], h, w.r);
-        let (a, mm, tr) = attention_core(arch, setup, w, t, enc_t, m, attn_drop);
-        saved += a;
-        mats += mm;
-        transient = transient.max(tr);
-        saved += linear_inputs(t, &[Role::O], inner, w.c);
-        if hidden_drop {
-            saved += t * h;
-        }
-    }
-    // Feed-forward sub-layer.
-    if arch.family != Family::Phi && !(arch.family == Family::Falcon) {
-        saved += norm(t);
-    }
-    let up_roles: &[Role] = if arch.gated_ffn {
-        &[Role::Gate, Role::Up]
-    } else {
-        &[Role::Up]
-    };
-    saved += linear_inputs(t, up_roles, h, normed);
-    let tf = t * f;
-    let act_saved = match arch.activation {
-        Activation::Relu => w.c,                                           // output
-        Activation::Gelu | Activation::GeluTanh | Activation::Silu => w.c, // input
-        // NewGELU: x, tanh(...) (fp32 under autocast: pow is fp32-listed), 1 + tanh, 0.5·x
-        Activation::GeluNew => 2 * w.c + 2 * w.f.max(w.c),
-    };
-    saved += tf * act_saved;
-    if arch.gated_ffn {
-        // act(gate) · up saves both factors
-        saved += tf * 2 * w.c;
-    }
-    // T5 applies dropout between the activation and wo.
-    let ffn_inner_drop = arch.family == Family::T5 && hidden_drop;
-    let down_input_is_new =
-        ffn_inner_drop || (!arch.gated_ffn && arch.activation != Activation::Relu);
-    if ffn_inner_drop {
-        saved += tf; // mask
-    }
-    if trains(Role::Down) && down_input_is_new {
-        saved += tf * w.c;
-    }
-    if lora(Role::Down) {
-        saved += tf * (w.c + 1);
-    }
-    if hidden_drop {
-        saved += t * h;
-    }
-    // Backward of the FFN creates gradients of the two largest intermediates (fp32 under amp for
-    // the activation's own backward).
-    transient = transient.max(2 * tf * w.f.max(w.c));
-    if quantized_base {
-        // each quantized matmul dequantizes its weight to 16 bit for the duration of the op
-        transient += 2 * h * f.max(h);
-    }
-    // Largest freed seq² temporary: the scores (or their fp32 dropout output under autocast).
-    let stranded = if setup.attention == Attention::Eager {
-        st.self_matrix * w.f.max(w.c)
-    } else {
-        0
-    };
-    BlockBytes {
-        saved,
-        matrices: mats,
-        transient,
-        stranded,
-    }
-}
-
-/// q/k/v saved for the two attention matmuls and the score/probability matrices.
-/// Returns (saved bytes, of which matrices, transient bytes).
-fn attention_core(
-    arch: &Arch,
-    setup: &Setup,
-    w: Widths,
-    tq: u64,
-    tk: u64,
-    matrix: u64,
-    dropout: bool,
-) -> (u64, u64, u64) {
-    let inner = arch.heads * arch.head_dim;
-    // q for QKᵀ; k and v (repeated to all heads for GQA in eager code) for the two matmuls
-    let qkv = w.c * (tq * inner + 2 * tk * inner);
-    match setup.attention {
-        Attention::Eager => {
-            // softmax output: fp32 under autocast and in T5/llama/bloom code (explicit .float()),
-            // else the compute dtype.
-            let explicit_fp32 = matches!(
-                arch.family,
-                Family::T5 | Family::Llama | Family::Bloom | Family::Falcon
-            );
-            let sm = if w.amp || explicit_fp32 { 4 } else { w.c };
-            // what the probs @ V matmul saves: dropout output, or a 16-bit cast of the fp32 probs
-            let pv_in = if dropout {
-                1 + w.c
-            } else if sm != w.c {
-                w.c
-            } else {
-                0
-            };
-            let per = sm + pv_in;
-            // forward temporaries: raw scores and the scaled/masked copy (compute dtype) while
-            // softmax runs; backward: grad of probs and of scores
-            let transient = matrix * (2 * w.c).max(2 * sm);
-            (qkv + matrix * per, matrix * per, transient)
-        }
-        Attention::Sdpa | Attention::Flash => {
-            // fused kernels keep the output and a per-row logsumexp, never the matrix
-            let out = w.c * tq * inner + 4 * tq * arch.heads;
-            (qkv + out, 0, 2 * w.c * tq * inner)
-        }
-    }
 }

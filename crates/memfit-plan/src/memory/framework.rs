@@ -18,6 +18,11 @@ pub struct Framework {
     /// `zero_grad()` keeps gradient tensors between steps (`set_to_none=False`, the default before
     /// PyTorch 2.0 and what transformers' Trainer called in 2022); otherwise they are freed.
     pub grads_persist: bool,
+    /// A causal LM's loss upcasts the logits to fp32 and shifts the labels, not the logits
+    /// (transformers 5, `loss/loss_utils.py` `ForCausalLMLoss`: `logits = logits.float()`, labels
+    /// padded by one and shifted); 2022 models (e.g. `BloomForCausalLM` in 4.2x) kept the logits'
+    /// dtype and made a shifted contiguous copy of them.
+    pub causal_loss_upcast: bool,
 }
 
 impl Framework {
@@ -27,6 +32,7 @@ impl Framework {
         cuda_context_bytes: 470 * GIB / 1000,
         foreach_optimizer: true,
         grads_persist: false,
+        causal_loss_upcast: true,
     };
 
     /// PyTorch 1.x / transformers 4.1x-4.2x (2022), eager CUDA module loading: the software of the
@@ -36,6 +42,7 @@ impl Framework {
             cuda_context_bytes,
             foreach_optimizer: false,
             grads_persist: true,
+            causal_loss_upcast: false,
         }
     }
 }

@@ -50,7 +50,7 @@ fn round_segments(bytes: u64) -> u64 {
 
 pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
     let st = model_states(arch, setup);
-    let act = activations(arch, setup);
+    let act = activations(arch, setup, fw);
     let tr = trainable(arch, setup);
     let world = setup.world();
     let stage = setup.zero.stage();

@@ -57,7 +57,7 @@ pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
         format!("{} process baseline × {ranks} rank(s)", setup.runtime),
     );
     if setup.device == Device::Cpu {
-        let act = activations(arch, setup);
+        let act = activations(arch, setup, fw);
         let states = st.gpu_weights + st.gpu_grads + st.gpu_optimizer + st.gpu_paged;
         let step = optimizer_step_transient(arch, setup, fw);
         l.add(

@@ -2,7 +2,9 @@
 //!
 //! - [`setup`]       — the resolved setup (precision, optimizer, LoRA, ZeRO, …).
 //! - [`states`]      — weights, gradients, optimizer states; ZeRO sharding and offload.
-//! - [`activations`] — saved tensors per block, logits, autocast copies, temporaries.
+//! - [`activations`] — saved tensors per block, logits, autocast copies, temporaries; a block's
+//!   norms and attention in `block`, its dense or mixture-of-experts feed-forward in `ffn`, the
+//!   logits and loss in `logits`.
 //! - [`framework`]   — measured constants of the software stack (CUDA context, allocator, NCCL…).
 //! - [`gpu`] / [`host`] — the two peaks, assembled from the above.
 //! - [`memfit_host`] — the host peak of memfit's own trainer on the CPU, from what it holds
@@ -12,9 +14,12 @@
 //! step with its temporaries) + framework overheads + allocator slack (DESIGN.md §2).
 
 pub mod activations;
+mod block;
+mod ffn;
 pub mod framework;
 pub mod gpu;
 pub mod host;
+mod logits;
 pub mod memfit_host;
 pub mod setup;
 pub mod states;

@@ -182,9 +182,13 @@ impl LoraTarget {
     /// Whether this target adapts tensors of `role`.
     pub fn covers(self, role: Role) -> bool {
         match self {
-            LoraTarget::Q => role == Role::Q,
-            LoraTarget::K => role == Role::K,
-            LoraTarget::V => role == Role::V,
+            // A model whose q, k and v are one fused projection (gpt2 c_attn, bloom/falcon/gpt-neox
+            // query_key_value, phi3 qkv_proj) can only adapt that projection, once: PEFT's default
+            // targets for gpt2, bloom, falcon and gpt_neox are exactly it
+            // (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING in peft/utils).
+            LoraTarget::Q => matches!(role, Role::Q | Role::Qkv),
+            LoraTarget::K => matches!(role, Role::K | Role::Qkv),
+            LoraTarget::V => matches!(role, Role::V | Role::Qkv),
             LoraTarget::O => role == Role::O,
             LoraTarget::Qkv => role == Role::Qkv,
             LoraTarget::Gate => role == Role::Gate,

@@ -69,7 +69,7 @@ pub fn flops_per_token(arch: &Arch, setup: &Setup) -> f64 {
             if !t.is_linear() && t.role != crate::arch::Role::LmHead {
                 continue; // embeddings are lookups; norms and biases are negligible
             }
-            let n = t.elements() as f64;
+            let n = t.elements() as f64 * active_fraction(arch, t);
             let fwd = 2.0 * n;
             let bwd = if base_trains(t, setup) {
                 4.0 * n
@@ -94,6 +94,15 @@ pub fn flops_per_token(arch: &Arch, setup: &Setup) -> f64 {
     let inner = (arch.heads * arch.head_dim) as f64;
     flops += 3.0 * 4.0 * ctx * inner * arch.layers_total() as f64;
     flops
+}
+
+/// The part of a tensor's instances one token computes with: top_k of the experts for a routed
+/// expert's weights, all of any other tensor.
+fn active_fraction(arch: &Arch, t: &crate::arch::ParamTensor) -> f64 {
+    match arch.moe {
+        Some(m) if t.routed => m.top_k as f64 / m.experts as f64,
+        _ => 1.0,
+    }
 }
 
 /// Tokens processed per second (higher is better) and the step time breakdown.

@@ -1,0 +1,169 @@
+//! The block wiring of issue 17's model types changes what autograd saves, by amounts the rules
+//! in memory/activations.rs fix exactly: each test builds two configs that differ in one thing
+//! and checks the difference in activation bytes.
+
+use memfit_plan::arch::{self, Arch};
+use memfit_plan::memory::activations::{ActivationBytes, activations};
+use memfit_plan::memory::{Framework, Precision, Setup};
+use serde_json::{Value, json};
+
+const B: u64 = 2;
+const SEQ: u64 = 64;
+const T: u64 = B * SEQ;
+
+fn arch(v: Value) -> Arch {
+    arch::parse_config("test.json", &v.to_string(), "test").unwrap()
+}
+
+fn act(a: &Arch, precision: Precision, fw: &Framework) -> ActivationBytes {
+    let mut s = Setup::new(a);
+    (s.batch, s.seq, s.precision) = (B, SEQ, precision);
+    activations(a, &s, fw)
+}
+
+fn fp32(a: &Arch) -> ActivationBytes {
+    act(a, Precision::Fp32, &Framework::default())
+}
+
+/// gpt-neox with `use_parallel_residual`: the MLP's LayerNorm reads the block input the
+/// attention's LayerNorm keeps, so there is no residual `x + attn` to save: one hidden-size
+/// tensor per block less, only the second norm's mean/rstd remain.
+#[test]
+fn parallel_block_saves_no_intermediate_residual() {
+    let neox = |parallel: bool| {
+        arch(
+            json!({"model_type": "gpt_neox", "hidden_size": 256, "intermediate_size": 1024,
+            "num_attention_heads": 4, "num_hidden_layers": 3, "vocab_size": 1000,
+            "use_parallel_residual": parallel}),
+        )
+    };
+    let (seq, par) = (fp32(&neox(false)), fp32(&neox(true)));
+    assert_eq!(seq.blocks - par.blocks, 3 * T * 256 * 4);
+}
+
+/// phi3's fused qkv_proj: v is a slice of the projection's output, so it keeps the projected q
+/// and k alive beside their rotated copies; llama's separate projections do not.
+#[test]
+fn fused_qkv_with_rotary_keeps_the_projection() {
+    let cfg = |model_type: &str| {
+        arch(
+            json!({"model_type": model_type, "hidden_size": 256, "intermediate_size": 512,
+            "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 2,
+            "vocab_size": 1000, "tie_word_embeddings": false}),
+        )
+    };
+    let (phi3, llama) = (cfg("phi3"), cfg("llama"));
+    assert_eq!(phi3.params_total(), llama.params_total());
+    let (inner, kv) = (256, 2 * 32);
+    assert_eq!(
+        fp32(&phi3).blocks - fp32(&llama).blocks,
+        2 * T * (inner + kv) * 4
+    );
+}
+
+/// gemma2 without softcapping differs from gemma by its post-attention and post-MLP RMS norms,
+/// each saving its fp32 input and the normalized tensor.
+#[test]
+fn gemma2_sandwich_norms() {
+    let cfg = |model_type: &str| {
+        arch(
+            json!({"model_type": model_type, "hidden_size": 256, "intermediate_size": 512,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+            "num_hidden_layers": 3, "vocab_size": 1000, "attn_logit_softcapping": null,
+            "final_logit_softcapping": null}),
+        )
+    };
+    let (g2, g1) = (fp32(&cfg("gemma2")), fp32(&cfg("gemma")));
+    assert_eq!(g2.blocks - g1.blocks, 3 * 2 * T * 256 * (4 + 4));
+    assert_eq!(g2.logits, g1.logits);
+    // softcapping saves tanh's output: of every score matrix, and of the logits
+    let capped = fp32(&arch(json!({"model_type": "gemma2", "hidden_size": 256,
+        "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64, "num_hidden_layers": 3, "vocab_size": 1000})));
+    assert_eq!(capped.blocks - g2.blocks, 3 * B * 4 * SEQ * SEQ * 4);
+    assert_eq!(capped.logits - g2.logits, T * 1000 * 4);
+}
+
+fn mixtral(experts: u64, top_k: u64) -> Arch {
+    arch(
+        json!({"model_type": "mixtral", "hidden_size": 128, "intermediate_size": 512,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+        "vocab_size": 1000, "num_local_experts": experts, "num_experts_per_tok": top_k}),
+    )
+}
+
+/// Routed activations grow with the experts each token visits, not with the experts there are:
+/// more experts only widen the router's probabilities (fp32, one per token and expert).
+#[test]
+fn moe_activations_follow_top_k() {
+    let one = fp32(&mixtral(8, 1)).blocks;
+    let two = fp32(&mixtral(8, 2)).blocks;
+    let three = fp32(&mixtral(8, 3)).blocks;
+    assert!(two > one);
+    assert_eq!(three - two, two - one, "linear in top_k");
+    // per routed row: gathered input h, SiLU input + both gate factors + down input 4·f, the
+    // expert output h (all fp32), and its top-k index (8 B) and weight (4 B)
+    assert_eq!(two - one, 2 * T * ((128 + 4 * 512 + 128) * 4 + 12));
+    let wide = fp32(&mixtral(16, 2)).blocks;
+    assert_eq!(wide - two, 2 * T * 8 * 4);
+    let params = |a: Arch| a.params_total();
+    assert!(params(mixtral(16, 2)) > params(mixtral(8, 2)));
+}
+
+/// Today's causal-LM loss upcasts bf16 logits to fp32 and keeps the fp32 log-softmax; the 2022
+/// code shifted a bf16 copy and stayed in bf16.
+#[test]
+fn causal_loss_upcasts_the_logits() {
+    let a = arch(
+        json!({"model_type": "qwen3", "hidden_size": 128, "intermediate_size": 256,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "num_hidden_layers": 2, "vocab_size": 5000, "tie_word_embeddings": true}),
+    );
+    let now = act(&a, Precision::Bf16, &Framework::TORCH_2).logits;
+    let old = act(&a, Precision::Bf16, &Framework::torch_1x(0)).logits;
+    let lv = T * 5000;
+    assert_eq!(now, lv * (2 + 4 + 4));
+    assert_eq!(old, lv * (2 + 2 + 2));
+}
+
+/// A token computes with top_k experts: more experts of the same size add parameters, not FLOPs.
+#[test]
+fn moe_flops_count_the_active_experts() {
+    use memfit_plan::search::throughput::flops_per_token;
+    let flops = |a: &Arch| flops_per_token(a, &Setup::new(a));
+    let (eight, sixteen) = (mixtral(8, 2), mixtral(16, 2));
+    assert!(sixteen.params_total() > eight.params_total());
+    assert_eq!(flops(&eight), flops(&sixteen));
+    assert!(flops(&mixtral(8, 4)) > flops(&eight));
+}
+
+/// `--lora-targets q,v` on a fused-qkv model adapts the fused projection, once per block.
+#[test]
+fn lora_q_v_adapts_a_fused_qkv_projection() {
+    use memfit_plan::memory::{Method, states};
+    let a = arch(
+        json!({"model_type": "gpt_neox", "hidden_size": 256, "intermediate_size": 1024,
+        "num_attention_heads": 4, "num_hidden_layers": 3, "vocab_size": 1000}),
+    );
+    let mut s = Setup::new(&a);
+    s.method = Method::Lora;
+    let r = s.lora_r;
+    assert_eq!(states::trainable(&a, &s).adapters, 3 * r * (256 + 3 * 256));
+    // the adapters build a graph: the blocks save activations
+    assert!(activations(&a, &s, &Framework::default()).blocks > 0);
+}
+
+/// With `output_router_logits` the model keeps every sparse block's router logits and the
+/// load-balancing loss saves its softmax over them.
+#[test]
+fn router_logits_for_the_aux_loss() {
+    let cfg = |aux: bool| {
+        arch(
+            json!({"model_type": "mixtral", "hidden_size": 128, "intermediate_size": 512,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+            "vocab_size": 1000, "num_local_experts": 8, "output_router_logits": aux}),
+        )
+    };
+    let (with, without) = (fp32(&cfg(true)), fp32(&cfg(false)));
+    assert_eq!(with.blocks - without.blocks, 2 * 2 * T * 8 * 4);
+}
