@@ -305,7 +305,7 @@ fn grid_section(grid: &[crate::grid::Compared]) -> String {
          (no checkpoint is written while benchmarking). Four constants of that model are fitted to these\n\
          points (`docs/memory-model.md`); everything else is counted from what the trainer holds. The\n\
          test `crates/memfit-plan/tests/accuracy.rs` asserts every point within ±10%. Gradient\n\
-         checkpointing is the per-block recomputation of `crates/memfit-train/src/model/block_ckpt.rs`.\n\n",
+         checkpointing is the per-block recomputation of `crates/memfit-nn/src/t5/block_ckpt.rs`.\n\n",
         crate::grid::MEASURE,
         crate::grid::STEPS,
         crate::grid::THREADS

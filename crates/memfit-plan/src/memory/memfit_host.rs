@@ -196,7 +196,7 @@ fn live_stacks(arch: &Arch, setup: &Setup) -> (bool, bool) {
     (enc, dec)
 }
 
-/// Per-block gradient checkpointing (crates/memfit-train/src/model/block_ckpt.rs): the forward
+/// Per-block gradient checkpointing (crates/memfit-nn/src/t5/block_ckpt.rs): the forward
 /// pass keeps only each block's input (+ the encoder output and the two position biases); the
 /// backward pass first runs the head (final norm, logits, loss) with autodiff, then recomputes one
 /// block at a time, last first, handing each segment's gradients to the host accumulators.
