@@ -123,10 +123,13 @@ impl Yaml {
     }
 }
 
+/// A mapping being read: its entries so far and the key waiting for its value.
+type OpenMap = (Vec<(String, Yaml)>, Option<String>);
+
 /// Builds [`Yaml`] from yaml-rust2's events, which keep each scalar's quoting style.
 #[derive(Default)]
 struct Loader {
-    stack: Vec<(Vec<(String, Yaml)>, Option<String>)>,
+    stack: Vec<OpenMap>,
     root: Option<Yaml>,
 }
 
@@ -208,11 +211,13 @@ fn check_types(map: &Yaml, known: &[(&str, &str)], what: &str) {
             .iter()
             .find(|(n, _)| n == k)
             .unwrap_or_else(|| panic!("unknown {what} key {k}"));
-        let ok = match (*ty, v) {
-            ("str", Yaml::Str(_)) | ("int", Yaml::Int(_)) | ("bool", Yaml::Bool(_)) => true,
-            ("map", Yaml::Map(_)) => true,
-            _ => false,
-        };
+        let ok = matches!(
+            (*ty, v),
+            ("str", Yaml::Str(_))
+                | ("int", Yaml::Int(_))
+                | ("bool", Yaml::Bool(_))
+                | ("map", Yaml::Map(_))
+        );
         assert!(ok, "{what} {k}: {v:?} is not read as {ty}");
     }
 }
