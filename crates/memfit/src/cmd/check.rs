@@ -164,10 +164,11 @@ fn recommend(args: &Args, model: &str) -> anyhow::Result<Value> {
         file(&pt_dir, "accelerate.yaml"),
         file(&pt_dir, "deepspeed.json"),
     );
+    let (q_train, q_profiles, q_accelerate) = (shell(&train), shell(&profiles), shell(&accelerate));
     let (train_cmd, note) = match &args.data {
-        Some(_) => (format!("memfit train --config {train}"), None),
+        Some(_) => (format!("memfit train --config {q_train}"), None),
         None => (
-            format!("memfit train --config {train} --data TRAIN_FILE --tokenizer TOKENIZER"),
+            format!("memfit train --config {q_train} --data TRAIN_FILE --tokenizer TOKENIZER"),
             Some(format!(
                 "{train} names no training data: replace TRAIN_FILE and TOKENIZER, or run memfit \
                  check with --data/--tokenizer to write them into it"
@@ -186,7 +187,7 @@ fn recommend(args: &Args, model: &str) -> anyhow::Result<Value> {
         serde_json::json!({"memfit_train": train, "profiles": profiles}),
         serde_json::json!({
             "train": train_cmd,
-            "guarded": format!("memfit run --profiles {profiles} -- {train_cmd}"),
+            "guarded": format!("memfit run --profiles {q_profiles} -- {train_cmd}"),
         }),
     );
     if let (Some(note), Value::Object(map)) = (note, &mut memfit)
@@ -198,10 +199,21 @@ fn recommend(args: &Args, model: &str) -> anyhow::Result<Value> {
         run_plan(args, model, "pytorch", "accelerate,deepspeed", &pt_dir)?,
         serde_json::json!({"accelerate": accelerate, "deepspeed": deepspeed}),
         serde_json::json!({
-            "accelerate": format!("accelerate launch --config_file {accelerate} train.py"),
+            "accelerate": format!("accelerate launch --config_file {q_accelerate} train.py"),
         }),
     );
     Ok(serde_json::json!({"memfit": memfit, "pytorch": pytorch}))
+}
+
+/// A path as one shell word: single-quoted when it holds anything but `[A-Za-z0-9_./+-]`, so that a
+/// printed command runs as printed.
+fn shell(path: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_./+-".contains(c);
+    if !path.is_empty() && path.chars().all(plain) {
+        path.to_owned()
+    } else {
+        format!("'{}'", path.replace('\'', r"'\''"))
+    }
 }
 
 /// Why memfit train would not run the config `memfit plan` wrote (it cannot train this model, task
@@ -428,4 +440,14 @@ fn render(m: &Machine) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn paths_become_one_shell_word() {
+        assert_eq!(super::shell("/a/b-c_d.toml"), "/a/b-c_d.toml");
+        assert_eq!(super::shell("/my runs/x.toml"), "'/my runs/x.toml'");
+        assert_eq!(super::shell("it's"), r"'it'\''s'");
+    }
 }
