@@ -82,7 +82,97 @@ fn deepspeed_json() {
     }
 }
 
-/// accelerate's ClusterConfig / BaseConfig fields (accelerate/commands/config/config_args.py).
+/// A YAML value as PyYAML's SafeLoader (YAML 1.1, what accelerate reads its config with) types it.
+#[derive(Debug, Clone, PartialEq)]
+enum Yaml {
+    Str(String),
+    Bool(bool),
+    Int(i64),
+    Null,
+    Map(Vec<(String, Yaml)>),
+}
+
+impl Yaml {
+    /// PyYAML's implicit resolvers (yaml/resolver.py) for a plain scalar: YAML 1.1 booleans
+    /// (yes/no/on/off/true/false in three casings), null, decimal integers; anything else a string.
+    fn plain(text: &str) -> Yaml {
+        const TRUE: &[&str] = &[
+            "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON",
+        ];
+        const FALSE: &[&str] = &[
+            "no", "No", "NO", "false", "False", "FALSE", "off", "Off", "OFF",
+        ];
+        if TRUE.contains(&text) {
+            Yaml::Bool(true)
+        } else if FALSE.contains(&text) {
+            Yaml::Bool(false)
+        } else if ["", "~", "null", "Null", "NULL"].contains(&text) {
+            Yaml::Null
+        } else if let Ok(n) = text.parse::<i64>() {
+            Yaml::Int(n)
+        } else {
+            Yaml::Str(text.to_string())
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<&Yaml> {
+        match self {
+            Yaml::Map(entries) => entries.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+}
+
+/// A mapping being read: its entries so far and the key waiting for its value.
+type OpenMap = (Vec<(String, Yaml)>, Option<String>);
+
+/// Builds [`Yaml`] from yaml-rust2's events, which keep each scalar's quoting style.
+#[derive(Default)]
+struct Loader {
+    stack: Vec<OpenMap>,
+    root: Option<Yaml>,
+}
+
+impl yaml_rust2::parser::MarkedEventReceiver for Loader {
+    fn on_event(&mut self, ev: yaml_rust2::Event, _: yaml_rust2::scanner::Marker) {
+        use yaml_rust2::Event;
+        use yaml_rust2::scanner::TScalarStyle;
+        let value = match ev {
+            Event::MappingStart(..) => {
+                self.stack.push((Vec::new(), None));
+                return;
+            }
+            Event::MappingEnd => Yaml::Map(self.stack.pop().expect("open mapping").0),
+            Event::Scalar(text, TScalarStyle::Plain, ..) => Yaml::plain(&text),
+            Event::Scalar(text, ..) => Yaml::Str(text),
+            Event::StreamStart | Event::StreamEnd | Event::DocumentStart | Event::DocumentEnd => {
+                return;
+            }
+            other => panic!("unexpected YAML event {other:?}"),
+        };
+        match self.stack.last_mut() {
+            None => self.root = Some(value),
+            Some((entries, key)) => match key.take() {
+                Some(k) => entries.push((k, value)),
+                None => match value {
+                    Yaml::Str(k) => *key = Some(k),
+                    other => panic!("non-string key {other:?}"),
+                },
+            },
+        }
+    }
+}
+
+fn load_yaml(text: &str) -> Yaml {
+    let mut loader = Loader::default();
+    yaml_rust2::parser::Parser::new_from_str(text)
+        .load(&mut loader, false)
+        .expect("valid YAML");
+    loader.root.expect("one document")
+}
+
+/// accelerate's ClusterConfig / BaseConfig fields (accelerate 1.15,
+/// accelerate/commands/config/config_args.py) with the type its dataclass declares.
 const ACCELERATE_KEYS: &[(&str, &str)] = &[
     ("compute_environment", "str"),
     ("distributed_type", "str"),
@@ -97,10 +187,43 @@ const ACCELERATE_KEYS: &[(&str, &str)] = &[
     ("deepspeed_config", "map"),
     ("fsdp_config", "map"),
 ];
-const ACCELERATE_DS_KEYS: &[&str] = &["deepspeed_config_file", "zero3_init_flag"];
+/// deepspeed_config keys (accelerate/commands/config/cluster.py) and FSDP version 1 keys
+/// (accelerate/utils/dataclasses.py, FullyShardedDataParallelPlugin via FSDP_* variables).
+const ACCELERATE_DS_KEYS: &[(&str, &str)] = &[
+    ("deepspeed_config_file", "str"),
+    ("zero3_init_flag", "bool"),
+];
+const ACCELERATE_FSDP_KEYS: &[(&str, &str)] = &[
+    ("fsdp_version", "int"),
+    ("fsdp_sharding_strategy", "str"),
+    ("fsdp_auto_wrap_policy", "str"),
+    ("fsdp_offload_params", "bool"),
+    ("fsdp_state_dict_type", "str"),
+    ("fsdp_activation_checkpointing", "bool"),
+];
+
+fn check_types(map: &Yaml, known: &[(&str, &str)], what: &str) {
+    let Yaml::Map(entries) = map else {
+        panic!("{what} is not a mapping: {map:?}")
+    };
+    for (k, v) in entries {
+        let (_, ty) = known
+            .iter()
+            .find(|(n, _)| n == k)
+            .unwrap_or_else(|| panic!("unknown {what} key {k}"));
+        let ok = matches!(
+            (*ty, v),
+            ("str", Yaml::Str(_))
+                | ("int", Yaml::Int(_))
+                | ("bool", Yaml::Bool(_))
+                | ("map", Yaml::Map(_))
+        );
+        assert!(ok, "{what} {k}: {v:?} is not read as {ty}");
+    }
+}
 
 #[test]
-fn accelerate_yaml() {
+fn accelerate_yaml_reads_as_pyyaml_reads_it() {
     for (zero, gpus, offload) in [
         (Zero::Z0, 1, false),
         (Zero::Z0, 4, false),
@@ -108,47 +231,53 @@ fn accelerate_yaml() {
         (Zero::FsdpFull, 2, false),
     ] {
         let (_, s) = setup(zero, gpus, offload);
-        let y = emit::accelerate(&s);
-        let mut section = None;
-        for line in y.lines() {
-            let nested = line.starts_with("  ");
-            let (k, v) = line.trim().split_once(':').expect("key: value");
-            let v = v.trim();
-            if nested {
-                let parent = section.expect("nested key under a section");
-                if parent == "deepspeed_config" {
-                    assert!(ACCELERATE_DS_KEYS.contains(&k), "{k}");
-                } else {
-                    assert!(k.starts_with("fsdp_"), "{k}");
-                }
-                continue;
-            }
-            let (_, ty) = ACCELERATE_KEYS
-                .iter()
-                .find(|(n, _)| *n == k)
-                .unwrap_or_else(|| panic!("unknown accelerate key {k}"));
-            match *ty {
-                "int" => assert!(v.parse::<u64>().is_ok(), "{k}: {v}"),
-                "bool" => assert!(v == "true" || v == "false", "{k}: {v}"),
-                "map" => {
-                    assert!(v.is_empty());
-                    section = Some(k);
-                }
-                _ => assert!(!v.is_empty()),
-            }
+        let text = emit::accelerate(&s);
+        assert!(text.starts_with("# "), "names its target version: {text}");
+        assert!(text.contains("accelerate 1.15"), "{text}");
+        let y = load_yaml(&text);
+        check_types(&y, ACCELERATE_KEYS, "accelerate");
+        if let Some(ds) = y.get("deepspeed_config") {
+            check_types(ds, ACCELERATE_DS_KEYS, "deepspeed_config");
         }
-        assert!(y.contains(&format!("num_processes: {gpus}\n")));
+        if let Some(fsdp) = y.get("fsdp_config") {
+            check_types(fsdp, ACCELERATE_FSDP_KEYS, "fsdp_config");
+            // checkpointing is FSDP's here (transformers refuses it in TrainingArguments too)
+            assert_eq!(
+                fsdp.get("fsdp_activation_checkpointing"),
+                Some(&Yaml::Bool(s.grad_ckpt))
+            );
+        }
+        assert_eq!(y.get("num_processes"), Some(&Yaml::Int(gpus as i64)));
         let expected = match (zero, gpus) {
             (Zero::Z0, 1) => "NO",
             (Zero::Z0, _) => "MULTI_GPU",
             (Zero::FsdpFull, _) => "FSDP",
             _ => "DEEPSPEED",
         };
-        assert!(
-            y.contains(&format!("distributed_type: {expected}\n")),
-            "{y}"
+        assert_eq!(
+            y.get("distributed_type"),
+            Some(&Yaml::Str(expected.into())),
+            "{text}"
         );
+        if zero == Zero::Z0 {
+            assert_eq!(y.get("mixed_precision"), Some(&Yaml::Str("bf16".into())));
+        }
     }
+    // fp32 is accelerate's string "no", not YAML 1.1's false
+    let (_, mut s) = setup(Zero::Z0, 1, false);
+    s.precision = Precision::Fp32;
+    let y = load_yaml(&emit::accelerate(&s));
+    assert_eq!(y.get("mixed_precision"), Some(&Yaml::Str("no".into())));
+}
+
+#[test]
+fn the_yaml_reader_resolves_as_yaml_1_1() {
+    // the test's own reader: a plain NO is false, a quoted one the string
+    let y = load_yaml("a: NO\nb: 'NO'\nc: 3\nd: x\n");
+    assert_eq!(y.get("a"), Some(&Yaml::Bool(false)));
+    assert_eq!(y.get("b"), Some(&Yaml::Str("NO".into())));
+    assert_eq!(y.get("c"), Some(&Yaml::Int(3)));
+    assert_eq!(y.get("d"), Some(&Yaml::Str("x".into())));
 }
 
 /// transformers.TrainingArguments fields used, with their types.
@@ -201,12 +330,23 @@ fn hf_training_arguments() {
     assert!(HF_OPTIM.contains(&v["optim"].as_str().unwrap()));
     assert_eq!(v["per_device_train_batch_size"], 4);
     assert_eq!(v["deepspeed"], "deepspeed.json");
+    // transformers 5 still takes `gradient_checkpointing` (training_args.py); it has no
+    // `activation_checkpointing` field: that is FSDP's key, set in the accelerate YAML
+    assert_eq!(v["gradient_checkpointing"], true);
+    assert!(v.get("activation_checkpointing").is_none());
+    let (_, fsdp) = setup(Zero::FsdpFull, 2, false);
+    let v = emit::hf_training_args(&fsdp, &Hyper::defaults("t5-base", &fsdp));
+    assert_eq!(
+        v["gradient_checkpointing"], false,
+        "the Trainer refuses it beside FSDP's activation checkpointing"
+    );
 }
 
 #[test]
 fn memfit_train_toml() {
     let (_, s) = setup(Zero::Z0, 1, false);
     let text = emit::memfit_train(&s, &Hyper::defaults("chatlm-mini", &s));
+    assert!(text.contains("No training data named"), "{text}");
     let t: toml::Table = toml::from_str(&text).unwrap();
     let keys: Vec<&str> = t.keys().map(String::as_str).collect();
     let mut expected = vec![
@@ -229,8 +369,20 @@ fn memfit_train_toml() {
     assert_eq!(got, expected);
     assert_eq!(t["batch"].as_integer(), Some(4));
     assert_eq!(t["grad_ckpt"].as_bool(), Some(true));
-    assert_eq!(t["precision"].as_str(), Some("amp-bf16"));
+    // memfit train's own spelling: its bf16 is mixed (f32 master weights), as amp-bf16 is
+    assert_eq!(t["precision"].as_str(), Some("bf16"));
     assert!(t["lr"].is_float());
+    let hyper = Hyper {
+        data: Some("/d/train.jsonl".into()),
+        tokenizer: Some("/d/tok".into()),
+        ..Hyper::defaults("chatlm-mini", &s)
+    };
+    let text = emit::memfit_train(&s, &hyper);
+    assert!(!text.contains("No training data named"), "{text}");
+    let t: toml::Table = toml::from_str(&text).unwrap();
+    assert_eq!(t["data"].as_str(), Some("/d/train.jsonl"));
+    assert_eq!(t["tokenizer"].as_str(), Some("/d/tok"));
+    assert!(t.get("valid").is_none());
 }
 
 #[test]

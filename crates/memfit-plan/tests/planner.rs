@@ -76,3 +76,61 @@ fn tier_table_snapshot() {
     let t = tiers::tier_table(&arch, &base, 32, 0.1, &Framework::default()).unwrap();
     insta::assert_snapshot!("qwen_lora_tiers", t.markdown());
 }
+
+/// An offload is only chosen when it buys something: wherever the same setup without it fits, the
+/// plan takes that one (the offload's PCIe traffic costs time). The one-GPU LoRA case picked ZeRO-2
+/// with optimizer offload to move 0.01 GiB of adapter states off the GPU.
+#[test]
+fn an_offload_that_buys_nothing_loses_to_the_setup_without_it() {
+    let fw = Framework::default();
+    for (model, method, gpu_gib) in [
+        ("qwen2.5-0.5b", Method::Lora, [8u64, 12, 24, 80]),
+        ("chatlm-mini", Method::Full, [4, 8, 16, 80]),
+    ] {
+        for gib in gpu_gib {
+            let (arch, mut req) = request(model, Some(gib), 64);
+            req.base.method = method;
+            let arch = arch.with_task(req.base.task);
+            let p = plan(&arch, &req, &fw).unwrap();
+            let c = p.chosen.expect("a setup fits");
+            if !c.setup.offload_optimizer {
+                continue;
+            }
+            let mut plain = c.setup.clone();
+            plain.offload_optimizer = false;
+            plain.offload_params = false;
+            let need = memfit_plan::memory::estimate(&arch, &plain, &fw)
+                .unwrap()
+                .gpu
+                .unwrap()
+                .nvml_used_bytes;
+            assert!(
+                need > req.budget.usable_gpu().unwrap(),
+                "{model} {gib} GiB: chose {} although it fits without the offload",
+                c.summary()
+            );
+        }
+    }
+    // the LoRA case itself: the adapters' offload moved 0.01 GiB; the choice has none
+    let (arch, mut req) = request("qwen2.5-0.5b", Some(24), 64);
+    req.base.method = Method::Lora;
+    let arch = arch.with_task(req.base.task);
+    let c = plan(&arch, &req, &fw).unwrap().chosen.unwrap();
+    assert!(!c.setup.offload_optimizer, "{}", c.summary());
+}
+
+#[test]
+fn offload_traffic_grows_with_accumulation() {
+    use memfit_plan::search::throughput::offload_pcie_bytes;
+    let arch = preset("chatlm-mini").unwrap();
+    let mut s = Setup::new(&arch);
+    s.offload_optimizer = true;
+    s.zero = memfit_plan::memory::Zero::Z2;
+    s.precision = memfit_plan::memory::Precision::AmpBf16;
+    s.accum = 1;
+    // one micro-batch: 16-bit gradients down, 16-bit weights up
+    assert_eq!(offload_pcie_bytes(1000.0, &s), 4000.0);
+    s.accum = 4;
+    // each later micro-batch: the running sum up and the new gradients down
+    assert_eq!(offload_pcie_bytes(1000.0, &s), 16000.0);
+}

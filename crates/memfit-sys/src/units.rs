@@ -6,6 +6,12 @@ use std::time::Duration;
 pub enum UnitError {
     #[error("size {0:?}: expected a number with a unit such as 512MiB, 8GiB, 2G or 1500MB")]
     Size(String),
+    #[error("size {0:?} has no unit: write {0}GiB, {0}MiB or {0}B (bytes)")]
+    NoUnit(String),
+    #[error(
+        "{0:?} has no unit: write a size such as {0}GiB, {0}MiB or {0}B (bytes), or a share such as {0}%"
+    )]
+    NoUnitOrPercent(String),
     #[error("percentage {0:?}: expected a number between 0 and 100 followed by %, such as 90%")]
     Percent(String),
     #[error("duration {0:?}: expected a number with a unit such as 500ms, 30s, 2m or 1h")]
@@ -14,8 +20,8 @@ pub enum UnitError {
 
 const KIB: u64 = 1024;
 
-/// Parses `512MiB`, `8GiB`, `8G` (binary, as `free -g` and Docker read it), `1500MB` (decimal) or a bare
-/// byte count.
+/// Parses `512MiB`, `8GiB`, `8G` (binary, as `free -g` and Docker read it), `1500MB` (decimal) or
+/// `4096B`. A bare number is refused: `--budget 10` meant 10 GiB far more often than 10 bytes.
 pub fn parse_size(text: &str) -> Result<u64, UnitError> {
     let t = text.trim();
     let split = t
@@ -24,7 +30,8 @@ pub fn parse_size(text: &str) -> Result<u64, UnitError> {
     let (number, unit) = t.split_at(split);
     let value: f64 = number.parse().map_err(|_| UnitError::Size(text.into()))?;
     let scale = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
+        "" => return Err(UnitError::NoUnit(t.into())),
+        "b" => 1,
         "k" | "ki" | "kib" => KIB,
         "m" | "mi" | "mib" => KIB.pow(2),
         "g" | "gi" | "gib" => KIB.pow(3),
@@ -61,12 +68,15 @@ pub enum SizeOrPercent {
 }
 
 impl SizeOrPercent {
-    /// `80%` → a fraction, anything else → a size.
+    /// `80%` → a fraction, anything else → a size (a bare number is neither, and says so).
     pub fn parse(text: &str) -> Result<Self, UnitError> {
         if text.trim_end().ends_with('%') {
             parse_percent(text).map(Self::Fraction)
         } else {
-            parse_size(text).map(Self::Bytes)
+            parse_size(text).map(Self::Bytes).map_err(|e| match e {
+                UnitError::NoUnit(t) => UnitError::NoUnitOrPercent(t),
+                other => other,
+            })
         }
     }
 
@@ -98,13 +108,18 @@ pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
     Duration::try_from_secs_f64(seconds).map_err(|_| UnitError::Duration(text.into()))
 }
 
-/// Bytes as GiB with two decimals (DESIGN.md §2), or MiB below one GiB so small numbers stay readable.
+/// Bytes as GiB with two decimals (DESIGN.md §2), or MiB below one GiB (KiB, bytes below those) so
+/// small numbers stay readable.
 pub fn human_bytes(bytes: u64) -> String {
     let gib = bytes as f64 / KIB.pow(3) as f64;
     if gib >= 1.0 {
         format!("{gib:.2} GiB")
-    } else {
+    } else if bytes >= KIB.pow(2) {
         format!("{:.1} MiB", bytes as f64 / KIB.pow(2) as f64)
+    } else if bytes >= KIB {
+        format!("{:.1} KiB", bytes as f64 / KIB as f64)
+    } else {
+        format!("{bytes} B")
     }
 }
 
@@ -118,7 +133,10 @@ mod tests {
         assert_eq!(parse_size("8G"), Ok(8 << 30));
         assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
         assert_eq!(parse_size("1500MB"), Ok(1_500_000_000));
-        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("4096B"), Ok(4096));
+        // a bare number asks for a unit
+        assert_eq!(parse_size("10"), Err(UnitError::NoUnit("10".into())));
+        assert!(UnitError::NoUnit("10".into()).to_string().contains("10GiB"));
         assert!(parse_size("lots").is_err());
         assert!(parse_size("5 parsecs").is_err());
         assert!(parse_size("").is_err());
@@ -138,6 +156,9 @@ mod tests {
             Ok(SizeOrPercent::Bytes(1 << 30))
         );
         assert_eq!(SizeOrPercent::Fraction(0.5).resolve(1000), 500);
+        let bare = SizeOrPercent::parse("10").unwrap_err();
+        assert_eq!(bare, UnitError::NoUnitOrPercent("10".into()));
+        assert!(bare.to_string().contains("10%"), "{bare}");
     }
 
     #[test]
@@ -154,5 +175,7 @@ mod tests {
     fn human() {
         assert_eq!(human_bytes(3 << 30), "3.00 GiB");
         assert_eq!(human_bytes(300 << 20), "300.0 MiB");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(10), "10 B");
     }
 }

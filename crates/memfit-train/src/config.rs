@@ -216,10 +216,7 @@ impl ConfigLayer {
             path: path.display().to_string(),
             source,
         })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })
+        toml::from_str(&text).map_err(|e| parse_error(path, &text, &e))
     }
 
     /// Applies the settings this layer holds on top of `config`.
@@ -268,18 +265,45 @@ impl ConfigLayer {
             valid,
             tokenizer,
             max_grad_norm,
-            max_steps,
             save_steps,
             eval_steps,
             memory_budget_bytes,
             gpu_memory_budget_bytes
         );
+        // 0 = no step limit: run the epochs (as `memfit plan --emit memfit` writes it)
+        if let Some(n) = self.max_steps {
+            config.max_steps = (n > 0).then_some(n);
+        }
+    }
+}
+
+/// A TOML error as one line: the file, the line, and what is wrong (toml's own message spans
+/// several lines, with the file name far from the reason).
+fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
+    let line = e
+        .span()
+        .map(|span| text[..span.start.min(text.len())].lines().count().max(1));
+    let at = line.map_or(String::new(), |n| {
+        let source = text.lines().nth(n - 1).unwrap_or("").trim();
+        format!(", line {n} ({source})")
+    });
+    ConfigError::Parse {
+        path: format!("{}{at}", path.display()),
+        message: e.message().trim().to_string(),
     }
 }
 
 impl TrainConfig {
     /// Checks values a user controls; every message names the setting.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        // first: a task this trainer does not run explains the rest (a causal-lm plan's tgt_seq = 0)
+        if self.task != "seq2seq" {
+            return Err(ConfigError::Invalid {
+                field: "task",
+                value: self.task.clone(),
+                reason: "memfit train runs seq2seq (T5) tasks",
+            });
+        }
         let positive = |field: &'static str, v: usize| {
             if v == 0 {
                 Err(ConfigError::Invalid {
@@ -296,13 +320,6 @@ impl TrainConfig {
         positive("seq", self.seq)?;
         positive("tgt_seq", self.tgt_seq)?;
         positive("keep", self.keep)?;
-        if self.task != "seq2seq" {
-            return Err(ConfigError::Invalid {
-                field: "task",
-                value: self.task.clone(),
-                reason: "memfit train runs seq2seq (T5) tasks",
-            });
-        }
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return Err(ConfigError::Invalid {
                 field: "lr",
@@ -329,13 +346,6 @@ impl TrainConfig {
                 field: "epochs",
                 value: "0".into(),
                 reason: "give at least one epoch or --max-steps",
-            });
-        }
-        if self.max_steps == Some(0) {
-            return Err(ConfigError::Invalid {
-                field: "max_steps",
-                value: "0".into(),
-                reason: "must be at least 1",
             });
         }
         for group in &self.freeze {
@@ -396,10 +406,7 @@ impl TrainConfig {
     }
 
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })
+        toml::from_str(text).map_err(|e| parse_error(path, text, &e))
     }
 
     /// The settings that decide the trajectory of the weights, as name → value. Bookkeeping
@@ -481,6 +488,33 @@ mod tests {
         assert_eq!(c.accum, 4);
         assert_eq!(c.precision, Precision::Bf16);
         assert_eq!(c.max_steps, Some(10));
+    }
+
+    #[test]
+    fn max_steps_zero_runs_the_epochs() {
+        let file: ConfigLayer = toml::from_str("max_steps = 0\nepochs = 2\n").unwrap();
+        let mut c = TrainConfig {
+            max_steps: Some(5),
+            ..Default::default()
+        };
+        file.apply(&mut c);
+        assert_eq!(c.max_steps, None);
+        assert_eq!(c.epochs, 2);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn a_bad_value_names_the_file_line_and_accepted_values() {
+        let dir = std::env::temp_dir().join(format!("memfit-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("run.toml");
+        std::fs::write(&path, "model = \"t5-small\"\nprecision = \"amp-fp16\"\n").unwrap();
+        let err = ConfigLayer::from_file(&path).unwrap_err().to_string();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(!err.contains('\n'), "one line: {err}");
+        assert!(err.contains(&path.display().to_string()), "{err}");
+        assert!(err.contains("line 2"), "{err}");
+        assert!(err.contains("amp-fp16") && err.contains("bf16"), "{err}");
     }
 
     #[test]

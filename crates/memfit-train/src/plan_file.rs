@@ -180,7 +180,12 @@ pub fn planned_start(
     let arch = arch_of(config, model_config).map_err(PlanError::Input)?;
     let base = setup_of(config, &arch, 0);
     let effective = base.batch * base.accum;
-    let budget_line = format!("budget {} ({})", gib(budget.ram_bytes), budget.ram_source);
+    // MiB (or less) for a small budget: "0.00 GiB" hid what was given
+    let budget_line = format!(
+        "budget {} ({})",
+        memfit_sys::units::human_bytes(budget.ram_bytes),
+        budget.ram_source
+    );
     // the memory guard halves the micro-batch above this share of the budget: plan below it
     let soft_limit = (budget.ram_bytes as f64 * config.guard_soft_fraction) as u64;
     let mut lines = Vec::new();

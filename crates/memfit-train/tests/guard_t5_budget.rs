@@ -81,7 +81,7 @@ impl Observer for WriteBudgetAt {
             // limit (95 %) is ~9 % above it.
             let budget = (own_charged_bytes() as f64 / 0.87) as u64;
             let tmp = self.file.with_extension("tmp");
-            std::fs::write(&tmp, format!("{budget}\n")).unwrap();
+            std::fs::write(&tmp, format!("{budget}B\n")).unwrap();
             std::fs::rename(&tmp, &self.file).unwrap();
             self.written = Some(budget);
         }

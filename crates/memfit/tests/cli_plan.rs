@@ -121,6 +121,13 @@ fn bad_input_exits_2() {
         &[
             &format!("plan --model t5-small --emit deepspeed {budget}"), // --emit without --out
             "plan --model t5-small --gpu-mem lots --host-mem 8GiB",
+            // a bare number has no unit (it was read as bytes)
+            "plan --model t5-small --gpu-mem 24 --host-mem 8GiB",
+            "plan --model t5-small --gpu-mem 24GiB --host-mem 64",
+            // --data for the memfit TOML must exist
+            &format!(
+                "plan --model t5-small --emit memfit --out x --data /nonexistent.jsonl {budget}"
+            ),
             &format!("plan --model t5-small --headroom 200% {budget}"),
             &format!("plan --model t5-small --emit docker --out x {budget}"),
             &format!("plan --model no-such-model {budget}"),

@@ -46,6 +46,30 @@ fn the_commands_own_exit_code_passes_through() {
 }
 
 #[test]
+fn a_bare_number_or_a_budget_too_small_to_start_is_refused_before_launch() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("started");
+    let touch = format!("touch {}", marker.display());
+    for (budget, needle) in [
+        // 10 bytes was taken as a budget and the job SIGKILLed at once
+        ("10", "has no unit"),
+        ("10", "10GiB"),
+        ("10B", "below 16.0 MiB"),
+        ("1MiB", "below 16.0 MiB"),
+        ("0.0001%", "below 16.0 MiB"),
+    ] {
+        let o = run(&["--budget", budget, "--", "sh", "-c", &touch]);
+        assert_eq!(o.status.code(), Some(2), "{budget}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{budget}: {}", stderr(&o));
+        assert!(!marker.exists(), "--budget {budget}: the job was started");
+    }
+    // at the floor a small job runs to its end
+    let o = run(&["--budget", "16MiB", "--", "sh", "-c", &touch]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(marker.exists());
+}
+
+#[test]
 fn bad_input_exits_2_and_names_the_value() {
     for (args, needle) in [
         (vec!["--budget", "lots", "--", "true"], "--budget"),

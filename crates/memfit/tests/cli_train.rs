@@ -227,17 +227,34 @@ fn bad_input_exits_2_with_a_clear_message() {
     );
     expect_2(&["train", "--profile", "nope"], "known profiles");
     expect_2(&["train", "--batch", "0"], "batch");
-    // A model whose vocabulary is smaller than the tokenizer's.
+    // A named model with no data is refused, not trained on the demo's data.
     let cfg = dir.path().join("config.json");
     std::fs::write(&cfg, r#"{"model_type": "t5", "vocab_size": 10, "d_model": 8, "d_kv": 4, "d_ff": 16, "num_layers": 1, "num_heads": 2}"#).unwrap();
     let run = dir.path().join("vocab");
+    let (run_s, cfg_s) = (run.to_str().unwrap(), cfg.to_str().unwrap());
+    expect_2(
+        &["train", "--out", run_s, "--model", cfg_s],
+        "needs training data",
+    );
+    assert!(!run.exists(), "a refused run leaves nothing behind");
+
+    let ok = dir.path().join("ok");
+    let out = memfit().args(demo_args(&ok, 2)).output().unwrap();
+    assert!(out.status.success());
+    // A model whose vocabulary is smaller than the tokenizer's (the demo's files as data).
+    let (data, tok) = (ok.join("demo/train.jsonl"), ok.join("demo/tokenizer"));
+    let (data, tok) = (data.to_str().unwrap(), tok.to_str().unwrap());
     expect_2(
         &[
             "train",
             "--out",
-            run.to_str().unwrap(),
+            run_s,
             "--model",
-            cfg.to_str().unwrap(),
+            cfg_s,
+            "--data",
+            data,
+            "--tokenizer",
+            tok,
         ],
         "vocab_size 10",
     );
@@ -245,11 +262,7 @@ fn bad_input_exits_2_with_a_clear_message() {
         !run.join("config.toml").exists(),
         "a refused run leaves no run behind"
     );
-
     // A resume that changes the trajectory is refused and names the change.
-    let ok = dir.path().join("ok");
-    let out = memfit().args(demo_args(&ok, 2)).output().unwrap();
-    assert!(out.status.success());
     expect_2(
         &["train", "--resume", ok.to_str().unwrap(), "--lr", "0.5"],
         "--allow-config-change",

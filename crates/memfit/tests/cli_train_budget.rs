@@ -112,6 +112,10 @@ fn bad_budgets_and_policies_exit_2_naming_the_value() {
         (&["--budget-ram", "lots"][..], "lots"),
         (&["--budget-ram", "250%"][..], "250%"),
         (&["--budget", "0"][..], "\"0\""),
+        // a bare number was 10 bytes ("0.00 GiB"): it asks for a unit or a percentage now
+        (&["--budget-ram", "10"][..], "10GiB"),
+        (&["--budget-ram", "10"][..], "10%"),
+        (&["--budget-gpu", "10"][..], "has no unit"),
         (&["--budget-gpu", "8 parsecs"][..], "8 parsecs"),
         (&["--policy", "chatlm-v9"][..], "chatlm-v9"),
     ] {

@@ -97,7 +97,7 @@ fn a_lowered_budget_halves_the_micro_batch_and_the_run_completes() {
     // A budget whose soft limit (85 %) lies under what the run holds now, and whose hard limit (95 %)
     // is ~5 % above it.
     let budget = (charged(&child) as f64 / 0.90) as u64;
-    write_budget(&run, &format!("{budget}\n"));
+    write_budget(&run, &format!("{budget}B\n"));
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");

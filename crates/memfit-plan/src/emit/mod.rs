@@ -1,13 +1,34 @@
 //! Config files for the tools that run a planned setup. Each function returns file contents; the
-//! binary writes them (atomically). Keys are those the tools document:
+//! binary writes them (atomically). Keys are those the tools document, in the versions named by
+//! [`TARGETS`] (checked against each tool's source at that version):
 //! - DeepSpeed: docs "DeepSpeed Configuration JSON" (deepspeed/runtime/config.py, zero/config.py);
-//! - accelerate: the YAML `accelerate config` writes (accelerate/commands/config/config_args.py);
+//! - accelerate: the YAML `accelerate config` writes (accelerate/commands/config/config_args.py),
+//!   read back with PyYAML (YAML 1.1: a plain `NO` is the boolean false, so strings are quoted);
 //! - Hugging Face `TrainingArguments` fields (transformers/training_args.py);
 //! - memfit train: the TOML keys documented in docs/memory-model.md ("memfit train TOML").
 
 use crate::arch::Arch;
 use crate::memory::{Method, Optimizer, Precision, Setup, Zero};
 use serde_json::{Value, json};
+
+/// The tool versions the emitted files are written for (named in each file that allows a comment,
+/// and in docs/memory-model.md). JSON files cannot carry a comment: DeepSpeed and transformers
+/// read every key of theirs.
+pub const TARGETS: &[(Kind, &str)] = &[
+    (Kind::Deepspeed, "DeepSpeed 0.19"),
+    (Kind::Accelerate, "accelerate 1.15 (FSDP version 1 keys)"),
+    (Kind::Hf, "transformers 5.23"),
+    (Kind::Memfit, "memfit train (this build)"),
+    (Kind::Profiles, "memfit run --profiles (this build)"),
+];
+
+/// The version a kind targets, as in [`TARGETS`].
+pub fn target(kind: Kind) -> &'static str {
+    TARGETS
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map_or("", |(_, v)| v)
+}
 
 /// What `--emit` accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +73,11 @@ pub struct Hyper {
     pub epochs: u64,
     /// 0 = run the epochs.
     pub max_steps: u64,
+    /// memfit train's data and tokenizer (absolute paths), when the caller knows them; without
+    /// them the memfit TOML says they are missing and `memfit train` refuses to start.
+    pub data: Option<String>,
+    pub valid: Option<String>,
+    pub tokenizer: Option<String>,
 }
 
 impl Hyper {
@@ -66,6 +92,9 @@ impl Hyper {
             },
             epochs: 1,
             max_steps: 0,
+            data: None,
+            valid: None,
+            tokenizer: None,
         }
     }
 }
@@ -119,7 +148,8 @@ pub fn deepspeed(arch: &Arch, setup: &Setup, hyper: &Hyper) -> Value {
     v
 }
 
-/// accelerate config YAML.
+/// accelerate config YAML. Strings are single-quoted: accelerate reads the file with PyYAML, whose
+/// YAML 1.1 resolver turns a plain `NO` (`distributed_type`) or `no` into the boolean false.
 pub fn accelerate(setup: &Setup) -> String {
     let world = setup.world();
     let distributed = if setup.zero.is_fsdp() {
@@ -134,13 +164,17 @@ pub fn accelerate(setup: &Setup) -> String {
     let mixed = match setup.precision {
         Precision::AmpBf16 | Precision::Bf16 => "bf16",
         Precision::AmpFp16 | Precision::Fp16 => "fp16",
-        Precision::Fp32 => "'no'",
+        Precision::Fp32 => "no",
     };
-    let mut y = String::from("compute_environment: LOCAL_MACHINE\n");
-    y += &format!("distributed_type: {distributed}\n");
+    let mut y = format!(
+        "# accelerate launch --config_file FILE; written by memfit plan for {}\n",
+        target(Kind::Accelerate)
+    );
+    y += "compute_environment: 'LOCAL_MACHINE'\n";
+    y += &format!("distributed_type: '{distributed}'\n");
     if distributed == "DEEPSPEED" {
         y += "deepspeed_config:\n";
-        y += "  deepspeed_config_file: deepspeed.json\n";
+        y += "  deepspeed_config_file: 'deepspeed.json'\n";
         y += &format!("  zero3_init_flag: {}\n", setup.zero.stage() == 3);
     }
     if distributed == "FSDP" {
@@ -150,24 +184,30 @@ pub fn accelerate(setup: &Setup) -> String {
         } else {
             "SHARD_GRAD_OP"
         };
-        y += &format!("  fsdp_sharding_strategy: {strategy}\n");
-        y += "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n";
+        y += "  fsdp_version: 1\n";
+        y += &format!("  fsdp_sharding_strategy: '{strategy}'\n");
+        y += "  fsdp_auto_wrap_policy: 'TRANSFORMER_BASED_WRAP'\n";
         y += &format!("  fsdp_offload_params: {}\n", setup.offload_params);
-        y += "  fsdp_state_dict_type: SHARDED_STATE_DICT\n";
+        y += "  fsdp_state_dict_type: 'SHARDED_STATE_DICT'\n";
+        // Under FSDP, checkpointing is FSDP's: transformers refuses `gradient_checkpointing`
+        // together with it (Trainer.create_accelerator_and_postprocess), see hf_training_args.
+        y += &format!("  fsdp_activation_checkpointing: {}\n", setup.grad_ckpt);
     } else if distributed != "DEEPSPEED" {
-        y += &format!("mixed_precision: {mixed}\n");
+        y += &format!("mixed_precision: '{mixed}'\n");
     }
     y += "machine_rank: 0\n";
-    y += "main_training_function: main\n";
+    y += "main_training_function: 'main'\n";
     y += &format!("num_machines: {}\n", setup.nodes);
     y += &format!("num_processes: {world}\n");
-    y += "rdzv_backend: static\n";
+    y += "rdzv_backend: 'static'\n";
     y += "same_network: true\n";
     y += &format!("use_cpu: {}\n", setup.device == crate::memory::Device::Cpu);
     y
 }
 
-/// Hugging Face TrainingArguments as JSON (`TrainingArguments(**json.load(f))`).
+/// Hugging Face TrainingArguments as JSON (`TrainingArguments(**json.load(f))`). transformers 5
+/// still names checkpointing `gradient_checkpointing` (`activation_checkpointing` is a key of FSDP's
+/// config, which the accelerate YAML sets instead under FSDP: the Trainer refuses both at once).
 pub fn hf_training_args(setup: &Setup, hyper: &Hyper) -> Value {
     let optim = match setup.optimizer {
         Optimizer::AdamW => "adamw_torch",
@@ -181,7 +221,7 @@ pub fn hf_training_args(setup: &Setup, hyper: &Hyper) -> Value {
         "output_dir": "out",
         "per_device_train_batch_size": setup.batch,
         "gradient_accumulation_steps": setup.accum,
-        "gradient_checkpointing": setup.grad_ckpt,
+        "gradient_checkpointing": setup.grad_ckpt && !setup.zero.is_fsdp(),
         "bf16": matches!(setup.precision, Precision::AmpBf16 | Precision::Bf16),
         "fp16": matches!(setup.precision, Precision::AmpFp16 | Precision::Fp16),
         "optim": optim,
@@ -201,8 +241,19 @@ pub fn hf_training_args(setup: &Setup, hyper: &Hyper) -> Value {
     v
 }
 
-/// memfit train TOML: model, task, batch, accum, seq, tgt_seq, precision, optimizer, grad_ckpt,
-/// lr, epochs, max_steps.
+/// The precision memfit train runs for a planned one: fp32, or bf16 (memfit's bf16 is mixed: f32
+/// master weights, bf16 activations — what amp-bf16 is; fp16 has no kernel here and the same bytes
+/// as bf16).
+fn memfit_precision(p: Precision) -> &'static str {
+    match p {
+        Precision::Fp32 => "fp32",
+        _ => "bf16",
+    }
+}
+
+/// memfit train TOML: model, task, [data, valid, tokenizer], batch, accum, seq, tgt_seq, precision,
+/// optimizer, grad_ckpt, lr, epochs, max_steps. Without data the file says so in a comment, and
+/// `memfit train` refuses it, naming the file.
 pub fn memfit_train(setup: &Setup, hyper: &Hyper) -> String {
     let mut t = toml::Table::new();
     t.insert("model".into(), hyper.model.clone().into());
@@ -211,17 +262,40 @@ pub fn memfit_train(setup: &Setup, hyper: &Hyper) -> String {
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default();
     t.insert("task".into(), task.into());
+    if setup.method != Method::Full {
+        // a trainer that does not know the key must not train every weight instead: memfit train
+        // warns about keys it ignores, and `memfit check` refuses a config with one
+        t.insert("method".into(), setup.method.as_str().into());
+    }
+    for (key, value) in [
+        ("data", &hyper.data),
+        ("valid", &hyper.valid),
+        ("tokenizer", &hyper.tokenizer),
+    ] {
+        if let Some(v) = value {
+            t.insert(key.into(), v.clone().into());
+        }
+    }
     t.insert("batch".into(), (setup.batch as i64).into());
     t.insert("accum".into(), (setup.accum as i64).into());
     t.insert("seq".into(), (setup.seq as i64).into());
     t.insert("tgt_seq".into(), (setup.tgt_seq as i64).into());
-    t.insert("precision".into(), setup.precision.as_str().into());
+    t.insert("precision".into(), memfit_precision(setup.precision).into());
     t.insert("optimizer".into(), setup.optimizer.as_str().into());
     t.insert("grad_ckpt".into(), setup.grad_ckpt.into());
     t.insert("lr".into(), hyper.lr.into());
     t.insert("epochs".into(), (hyper.epochs as i64).into());
     t.insert("max_steps".into(), (hyper.max_steps as i64).into());
-    toml::to_string(&t).unwrap_or_default()
+    let mut text = format!(
+        "# written by memfit plan for {}: memfit train --config FILE (keys: docs/memory-model.md)\n",
+        target(Kind::Memfit)
+    );
+    if hyper.data.is_none() {
+        text += "# No training data named: set `data` (parquet/JSONL file or token store) and\n";
+        text +=
+            "# `tokenizer` (tokenizer.json or its directory) here, or pass --data/--tokenizer.\n";
+    }
+    text + &toml::to_string(&t).unwrap_or_default()
 }
 
 /// Lower-memory variants of a setup for `memfit run --profiles`, leanest last: each overrides
@@ -291,7 +365,8 @@ pub fn profiles(setup: &Setup) -> String {
     }
     let mut root = toml::Table::new();
     root.insert("profile".into(), toml::Value::Array(list));
-    toml::to_string(&root).unwrap_or_default()
+    format!("# written by memfit plan for {}\n", target(Kind::Profiles))
+        + &toml::to_string(&root).unwrap_or_default()
 }
 
 /// Renders the requested kinds: (file name, contents).

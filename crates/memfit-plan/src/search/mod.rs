@@ -131,7 +131,10 @@ fn micro_batches(per_rank: u64) -> Vec<u64> {
     v
 }
 
-/// Sharding options: ZeRO stages need several ranks unless they offload.
+/// Sharding options. On one GPU ZeRO partitions nothing, but ZeRO-2 still runs DeepSpeed's 16-bit
+/// model (fp32 master weights in the optimizer), which halves frozen weights: it is searched there
+/// too, so that an offload is always weighed against the same setup without it and only wins when
+/// the memory it moves off the GPU buys something.
 fn zero_options(setup: &Setup) -> Vec<(Zero, bool, bool)> {
     if setup.device == Device::Cpu {
         return vec![(Zero::Z0, false, false)];
@@ -143,6 +146,8 @@ fn zero_options(setup: &Setup) -> Vec<(Zero, bool, bool)> {
             (Zero::Z2, false, false),
             (Zero::Z3, false, false),
         ]);
+    } else {
+        v.push((Zero::Z2, false, false));
     }
     v.extend([
         (Zero::Z2, true, false),
@@ -247,10 +252,16 @@ pub fn plan_with(
         }
     }
     let considered = all.len();
-    // fastest first; ties → less GPU memory, then less host memory
+    // fastest first; ties → the setup with fewer parts (no ZeRO, no offload: one GPU's ZeRO-2 ties
+    // with the plain setup), then less GPU memory, then less host memory
+    let parts = |c: &Candidate| {
+        let s = &c.setup;
+        (s.zero != Zero::Z0, s.offload_optimizer, s.offload_params)
+    };
     all.sort_by(|a, b| {
         b.tokens_per_s
             .total_cmp(&a.tokens_per_s)
+            .then(parts(a).cmp(&parts(b)))
             .then(a.gpu_need().cmp(&b.gpu_need()))
             .then(a.host_need().cmp(&b.host_need()))
     });

@@ -10,8 +10,12 @@
 //!   micro-batch, T½ = 1024 tokens on a GPU (kernel launch and tile under-occupancy), 64 on CPU.
 //!   T½ is an assumed scale (a GEMM with ~1k rows reaches about half of peak on current GPUs),
 //!   not a measurement; it decides how much a larger micro-batch is worth against checkpointing.
-//! - offload moves data over PCIe each step (gradients down, 16-bit weights up; with parameter
-//!   offload every parameter crosses twice per micro-batch) and runs Adam on the CPU;
+//! - optimizer offload moves gradients over PCIe every micro-batch, not once per step: DeepSpeed's
+//!   ZeRO-1/2 offload copies each micro-batch's gradients to the host and, to accumulate, the host's
+//!   running sum back up first (deepspeed/runtime/zero/stage_1_and_2.py,
+//!   `async_accumulate_grad_in_cpu_via_gpu`, called from `copy_grads_in_partition` when
+//!   gradient_accumulation_steps > 1), then at the step the updated 16-bit weights go up; Adam runs
+//!   on the CPU. With parameter offload every parameter crosses twice per micro-batch;
 //! - data-parallel communication: ring all-reduce moves 2·(w−1)/w of the gradient bytes;
 //!   ZeRO-3 adds all-gathers of the parameters in forward and backward.
 
@@ -105,6 +109,20 @@ fn active_fraction(arch: &Arch, t: &crate::arch::ParamTensor) -> f64 {
     }
 }
 
+/// Bytes an optimizer offload moves over PCIe per optimizer step for `trainable` parameters: the
+/// gradients of every micro-batch down (16-bit under ZeRO mixed precision, else the weights' width),
+/// the running sum up before each micro-batch after the first, and the updated 16-bit weights up once
+/// (DeepSpeed stage_1_and_2.py; see the module doc).
+pub fn offload_pcie_bytes(trainable: f64, setup: &Setup) -> f64 {
+    let grad_b = if crate::memory::states::uses_master(setup) {
+        2.0
+    } else {
+        setup.precision.weight_bytes() as f64
+    };
+    let accum = setup.accum.max(1) as f64;
+    trainable * (grad_b * (2.0 * accum - 1.0) + 2.0)
+}
+
 /// Tokens processed per second (higher is better) and the step time breakdown.
 pub fn tokens_per_second(arch: &Arch, setup: &Setup) -> f64 {
     use rates::*;
@@ -141,8 +159,7 @@ pub fn tokens_per_second(arch: &Arch, setup: &Setup) -> f64 {
     let params = arch.params_total() as f64;
     let wb = setup.precision.weight_bytes() as f64;
     let optimizer = if setup.offload_optimizer {
-        // gradients down, updated 16-bit weights up, Adam on the CPU
-        tr * (wb + 2.0) / PCIE_BW + tr / CPU_ADAM_PARAMS_PER_S
+        offload_pcie_bytes(tr, setup) / PCIE_BW + tr / CPU_ADAM_PARAMS_PER_S
     } else if setup.device == Device::Cpu {
         tr * 16.0 / CPU_MEM_BW
     } else {

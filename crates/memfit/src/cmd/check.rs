@@ -35,6 +35,16 @@ pub struct Args {
     /// With --model: where the configs go (default: DIR/memfit-plan).
     #[arg(long, requires = "model")]
     out: Option<PathBuf>,
+    /// With --model: training data the memfit train config names (parquet/JSONL or a token store);
+    /// without it, the printed command carries --data/--tokenizer placeholders.
+    #[arg(long, requires = "model", value_name = "FILE|STORE")]
+    data: Option<PathBuf>,
+    /// With --data: validation data, as --data.
+    #[arg(long, requires = "data", value_name = "FILE|STORE")]
+    valid: Option<PathBuf>,
+    /// With --data: tokenizer.json or its directory.
+    #[arg(long, requires = "data", value_name = "PATH")]
+    tokenizer: Option<PathBuf>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -111,6 +121,19 @@ fn run_plan(
             cmd.args([flag, &v]);
         }
     }
+    if runtime == "memfit" {
+        // memfit train computes on the CPU: its plan is for RAM, whatever GPU the machine has
+        cmd.args(["--gpu-mem", "none"]);
+        for (flag, value) in [
+            ("--data", &args.data),
+            ("--valid", &args.valid),
+            ("--tokenizer", &args.tokenizer),
+        ] {
+            if let Some(v) = value {
+                cmd.arg(flag).arg(v);
+            }
+        }
+    }
     let output = cmd.output().context("running memfit plan")?;
     let stderr = String::from_utf8_lossy(&output.stderr);
     let message = stderr.trim().trim_start_matches("error: ").to_owned();
@@ -141,22 +164,83 @@ fn recommend(args: &Args, model: &str) -> anyhow::Result<Value> {
         file(&pt_dir, "accelerate.yaml"),
         file(&pt_dir, "deepspeed.json"),
     );
-    let memfit = section(
-        run_plan(args, model, "memfit", "memfit,profiles", &mf_dir)?,
+    let (q_train, q_profiles, q_accelerate) = (shell(&train), shell(&profiles), shell(&accelerate));
+    let (train_cmd, note) = match &args.data {
+        Some(_) => (format!("memfit train --config {q_train}"), None),
+        None => (
+            format!("memfit train --config {q_train} --data TRAIN_FILE --tokenizer TOKENIZER"),
+            Some(format!(
+                "{train} names no training data: replace TRAIN_FILE and TOKENIZER, or run memfit \
+                 check with --data/--tokenizer to write them into it"
+            )),
+        ),
+    };
+    let memfit = match run_plan(args, model, "memfit", "memfit,profiles", &mf_dir)? {
+        Planned::Fits(plan) => match train_refuses(&train)? {
+            Some(reason) => Planned::DoesNotFit(reason),
+            None => Planned::Fits(plan),
+        },
+        other => other,
+    };
+    let mut memfit = section(
+        memfit,
         serde_json::json!({"memfit_train": train, "profiles": profiles}),
         serde_json::json!({
-            "train": format!("memfit train --config {train}"),
-            "guarded": format!("memfit run --profiles {profiles} -- memfit train --config {train}"),
+            "train": train_cmd,
+            "guarded": format!("memfit run --profiles {q_profiles} -- {train_cmd}"),
         }),
     );
+    if let (Some(note), Value::Object(map)) = (note, &mut memfit)
+        && map.get("fits") == Some(&Value::Bool(true))
+    {
+        map.insert("note".into(), note.into());
+    }
     let pytorch = section(
         run_plan(args, model, "pytorch", "accelerate,deepspeed", &pt_dir)?,
         serde_json::json!({"accelerate": accelerate, "deepspeed": deepspeed}),
         serde_json::json!({
-            "accelerate": format!("accelerate launch --config_file {accelerate} train.py"),
+            "accelerate": format!("accelerate launch --config_file {q_accelerate} train.py"),
         }),
     );
     Ok(serde_json::json!({"memfit": memfit, "pytorch": pytorch}))
+}
+
+/// A path as one shell word: single-quoted when it holds anything but `[A-Za-z0-9_./+-]`, so that a
+/// printed command runs as printed.
+fn shell(path: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_./+-".contains(c);
+    if !path.is_empty() && path.chars().all(plain) {
+        path.to_owned()
+    } else {
+        format!("'{}'", path.replace('\'', r"'\''"))
+    }
+}
+
+/// Why memfit train would not run the config `memfit plan` wrote (it cannot train this model, task
+/// or method), asked of memfit train itself (`--plan-only`, this same binary); `None` when it would.
+fn train_refuses(config: &str) -> anyhow::Result<Option<String>> {
+    let exe = std::env::current_exe().context("locating the memfit binary")?;
+    let output = std::process::Command::new(exe)
+        .args(["train", "--plan-only", "--json", "--config", config])
+        .output()
+        .context("running memfit train --plan-only")?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let ignored = stderr
+        .lines()
+        .find(|l| l.contains("is not a memfit train setting"));
+    Ok(match (output.status.code(), ignored) {
+        (Some(0), None) => None,
+        (Some(0), Some(line)) => Some(format!("cannot run this config: {line}")),
+        _ => Some(format!(
+            "cannot run this config: {}",
+            stderr
+                .trim()
+                .lines()
+                .last()
+                .unwrap_or("")
+                .trim_start_matches("error: ")
+        )),
+    })
 }
 
 fn section(planned: Planned, files: Value, commands: Value) -> Value {
@@ -189,10 +273,7 @@ fn render_recommendation(rec: &Value) -> String {
     ] {
         let s = &rec[stack];
         if s["fits"].as_bool() != Some(true) {
-            out.push_str(&format!(
-                "\n{title}: nothing fits: {}\n",
-                text(&s["reason"])
-            ));
+            out.push_str(&format!("\n{title}: {}\n", text(&s["reason"])));
             continue;
         }
         out.push_str(&format!(
@@ -205,6 +286,9 @@ fn render_recommendation(rec: &Value) -> String {
             if let Some(command) = s["commands"][key].as_str() {
                 out.push_str(&format!("  {command}\n"));
             }
+        }
+        if let Some(note) = s["note"].as_str() {
+            out.push_str(&format!("  ({note})\n"));
         }
         if stack == "pytorch" {
             out.push_str(&format!(
@@ -356,4 +440,14 @@ fn render(m: &Machine) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn paths_become_one_shell_word() {
+        assert_eq!(super::shell("/a/b-c_d.toml"), "/a/b-c_d.toml");
+        assert_eq!(super::shell("/my runs/x.toml"), "'/my runs/x.toml'");
+        assert_eq!(super::shell("it's"), r"'it'\''s'");
+    }
 }

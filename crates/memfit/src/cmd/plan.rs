@@ -12,6 +12,7 @@ use memfit_plan::Task;
 use memfit_plan::emit::{self, Hyper, Kind};
 use memfit_plan::memory::{Framework, Optimizer, Runtime, Setup, gib};
 use memfit_plan::search::{self, Budget, Candidate, Request, tiers};
+use memfit_sys::units::parse_size;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -56,6 +57,15 @@ pub struct Args {
     /// Directory for --emit files.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Training data the emitted memfit train TOML names (parquet/JSONL or a token store).
+    #[arg(long, value_name = "FILE|STORE")]
+    pub data: Option<PathBuf>,
+    /// Validation data for the memfit train TOML, as --data.
+    #[arg(long, value_name = "FILE|STORE")]
+    pub valid: Option<PathBuf>,
+    /// Tokenizer for the memfit train TOML: tokenizer.json or its directory.
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<PathBuf>,
     /// Print the tier table (host RAM × GPU memory) instead of one plan.
     #[arg(long)]
     pub tiers: bool,
@@ -76,33 +86,6 @@ fn parse_headroom(s: &str) -> Result<f64, String> {
     }
 }
 
-/// "24GiB", "16G", "512MiB", "2e10" (bytes): binary units for GiB/MiB/G/M, decimal for GB/MB.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size like 24GiB"))?;
-    let scale = match unit.trim() {
-        "" | "B" => 1.0,
-        "KiB" | "K" => 1024.0,
-        "MiB" | "M" => 1024.0 * 1024.0,
-        "GiB" | "G" => (1u64 << 30) as f64,
-        "TiB" | "T" => (1u64 << 40) as f64,
-        "KB" => 1e3,
-        "MB" => 1e6,
-        "GB" => 1e9,
-        "TB" => 1e12,
-        u => return Err(format!("{s:?}: unknown unit {u:?}")),
-    };
-    if n < 0.0 || !n.is_finite() {
-        return Err(format!("{s:?} must be positive"));
-    }
-    Ok((n * scale) as u64)
-}
-
 fn gpu_budget(arg: &str) -> anyhow::Result<Option<u64>> {
     match arg {
         "none" | "cpu" | "0" => Ok(None),
@@ -116,7 +99,7 @@ fn gpu_budget(arg: &str) -> anyhow::Result<Option<u64>> {
         },
         s => parse_size(s)
             .map(Some)
-            .map_err(|e| bad_input(format!("--gpu-mem {e}"))),
+            .map_err(|e| bad_input(format!("--gpu-mem: {e}"))),
     }
 }
 
@@ -125,7 +108,7 @@ fn host_budget(arg: &str) -> anyhow::Result<u64> {
         "auto" => Ok(memfit_sys::probe::host_memory()
             .context("--host-mem auto: reading this machine's memory")?
             .effective_available_bytes),
-        s => parse_size(s).map_err(|e| bad_input(format!("--host-mem {e}"))),
+        s => parse_size(s).map_err(|e| bad_input(format!("--host-mem: {e}"))),
     }
 }
 
@@ -236,7 +219,7 @@ pub fn run(args: Args) -> Outcome {
     };
     if let Some(dir) = &args.out {
         let mut o = String::new();
-        let hyper = Hyper::defaults(&args.model, &chosen.setup);
+        let hyper = hyper(&args, &chosen.setup)?;
         for (name, text) in emit::render(&kinds, &arch, &chosen.setup, &hyper) {
             write_atomic(&dir.join(name), &text)?;
             if !args.json {
@@ -246,6 +229,34 @@ pub fn run(args: Args) -> Outcome {
         write_stdout(&o)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The emitted files' hyper-parameters: paths absolute (the files are read from another
+/// directory), each given path checked to exist.
+fn hyper(args: &Args, setup: &Setup) -> anyhow::Result<Hyper> {
+    let absolute = |flag: &str, p: &Path| {
+        if !p.exists() {
+            return Err(bad_input(format!("--{flag} {}: no such file", p.display())));
+        }
+        Ok(std::path::absolute(p)
+            .unwrap_or_else(|_| p.to_path_buf())
+            .display()
+            .to_string())
+    };
+    let model_path = Path::new(&args.model);
+    let model = if model_path.is_file() {
+        absolute("model", model_path)?
+    } else {
+        args.model.clone()
+    };
+    let path =
+        |flag: &str, p: &Option<PathBuf>| p.as_deref().map(|p| absolute(flag, p)).transpose();
+    Ok(Hyper {
+        data: path("data", &args.data)?,
+        valid: path("valid", &args.valid)?,
+        tokenizer: path("tokenizer", &args.tokenizer)?,
+        ..Hyper::defaults(&model, setup)
+    })
 }
 
 fn tier_heading(model: &str, args: &Args) -> String {

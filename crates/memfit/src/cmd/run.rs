@@ -141,6 +141,9 @@ pub fn run(args: Args) -> Outcome {
                 "cannot start {program:?}: no such program"
             )));
         }
+        Err(e @ SuperviseError::BudgetBelowFloor { .. }) => {
+            return Err(bad_input(format!("--budget {}: {e}", args.budget)));
+        }
         other => other.context("memfit run")?,
     };
     eprint!("{}", render(&summary));

@@ -272,7 +272,24 @@ fn resolve_new(args: &Args) -> anyhow::Result<TrainConfig> {
             "--data needs --model (a preset such as chatlm-mini, or a config.json) or --preset",
         ));
     }
+    if config.model != "demo" && config.data.is_none() && !args.plan_only {
+        return Err(bad_input(no_data(args, &config.model)));
+    }
     Ok(config)
+}
+
+/// A named model with no data: say where the data should have come from (only the demo trains
+/// without it).
+fn no_data(args: &Args, model: &str) -> String {
+    let fix = "set `data` (a parquet/JSONL file or a token store) and `tokenizer` in it, or pass \
+               --data FILE --tokenizer DIR";
+    match &args.config {
+        Some(path) => format!("{} names no training data: {fix}", path.display()),
+        None => format!(
+            "model {model} needs training data: pass --data FILE --tokenizer DIR (only the demo, \
+             `memfit train` without a model, trains on data of its own)"
+        ),
+    }
 }
 
 pub fn run(args: Args) -> Outcome {
