@@ -11,6 +11,20 @@ fn memfit(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `--data/--valid/--tokenizer` of the demo task a pretraining run `pre` wrote (a run from --init
+/// names a model, and only the demo's own model brings its data).
+fn demo_data(pre: &Path) -> Vec<String> {
+    let demo = pre.join("demo");
+    [
+        ("--data", "train.jsonl"),
+        ("--valid", "valid.jsonl"),
+        ("--tokenizer", "tokenizer"),
+    ]
+    .iter()
+    .flat_map(|(flag, name)| [flag.to_string(), demo.join(name).display().to_string()])
+    .collect()
+}
+
 fn train(out: &Path, extra: &[&str]) -> Output {
     let out = out.display().to_string();
     let mut args = vec![
@@ -64,7 +78,10 @@ fn sft_from_the_pretrained_checkpoint_keeps_frozen_weights_bit_for_bit() {
     let init = newest_checkpoint(&pre);
     let init_s = init.display().to_string();
 
-    let o = train(&sft, &["--init", &init_s, "--freeze", "embeddings,encoder"]);
+    let data = demo_data(&pre);
+    let mut args = vec!["--init", &init_s, "--freeze", "embeddings,encoder"];
+    args.extend(data.iter().map(String::as_str));
+    let o = train(&sft, &args);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("init: weights from"), "{}", stderr(&o));
     let config = std::fs::read_to_string(sft.join("config.toml")).unwrap();
@@ -99,7 +116,10 @@ fn sft_starts_from_the_init_weights_not_random_ones() {
     assert!(o.status.success(), "{}", stderr(&o));
     let pre_summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let init = newest_checkpoint(&pre).display().to_string();
-    let o = train(&sft, &["--init", &init, "--max-steps", "1"]);
+    let data = demo_data(&pre);
+    let mut args = vec!["--init", &init, "--max-steps", "1"];
+    args.extend(data.iter().map(String::as_str));
+    let o = train(&sft, &args);
     assert!(o.status.success(), "{}", stderr(&o));
     let sft_summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let (first_pre, first_sft) = (
@@ -138,7 +158,9 @@ fn a_bad_init_directory_exits_2_naming_it_and_leaves_no_run() {
     ] {
         let run = dir.path().join(format!("run-{}", needle.replace(' ', "-")));
         let init_s = init.display().to_string();
+        let data = demo_data(&pre);
         let mut extra = vec!["--init", init_s.as_str()];
+        extra.extend(data.iter().map(String::as_str));
         if let Some(m) = model {
             extra.extend(["--model", m]);
         }

@@ -303,6 +303,7 @@ pub fn run(args: Args) -> Outcome {
     // 1. The run directory and its resolved config (a new run, planned within its budget, or the one
     // to continue).
     let mut planned: Option<serde_json::Value>;
+    let mut plan_lines: Vec<String> = Vec::new();
     let (root, mut config, demo_config) = match &args.resume {
         Some(dir) => {
             let text = std::fs::read_to_string(dir.join("config.toml")).map_err(|e| {
@@ -340,11 +341,13 @@ pub fn run(args: Args) -> Outcome {
             };
             let start = budget::plan_start(&args, &config, &model_json, file_budget)?;
             if args.plan_only {
+                start.lines.iter().for_each(|l| eprintln!("{l}"));
                 if args.json {
                     println!("{}", start.planning);
                 }
                 return Ok(ExitCode::SUCCESS);
             }
+            plan_lines = start.lines;
             planned = Some(start.planning);
             let root = args.out.clone().unwrap_or_else(default_out);
             (root, start.config, None)
@@ -450,6 +453,7 @@ pub fn run(args: Args) -> Outcome {
     if let Some(made) = made_root.take() {
         made.disarm();
     }
+    plan_lines.iter().for_each(|l| eprintln!("{l}"));
     if !s.changes.is_empty() {
         eprintln!(
             "config changed (--allow-config-change): {}",

@@ -101,6 +101,8 @@ fn fixed(args: &Args) -> Fixed {
 }
 
 /// Plans the start of a new run: prints the plan (stderr), returns it; exit 3 when nothing fits.
+/// The planned start of a new run; its lines are printed by the caller once the run has started
+/// (or at once with --plan-only), so a start that fails later has printed no plan.
 pub fn plan_start(
     args: &Args,
     config: &TrainConfig,
@@ -116,11 +118,10 @@ pub fn plan_start(
             PlanError::Input(m) => bad_input(m),
             PlanError::DoesNotFit(m) => does_not_fit(m),
         })?;
-    for line in &planned.lines {
-        eprintln!("{line}");
-    }
+    let mut planned = planned;
     if planned.config.precision == Precision::Bf16 && config.precision != Precision::Bf16 {
-        eprintln!("  note: bf16 was chosen to fit the budget (burn's flex backend runs it slower)");
+        let note = "  note: bf16 was chosen to fit the budget (burn's flex backend runs it slower)";
+        planned.lines.push(note.into());
     }
     Ok(planned)
 }
