@@ -237,7 +237,7 @@ impl BertConfig {
     }
 
     fn validate(&self) -> Result<(), ModelError> {
-        let positive = [
+        crate::weights::require_positive(&[
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
             ("num_hidden_layers", self.num_hidden_layers),
@@ -245,13 +245,8 @@ impl BertConfig {
             ("intermediate_size", self.intermediate_size),
             ("max_position_embeddings", self.max_position_embeddings),
             ("type_vocab_size", self.type_vocab_size),
-        ];
-        for (name, v) in positive {
-            if v == 0 {
-                return Err(bad(name, "must be > 0".into()));
-            }
-        }
-        if self.hidden_size % self.num_attention_heads != 0 {
+        ])?;
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(bad(
                 "num_attention_heads",
                 format!(

@@ -88,13 +88,7 @@ struct Builder {
 
 impl Builder {
     fn push(&mut self, name: String, kind: Kind, group: Group, init: Init) -> usize {
-        self.specs.push(ParamSpec {
-            name,
-            kind,
-            group,
-            init,
-        });
-        self.specs.len() - 1
+        crate::layers::params::push(&mut self.specs, name, kind, group, init)
     }
 
     fn dense(&mut self, prefix: &str, d_in: usize, d_out: usize, group: Group) -> Dense {

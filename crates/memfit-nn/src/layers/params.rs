@@ -104,6 +104,23 @@ pub struct ParamSpec<G> {
     pub init: Init,
 }
 
+/// Appends a parameter to `specs`; returns its index (how the forward pass refers to it).
+pub fn push<G>(
+    specs: &mut Vec<ParamSpec<G>>,
+    name: String,
+    kind: Kind,
+    group: G,
+    init: Init,
+) -> usize {
+    specs.push(ParamSpec {
+        name,
+        kind,
+        group,
+        init,
+    });
+    specs.len() - 1
+}
+
 /// Every parameter's initial values, in `specs` order.
 pub fn init_all<G>(specs: &[ParamSpec<G>], seed: u64) -> Vec<Vec<f32>> {
     specs

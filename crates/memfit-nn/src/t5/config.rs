@@ -218,7 +218,7 @@ impl T5Config {
     }
 
     fn validate(&self) -> Result<(), ModelError> {
-        let positive = [
+        crate::weights::require_positive(&[
             ("vocab_size", self.vocab_size),
             ("d_model", self.d_model),
             ("d_kv", self.d_kv),
@@ -230,12 +230,7 @@ impl T5Config {
                 "relative_attention_num_buckets",
                 self.relative_attention_num_buckets,
             ),
-        ];
-        for (name, v) in positive {
-            if v == 0 {
-                return Err(ModelError::Config(format!("{name}: must be > 0")));
-            }
-        }
+        ])?;
         // The bucket formula halves the buckets (bidirectional) and halves again for the exact range.
         if self.relative_attention_num_buckets < 4 {
             return Err(ModelError::Config(format!(

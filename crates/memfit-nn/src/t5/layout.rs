@@ -93,13 +93,7 @@ struct Builder<'a> {
 
 impl Builder<'_> {
     fn push(&mut self, name: String, kind: Kind, group: Group, init: Init) -> usize {
-        self.specs.push(ParamSpec {
-            name,
-            kind,
-            group,
-            init,
-        });
-        self.specs.len() - 1
+        crate::layers::params::push(&mut self.specs, name, kind, group, init)
     }
 
     fn factor(&self) -> f64 {

@@ -64,3 +64,11 @@ pub fn read_config<T>(
         other => other,
     })
 }
+
+/// A config's size fields that must be positive: the first that is 0 is an error naming it.
+pub fn require_positive(fields: &[(&str, usize)]) -> Result<(), ModelError> {
+    match fields.iter().find(|(_, v)| *v == 0) {
+        Some((name, _)) => Err(ModelError::Config(format!("{name}: must be > 0"))),
+        None => Ok(()),
+    }
+}
