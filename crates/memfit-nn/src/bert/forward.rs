@@ -6,7 +6,7 @@
 //! count non-padding tokens from `pad_token_id + 1`, `create_position_ids_from_input_ids`), then
 //! LayerNorm and dropout; post-LN layers (`LayerNorm(x + dropout(sublayer(x)))`); scores scaled by
 //! head_dim^-½ with the padding mask added; LayerNorm with mean and bias, computed in f32 as
-//! PyTorch's autocast does; the head reads the first token ([CLS] / <s>).
+//! PyTorch's autocast does (the fused kernel on flex); the head reads the first token ([CLS] / <s>).
 
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
@@ -18,7 +18,7 @@ use crate::bert::config::{BertConfig, Family};
 use crate::bert::layout::{BertLayout, Dense, EncoderLayer, Norm};
 use crate::kernels::dropout::{Dropout, SplitMix64};
 use crate::kernels::gemm_bf16::Products;
-use crate::kernels::{attention_core, linear_op};
+use crate::kernels::{attention_core, fused_layer_norm, linear_op};
 use crate::layers::loss::masked_cross_entropy;
 use crate::layers::mask::padding_mask;
 
@@ -192,14 +192,22 @@ impl<'a> BertForward<'a> {
     }
 
     /// `(x − mean) / sqrt(var + eps) · γ + β` over the last dimension, in f32, returned in the
-    /// activation dtype.
+    /// activation dtype: the fused op on flex, burn's ops elsewhere.
     fn layer_norm(&self, x: Tensor<3>, n: &Norm) -> Tensor<3> {
+        let eps = self.cfg.layer_norm_eps;
+        if fused_layer_norm::supported(&x) {
+            let (gamma, beta) = (
+                self.p(n.weight).unsqueeze::<3>(),
+                self.p(n.bias).unsqueeze::<3>(),
+            );
+            return fused_layer_norm::layer_norm(x, gamma, beta, eps).cast(self.dtype);
+        }
         let x = x.cast(DType::F32);
         let centered = x.clone() - x.mean_dim(2);
         let var = centered.clone().square().mean_dim(2);
         let gamma = self.p(n.weight).cast(DType::F32).unsqueeze::<3>();
         let beta = self.p(n.bias).cast(DType::F32).unsqueeze::<3>();
-        let normed = centered * (var + self.cfg.layer_norm_eps).sqrt().recip();
+        let normed = centered * (var + eps).sqrt().recip();
         (normed * gamma + beta).cast(self.dtype)
     }
 
