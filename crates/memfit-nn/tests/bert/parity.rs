@@ -34,6 +34,18 @@ struct Expected {
     len: usize,
 }
 
+impl Expected {
+    fn inputs(&self) -> ClsInputs<'_> {
+        ClsInputs {
+            ids: &self.ids,
+            mask: &self.mask,
+            token_types: Some(&self.types),
+            batch: self.batch,
+            len: self.len,
+        }
+    }
+}
+
 fn expected(dir: &Path) -> Expected {
     let text = std::fs::read_to_string(dir.join("expected.json")).unwrap();
     let v: Value = serde_json::from_str(&text).unwrap();
@@ -62,13 +74,7 @@ fn compare(name: &str, dtype: DType) -> (f32, f32) {
         "{name}: transformers' own classifier loads whole"
     );
     let e = expected(&dir);
-    let inputs = ClsInputs {
-        ids: &e.ids,
-        mask: &e.mask,
-        token_types: Some(&e.types),
-        batch: e.batch,
-        len: e.len,
-    };
+    let inputs = e.inputs();
     let got = logits(&model, &inputs, dtype);
     let params = model.tensors(&Device::flex(), DType::F32);
     let fwd = BertForward::of(&model, &params, dtype);
@@ -117,4 +123,30 @@ fn roberta_positions_skip_padding() {
         len: 3,
     };
     assert_eq!(fwd.position_ids(&inputs), [2, 3, 1, 2, 1, 1]);
+}
+
+/// memfit's save of transformers' classifier gives the same logits when loaded back. With
+/// `MEMFIT_BERT_EXPORT=DIR` the saved directories are kept in `DIR/<fixture>`, for
+/// `scripts/bert_reference.py --check` to load them in transformers.
+#[test]
+fn a_saved_fixture_loads_back_with_the_same_logits() {
+    for name in ["bert-tiny", "roberta-tiny"] {
+        let (model, _) = BertModel::load(&fixture(name)).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = match std::env::var_os("MEMFIT_BERT_EXPORT") {
+            Some(root) => Path::new(&root).join(name),
+            None => tmp.path().to_path_buf(),
+        };
+        std::fs::create_dir_all(&dir).unwrap();
+        model.save(&dir).unwrap();
+        let (back, report) = BertModel::load(&dir).unwrap();
+        assert_eq!(report, Default::default());
+        let e = expected(&fixture(name));
+        let inputs = e.inputs();
+        let (a, b) = (
+            logits(&model, &inputs, DType::F32),
+            logits(&back, &inputs, DType::F32),
+        );
+        assert_eq!(a, b, "{name}");
+    }
 }
