@@ -2,11 +2,15 @@
 //! models and nothing of runs (memfit-train drives them).
 //!
 //! - `kernels` — the flex CPU fast paths: hand-written forward/backward ops and the GEMMs they call.
-//! - `layers`  — what families share: gradient collection, the masked token loss.
+//! - `layers`  — what families share: parameter layouts, activations, masks, gradient collection,
+//!   the masked token loss.
 //! - `weights` — named tensors in safetensors files (Hugging Face names), atomic writes.
+//! - `bert`    — BERT, RoBERTa, XLM-RoBERTa sequence classifiers: config.json, transformers' tensor
+//!   names (with the pretrained checkpoints' extra and missing tensors), the forward pass and loss.
 //! - `t5`      — T5 (v1.0 ReLU and v1.1 gated-GELU): config.json, transformers' tensor names, the
 //!   forward pass, per-block checkpointing, the chunked LM head.
 
+pub mod bert;
 pub mod kernels;
 pub mod layers;
 pub mod t5;

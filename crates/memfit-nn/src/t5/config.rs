@@ -14,16 +14,7 @@ pub struct FeedForward {
     pub gated: bool,
 }
 
-/// Activations transformers' `ACT2FN` maps T5's `feed_forward_proj` to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    Relu,
-    /// Exact (erf) GELU: `"gelu"`.
-    Gelu,
-    /// Tanh approximation: `"gelu_new"`; `"gated-gelu"` maps here (T5 v1.1 / mT5).
-    GeluNew,
-    Silu,
-}
+pub use crate::layers::activation::Activation;
 
 impl FeedForward {
     /// Parses `feed_forward_proj` as `T5Config.__init__` does: `"[gated-]ACT"`, with `"gated-gelu"`
@@ -39,15 +30,12 @@ impl FeedForward {
             None => (false, proj),
         };
         let activation = match (gated, act) {
-            (true, "gelu") | (_, "gelu_new") => Activation::GeluNew,
-            (_, "relu") => Activation::Relu,
-            (_, "gelu") => Activation::Gelu,
-            (_, "silu") | (_, "swish") => Activation::Silu,
-            _ => {
-                return Err(ModelError::Config(format!(
+            (true, "gelu") => Activation::GeluNew,
+            _ => Activation::from_hf_name(act).ok_or_else(|| {
+                ModelError::Config(format!(
                     "feed_forward_proj {proj:?}: activation {act:?} is not one of relu, gelu, gelu_new, silu"
-                )));
-            }
+                ))
+            })?,
         };
         Ok(Self { activation, gated })
     }
@@ -224,20 +212,13 @@ impl T5Config {
         Ok(cfg)
     }
 
-    /// Reads `config.json` from a file.
+    /// Reads `config.json` from a file; errors name it.
     pub fn from_file(path: &Path) -> Result<Self, ModelError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ModelError::Io(format!("{}: {e}", path.display())))?;
-        let value: Value = serde_json::from_str(&text)
-            .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
-        Self::from_json(&value).map_err(|e| match e {
-            ModelError::Config(m) => ModelError::Config(format!("{}: {m}", path.display())),
-            other => other,
-        })
+        crate::weights::read_config(path, Self::from_json)
     }
 
     fn validate(&self) -> Result<(), ModelError> {
-        let positive = [
+        crate::weights::require_positive(&[
             ("vocab_size", self.vocab_size),
             ("d_model", self.d_model),
             ("d_kv", self.d_kv),
@@ -249,12 +230,7 @@ impl T5Config {
                 "relative_attention_num_buckets",
                 self.relative_attention_num_buckets,
             ),
-        ];
-        for (name, v) in positive {
-            if v == 0 {
-                return Err(ModelError::Config(format!("{name}: must be > 0")));
-            }
-        }
+        ])?;
         // The bucket formula halves the buckets (bidirectional) and halves again for the exact range.
         if self.relative_attention_num_buckets < 4 {
             return Err(ModelError::Config(format!(

@@ -8,20 +8,18 @@
 //! norm; the tied LM head rescales the decoder output by d_model^-½.
 
 use burn::prelude::*;
-use burn::tensor::activation::{gelu, gelu_approximate, relu, silu, softmax};
+use burn::tensor::activation::softmax;
 use burn::tensor::{DType, TensorData};
 
 use crate::kernels::dropout::Dropout;
 use crate::kernels::gemm_bf16::Products;
 use crate::kernels::{attention_core, fused_rms_norm, linear_op};
+use crate::layers::mask::MASKED;
+pub use crate::layers::mask::padding_mask;
 use crate::t5::T5Model;
 use crate::t5::bucket::bucket_grid;
 use crate::t5::config::{Activation, T5Config};
 use crate::t5::layout::{AttnParams, FfnParams, T5Layout};
-
-/// Added to the scores of masked positions. transformers adds `torch.finfo(dtype).min`; any value
-/// whose `exp` underflows to 0 gives the same probabilities, and this one stays finite in bf16.
-const MASKED: f32 = -1e9;
 
 /// A model: configuration, layout and the current parameter tensors (tracked or not).
 pub struct T5Forward<'a> {
@@ -148,12 +146,7 @@ impl<'a> T5Forward<'a> {
     }
 
     fn ffn(&self, x: Tensor<3>, f: &FfnParams, drop: &mut Dropout) -> Tensor<3> {
-        let act = |h: Tensor<3>| match self.cfg.feed_forward.activation {
-            Activation::Relu => relu(h),
-            Activation::Gelu => gelu(h),
-            Activation::GeluNew => gelu_approximate(h),
-            Activation::Silu => silu(h),
-        };
+        let act = |h: Tensor<3>| self.cfg.feed_forward.activation.apply(h);
         let h = match (f.wi_1, self.cfg.feed_forward.activation) {
             // Gated (T5 v1.1): act(x·wi_0) ⊙ (x·wi_1).
             (Some(wi_1), _) => drop.apply(act(self.linear(x.clone(), f.wi)) * self.linear(x, wi_1)),
@@ -424,18 +417,6 @@ pub struct DecoderCache {
     blocks: Vec<BlockCache>,
     /// Positions decoded so far.
     len: usize,
-}
-
-/// Additive key-padding mask `[b, 1, 1, s]`: 0 where `mask` is true, [`MASKED`] elsewhere.
-pub fn padding_mask(
-    mask: &[bool],
-    batch: usize,
-    len: usize,
-    device: &Device,
-    dtype: DType,
-) -> Tensor<4> {
-    let data: Vec<f32> = mask.iter().map(|&m| if m { 0.0 } else { MASKED }).collect();
-    Tensor::from_data(TensorData::new(data, [batch, 1, 1, len]), (device, dtype))
 }
 
 /// Additive causal mask `[1, 1, t, t]`: queries see keys at or before themselves.

@@ -24,58 +24,10 @@ impl Group {
     }
 }
 
-/// How a parameter is stored in memory vs in a transformers checkpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// `nn.Linear` weight: transformers stores `[out, in]`; memfit stores `[in, out]` so that
-    /// `x.matmul(w)` needs no transpose.
-    Linear { d_in: usize, d_out: usize },
-    /// Stored as in transformers: `[rows, cols]` (embeddings, relative attention bias).
-    Table { rows: usize, cols: usize },
-    /// T5LayerNorm weight: `[d]` in transformers, `[1, d]` in memory.
-    Norm { d: usize },
-}
+pub use crate::layers::params::{Init, Kind};
 
-impl Kind {
-    /// Shape in memory (always 2-D).
-    pub fn shape(self) -> [usize; 2] {
-        match self {
-            Kind::Linear { d_in, d_out } => [d_in, d_out],
-            Kind::Table { rows, cols } => [rows, cols],
-            Kind::Norm { d } => [1, d],
-        }
-    }
-
-    /// Shape in a transformers checkpoint.
-    pub fn hf_shape(self) -> Vec<usize> {
-        match self {
-            Kind::Linear { d_in, d_out } => vec![d_out, d_in],
-            Kind::Table { rows, cols } => vec![rows, cols],
-            Kind::Norm { d } => vec![d],
-        }
-    }
-
-    pub fn numel(self) -> usize {
-        let [a, b] = self.shape();
-        a * b
-    }
-}
-
-/// Initialisation, as `T5PreTrainedModel._init_weights` does it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Init {
-    Ones,
-    Normal { std: f64 },
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ParamSpec {
-    /// transformers' tensor name (`encoder.block.0.layer.0.SelfAttention.q.weight`).
-    pub name: String,
-    pub kind: Kind,
-    pub group: Group,
-    pub init: Init,
-}
+/// A T5 parameter (transformers' name `encoder.block.0.layer.0.SelfAttention.q.weight`, …).
+pub type ParamSpec = crate::layers::params::ParamSpec<Group>;
 
 #[derive(Debug, Clone, Copy)]
 pub struct AttnParams {
@@ -130,12 +82,7 @@ impl T5Layout {
     /// Whether two layouts hold the same tensors (names and shapes, in order): weights of one fit the
     /// other, whatever their init scales or other hyper-parameters.
     pub fn same_tensors(&self, other: &T5Layout) -> bool {
-        self.specs.len() == other.specs.len()
-            && self
-                .specs
-                .iter()
-                .zip(&other.specs)
-                .all(|(a, b)| a.name == b.name && a.kind == b.kind)
+        crate::layers::params::same_tensors(&self.specs, &other.specs)
     }
 }
 
@@ -146,13 +93,7 @@ struct Builder<'a> {
 
 impl Builder<'_> {
     fn push(&mut self, name: String, kind: Kind, group: Group, init: Init) -> usize {
-        self.specs.push(ParamSpec {
-            name,
-            kind,
-            group,
-            init,
-        });
-        self.specs.len() - 1
+        crate::layers::params::push(&mut self.specs, name, kind, group, init)
     }
 
     fn factor(&self) -> f64 {
@@ -161,7 +102,7 @@ impl Builder<'_> {
 
     fn norm(&mut self, name: String, group: Group) -> usize {
         let d = self.cfg.d_model;
-        self.push(name, Kind::Norm { d }, group, Init::Ones)
+        self.push(name, Kind::Vector { d }, group, Init::Ones)
     }
 
     fn attention(&mut self, prefix: &str, group: Group) -> AttnParams {
@@ -354,16 +295,7 @@ impl T5Layout {
 
     /// Total and trainable parameter counts (the tied embedding counted once).
     pub fn param_counts(&self, frozen: &[Group]) -> (u64, u64) {
-        let mut total = 0u64;
-        let mut trainable = 0u64;
-        for (i, spec) in self.specs.iter().enumerate() {
-            let n = spec.kind.numel() as u64;
-            total += n;
-            if self.trainable(i, frozen) {
-                trainable += n;
-            }
-        }
-        (total, trainable)
+        crate::layers::params::counts(&self.specs, |i| self.trainable(i, frozen))
     }
 
     pub fn index_of(&self, name: &str) -> Option<usize> {

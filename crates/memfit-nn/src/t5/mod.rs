@@ -15,19 +15,17 @@ pub mod flops;
 pub mod forward;
 pub mod layout;
 
-use std::borrow::Cow;
 use std::path::Path;
 
 use burn::prelude::*;
-use burn::tensor::{DType, TensorData};
+use burn::tensor::DType;
 
 pub use config::T5Config;
 pub use layout::{Group, Kind, T5Layout};
 
 use crate::ModelError;
-use crate::kernels::dropout::SplitMix64;
-use crate::weights::{HfWeights, LoadReport, NamedTensor, transpose, write_atomic, write_f32};
-use layout::Init;
+use crate::layers::params;
+use crate::weights::{HfWeights, LoadReport, NamedTensor, save_hf_dir};
 
 /// A T5 model's configuration and its f32 master weights.
 #[derive(Debug, Clone)]
@@ -43,23 +41,7 @@ impl T5Model {
     /// `T5PreTrainedModel._init_weights`, norms at 1), drawn from a seeded generator.
     pub fn init(config: T5Config, seed: u64) -> Self {
         let layout = T5Layout::new(&config);
-        let weights = layout
-            .specs
-            .iter()
-            .enumerate()
-            .map(|(i, spec)| {
-                let n = spec.kind.numel();
-                match spec.init {
-                    Init::Ones => vec![1.0; n],
-                    Init::Normal { std } => {
-                        // One stream per parameter, so adding a parameter does not shift the others.
-                        let mut rng =
-                            SplitMix64::new(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-                        (0..n).map(|_| (rng.next_normal() * std) as f32).collect()
-                    }
-                }
-            })
-            .collect();
+        let weights = params::init_all(&layout.specs, seed);
         Self {
             config,
             layout,
@@ -74,52 +56,17 @@ impl T5Model {
 
     /// Uploads every parameter to `device` as `dtype`, untracked.
     pub fn tensors(&self, device: &Device, dtype: DType) -> Vec<Tensor<2>> {
-        self.layout
-            .specs
-            .iter()
-            .zip(&self.weights)
-            .map(|(spec, w)| {
-                Tensor::from_data(
-                    TensorData::new(w.clone(), spec.kind.shape()),
-                    (device, dtype),
-                )
-            })
-            .collect()
+        params::upload(&self.layout.specs, &self.weights, device, dtype)
     }
 
     /// Weights in transformers' names and shapes (`[out, in]` for linear layers).
     pub fn hf_tensors(&self) -> Vec<NamedTensor<'_>> {
-        self.layout
-            .specs
-            .iter()
-            .zip(&self.weights)
-            .map(|(spec, w)| NamedTensor {
-                name: spec.name.clone(),
-                shape: spec.kind.hf_shape(),
-                values: Cow::Borrowed(w.as_slice()),
-                // transposed as it is written, one tensor at a time
-                transpose: match spec.kind {
-                    Kind::Linear { d_in, d_out } => Some([d_in, d_out]),
-                    _ => None,
-                },
-            })
-            .collect()
+        params::hf_tensors(&self.layout.specs, &self.weights)
     }
 
     /// Writes `config.json` and `model.safetensors` into `dir`.
     pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
-        let path = dir.join("config.json");
-        let config = serde_json::to_string_pretty(&self.config.to_json())
-            .map_err(|e| ModelError::Io(format!("{}: {e}", path.display())))?;
-        write_atomic(&path, config.as_bytes())?;
-        let metadata = [("format".to_string(), "pt".to_string())]
-            .into_iter()
-            .collect();
-        write_f32(
-            &dir.join("model.safetensors"),
-            &self.hf_tensors(),
-            Some(metadata),
-        )
+        save_hf_dir(dir, &self.config.to_json(), &self.hf_tensors())
     }
 
     /// Reads `config.json` and the weights from `dir`: a memfit checkpoint, or a transformers
@@ -142,10 +89,7 @@ impl T5Model {
         let mut weights = Vec::with_capacity(self.layout.specs.len());
         for spec in &self.layout.specs {
             let values = source.take_shaped(&spec.name, &spec.kind.hf_shape())?;
-            weights.push(match spec.kind {
-                Kind::Linear { d_in, d_out } => transpose(&values, d_out, d_in),
-                _ => values,
-            });
+            weights.push(spec.kind.from_hf(values));
         }
         const TIED_ALIASES: [&str; 3] = [
             "encoder.embed_tokens.weight",

@@ -32,3 +32,43 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
         .and_then(|_| std::fs::rename(&tmp, path))
         .map_err(|e| ModelError::Io(format!("{}: {e}", path.display())))
 }
+
+/// Writes a Hugging Face model directory: `config.json` (pretty-printed) and `model.safetensors`
+/// (f32, with the `format: pt` metadata transformers writes), each atomically.
+pub fn save_hf_dir(
+    dir: &Path,
+    config: &serde_json::Value,
+    tensors: &[NamedTensor],
+) -> Result<(), ModelError> {
+    let path = dir.join("config.json");
+    let text = serde_json::to_string_pretty(config)
+        .map_err(|e| ModelError::Io(format!("{}: {e}", path.display())))?;
+    write_atomic(&path, text.as_bytes())?;
+    let metadata = [("format".to_string(), "pt".to_string())]
+        .into_iter()
+        .collect();
+    write_f32(&dir.join("model.safetensors"), tensors, Some(metadata))
+}
+
+/// Reads the `config.json` at `path` and parses it with `parse`; configuration errors name the file.
+pub fn read_config<T>(
+    path: &Path,
+    parse: impl FnOnce(&serde_json::Value) -> Result<T, ModelError>,
+) -> Result<T, ModelError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ModelError::Io(format!("{}: {e}", path.display())))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
+    parse(&value).map_err(|e| match e {
+        ModelError::Config(m) => ModelError::Config(format!("{}: {m}", path.display())),
+        other => other,
+    })
+}
+
+/// A config's size fields that must be positive: the first that is 0 is an error naming it.
+pub fn require_positive(fields: &[(&str, usize)]) -> Result<(), ModelError> {
+    match fields.iter().find(|(_, v)| *v == 0) {
+        Some((name, _)) => Err(ModelError::Config(format!("{name}: must be > 0"))),
+        None => Ok(()),
+    }
+}

@@ -62,7 +62,7 @@ impl SafetensorsFile {
         }
         let mut header = vec![0u8; 8 + header_len as usize];
         file.read_exact_at(&mut header, 0).map_err(io)?;
-        let metadata = parse_header(&header, len).map_err(|e| bad(e))?;
+        let metadata = parse_header(&header, len).map_err(bad)?;
         let data_start = 8 + header_len;
         let entries = metadata
             .tensors()
