@@ -1,7 +1,8 @@
 //! Plain progress lines for a log: when stderr is not a terminal (nohup, CI, a file) a progress bar
 //! draws nothing, so a long run prints a line at its first step, then every [`LINE_EVERY_S`] seconds
 //! or [`LINE_EVERY_STEPS`] steps, whichever comes first, and at its last step — as Hugging Face
-//! Trainer's `logging_steps` lines do. Evaluations report their progress on the same cadence.
+//! Trainer's `logging_steps` lines do. An evaluation reports its progress on the same cadence from its
+//! start (a short one prints only its cost, when it ends).
 
 use crate::metrics::StepMetrics;
 
@@ -30,9 +31,9 @@ impl Cadence {
         due
     }
 
-    /// Starts over (a new phase whose counts restart from 0).
-    pub fn reset(&mut self) {
-        self.last = None;
+    /// Starts the clock without a line: the first line comes a period after `elapsed_s`.
+    pub fn start(&mut self, elapsed_s: f64) {
+        self.last = Some((elapsed_s, 0));
     }
 }
 
@@ -84,8 +85,9 @@ mod tests {
         assert!(!c.due(31.0, 580, false));
         assert!(c.due(32.0, 581, false), "500 steps after the last line");
         assert!(c.due(32.1, 582, true), "forced (the last step)");
-        c.reset();
-        assert!(c.due(33.0, 0, false), "a new phase starts with a line");
+        c.start(40.0);
+        assert!(!c.due(41.0, 10, false), "a started phase waits a period");
+        assert!(c.due(70.0, 11, false));
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! `memfit train` on the demo task with its stderr in a pipe (not a terminal): SIGTERM as an evaluation
-//! starts stops the run with exit 75 and a checkpoint of the last completed step; `--resume` runs the
-//! evaluation that was cut short, if any, and finishes; progress comes as plain lines. (The demo's
-//! evaluations take milliseconds, so where the signal lands is up to the scheduler;
+//! `memfit train` on the demo task with its stderr in a pipe (not a terminal): SIGTERM early in a run
+//! with an evaluation every 3 steps stops it with exit 75 and a checkpoint of the last completed step;
+//! `--resume` runs the evaluation that was cut short, if any, and finishes; progress comes as plain
+//! lines. (The demo's steps and evaluations take milliseconds, so where the signal lands is up to the
+//! scheduler;
 //! `memfit-train/tests/loop_signals.rs` places it exactly, in every kind of work.)
 
 use std::io::{BufRead, BufReader};
@@ -39,7 +40,7 @@ const ARGS: [&str; 12] = [
 ];
 
 #[test]
-fn sigterm_as_an_evaluation_starts_stops_with_75_and_resume_finishes() {
+fn sigterm_early_in_a_run_with_evaluations_stops_with_75_and_resume_finishes() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let mut child = memfit()
@@ -52,17 +53,18 @@ fn sigterm_as_an_evaluation_starts_stops_with_75_and_resume_finishes() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    // The first step's plain progress line, then the signal.
     let mut seen = Vec::new();
     for line in lines.by_ref() {
         let line = line.unwrap();
         seen.push(line.clone());
-        if line.starts_with("eval at step 3: loss 0/200 rows") {
+        if line.starts_with("step 1/100 (1%) epoch 0 loss ") {
             break;
         }
     }
     assert!(
-        seen.iter()
-            .any(|l| l.starts_with("step 1/100 (1%) epoch 0 loss ")),
+        seen.last()
+            .is_some_and(|l| l.contains(" tok/s rss ") && l.contains(" eta ")),
         "no plain progress line: {seen:?}"
     );
     let signalled = Instant::now();

@@ -40,10 +40,13 @@ pub struct LinearEngine {
     pub log: RefCell<Vec<&'static str>>,
     /// Run a closure during the engine call with this (1-based) number in `log` (at the end of the
     /// call; for `generate`, before its first row, which then sees a stop requested by the closure).
-    pub on_call: RefCell<Option<(usize, Box<dyn FnMut()>)>>,
+    pub on_call: RefCell<Option<(usize, Hook)>>,
 }
 
 pub const VOCAB: usize = 32;
+
+/// A closure run at a chosen engine call.
+pub type Hook = Box<dyn FnMut()>;
 
 impl LinearEngine {
     pub fn new() -> Self {

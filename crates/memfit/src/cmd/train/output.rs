@@ -86,11 +86,11 @@ impl Observer for Bar {
             self.bar.set_message(line);
             return;
         }
-        if done == 0 {
-            self.eval.reset();
-        }
         let elapsed = self.started.elapsed().as_secs_f64();
-        if self.eval.due(elapsed, done as u64, done == total) && total > 0 {
+        if done == 0 {
+            // a quick evaluation prints only its cost line (on_eval)
+            self.eval.start(elapsed);
+        } else if done < total && self.eval.due(elapsed, done as u64, false) {
             eprintln!("{line}");
         }
     }
