@@ -12,8 +12,9 @@ pub const EVAL_SHARE: f64 = 0.05;
 pub const FORWARD_SHARE: f64 = 1.0 / 3.0;
 
 /// The fewest validation rows an automatic evaluation computes the loss on (when the set has them):
-/// below this the loss is mostly noise from row to row (memfit's choice).
-pub const MIN_LOSS_ROWS: usize = 64;
+/// fewer give a loss that is mostly row-to-row noise, more make a very short run (a few steps of a
+/// large model) evaluate far longer than it trains (memfit's choice).
+pub const MIN_LOSS_ROWS: usize = 16;
 
 /// How many validation rows one evaluation uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

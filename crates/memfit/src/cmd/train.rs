@@ -111,7 +111,7 @@ pub struct Args {
     #[arg(long)]
     eval_rows: Option<usize>,
     /// Validation rows whose loss each evaluation computes (default: sized to 5% of the training
-    /// between two evaluations, at least 64).
+    /// between two evaluations, at least 16).
     #[arg(long, value_name = "N")]
     eval_loss_rows: Option<usize>,
     /// Evaluate before the first step too (the summary's BLEU "before").
