@@ -93,8 +93,15 @@ pub struct TrainConfig {
     pub save_steps: Option<u64>,
     pub keep: usize,
     pub eval_steps: Option<u64>,
-    /// Validation rows scored by generation + BLEU at each evaluation (loss uses all rows).
+    /// Validation rows generated and scored by BLEU at each evaluation (the first ones of the set).
     pub eval_rows: usize,
+    /// Validation rows whose loss each evaluation computes; none: sized to a small share of the
+    /// training between two evaluations (`eval::sizing`). Left out of config.toml when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_loss_rows: Option<usize>,
+    /// Evaluate before the first step too (the "before" of the summary's BLEU).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub eval_at_start: bool,
     pub gen_max_tokens: usize,
     pub best_metric: BestMetric,
     /// Host-memory budget: the memory guard's limits are fractions of it; the summary compares the peak
@@ -111,6 +118,10 @@ pub struct TrainConfig {
     /// The memory guard's hard limit as a fraction of the budget: crossing it checkpoints and stops.
     #[serde(default = "default_hard_fraction")]
     pub guard_hard_fraction: f64,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn default_soft_fraction() -> f64 {
@@ -154,7 +165,9 @@ impl Default for TrainConfig {
             save_steps: None,
             keep: 3,
             eval_steps: None,
-            eval_rows: 64,
+            eval_rows: 8,
+            eval_loss_rows: None,
+            eval_at_start: false,
             gen_max_tokens: 24,
             best_metric: BestMetric::Bleu4,
             memory_budget_bytes: Some(1 << 30),
@@ -198,6 +211,8 @@ pub struct ConfigLayer {
     pub keep: Option<usize>,
     pub eval_steps: Option<u64>,
     pub eval_rows: Option<usize>,
+    pub eval_loss_rows: Option<usize>,
+    pub eval_at_start: Option<bool>,
     pub gen_max_tokens: Option<usize>,
     pub best_metric: Option<BestMetric>,
     pub memory_budget_bytes: Option<u64>,
@@ -254,6 +269,7 @@ impl ConfigLayer {
             threads,
             keep,
             eval_rows,
+            eval_at_start,
             gen_max_tokens,
             best_metric,
             guard_soft_fraction,
@@ -267,6 +283,7 @@ impl ConfigLayer {
             max_grad_norm,
             save_steps,
             eval_steps,
+            eval_loss_rows,
             memory_budget_bytes,
             gpu_memory_budget_bytes
         );
@@ -412,12 +429,14 @@ impl TrainConfig {
     /// The settings that decide the trajectory of the weights, as name → value. Bookkeeping
     /// (save/eval cadence, retention, threads, budget) may change across a resume.
     fn trajectory(&self) -> BTreeMap<String, serde_json::Value> {
-        const BOOKKEEPING: [&str; 11] = [
+        const BOOKKEEPING: [&str; 13] = [
             "threads",
             "save_steps",
             "keep",
             "eval_steps",
             "eval_rows",
+            "eval_loss_rows",
+            "eval_at_start",
             "gen_max_tokens",
             "best_metric",
             "memory_budget_bytes",
@@ -536,6 +555,8 @@ mod tests {
             keep: 9,
             threads: 1,
             save_steps: Some(5),
+            eval_loss_rows: Some(10),
+            eval_at_start: true,
             ..a.clone()
         };
         assert_eq!(a.hash(), b.hash());

@@ -5,6 +5,7 @@
 //! by implementing [`Engine`]; the T5 engine on burn is one implementation. This keeps the loop testable
 //! with a tiny engine and the tensor code testable without the loop.
 
+use crate::signals::StopFlag;
 use std::path::Path;
 
 /// One padded seq2seq micro-batch, row-major `[batch, len]`: memfit-data's padded batch, so the
@@ -26,6 +27,16 @@ pub struct GenerateConfig {
     pub no_repeat_ngram: usize,
     pub repetition_penalty: f32,
     pub eos_id: u32,
+    /// Polled between tokens: once set, generation ends early and returns what it has (the caller,
+    /// which set it to stop, discards the rows).
+    pub stop: Option<StopFlag>,
+}
+
+impl GenerateConfig {
+    /// Whether generation should end before its next token.
+    pub fn stop_requested(&self) -> bool {
+        self.stop.as_ref().is_some_and(StopFlag::is_requested)
+    }
 }
 
 /// Parameter counts, tied weights counted once.

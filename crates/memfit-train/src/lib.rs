@@ -8,8 +8,11 @@
 //! - `schedule`   — OneCycle (torch semantics), warmup + cosine: pure functions of the step.
 //! - `config`, `presets` — the resolved setup (`config.toml`), its layers and hash; the seed's profiles.
 //! - `batches`    — rows (token store or memory) → padded micro-batches; memfit-data's sampler orders them.
-//! - `train_loop` — accumulation, optimizer steps, metrics, evaluation, best/, checkpoints, graceful stop.
-//! - `eval`       — validation loss, greedy generation, BLEU-4 (the seed's formula and the standard one).
+//! - `train_loop` — accumulation, optimizer steps, metrics, evaluation, best/, checkpoints, a stop on
+//!   SIGINT/SIGTERM within seconds at any point (step, evaluation, generation, checkpoint write).
+//! - `eval`       — validation loss, greedy generation, BLEU-4 (the seed's formula and the standard one);
+//!   how many rows an evaluation uses by default (a small share of the training between two).
+//! - `progress`   — plain progress lines when stderr is not a terminal (cadence, ETA, the line).
 //! - `checkpoint` — `step-N/` and `best/`: atomic writes, disk check, retention, `trainer_state.json`.
 //! - `session`    — start a run or resume one (config-hash check, newest checkpoint).
 //! - `run_dir`, `metrics`, `signals` — the run directory's files, RSS, SIGINT/SIGTERM.
@@ -40,6 +43,7 @@ pub mod model_spec;
 pub mod peak_flops;
 pub mod plan_file;
 pub mod presets;
+pub mod progress;
 pub mod run_data;
 pub mod run_dir;
 pub mod schedule;

@@ -1,13 +1,23 @@
-//! SIGINT/SIGTERM: the first one asks the loop to finish its current optimizer step, checkpoint and
-//! exit 75; a second one ends the process at once (exit 130: checkpoint writes are atomic, so nothing
-//! is corrupted). Never prompts, TTY or not.
+//! SIGINT/SIGTERM: the first one asks the loop to stop within seconds with a resumable checkpoint of
+//! its last completed step and exit 75 — between two micro-batches of a step (the unfinished step is
+//! dropped), between two batches of an evaluation or two tokens of a generation (the evaluation is
+//! abandoned and done again by `--resume`), or after the checkpoint being written. A second signal ends
+//! the process at once (exit 130: checkpoint writes are atomic, so nothing is corrupted). Never
+//! prompts, TTY or not.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// A flag the loop polls between optimizer steps.
+/// A flag the loop, the evaluation and generation poll. Clones share one flag; two handles are equal
+/// when they are the same flag.
 #[derive(Debug, Clone, Default)]
 pub struct StopFlag(Arc<AtomicBool>);
+
+impl PartialEq for StopFlag {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
 
 impl StopFlag {
     pub fn new() -> Self {
@@ -33,5 +43,11 @@ impl StopFlag {
 
     pub fn is_requested(&self) -> bool {
         self.0.load(Ordering::SeqCst)
+    }
+
+    /// Forgets a request that has been acted on, so that one process can run several loops under the
+    /// same handlers (the next signal is again a first one).
+    pub fn clear(&self) {
+        self.0.store(false, Ordering::SeqCst);
     }
 }

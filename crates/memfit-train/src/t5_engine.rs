@@ -695,7 +695,7 @@ impl Engine for T5Engine {
                     done[row] = true;
                 }
             }
-            if done.iter().all(|d| *d) {
+            if done.iter().all(|d| *d) || config.stop_requested() {
                 break;
             }
         }

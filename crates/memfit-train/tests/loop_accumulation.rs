@@ -120,23 +120,46 @@ fn max_steps_caps_the_run_across_epochs() {
 }
 
 #[test]
-fn evaluations_run_before_training_each_epoch_and_every_n_steps() {
+fn evaluations_run_each_epoch_every_n_steps_and_at_the_start_when_asked() {
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("run");
+    let eval_steps = |root: &std::path::Path| event_steps(root, "eval");
     let config = memfit_train::config::TrainConfig {
         eval_steps: Some(3),
         ..small_config()
     };
-    let mut engine = LinearEngine::new();
-    let s = train(&root, &config, &mut engine, None, StopFlag::new(), plenty).unwrap();
-    let eval_steps: Vec<u64> = read_jsonl(&root.join("events.jsonl"))
-        .iter()
-        .filter(|e| e["kind"] == "eval")
-        .map(|e| e["step"].as_u64().unwrap())
-        .collect();
-    assert_eq!(eval_steps, vec![0, 3, 4, 6, 8, 9, 12]);
+    let root = dir.path().join("default");
+    let s = train(
+        &root,
+        &config,
+        &mut LinearEngine::new(),
+        None,
+        StopFlag::new(),
+        plenty,
+    )
+    .unwrap();
+    assert_eq!(eval_steps(&root), vec![3, 4, 6, 8, 9, 12]);
+    assert_eq!(s.bleu_before, None);
+
+    let config = memfit_train::config::TrainConfig {
+        eval_at_start: true,
+        ..config
+    };
+    let root = dir.path().join("at-start");
+    let s = train(
+        &root,
+        &config,
+        &mut LinearEngine::new(),
+        None,
+        StopFlag::new(),
+        plenty,
+    )
+    .unwrap();
+    assert_eq!(eval_steps(&root), vec![0, 3, 4, 6, 8, 9, 12]);
     let before = s.bleu_before.unwrap();
     // The mock echoes the source; sources and targets share 3 of 4 leading tokens.
     assert!(before > 0.0 && before < 1.0);
-    assert!(s.last_eval.unwrap().valid_loss.is_finite());
+    let last = s.last_eval.unwrap();
+    assert!(last.valid_loss.is_finite());
+    // All 6 validation rows (fewer than the automatic minimum) and the 4 configured generations.
+    assert_eq!((last.rows_loss, last.rows_generated), (6, 4));
 }

@@ -65,28 +65,73 @@ fn save_steps_and_epoch_ends_with_retention_and_best() {
     assert!(hidden.is_empty());
 }
 
+/// Collects the observer's messages.
+struct Messages(Vec<String>);
+impl memfit_train::train_loop::Observer for Messages {
+    fn on_message(&mut self, message: &str) {
+        self.0.push(message.to_string());
+    }
+}
+
 #[test]
 fn a_full_disk_skips_checkpoints_with_a_warning_and_no_partial_files() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("run");
     let mut engine = LinearEngine::new();
-    let s = train(
+    let mut messages = Messages(Vec::new());
+    let s = train_with(
         &root,
         &small_config(),
         &mut engine,
         None,
         StopFlag::new(),
         full_disk,
+        None,
+        &mut messages,
+        &pairs(20),
     )
     .unwrap();
     assert_eq!(s.steps, 12);
+    // Three step checkpoints and three tries at best/ skipped: the cause is printed once, then a
+    // short line each.
+    let warnings: Vec<&String> = messages
+        .0
+        .iter()
+        .filter(|m| m.contains("skipped"))
+        .collect();
+    assert_eq!(warnings.len(), 6, "{warnings:?}");
+    assert_eq!(
+        warnings
+            .iter()
+            .filter(|m| m.contains("bytes needed"))
+            .count(),
+        1,
+        "{warnings:?}"
+    );
     assert!(s.last_checkpoint.is_none());
+    // No model was saved: the summary says so (the binary exits 1) and names why.
+    let unsaved = s.unsaved.expect("the run must not pass for saved");
+    assert_eq!((unsaved.free, unsaved.newest.as_ref()), (10, None));
+    assert_eq!(unsaved.path, root.join("checkpoints/step-12"));
+    let message = unsaved.to_string();
+    assert!(
+        message.starts_with("no model was saved")
+            && message.contains("bytes needed, 10 free")
+            && message.contains("no checkpoint of this run exists"),
+        "{message}"
+    );
     let events = read_jsonl(&root.join("events.jsonl"));
     assert!(
         events
             .iter()
             .any(|e| e["kind"] == "checkpoint_skipped" && e["free_bytes"] == 10)
     );
+    let last = events.last().unwrap();
+    assert_eq!(
+        (last["kind"].as_str(), last["reason"].as_str()),
+        (Some("error"), Some("checkpoint_skipped"))
+    );
+    assert!(!events.iter().any(|e| e["kind"] == "finish"));
     assert!(
         fs::read_dir(root.join("checkpoints"))
             .unwrap()
@@ -205,5 +250,6 @@ fn state_at(step: u64) -> TrainerState {
         bleu_before: None,
         micro_batch: None,
         accum: None,
+        eval_pending: false,
     }
 }

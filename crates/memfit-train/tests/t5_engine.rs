@@ -388,6 +388,7 @@ fn generate_stops_at_eos_and_at_the_limit() {
         no_repeat_ngram: 2,
         repetition_penalty: 1.3,
         eos_id: 1,
+        stop: None,
     };
     let out = engine
         .generate(2, 5, &b.input_ids, &b.input_mask, &cfg)
@@ -403,6 +404,26 @@ fn generate_stops_at_eos_and_at_the_limit() {
         let unique: std::collections::HashSet<_> = grams.iter().collect();
         assert_eq!(grams.len(), unique.len(), "{row:?}");
     }
+}
+
+#[test]
+fn generate_ends_after_one_token_once_a_stop_is_requested() {
+    let engine = T5Engine::new(tiny(json!({})), adamw(0.0), 2).unwrap();
+    let b = copy_batch(&mut SplitMix64::new(5), 2, 5);
+    let stop = memfit_train::signals::StopFlag::new();
+    stop.request();
+    let cfg = GenerateConfig {
+        max_new_tokens: 7,
+        no_repeat_ngram: 0,
+        repetition_penalty: 1.0,
+        eos_id: u32::MAX,
+        stop: Some(stop),
+    };
+    let out = engine
+        .generate(2, 5, &b.input_ids, &b.input_mask, &cfg)
+        .unwrap();
+    // The flag is polled after each token: one token per row, not seven.
+    assert_eq!(out.iter().map(Vec::len).collect::<Vec<_>>(), vec![1, 1]);
 }
 
 /// Loss and accumulated gradients of two micro-batches on a fresh engine.

@@ -62,6 +62,13 @@ pub struct TrainerState {
     /// Micro-batches per full step at that size: ⌈effective batch / micro_batch⌉ (for a reader).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accum: Option<usize>,
+    /// An evaluation of this step was due but abandoned by a stop: a resume runs it first.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub eval_pending: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl TrainerState {

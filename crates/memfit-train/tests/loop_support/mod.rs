@@ -7,6 +7,7 @@ use memfit_train::checkpoint::FreeSpace;
 use memfit_train::engine::{Engine, GenerateConfig, ParamCounts, Seq2SeqBatch, StepStats};
 use memfit_train::session::CheckpointSpec;
 use memfit_train::text::TextDecoder;
+use std::cell::RefCell;
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -35,9 +36,17 @@ pub struct LinearEngine {
     pub fail_save: bool,
     /// The seeded target perturbation ("dropout"); off, a step's gradient depends only on its rows.
     pub noise: bool,
+    /// Every engine call in order: `accumulate`, `step`, `eval_loss`, `generate`, `save`.
+    pub log: RefCell<Vec<&'static str>>,
+    /// Run a closure during the engine call with this (1-based) number in `log` (at the end of the
+    /// call; for `generate`, before its first row, which then sees a stop requested by the closure).
+    pub on_call: RefCell<Option<(usize, Hook)>>,
 }
 
 pub const VOCAB: usize = 32;
+
+/// A closure run at a chosen engine call.
+pub type Hook = Box<dyn FnMut()>;
 
 impl LinearEngine {
     pub fn new() -> Self {
@@ -52,6 +61,22 @@ impl LinearEngine {
             after_accumulate: None,
             fail_save: false,
             noise: true,
+            log: RefCell::new(Vec::new()),
+            on_call: RefCell::new(None),
+        }
+    }
+
+    /// Records a call of `kind` and runs `on_call` if this is its call.
+    fn called(&self, kind: &'static str) {
+        let n = {
+            let mut log = self.log.borrow_mut();
+            log.push(kind);
+            log.len()
+        };
+        if let Some((at, f)) = &mut *self.on_call.borrow_mut()
+            && *at == n
+        {
+            f();
         }
     }
 
@@ -125,6 +150,7 @@ impl Engine for LinearEngine {
         {
             f();
         }
+        self.called("accumulate");
         Ok(loss)
     }
 
@@ -148,10 +174,12 @@ impl Engine for LinearEngine {
         {
             f();
         }
+        self.called("step");
         Ok(StepStats { grad_norm: norm })
     }
 
     fn eval_loss(&self, b: &Seq2SeqBatch) -> Result<f32, MockError> {
+        self.called("eval_loss");
         Ok(self.loss_and_grad(b, None).0)
     }
 
@@ -161,10 +189,13 @@ impl Engine for LinearEngine {
         src_len: usize,
         input_ids: &[u32],
         input_mask: &[bool],
-        _config: &GenerateConfig,
+        config: &GenerateConfig,
     ) -> Result<Vec<Vec<u32>>, MockError> {
-        // Echo the source: deterministic, so BLEU is a fixed function of the data.
+        self.called("generate");
+        // Echo the source: deterministic, so BLEU is a fixed function of the data. A row stands for
+        // a token: a stop ends the generation early, as the real engine's does between tokens.
         Ok((0..batch)
+            .take_while(|_| !config.stop_requested())
             .map(|r| {
                 (0..src_len)
                     .filter(|j| input_mask[r * src_len + j])
@@ -201,6 +232,7 @@ impl Engine for LinearEngine {
             ));
         }
         write_f32s(&dir.join("optimizer.safetensors"), &self.momentum).map_err(err)?;
+        self.called("save");
         Ok(())
     }
 
@@ -359,6 +391,15 @@ pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The steps of the run's `events.jsonl` events of `kind`, in order.
+pub fn event_steps(root: &Path, kind: &str) -> Vec<u64> {
+    read_jsonl(&root.join("events.jsonl"))
+        .iter()
+        .filter(|e| e["kind"] == kind)
+        .map(|e| e["step"].as_u64().unwrap())
         .collect()
 }
 

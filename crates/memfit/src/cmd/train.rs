@@ -3,23 +3,24 @@
 
 use crate::exit::{Outcome, bad_input};
 use anyhow::Context;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use memfit_train::config::{BestMetric, ConfigLayer, OptimizerKind, Precision, TrainConfig};
 use memfit_train::engine::Engine;
-use memfit_train::eval::EvalReport;
 use memfit_train::memory_guard::{GuardSettings, MemoryGuard, NvmlProcessMemory, ProcessMemory};
-use memfit_train::metrics::StepMetrics;
 use memfit_train::schedule::ScheduleKind;
 use memfit_train::session::{self, CheckpointSpec, Session};
-use memfit_train::train_loop::{Finish, Observer, Summary, Trainer};
+use memfit_train::train_loop::{Finish, Trainer};
 use memfit_train::{
     alloc_reserve, batches::Collate, checkpoint, demo, engine_setup, model_spec, plan_file,
     presets, run_data, signals::StopFlag, text,
 };
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod budget;
+mod output;
+
+use output::{Bar, print_summary};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -111,9 +112,16 @@ pub struct Args {
     /// Evaluate every N optimizer steps (and at each epoch end).
     #[arg(long)]
     eval_steps: Option<u64>,
-    /// Validation rows generated and scored by BLEU at each evaluation.
+    /// Validation rows generated and scored by BLEU at each evaluation (default 8).
     #[arg(long)]
     eval_rows: Option<usize>,
+    /// Validation rows whose loss each evaluation computes (default: sized to 5% of the training
+    /// between two evaluations, at least 16).
+    #[arg(long, value_name = "N")]
+    eval_loss_rows: Option<usize>,
+    /// Evaluate before the first step too (the summary's BLEU "before").
+    #[arg(long)]
+    eval_at_start: bool,
     /// Metric that picks best/.
     #[arg(long, value_parser = ["bleu4", "valid-loss"])]
     best_metric: Option<String>,
@@ -182,6 +190,8 @@ impl Args {
             keep: self.keep,
             eval_steps: self.eval_steps,
             eval_rows: self.eval_rows,
+            eval_loss_rows: self.eval_loss_rows,
+            eval_at_start: self.eval_at_start.then_some(true),
             best_metric: self.best_metric.as_deref().map(|m| match m {
                 "valid-loss" => BestMetric::ValidLoss,
                 _ => BestMetric::Bleu4,
@@ -461,6 +471,8 @@ pub fn run(args: Args) -> Outcome {
         );
     }
     config = s.config.clone();
+    // From here on a signal stops the run with a resumable checkpoint (the loop acts on it at once).
+    let stop = StopFlag::from_signals().context("installing the SIGINT/SIGTERM handlers")?;
     let vocab = data.tokenizer.vocab_size();
     let resume_state = match &s.resume_from {
         Some((ckpt, state)) => {
@@ -500,7 +512,6 @@ pub fn run(args: Args) -> Outcome {
     s.run.log(&params_line)?;
 
     // 4. The loop.
-    let stop = StopFlag::from_signals().context("installing the SIGINT/SIGTERM handlers")?;
     let eos = data
         .tokenizer
         .require_eos("seq2seq training")
@@ -556,6 +567,10 @@ pub fn run(args: Args) -> Outcome {
     .run()?;
     observer.bar.finish_and_clear();
     print_summary(&summary, &config, &root, args.json);
+    if let Some(unsaved) = &summary.unsaved {
+        // run-time failure (exit 1): the model of this run is not on disk
+        anyhow::bail!("{unsaved}");
+    }
     Ok(match summary.finish {
         Finish::Completed => ExitCode::SUCCESS,
         // EX_TEMPFAIL: stopped with a resumable checkpoint (DESIGN.md §3).
@@ -607,143 +622,4 @@ fn thousands(n: u64) -> String {
 
 fn gib(bytes: u64) -> String {
     format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
-}
-
-/// The progress bar: epoch, step, loss, tokens/s, RSS.
-struct Bar {
-    bar: ProgressBar,
-    quiet: bool,
-}
-
-impl Bar {
-    fn new(quiet: bool) -> Self {
-        let bar = if quiet {
-            ProgressBar::hidden()
-        } else {
-            ProgressBar::new(0)
-        };
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{bar:30} {pos}/{len} steps {elapsed_precise} eta {eta} {msg}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        Self { bar, quiet }
-    }
-}
-
-impl Observer for Bar {
-    fn on_start(&mut self, total_steps: u64, start_step: u64) {
-        self.bar.set_length(total_steps);
-        self.bar.set_position(start_step);
-    }
-    fn on_step(&mut self, m: &StepMetrics) {
-        self.bar.set_position(m.step);
-        self.bar.set_message(format!(
-            "epoch {} loss {:.4} {:.0} tok/s RSS {}",
-            m.epoch,
-            m.loss,
-            m.tokens_per_s,
-            gib(m.rss_bytes)
-        ));
-    }
-    fn on_eval(&mut self, step: u64, r: &EvalReport) {
-        if !self.quiet {
-            let sample = r
-                .samples
-                .first()
-                .map(|(want, got)| format!(" e.g. {want:?} → {got:?}"))
-                .unwrap_or_default();
-            self.bar.println(format!(
-                "eval at step {step}: valid loss {:.4}, BLEU-4 {:.4} (standard {:.4}){sample}",
-                r.valid_loss, r.bleu4, r.bleu4_standard
-            ));
-        }
-    }
-    fn on_message(&mut self, message: &str) {
-        // A hidden bar (--json, or stderr not a terminal) prints nothing: warnings and the memory
-        // guard's actions still reach stderr.
-        if self.bar.is_hidden() {
-            eprintln!("{message}");
-        } else {
-            self.bar.println(message);
-        }
-    }
-}
-
-fn print_summary(s: &Summary, config: &TrainConfig, root: &Path, json: bool) {
-    let best_dir = root.join("best");
-    let bleu_after = s.last_eval.as_ref().map(|e| e.bleu4);
-    if json {
-        let v = serde_json::json!({
-            "finished": s.finish == Finish::Completed,
-            "steps": s.steps,
-            "total_steps": s.total_steps,
-            "loss_first": s.first_loss,
-            "loss_last": s.last_loss,
-            "bleu4_before": s.bleu_before,
-            "bleu4_after": bleu_after,
-            "bleu4_standard_after": s.last_eval.as_ref().map(|e| e.bleu4_standard),
-            "valid_loss_after": s.last_eval.as_ref().map(|e| e.valid_loss),
-            "peak_rss_bytes": s.peak_rss_bytes,
-            "budget_bytes": config.memory_budget_bytes,
-            "tokens_per_s": s.tokens_per_s(),
-            "seconds": s.seconds,
-            "train_seconds": s.train_seconds,
-            "run_dir": root,
-            "best_dir": best_dir.is_dir().then_some(&best_dir),
-            "best": s.best.as_ref().map(|b| serde_json::json!({"metric": b.metric, "value": b.value, "step": b.step})),
-            "last_checkpoint": s.last_checkpoint,
-        });
-        println!("{v}");
-        return;
-    }
-    let opt = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.4}"));
-    let verb = match s.finish {
-        Finish::Completed => "finished",
-        Finish::Stopped => "stopped (resume with --resume)",
-    };
-    println!(
-        "memfit train {verb}: {}/{} steps in {:.1} s",
-        s.steps, s.total_steps, s.seconds
-    );
-    println!("  loss       {} → {}", opt(s.first_loss), opt(s.last_loss));
-    println!(
-        "  BLEU-4     {} → {} (standard, brevity penalty ≤ 1: {})",
-        opt(s.bleu_before),
-        opt(bleu_after),
-        opt(s.last_eval.as_ref().map(|e| e.bleu4_standard))
-    );
-    match config.memory_budget_bytes {
-        Some(b) => println!(
-            "  peak RSS   {} of a {} budget ({})",
-            gib(s.peak_rss_bytes),
-            gib(b),
-            if s.peak_rss_bytes <= b {
-                "within"
-            } else {
-                "OVER"
-            }
-        ),
-        None => println!("  peak RSS   {}", gib(s.peak_rss_bytes)),
-    }
-    println!(
-        "  tokens/s   {:.0} (training steps; {:.0} s of {:.0} s wall)",
-        s.tokens_per_s(),
-        s.train_seconds,
-        s.seconds
-    );
-    println!("  run        {}", root.display());
-    if let Some(b) = &s.best {
-        println!(
-            "  best       {} ({} {:.4} at step {})",
-            best_dir.display(),
-            b.metric,
-            b.value,
-            b.step
-        );
-    }
-    if let Some(c) = &s.last_checkpoint {
-        println!("  checkpoint {}", c.display());
-    }
 }

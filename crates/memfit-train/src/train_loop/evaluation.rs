@@ -1,0 +1,165 @@
+//! Evaluations in the loop: when they are due, how many rows they use, their cost in the logs, and
+//! `best/`.
+
+use super::{LoopError, State, Trainer};
+use crate::batches;
+use crate::checkpoint::{BestRecord, SaveOutcome};
+use crate::config::BestMetric;
+use crate::engine::Engine;
+use crate::eval::sizing::{EvalSize, eval_size};
+use crate::eval::{self, EvalReport, EvalSetup};
+use serde_json::json;
+
+impl EvalReport {
+    /// What an evaluation cost: "128 rows, 8 generations, 3.1 s".
+    pub fn cost(&self) -> String {
+        format!(
+            "{} rows, {} generations, {:.1} s",
+            self.rows_loss, self.rows_generated, self.seconds
+        )
+    }
+}
+
+impl<E: Engine> Trainer<'_, E> {
+    /// At each epoch end, every `eval_steps` and at the last step (when there is validation data).
+    pub(super) fn eval_due(&self, s: &State, epoch_end: bool) -> bool {
+        self.valid.is_some()
+            && (epoch_end
+                || s.p.step == s.total
+                || self
+                    .config
+                    .eval_steps
+                    .is_some_and(|n| n > 0 && s.p.step.is_multiple_of(n)))
+    }
+
+    /// The rows of one evaluation: a share of the training rows between two evaluations
+    /// (`eval_steps`, else an epoch, at most the run), unless the config names them.
+    fn eval_size(&self, s: &State, valid_rows: usize) -> EvalSize {
+        let c = self.config;
+        let per_epoch = batches::steps_per_epoch(self.train.len(), c.batch, c.accum);
+        let interval = c
+            .eval_steps
+            .filter(|n| *n > 0)
+            .map_or(per_epoch, |n| n.min(per_epoch))
+            .min(s.total)
+            .max(1);
+        let rows_between = interval * batches::effective_batch(c.batch, c.accum) as u64;
+        eval_size(c.eval_loss_rows, c.eval_rows, valid_rows, rows_between)
+    }
+
+    /// Runs the evaluation due at this step (marked pending until it is done) and updates `best/`.
+    /// `false`: a stop was requested and the evaluation abandoned; it stays pending.
+    pub(super) fn evaluate_due(&mut self, s: &mut State) -> Result<bool, LoopError> {
+        s.p.eval_pending = true;
+        let Some(report) = self.evaluate(s)? else {
+            return Ok(false);
+        };
+        s.p.eval_pending = false;
+        if s.p.step == 0 {
+            s.p.bleu_before = Some(report.bleu4);
+        }
+        self.update_best(s, &report)?;
+        s.l.last_eval = Some(report);
+        Ok(true)
+    }
+
+    /// Validation at the current micro-batch size (a guard downgrade applies to evaluation too; the
+    /// loss is token-weighted, so the size does not change it).
+    fn evaluate(&mut self, s: &State) -> Result<Option<EvalReport>, LoopError> {
+        let Some(valid) = self.valid else {
+            unreachable!("evaluate is only called with validation data")
+        };
+        let step = s.p.step;
+        let size = self.eval_size(s, valid.len());
+        let setup = EvalSetup {
+            collate: self.collate,
+            batch: s.p.micro,
+            loss_rows: size.loss_rows,
+            generate_rows: size.generate_rows,
+            max_new_tokens: self.config.gen_max_tokens,
+            decoder: self.decoder,
+            stop: Some(&self.stop),
+        };
+        let observer = &mut *self.observer;
+        let mut progress = |phase, done, total| observer.on_eval_progress(step, phase, done, total);
+        let report = eval::evaluate(&*self.engine, valid, &setup, &mut progress).map_err(|e| {
+            LoopError::Engine {
+                step,
+                message: format!("evaluation: {e}"),
+            }
+        })?;
+        let Some(report) = report else {
+            self.run.log(&format!(
+                "eval at step {step}: abandoned (stop requested); --resume runs it"
+            ))?;
+            return Ok(None);
+        };
+        self.run.event(
+            step,
+            "eval",
+            json!({
+                "valid_loss": report.valid_loss,
+                "bleu4": report.bleu4,
+                "bleu4_standard": report.bleu4_standard,
+                "rows_loss": report.rows_loss,
+                "rows_generated": report.rows_generated,
+                "seconds": report.seconds,
+                "samples": report.samples,
+            }),
+        )?;
+        let share = if s.l.train_seconds > 0.0 {
+            format!(
+                " ({:.0}% of the {:.1} s of training so far)",
+                100.0 * report.seconds / s.l.train_seconds,
+                s.l.train_seconds
+            )
+        } else {
+            String::new()
+        };
+        self.run
+            .log(&format!("eval at step {step}: {}{share}", report.cost()))?;
+        self.observer.on_eval(step, &report);
+        Ok(Some(report))
+    }
+
+    fn update_best(&mut self, s: &mut State, report: &EvalReport) -> Result<(), LoopError> {
+        let (metric, value, higher_is_better) = match self.config.best_metric {
+            BestMetric::Bleu4 => ("bleu4", report.bleu4, true),
+            BestMetric::ValidLoss => ("valid_loss", report.valid_loss, false),
+        };
+        if !value.is_finite() {
+            return Ok(());
+        }
+        let better = s.p.best.as_ref().is_none_or(|b| {
+            if higher_is_better {
+                value > b.value
+            } else {
+                value < b.value
+            }
+        });
+        if !better {
+            return Ok(());
+        }
+        let candidate = BestRecord {
+            metric: metric.into(),
+            value,
+            step: s.p.step,
+        };
+        let previous = s.p.best.replace(candidate);
+        let state = self.state(s);
+        match self.checkpointer.save_best(&*self.engine, &state)? {
+            SaveOutcome::Saved { path, bytes } => {
+                self.run.event(
+                    s.p.step,
+                    "best",
+                    json!({"path": path, "bytes": bytes, "metric": metric, "value": value}),
+                )?;
+            }
+            SaveOutcome::Skipped { path, needed, free } => {
+                s.p.best = previous;
+                self.skipped(s, &path, needed, free)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,136 @@
+//! One optimizer step: its rows cut into micro-batches, each accumulated unless memory or a stop
+//! request cuts the step short, then the optimizer update and the step's metrics.
+
+use super::{LoopError, State, Trainer, micro_batch_seed};
+use crate::batches;
+use crate::engine::{Engine, Seq2SeqBatch};
+use crate::metrics::{self, StepMetrics};
+use memfit_data::Sampler;
+use serde_json::json;
+use std::time::Instant;
+
+/// How a step ended.
+pub(super) enum StepOutcome {
+    /// Done: the weights, the cursor and the metrics moved on.
+    Done { epoch_end: bool },
+    /// Cut short by a stop request after `done` of `of` micro-batches; nothing moved on.
+    Signal { done: usize, of: u64 },
+    /// Cut short for memory (hard limit or a failed allocation); nothing moved on.
+    Memory { done: usize, of: u64 },
+}
+
+impl<E: Engine> Trainer<'_, E> {
+    pub(super) fn train_step(
+        &mut self,
+        sampler: &mut Sampler,
+        s: &mut State,
+    ) -> Result<StepOutcome, LoopError> {
+        let step_rows = sampler.next_batch();
+        let (epoch, epoch_end) = (sampler.cursor().epoch, sampler.epoch_finished());
+        let t0 = Instant::now();
+        let micro_batches = self.collate_step(&step_rows, s.p.micro)?;
+        let scales = batches::token_weights(&micro_batches);
+        let k = micro_batches.len() as u64;
+        let (mut loss_sum, mut tokens) = (0.0f64, 0u64);
+        for (i, (batch, scale)) in micro_batches.iter().zip(&scales).enumerate() {
+            if self.memory_exhausted() {
+                return Ok(StepOutcome::Memory { done: i, of: k });
+            }
+            if self.stop.is_requested() {
+                return Ok(StepOutcome::Signal { done: i, of: k });
+            }
+            tokens += batches::real_tokens(batch);
+            let seed = micro_batch_seed(self.config.seed, s.p.step, i as u64);
+            let loss = self
+                .engine
+                .accumulate(batch, *scale as f32, seed)
+                .map_err(|e| LoopError::Engine {
+                    step: s.p.step + 1,
+                    message: e.to_string(),
+                })?;
+            loss_sum += f64::from(loss) * scale;
+        }
+        let lr = s.schedule.lr_at(s.p.step);
+        let stats = self
+            .engine
+            .step(lr, self.config.max_grad_norm)
+            .map_err(|e| LoopError::Engine {
+                step: s.p.step + 1,
+                message: e.to_string(),
+            })?;
+        s.p.step += 1;
+        let loss = loss_sum;
+        if !loss.is_finite() {
+            self.run
+                .event(s.p.step, "error", json!({"loss": loss.to_string()}))?;
+            return Err(LoopError::NonFinite {
+                step: s.p.step,
+                loss,
+            });
+        }
+        s.p.first_loss.get_or_insert(loss);
+        s.p.last_loss = Some(loss);
+        s.p.cursor = sampler.cursor();
+        let step_s = t0.elapsed().as_secs_f64();
+        s.l.tokens += tokens;
+        s.l.train_seconds += step_s;
+        let rss = metrics::rss();
+        let m = StepMetrics {
+            step: s.p.step,
+            epoch,
+            micro_batch: s.p.micro as u64,
+            accum: k,
+            loss,
+            lr,
+            grad_norm: stats.grad_norm,
+            tokens,
+            tokens_per_s: if step_s > 0.0 {
+                tokens as f64 / step_s
+            } else {
+                0.0
+            },
+            step_s,
+            rss_bytes: rss.current,
+            peak_rss_bytes: rss.peak,
+            gpu_bytes: None,
+        };
+        self.run.append_metrics(&m)?;
+        self.observer.on_step(&m);
+        self.warn_over_budget(s, rss.peak)?;
+        Ok(StepOutcome::Done { epoch_end })
+    }
+
+    /// The step's rows as padded micro-batches of `micro` rows.
+    fn collate_step(&self, rows: &[usize], micro: usize) -> Result<Vec<Seq2SeqBatch>, LoopError> {
+        rows.chunks(micro)
+            .map(|chunk| {
+                let pairs = chunk
+                    .iter()
+                    .map(|&r| self.train.pair(r))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| LoopError::Data(e.to_string()))?;
+                Ok(self.collate.batch(&pairs))
+            })
+            .collect()
+    }
+
+    /// Once per run: the peak RSS went over the configured budget.
+    fn warn_over_budget(&mut self, s: &mut State, peak: u64) -> Result<(), LoopError> {
+        let Some(budget) = self.config.memory_budget_bytes else {
+            return Ok(());
+        };
+        if peak <= budget || s.l.warned_budget {
+            return Ok(());
+        }
+        s.l.warned_budget = true;
+        self.run.event(
+            s.p.step,
+            "over_budget",
+            json!({"peak_rss_bytes": peak, "budget_bytes": budget}),
+        )?;
+        self.observer.on_message(&format!(
+            "warning: peak RSS {peak} B is over the memory budget {budget} B"
+        ));
+        Ok(())
+    }
+}

@@ -1,0 +1,193 @@
+//! What `memfit train` shows while it runs and when it ends: a progress bar on a terminal, plain
+//! lines otherwise (`memfit_train::progress`), evaluation progress and cost, and the summary.
+
+use super::gib;
+use indicatif::{ProgressBar, ProgressStyle};
+use memfit_train::config::TrainConfig;
+use memfit_train::eval::{EvalPhase, EvalReport};
+use memfit_train::metrics::StepMetrics;
+use memfit_train::progress::{self, Cadence};
+use memfit_train::train_loop::{Finish, Observer, Summary};
+use std::path::Path;
+use std::time::Instant;
+
+/// The progress bar (epoch, step, loss, tokens/s, RSS) on a terminal; with stderr not a terminal, or
+/// `--json`, plain lines on stderr at `progress`'s cadence.
+pub(super) struct Bar {
+    pub(super) bar: ProgressBar,
+    /// No bar is drawn: progress goes out as plain lines.
+    plain: bool,
+    steps: Cadence,
+    eval: Cadence,
+    started: Instant,
+    total: u64,
+    start_step: u64,
+}
+
+impl Bar {
+    pub(super) fn new(quiet: bool) -> Self {
+        let bar = if quiet {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(0)
+        };
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} steps {elapsed_precise} eta {eta} {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        Self {
+            plain: bar.is_hidden(),
+            bar,
+            steps: Cadence::default(),
+            eval: Cadence::default(),
+            started: Instant::now(),
+            total: 0,
+            start_step: 0,
+        }
+    }
+
+    fn line(&self, message: &str) {
+        if self.plain {
+            eprintln!("{message}");
+        } else {
+            self.bar.println(message);
+        }
+    }
+}
+
+impl Observer for Bar {
+    fn on_start(&mut self, total_steps: u64, start_step: u64) {
+        self.bar.set_length(total_steps);
+        self.bar.set_position(start_step);
+        (self.total, self.start_step, self.started) = (total_steps, start_step, Instant::now());
+    }
+    fn on_step(&mut self, m: &StepMetrics) {
+        self.bar.set_position(m.step);
+        self.bar.set_message(format!(
+            "epoch {} loss {:.4} {:.0} tok/s RSS {}",
+            m.epoch,
+            m.loss,
+            m.tokens_per_s,
+            gib(m.rss_bytes)
+        ));
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let edge = m.step == self.start_step + 1 || m.step == self.total;
+        if self.plain && self.steps.due(elapsed, m.step, edge) {
+            let done = m.step - self.start_step;
+            let eta = progress::eta_s(done, self.total.saturating_sub(m.step), elapsed);
+            eprintln!("{}", progress::step_line(m, self.total, eta));
+        }
+    }
+    fn on_eval_progress(&mut self, step: u64, phase: EvalPhase, done: usize, total: usize) {
+        let line = format!("eval at step {step}: {} {done}/{total} rows", phase.name());
+        if !self.plain {
+            self.bar.set_message(line);
+            return;
+        }
+        let elapsed = self.started.elapsed().as_secs_f64();
+        if done == 0 {
+            // a quick evaluation prints only its cost line (on_eval)
+            self.eval.start(elapsed);
+        } else if done < total && self.eval.due(elapsed, done as u64, false) {
+            eprintln!("{line}");
+        }
+    }
+    fn on_eval(&mut self, step: u64, r: &EvalReport) {
+        let sample = r
+            .samples
+            .first()
+            .map(|(want, got)| format!(" e.g. {want:?} → {got:?}"))
+            .unwrap_or_default();
+        self.line(&format!(
+            "eval at step {step}: {}: valid loss {:.4}, BLEU-4 {:.4} (standard {:.4}){sample}",
+            r.cost(),
+            r.valid_loss,
+            r.bleu4,
+            r.bleu4_standard
+        ));
+    }
+    fn on_message(&mut self, message: &str) {
+        self.line(message);
+    }
+}
+
+pub(super) fn print_summary(s: &Summary, config: &TrainConfig, root: &Path, json: bool) {
+    let best_dir = root.join("best");
+    let bleu_after = s.last_eval.as_ref().map(|e| e.bleu4);
+    if json {
+        let v = serde_json::json!({
+            "finished": s.finish == Finish::Completed && s.unsaved.is_none(),
+            "unsaved": s.unsaved.as_ref().map(ToString::to_string),
+            "steps": s.steps,
+            "total_steps": s.total_steps,
+            "loss_first": s.first_loss,
+            "loss_last": s.last_loss,
+            "bleu4_before": s.bleu_before,
+            "bleu4_after": bleu_after,
+            "bleu4_standard_after": s.last_eval.as_ref().map(|e| e.bleu4_standard),
+            "valid_loss_after": s.last_eval.as_ref().map(|e| e.valid_loss),
+            "peak_rss_bytes": s.peak_rss_bytes,
+            "budget_bytes": config.memory_budget_bytes,
+            "tokens_per_s": s.tokens_per_s(),
+            "seconds": s.seconds,
+            "train_seconds": s.train_seconds,
+            "run_dir": root,
+            "best_dir": best_dir.is_dir().then_some(&best_dir),
+            "best": s.best.as_ref().map(|b| serde_json::json!({"metric": b.metric, "value": b.value, "step": b.step})),
+            "last_checkpoint": s.last_checkpoint,
+        });
+        println!("{v}");
+        return;
+    }
+    let opt = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.4}"));
+    let verb = match (s.finish, &s.unsaved) {
+        (_, Some(_)) => "ended without saving its model",
+        (Finish::Completed, None) => "finished",
+        (Finish::Stopped, None) => "stopped (resume with --resume)",
+    };
+    println!(
+        "memfit train {verb}: {}/{} steps in {:.1} s",
+        s.steps, s.total_steps, s.seconds
+    );
+    println!("  loss       {} → {}", opt(s.first_loss), opt(s.last_loss));
+    println!(
+        "  BLEU-4     {} → {} (standard, brevity penalty ≤ 1: {})",
+        opt(s.bleu_before),
+        opt(bleu_after),
+        opt(s.last_eval.as_ref().map(|e| e.bleu4_standard))
+    );
+    match config.memory_budget_bytes {
+        Some(b) => println!(
+            "  peak RSS   {} of a {} budget ({})",
+            gib(s.peak_rss_bytes),
+            gib(b),
+            if s.peak_rss_bytes <= b {
+                "within"
+            } else {
+                "OVER"
+            }
+        ),
+        None => println!("  peak RSS   {}", gib(s.peak_rss_bytes)),
+    }
+    println!(
+        "  tokens/s   {:.0} (training steps; {:.0} s of {:.0} s wall)",
+        s.tokens_per_s(),
+        s.train_seconds,
+        s.seconds
+    );
+    println!("  run        {}", root.display());
+    if let Some(b) = &s.best {
+        println!(
+            "  best       {} ({} {:.4} at step {})",
+            best_dir.display(),
+            b.metric,
+            b.value,
+            b.step
+        );
+    }
+    if let Some(c) = &s.last_checkpoint {
+        println!("  checkpoint {}", c.display());
+    }
+}
