@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
-"""Writes the golden ids that memfit-data's tokenizer test compares against.
+"""Writes the golden ids that memfit-data's tokenizer tests compare against.
 
-Run once (the output is committed; the Rust test needs no Python):
+Run once (the output is committed; the Rust tests need no Python):
 
     python3 -m venv /tmp/venv && /tmp/venv/bin/pip install tokenizers==0.23.3
     /tmp/venv/bin/python scripts/gen_tokenizer_golden.py \
         ../shared/fixtures/chatlm/tokenizer/tokenizer.json \
         crates/memfit-data/tests/golden/chatlm_tokenizer.json
+
+With `--autotokenizer`, the first argument is a memfit checkpoint directory of a run on the ChatLM
+tokenizer, and the ids are what transformers' AutoTokenizer gives by default (special tokens added),
+for tests/tokenizer_export.rs (needs `pip install transformers`, no torch):
+
+    /tmp/venv/bin/python scripts/gen_tokenizer_golden.py --autotokenizer RUN/checkpoints/step-1 \
+        crates/memfit-data/tests/golden/chatlm_autotokenizer.json
 
 The strings cover Chinese, English, mixed text, digits, punctuation, whitespace runs, emoji (out of
 vocabulary: [UNK]), special-token text inside a sentence, and the empty string.
@@ -41,7 +48,34 @@ CASES = [
 ]
 
 
+def autotokenizer(checkpoint: str, out_path: str) -> None:
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    cases = [{"text": t, "input_ids": tok(t)["input_ids"]} for t in CASES]
+    golden = {
+        "generated_by": "scripts/gen_tokenizer_golden.py --autotokenizer",
+        "transformers_version": transformers.__version__,
+        "tokenizer_class": type(tok).__name__,
+        "add_special_tokens": True,
+        "cases": cases,
+    }
+    write(golden, cases, out_path)
+
+
+def write(golden: dict, cases: list, out_path: str) -> None:
+    # One case per line keeps the committed file readable and its diffs small.
+    head = {k: v for k, v in golden.items() if k != "cases"}
+    lines = [json.dumps(c, ensure_ascii=False) for c in cases]
+    body = json.dumps(head, ensure_ascii=False, indent=1)[:-2]
+    with open(out_path, "w", encoding="utf-8") as f:
+        f.write(body + ',\n "cases": [\n  ' + ",\n  ".join(lines) + "\n ]\n}\n")
+
+
 def main() -> None:
+    if sys.argv[1] == "--autotokenizer":
+        autotokenizer(sys.argv[2], sys.argv[3])
+        return
     tokenizer_path, out_path = sys.argv[1], sys.argv[2]
     with open(tokenizer_path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
@@ -57,12 +91,7 @@ def main() -> None:
         "add_special_tokens": False,
         "cases": cases,
     }
-    # One case per line keeps the committed file readable and its diffs small.
-    head = {k: v for k, v in golden.items() if k != "cases"}
-    lines = [json.dumps(c, ensure_ascii=False) for c in cases]
-    body = json.dumps(head, ensure_ascii=False, indent=1)[:-2]
-    with open(out_path, "w", encoding="utf-8") as f:
-        f.write(body + ',\n "cases": [\n  ' + ",\n  ".join(lines) + "\n ]\n}\n")
+    write(golden, cases, out_path)
 
 
 if __name__ == "__main__":

@@ -70,7 +70,8 @@ pub struct Session {
 
 /// How checkpoints are written for this run.
 pub struct CheckpointSpec {
-    pub tokenizer_files: Vec<PathBuf>,
+    /// The tokenizer files written into every checkpoint ([`crate::text::checkpoint_tokenizer_files`]).
+    pub tokenizer_files: Vec<crate::text::CheckpointFile>,
     pub free_space: FreeSpace,
     /// Expected size of one checkpoint before any exists.
     pub expected_bytes: u64,

@@ -201,10 +201,12 @@ fn leftovers_of_a_killed_write_are_cleaned_and_a_swapped_out_checkpoint_restored
 }
 
 #[test]
-fn tokenizer_files_are_copied_into_checkpoints() {
+fn tokenizer_files_are_written_into_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
-    let tok = dir.path().join("tokenizer.json");
-    fs::write(&tok, b"{\"fake\": true}").unwrap();
+    let tok = memfit_train::text::CheckpointFile {
+        name: "tokenizer.json",
+        bytes: b"{\"fake\": true}".to_vec(),
+    };
     let mut cp = Checkpointer::new(
         dir.path().join("c"),
         dir.path().join("best"),

@@ -182,7 +182,32 @@ fn a_run_directory_holds_every_file_of_the_contract() {
         serde_json::from_str(&std::fs::read_to_string(run.join("plan.json")).unwrap()).unwrap();
     assert!(plan["host"]["peak_rss_bytes"].as_u64().unwrap() > 0);
 
-    // memfit report draws the run.
+    checkpoint_tokenizer_encodes_as_the_store_holds(&run, &ckpt);
+    report_draws_the_run_against_its_budget(&run);
+}
+
+/// transformers' AutoTokenizer encodes with the checkpoint's tokenizer.json and special tokens on: the
+/// ids must be those training read (the store's rows, EOS included).
+fn checkpoint_tokenizer_encodes_as_the_store_holds(run: &Path, ckpt: &Path) {
+    let tok = memfit_data::Tokenizer::load(ckpt).unwrap();
+    let store = memfit_data::TokenStore::open(&run.join("data/train.store")).unwrap();
+    let rows = std::fs::read_to_string(run.join("demo/train.jsonl")).unwrap();
+    let mut buf = memfit_data::RowBuf::default();
+    for (i, line) in rows.lines().enumerate().take(200) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let row = store.read_row(i, &mut buf).unwrap();
+        let ids = |key: &str| -> Vec<u32> {
+            let text = v[key].as_str().unwrap();
+            tok.inner().encode(text, true).unwrap().get_ids().to_vec()
+        };
+        assert_eq!(ids("prompt"), row.source().to_vec(), "row {i}: {line}");
+        assert_eq!(ids("response"), row.target().unwrap().to_vec(), "row {i}");
+    }
+}
+
+/// `memfit report`: memory from zero up past the budget, a legend entry per line, and a PNG of the
+/// stated size.
+fn report_draws_the_run_against_its_budget(run: &Path) {
     let out = memfit()
         .args(["report", &run.display().to_string(), "--json"])
         .output()
@@ -192,12 +217,38 @@ fn a_run_directory_holds_every_file_of_the_contract() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let budget = report["budget_bytes"]
+        .as_f64()
+        .expect("the run has a budget");
+    let memory = &report["panels"][2];
+    let unit = match memory["unit"].as_str().unwrap() {
+        "MiB" => (1u64 << 20) as f64,
+        _ => (1u64 << 30) as f64,
+    };
+    assert_eq!(memory["y_range"][0], 0.0, "memory from zero");
+    assert!(memory["y_range"][1].as_f64().unwrap() * unit >= budget);
+    let labels: Vec<&str> = memory["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["label"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels.len(), 3, "{labels:?}");
+    assert!(labels[0].starts_with("budget ") && labels[1..] == ["peak RSS", "RSS"]);
     let svg = std::fs::read_to_string(run.join("report.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("polyline"));
-    assert!(
-        std::fs::read(run.join("report.png"))
-            .unwrap()
-            .starts_with(b"\x89PNG")
+    for text in ["peak RSS", "optimizer step", "learning rate"] {
+        assert!(svg.contains(text), "the SVG shows {text:?}");
+    }
+    let png = png::Decoder::new(std::fs::File::open(run.join("report.png")).unwrap());
+    let info = png.read_info().unwrap().info().clone();
+    assert_eq!(
+        (info.width as u64, info.height as u64),
+        (
+            report["width"].as_u64().unwrap(),
+            report["height"].as_u64().unwrap()
+        )
     );
 }
 

@@ -1,6 +1,8 @@
 //! Tokenizers: load any Hugging Face `tokenizer.json` ([`Tokenizer::load`]), find the special tokens a
-//! format needs by name (never by a hard-coded id), and train new ones ([`train`]).
+//! format needs by name (never by a hard-coded id), train new ones ([`train`]), and save a copy that
+//! transformers encodes as memfit trained ([`export`]: [`Tokenizer::json_appending_eos`]).
 
+pub mod export;
 pub mod train;
 
 use crate::error::{DataError, Result};

@@ -3,6 +3,7 @@
 use super::disk::FreeSpace;
 use super::state::TrainerState;
 use crate::engine::Engine;
+use crate::text::CheckpointFile;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -47,7 +48,7 @@ pub struct Checkpointer {
     checkpoints_dir: PathBuf,
     best_dir: PathBuf,
     keep: usize,
-    tokenizer_files: Vec<PathBuf>,
+    tokenizer_files: Vec<CheckpointFile>,
     free_space: FreeSpace,
     /// Size of the last checkpoint written, or the caller's estimate before the first.
     expected_bytes: u64,
@@ -63,7 +64,7 @@ impl Checkpointer {
         checkpoints_dir: PathBuf,
         best_dir: PathBuf,
         keep: usize,
-        tokenizer_files: Vec<PathBuf>,
+        tokenizer_files: Vec<CheckpointFile>,
         free_space: FreeSpace,
         expected_bytes: u64,
     ) -> Result<Self, CheckpointError> {
@@ -180,10 +181,8 @@ impl Checkpointer {
             message: e.to_string(),
         })?;
         for file in &self.tokenizer_files {
-            if let Some(name) = file.file_name() {
-                let dest = tmp.join(name);
-                fs::copy(file, &dest).map_err(io(file))?;
-            }
+            let dest = tmp.join(file.name);
+            fs::write(&dest, &file.bytes).map_err(io(&dest))?;
         }
         let json = serde_json::to_string_pretty(state).unwrap_or_default();
         let state_path = tmp.join(TrainerState::FILE);

@@ -305,7 +305,7 @@ fn no_data(args: &Args, model: &str) -> String {
 pub fn run(args: Args) -> Outcome {
     // a training step reuses what the last one freed (memfit_train::malloc_tuning)
     memfit_train::malloc_tuning::keep_freed_memory();
-    let spec = |files: Vec<PathBuf>, bytes: u64| CheckpointSpec {
+    let spec = |files: Vec<text::CheckpointFile>, bytes: u64| CheckpointSpec {
         tokenizer_files: files,
         free_space: checkpoint::free_bytes,
         expected_bytes: bytes,
@@ -435,7 +435,14 @@ pub fn run(args: Args) -> Outcome {
     let params = engine.param_counts();
     // Checkpoint size before the first one exists: f32 weights + up to two f32 optimizer moments.
     let expected_bytes = params.total * 4 + params.trainable * 8;
-    let tokenizer_files = text::tokenizer_files(data.tokenizer.path());
+    let eos = data.train.0.eos_id().ok_or_else(|| {
+        bad_input(format!(
+            "{}: a store without an EOS id",
+            data.train.0.dir().display()
+        ))
+    })?;
+    let tokenizer_files = text::checkpoint_tokenizer_files(&data.tokenizer, eos)
+        .map_err(|e| bad_input(e.to_string()))?;
 
     let mut s: Session = match &args.resume {
         Some(dir) => session::resume(
