@@ -174,3 +174,18 @@ fn a_bad_init_directory_exits_2_naming_it_and_leaves_no_run() {
         );
     }
 }
+
+#[test]
+fn an_unknown_model_is_named_with_the_presets() {
+    for extra in [&[][..], &["--data", "rows.jsonl"][..]] {
+        let mut args = vec!["train", "--model", "no-such-model"];
+        args.extend_from_slice(extra);
+        let o = memfit(&args);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("no-such-model") && err.contains("t5-small") && err.contains("chatlm-mini"),
+            "{err}"
+        );
+    }
+}

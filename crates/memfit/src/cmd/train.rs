@@ -283,6 +283,8 @@ fn resolve_new(args: &Args) -> anyhow::Result<TrainConfig> {
         ));
     }
     if config.model != "demo" && config.data.is_none() && !args.plan_only {
+        // an unknown model is the first thing to say
+        model_spec::model_config(&config.model, None).map_err(|e| bad_input(e.to_string()))?;
         return Err(bad_input(no_data(args, &config.model)));
     }
     Ok(config)
