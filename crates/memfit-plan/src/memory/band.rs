@@ -74,3 +74,64 @@ pub fn for_setup(setup: &Setup) -> Band {
 pub fn high(bytes: u64, setup: &Setup) -> u64 {
     for_setup(setup).high(bytes)
 }
+
+/// The band as `memfit estimate --json` and `memfit plan --json` show it, in the `gpu` object.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct BandReport {
+    #[serde(flatten)]
+    pub band: Band,
+    /// The peaks widened by the band: what the measurement stayed under in 90% of the class.
+    pub peak_allocated_high_bytes: u64,
+    pub peak_reserved_high_bytes: u64,
+    pub nvml_used_high_bytes: u64,
+    /// Where the band comes from.
+    pub basis: &'static str,
+}
+
+/// The band report of a GPU estimate of `setup`.
+pub fn report(setup: &Setup, gpu: &super::GpuEstimate) -> BandReport {
+    let band = for_setup(setup);
+    BandReport {
+        band,
+        peak_allocated_high_bytes: band.high(gpu.peak_allocated_bytes),
+        peak_reserved_high_bytes: band.high(gpu.peak_reserved_bytes),
+        nvml_used_high_bytes: band.high(gpu.nvml_used_bytes),
+        basis: "p90 |error| of the class's GPU rows, leave-one-source-out (docs/accuracy.md)",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch;
+    use crate::memory::setup::{Method, Zero};
+
+    #[test]
+    fn class_names_method_sharding_and_offload() {
+        let a = arch::preset("qwen2.5-0.5b").unwrap();
+        let mut s = Setup::new(&a);
+        s.method = Method::Lora;
+        assert_eq!(class_of(&s), "lora");
+        s.zero = Zero::parse("3").unwrap();
+        s.offload_params = true;
+        assert_eq!(class_of(&s), "lora+sharded+offload");
+    }
+
+    #[test]
+    fn band_widens_and_falls_back_to_any() {
+        let any = BANDS
+            .iter()
+            .find(|b| b.class == ANY)
+            .expect("an `any` band");
+        assert!(any.rows >= MIN_ROWS && any.p90_abs_error > 0.0);
+        let a = arch::preset("qwen2.5-0.5b").unwrap();
+        let mut s = Setup::new(&a);
+        s.method = Method::Freeze; // no validation row is `freeze`
+        assert_eq!(for_setup(&s).class, ANY);
+        let b = for_setup(&s);
+        assert!(b.high(1 << 30) > 1 << 30);
+        for b in BANDS {
+            assert!((0.0..0.9).contains(&b.p90_abs_error), "{}", b.class);
+        }
+    }
+}
