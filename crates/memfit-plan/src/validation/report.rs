@@ -143,12 +143,14 @@ const WEAKEST: &str = "\n## Where the model is weakest\n\n\
 \x20 describes (the log does not say what holds it): the model is low there.\n\
 - LitGPT LoRA under FSDP (`M18`–`M27`): measured per-GPU peaks are close to the whole bf16 model\n\
 \x20 plus activations (Llama 2 7B on 2 GPUs: 22.2 GB; 13B on 4 GPUs: 35.6 GB), as if the frozen\n\
-\x20 weights were not sharded or were gathered whole at the peak; the model shards them and is\n\
-\x20 20–72% low. The mechanism is not identified.\n\
-- phi-1.5 under LitGPT (`M1`–`M5`): the per-sample activation slope measured is about twice the\n\
-\x20 predicted one (StableLM and Llama rows of the same table match within 6%).\n\
-- QLoRA under LitGPT 2024 (`L` rows with nf4): 10–21% low, about 0.3 byte per base parameter,\n\
-\x20 while the 2023 QLoRA rows of the same project (`M`) are within 6%.\n\
+\x20 weights were not sharded or were gathered whole at the peak (loading a full checkpoint into\n\
+\x20 the FSDP module is one candidate, not confirmed); the model shards them and is up to 72% low\n\
+\x20 (`M20` aside).\n\
+- phi-1.5 under LitGPT (`M1`–`M5`): 21–46% low; the per-sample activation slope measured is about\n\
+\x20 twice the predicted one, while StableLM and Llama rows of the same table match within 6%.\n\
+\x20 phi-2 with LoRA on every linear and the head (`L21`, `L22`) is 25–37% high.\n\
+- QLoRA under LitGPT 2024 on 3B–9B models (`L2`, `L5`, `L8`, `L10`, `L18`, `L20`, `L27`): 11–21%\n\
+\x20 low, while the 2023 QLoRA rows of the same project (`M`) are within 6%.\n\
 - Host RSS of `B9`/`B10` (BLOOM, a float16 checkpoint loaded into fp32) is under-predicted: the\n\
 \x20 loading path of that checkpoint keeps more than the model accounts for.\n\
 - The `GB` rows of the PEFT table carry a ±5% unit ambiguity (validation/README.md); the `P` rows\n\
