@@ -22,7 +22,7 @@ fn every_row_of_param_counts_csv() {
         assert_eq!(a.params_total(), expected, "{file}");
         rows += 1;
     }
-    assert_eq!(rows, 5);
+    assert_eq!(rows, 20);
 }
 
 #[test]

@@ -14,6 +14,7 @@
 //! step with its temporaries) + framework overheads + allocator slack (DESIGN.md §2).
 
 pub mod activations;
+pub mod band;
 mod block;
 mod ffn;
 pub mod framework;

@@ -77,6 +77,11 @@ impl Candidate {
     pub fn gpu_need(&self) -> Option<u64> {
         self.estimate.gpu.as_ref().map(|g| g.nvml_used_bytes)
     }
+    /// The GPU need widened by the validation band of the setup's class (`memory::band`): the
+    /// planner keeps this free on top of the headroom.
+    pub fn gpu_need_banded(&self) -> Option<u64> {
+        self.gpu_need().map(|n| memory::band::high(n, &self.setup))
+    }
     pub fn host_need(&self) -> u64 {
         self.estimate.host.peak_rss_bytes
     }
@@ -339,12 +344,16 @@ fn rejection(
     budget: &Budget,
 ) -> Option<String> {
     let mut why = Vec::new();
-    if let (Some(need), Some(have)) = (c.gpu_need(), usable_gpu)
-        && need > have
+    if let (Some(need), Some(banded), Some(have)) = (c.gpu_need(), c.gpu_need_banded(), usable_gpu)
+        && banded > have
     {
+        let band = memory::band::for_setup(&c.setup);
         why.push(format!(
-            "needs {:.2} GiB per GPU > {:.2} GiB usable ({:.0}% headroom of {:.2} GiB)",
+            "needs {:.2} GiB per GPU, {:.2} GiB with the {:.0}% validation band of {} > {:.2} GiB usable ({:.0}% headroom of {:.2} GiB)",
             need as f64 / GIB,
+            banded as f64 / GIB,
+            100.0 * band.p90_abs_error,
+            band.class,
             have as f64 / GIB,
             100.0 * budget.headroom,
             budget.gpu_bytes.unwrap_or(0) as f64 / GIB

@@ -265,12 +265,43 @@ pub fn estimate_json(arch: &Arch, setup: &Setup, est: &Estimate) -> serde_json::
             "params_trainable": tr.total(),
         },
         "setup": setup,
-        "gpu": est.gpu,
+        "gpu": gpu_json(setup, est),
         "host": {
             "peak_rss_bytes": est.host.peak_rss_bytes,
             "components": est.host.components,
         },
     })
+}
+
+/// The `gpu` object of DESIGN.md §3 with one added field, `band`: the validation band of the
+/// setup's class (`memory::band`), `null` without a GPU.
+fn gpu_json(setup: &Setup, est: &Estimate) -> serde_json::Value {
+    let Some(g) = &est.gpu else {
+        return serde_json::Value::Null;
+    };
+    let mut v = serde_json::to_value(g).unwrap_or(serde_json::Value::Null);
+    if let Some(o) = v.as_object_mut() {
+        o.insert(
+            "band".into(),
+            serde_json::to_value(memory::band::report(setup, g)).unwrap_or_default(),
+        );
+    }
+    v
+}
+
+/// The human line of the band: the class, its p90 and the widened peaks.
+pub fn band_line(setup: &Setup, g: &memory::GpuEstimate) -> String {
+    let b = memory::band::report(setup, g);
+    format!(
+        "validation band ({}, p90 |error| {:.0}% over {} published rows, leave-one-source-out): \
+         allocated ≤ {} GiB · reserved ≤ {} GiB · nvml ≤ {} GiB in 90% of them",
+        b.band.class,
+        100.0 * b.band.p90_abs_error,
+        b.band.rows,
+        gib(b.peak_allocated_high_bytes),
+        gib(b.peak_reserved_high_bytes),
+        gib(b.nvml_used_high_bytes)
+    )
 }
 
 /// A component table: name, GiB, what it scales with, note.
@@ -336,6 +367,7 @@ fn human(arch: &Arch, setup: &Setup, est: &Estimate) -> String {
                 gib(g.peak_reserved_bytes),
                 gib(g.nvml_used_bytes)
             );
+            out!(o, "{}", band_line(setup, g));
         }
         None => out!(o, "\nGPU: none (--device cpu: activations are host memory)"),
     }

@@ -2,7 +2,7 @@
 //! rejected, the tier table, and config files for the tools that run it.
 
 use super::estimate::{
-    MethodArgs, apply_task, component_table, dataset_of, estimate_json, load_model, out,
+    MethodArgs, apply_task, band_line, component_table, dataset_of, estimate_json, load_model, out,
     parse_enum, parse_task, write_stdout,
 };
 use crate::exit::{Outcome, bad_input, does_not_fit};
@@ -261,7 +261,7 @@ fn hyper(args: &Args, setup: &Setup) -> anyhow::Result<Hyper> {
 
 fn tier_heading(model: &str, args: &Args) -> String {
     format!(
-        "{model}: method {}, seq {}, effective batch {}, {} runtime, {:.0}% headroom; the fastest setup per cell",
+        "{model}: method {}, seq {}, effective batch {}, {} runtime, {:.0}% headroom + the validation band of each setup's class; the fastest setup per cell",
         args.method.method,
         args.seq,
         args.target_batch,
@@ -299,6 +299,12 @@ fn report(model: &str, budget: &Budget, plan: &search::Plan) -> String {
         budget.headroom * 100.0,
         plan.considered
     );
+    if budget.gpu_bytes.is_some() {
+        out!(
+            o,
+            "each setup's GPU need is widened by the validation band of its class (p90 |error|, docs/accuracy.md) and kept within the usable memory, on top of the headroom"
+        );
+    }
     let row_table = |rows: &[Candidate], with_reason: bool| {
         let mut t = Table::new();
         t.load_style(UTF8_FULL_CONDENSED);
@@ -336,6 +342,7 @@ fn report(model: &str, budget: &Budget, plan: &search::Plan) -> String {
                 gib(g.peak_reserved_bytes),
                 gib(g.nvml_used_bytes)
             );
+            out!(o, "{}", band_line(&c.setup, g));
             out!(o, "{}", component_table(&g.components));
         }
         out!(

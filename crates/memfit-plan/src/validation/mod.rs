@@ -1,0 +1,295 @@
+//! The accuracy harness: reads `validation/cases.csv` (text handed in by the caller), turns each
+//! row into a [`Setup`], estimates it, and compares the metric the row names.
+//!
+//! A row's `software` column picks the framework profile (`torch1`: [`Framework::torch_1x`], the
+//! 2022 rows; `torch2`: [`Framework::TORCH_2`]). The only value taken from measurements is the CUDA
+//! context (NVML rows only), read from `constants.csv`; in [`Mode::LeaveOneSourceOut`] a row never
+//! gets a context measured by its own source ([`context`]). [`stats`] summarises errors per mode
+//! and source and derives the uncertainty band; [`report`] writes `docs/accuracy.md`.
+
+pub mod report;
+pub mod stats;
+
+use crate::Task;
+use crate::arch::{self, Arch};
+use crate::memory::setup::*;
+use crate::memory::{self, Framework, Setup};
+use std::collections::BTreeMap;
+
+/// One parsed CSV record as column → value.
+pub type Record = BTreeMap<String, String>;
+
+/// Parses RFC 4180 CSV (quoted fields with commas and doubled quotes).
+pub fn parse_csv(text: &str) -> Result<Vec<Record>, String> {
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let mut row = Vec::new();
+    let mut field = String::new();
+    let mut quoted = false;
+    let mut chars = text.chars().peekable();
+    while let Some(ch) = chars.next() {
+        match (quoted, ch) {
+            (true, '"') if chars.peek() == Some(&'"') => {
+                field.push('"');
+                chars.next();
+            }
+            (true, '"') => quoted = false,
+            (true, c) => field.push(c),
+            (false, '"') => quoted = true,
+            (false, ',') => row.push(std::mem::take(&mut field)),
+            (false, '\n') => {
+                row.push(std::mem::take(&mut field));
+                rows.push(std::mem::take(&mut row));
+            }
+            (false, '\r') => {}
+            (false, c) => field.push(c),
+        }
+    }
+    if !field.is_empty() || !row.is_empty() {
+        row.push(field);
+        rows.push(row);
+    }
+    let header = rows.first().ok_or("empty CSV")?.clone();
+    rows.iter()
+        .skip(1)
+        .enumerate()
+        .map(|(i, r)| {
+            if r.len() != header.len() {
+                return Err(format!(
+                    "row {}: {} fields, header has {}",
+                    i + 2,
+                    r.len(),
+                    header.len()
+                ));
+            }
+            Ok(header.iter().cloned().zip(r.iter().cloned()).collect())
+        })
+        .collect()
+}
+
+/// A measured value in bytes, with the unit as validation/README.md defines it.
+pub fn to_bytes(value: &str, unit: &str) -> Result<f64, String> {
+    let v: f64 = value
+        .parse()
+        .map_err(|_| format!("measured_value {value:?} is not a number"))?;
+    let scale = match unit {
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "MiB" => (1u64 << 20) as f64,
+        "GiB" => (1u64 << 30) as f64,
+        other => return Err(format!("measured_unit {other:?} unknown")),
+    };
+    Ok(v * scale)
+}
+
+fn get<'a>(r: &'a Record, k: &str) -> &'a str {
+    r.get(k).map(String::as_str).unwrap_or("")
+}
+
+fn num(r: &Record, k: &str, default: u64) -> Result<u64, String> {
+    let s = get(r, k);
+    if s.is_empty() {
+        return Ok(default);
+    }
+    s.parse()
+        .map_err(|_| format!("{}: {k} = {s:?} is not a number", get(r, "id")))
+}
+
+/// The row's setup.
+pub fn setup_of(r: &Record, arch: &Arch) -> Result<Setup, String> {
+    let id = get(r, "id");
+    let bad = |k: &str| format!("{id}: {k} = {:?} not understood", get(r, k));
+    let mut s = Setup::new(arch);
+    s.task = Task::parse(get(r, "task")).ok_or_else(|| bad("task"))?;
+    s.method = Method::parse(get(r, "method")).ok_or_else(|| bad("method"))?;
+    s.precision = Precision::parse(get(r, "precision")).ok_or_else(|| bad("precision"))?;
+    s.optimizer = Optimizer::parse(get(r, "optimizer")).ok_or_else(|| bad("optimizer"))?;
+    s.batch = num(r, "batch", 1)?;
+    s.seq = num(r, "seq", 1)?;
+    s.tgt_seq = num(r, "tgt_seq", 0)?;
+    s.accum = num(r, "accum", 1)?;
+    s.grad_ckpt = get(r, "grad_ckpt") == "true";
+    s.lora_r = num(r, "lora_r", 8)?;
+    s.lora_alpha = num(r, "lora_alpha", 16)?;
+    if !get(r, "lora_targets").is_empty() {
+        s.lora_targets = get(r, "lora_targets")
+            .split(',')
+            .map(|t| LoraTarget::parse(t.trim()).ok_or_else(|| bad("lora_targets")))
+            .collect::<Result<_, _>>()?;
+    }
+    s.quant = match get(r, "quant") {
+        "" => None,
+        q => Some(Quant::parse(q).ok_or_else(|| bad("quant"))?),
+    };
+    s.zero = Zero::parse(get(r, "zero")).ok_or_else(|| bad("zero"))?;
+    s.offload_optimizer = get(r, "offload_optimizer") == "cpu";
+    s.offload_params = get(r, "offload_params") == "cpu";
+    s.gpus = num(r, "gpus", 1)?;
+    s.nodes = num(r, "nodes", 1)?;
+    s.attention = match get(r, "attention") {
+        "flash2" => Attention::Flash,
+        a => Attention::parse(a).ok_or_else(|| bad("attention"))?,
+    };
+    // The rows measure a training process that already holds its data (a few hundred rows).
+    s.dataset = DatasetMode::Reread;
+    Ok(s)
+}
+
+/// How a row's measured constants are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Every constant from every source (the published table as one body of data).
+    AllSources,
+    /// A row is estimated with no constant measured by its own source.
+    LeaveOneSourceOut,
+}
+
+impl Mode {
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::AllSources => "all sources",
+            Mode::LeaveOneSourceOut => "leave-one-source-out",
+        }
+    }
+}
+
+/// The independent project behind each id letter (validation/README.md). Rows of one project
+/// are left out together: `L` and `M` are two LitGPT tables.
+pub const SOURCES: &[(char, &str)] = &[
+    ('A', "huggingface/transformers docs"),
+    ('B', "huggingface/peft README"),
+    ('K', "stas00/ml-engineering + accelerate docs"),
+    ('L', "Lightning-AI/litgpt"),
+    ('M', "Lightning-AI/litgpt"),
+    ('P', "huggingface/peft method_comparison"),
+];
+
+/// The project of a row id (its first letter).
+pub fn source_of(id: &str) -> Result<&'static str, String> {
+    let letter = id.chars().next().unwrap_or(' ');
+    SOURCES
+        .iter()
+        .find(|(l, _)| *l == letter)
+        .map(|(_, s)| *s)
+        .ok_or_else(|| format!("id {id:?}: its letter names no source in validation::SOURCES"))
+}
+
+/// One compared row.
+#[derive(Debug, Clone)]
+pub struct Compared {
+    pub id: String,
+    /// The project it comes from ([`SOURCES`]).
+    pub source: &'static str,
+    /// The band class of its setup ([`stats::band_class`]).
+    pub class: String,
+    pub grade: String,
+    pub metric: String,
+    pub measured_bytes: f64,
+    pub predicted_bytes: f64,
+    /// (predicted − measured) / measured
+    pub error: f64,
+    /// The row's notes say it depends on a feature the columns cannot express.
+    pub needs_feature: bool,
+}
+
+impl Compared {
+    /// A GPU metric (NV, RES, ALLOC, ACT), not host RSS.
+    pub fn is_gpu(&self) -> bool {
+        self.metric != "RSS"
+    }
+}
+
+/// The CUDA context for a row: a `constants.csv` row with no model, metric NV, one GPU and the
+/// row's `software`, measured on the row's GPU if one is (else the median of those there are);
+/// in leave-one-source-out mode only rows of other sources count. `None`: no such row, the
+/// framework's own default applies.
+pub fn context(constants: &[Record], row: &Record, mode: Mode) -> Result<Option<u64>, String> {
+    let own = source_of(get(row, "id"))?;
+    let mut usable = Vec::new();
+    for c in constants {
+        let other = source_of(get(c, "id"))? != own;
+        if get(c, "model").is_empty()
+            && get(c, "metric") == "NV"
+            && get(c, "gpus") == "1"
+            && get(c, "software") == get(row, "software")
+            && (mode == Mode::AllSources || other)
+        {
+            let bytes = to_bytes(get(c, "measured_value"), get(c, "measured_unit"))?;
+            usable.push((get(c, "gpu_name") == get(row, "gpu_name"), bytes));
+        }
+    }
+    if let Some((_, b)) = usable.iter().find(|(same_gpu, _)| *same_gpu) {
+        return Ok(Some(*b as u64));
+    }
+    let mut b: Vec<f64> = usable.into_iter().map(|(_, b)| b).collect();
+    b.sort_by(f64::total_cmp);
+    Ok(match b.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(b[n / 2] as u64),
+        n => Some(((b[n / 2 - 1] + b[n / 2]) / 2.0) as u64),
+    })
+}
+
+/// The framework profile a row's `software` names, with its CUDA context.
+pub fn framework_of(row: &Record, context: Option<u64>) -> Result<Framework, String> {
+    let ctx = context.unwrap_or(Framework::TORCH_2.cuda_context_bytes);
+    match get(row, "software") {
+        "torch1" => Ok(Framework::torch_1x(ctx)),
+        "torch2" => Ok(Framework {
+            cuda_context_bytes: ctx,
+            ..Framework::TORCH_2
+        }),
+        other => Err(format!(
+            "{}: software = {other:?} not understood (torch1 or torch2)",
+            get(row, "id")
+        )),
+    }
+}
+
+/// Runs every row of `cases` (text of cases.csv) with configs from `model_text(file)`.
+pub fn compare(
+    cases: &str,
+    constants: &str,
+    model_text: &dyn Fn(&str) -> Result<String, String>,
+    mode: Mode,
+) -> Result<Vec<Compared>, String> {
+    let constants = parse_csv(constants)?;
+    let mut out = Vec::new();
+    for r in parse_csv(cases)? {
+        let id = get(&r, "id").to_string();
+        let file = get(&r, "model");
+        let text = model_text(file)?;
+        let arch = arch::parse_config(file, &text, file).map_err(|e| e.to_string())?;
+        let setup = setup_of(&r, &arch)?;
+        let arch = arch.with_task(setup.task);
+        let fw = framework_of(&r, context(&constants, &r, mode)?)?;
+        let est = memory::estimate(&arch, &setup, &fw).map_err(|e| format!("{id}: {e}"))?;
+        let gpu = est
+            .gpu
+            .as_ref()
+            .ok_or_else(|| format!("{id}: no GPU estimate"))?;
+        let metric = get(&r, "metric").to_string();
+        let predicted = match metric.as_str() {
+            "NV" => gpu.nvml_used_bytes,
+            "RES" => gpu.peak_reserved_bytes,
+            "ALLOC" | "ACT" => gpu.peak_allocated_bytes,
+            "RSS" => est.host.train_rss_bytes,
+            m => return Err(format!("{id}: metric {m:?} unknown")),
+        } as f64;
+        let measured = to_bytes(get(&r, "measured_value"), get(&r, "measured_unit"))?;
+        out.push(Compared {
+            source: source_of(&id)?,
+            class: stats::band_class(&setup),
+            id,
+            grade: get(&r, "grade").to_string(),
+            metric,
+            measured_bytes: measured,
+            predicted_bytes: predicted,
+            error: (predicted - measured) / measured,
+            needs_feature: get(&r, "notes").starts_with("[needs:"),
+        });
+    }
+    Ok(out)
+}
+
+pub use report::{REGENERATE, accuracy_markdown, markdown_table};
+pub use stats::median_abs_error;
