@@ -12,8 +12,6 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use serde::ser::SerializeStruct;
 
-use crate::profiles::Profile;
-
 /// Where the batch size goes in the command.
 pub const BATCH: &str = "{batch}";
 /// Where the step count goes in the command, if the command takes one.
@@ -376,25 +374,24 @@ pub fn profile_batches(max: u64, smallest: u64) -> Vec<u64> {
 /// The profiles file for `memfit run --profiles`: one `[[profile]]` per batch, overriding `flag`.
 /// `summary` lines become comments under the marker line.
 pub fn profiles_toml(flag: &str, batches: &[u64], summary: &[String]) -> String {
-    #[derive(Serialize)]
-    struct File {
-        profile: Vec<Profile>,
-    }
-    let profile = batches
+    let profile: Vec<toml::Value> = batches
         .iter()
-        .map(|b| Profile {
-            name: format!("calibrated-batch-{b}"),
-            args: vec![flag.to_owned(), b.to_string()],
-            env: Default::default(),
-            resume_args: Vec::new(),
+        .map(|b| {
+            let mut p = toml::Table::new();
+            p.insert("name".into(), format!("calibrated-batch-{b}").into());
+            let args = vec![toml::Value::from(flag), b.to_string().into()];
+            p.insert("args".into(), toml::Value::Array(args));
+            toml::Value::Table(p)
         })
         .collect();
+    let mut root = toml::Table::new();
+    root.insert("profile".into(), toml::Value::Array(profile));
     let mut text = format!("{PROFILES_MARKER}; it rewrites this file on its next run.\n");
     for line in summary {
         let _ = writeln!(text, "# {line}");
     }
     text.push('\n');
-    text.push_str(&toml::to_string(&File { profile }).unwrap_or_default());
+    text.push_str(&toml::to_string(&root).unwrap_or_default());
     text
 }
 
