@@ -1,28 +1,14 @@
 //! `memfit calibrate` end to end on memfit-memhog, a job whose peak is exactly fixed + per-sample × batch:
 //! the fit recovers both, the JSON keys, profiles for `memfit run`, the budget is never crossed, bad input.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod cli_memhog_common;
+
+use std::path::Path;
+use std::process::Output;
+
+use cli_memhog_common::{memfit, memhog};
 
 const MIB: f64 = (1u64 << 20) as f64;
-
-fn memfit() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_memfit"))
-}
-
-/// memfit-memhog is a binary of memfit-sys; `cargo test --workspace` builds it next to memfit.
-fn memhog() -> Option<PathBuf> {
-    let path = Path::new(env!("CARGO_BIN_EXE_memfit")).with_file_name("memfit-memhog");
-    if path.exists() {
-        Some(path)
-    } else {
-        println!(
-            "skipped: {} is not built (run `cargo test --workspace`)",
-            path.display()
-        );
-        None
-    }
-}
 
 /// A memhog command holding `fixed + per_sample × {batch}` MiB for 300 ms (4 MiB steps, so exact).
 fn hog_command(hog: &Path, fixed: u64, per_sample: u64) -> Vec<String> {
