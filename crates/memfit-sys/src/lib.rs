@@ -5,6 +5,7 @@
 //!   through NVML ([`probe::gpu`], feature `nvml`), OOM daemons ([`probe::daemons`]); [`probe::machine`]
 //!   gathers it all with warnings for `memfit check`.
 //! - [`sample`] — process-tree memory from /proc (children files, /proc/PID/status) and MemAvailable.
+//! - [`calibrate`] — `memfit calibrate`: a line fitted to measured peaks, the largest batch under a budget.
 //! - [`guard`] — the pure state machine: warn → graceful stop → kill, with hysteresis and cooldown.
 //! - [`profiles`] — lower-memory variants of a command (TOML) and argument overrides.
 //! - [`series`] — the JSONL/CSV time series of a guarded run (documented in docs/guard.md).
@@ -13,6 +14,7 @@
 //!
 //! The `memfit-memhog` binary (src/bin) allocates memory in steps; the integration tests drive it.
 
+pub mod calibrate;
 pub mod guard;
 pub mod probe;
 pub mod profiles;

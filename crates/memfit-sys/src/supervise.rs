@@ -96,6 +96,12 @@ pub struct RunConfig {
     /// Catch SIGINT/SIGTERM/SIGHUP sent to memfit and pass them to the job (the CLI does; a library
     /// caller such as a test harness may not want its handlers replaced).
     pub forward_signals: bool,
+    /// The longest time between two samples (at most `FAR_INTERVAL`); `memfit calibrate` shortens it so
+    /// a short run's peak is not missed between samples.
+    pub max_interval: Duration,
+    /// Append the job's standard output / error to these files instead of sharing memfit's.
+    pub stdout: Option<PathBuf>,
+    pub stderr: Option<PathBuf>,
 }
 
 impl RunConfig {
@@ -113,6 +119,9 @@ impl RunConfig {
             jsonl: None,
             csv: None,
             forward_signals: false,
+            max_interval: FAR_INTERVAL,
+            stdout: None,
+            stderr: None,
         }
     }
 }
@@ -131,6 +140,11 @@ pub enum SuperviseError {
          would stop it as it starts; give a size such as 512MiB or 8GiB"
     )]
     BudgetBelowFloor { budget: String, floor: String },
+    #[error("cannot open {path} for the job's output: {source}")]
+    Output {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("cannot start {program:?}: {source}")]
     Spawn {
         program: String,
@@ -174,6 +188,8 @@ pub struct AttemptSummary {
     pub signal: Option<i32>,
     pub stopped_by_guard: bool,
     pub peak_job_bytes: u64,
+    /// The largest GPU memory of the whole tree in one sample (NVML); `None` without NVML.
+    pub peak_gpu_bytes: Option<u64>,
     pub actions: Vec<ActionRecord>,
 }
 
@@ -490,11 +506,31 @@ fn build_argv(cfg: &RunConfig, profile: Option<&Profile>) -> Vec<String> {
     }
 }
 
-fn spawn(argv: &[String], profile: Option<&Profile>) -> Result<Child, SuperviseError> {
+fn spawn(
+    cfg: &RunConfig,
+    argv: &[String],
+    profile: Option<&Profile>,
+) -> Result<Child, SuperviseError> {
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).process_group(0);
     if let Some(p) = profile {
         cmd.envs(&p.env);
+    }
+    let append = |path: &PathBuf| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|source| SuperviseError::Output {
+                path: path.display().to_string(),
+                source,
+            })
+    };
+    if let Some(path) = &cfg.stdout {
+        cmd.stdout(append(path)?);
+    }
+    if let Some(path) = &cfg.stderr {
+        cmd.stderr(append(path)?);
     }
     cmd.spawn().map_err(|source| SuperviseError::Spawn {
         program: argv[0].clone(),
@@ -577,7 +613,7 @@ fn run_attempt(
     profile: Option<&Profile>,
 ) -> Result<AttemptSummary, SuperviseError> {
     let argv = build_argv(ctx.cfg, profile);
-    let mut child = spawn(&argv, profile)?;
+    let mut child = spawn(ctx.cfg, &argv, profile)?;
     let pid = child.id() as i32;
     let group = JobGroup::new(pid);
     let pidfd = rustix::process::Pid::from_raw(pid)
@@ -609,6 +645,7 @@ fn run_attempt(
     let mut stopped_by_guard = false;
     let mut forwarded_done = 0usize;
     let mut peak_job = 0u64;
+    let mut peak_gpu: Option<u64> = None;
     let mut gpu_last: Option<Instant> = None;
     let mut gpu_by_pid: HashMap<u32, u64> = HashMap::new();
     let status = loop {
@@ -691,7 +728,8 @@ fn run_attempt(
             guard.config().soft,
             guard.stage() == Stage::Normal,
             rate,
-        );
+        )
+        .min(ctx.cfg.max_interval.max(MIN_INTERVAL));
         let projected = job + (rate.unwrap_or(0.0).max(0.0) * period.as_secs_f64()) as u64;
         let reading = Reading {
             at: ctx.start.elapsed(),
@@ -768,6 +806,9 @@ fn run_attempt(
                 .filter_map(|p| gpu_by_pid.get(&(p.pid as u32)))
                 .sum()
         });
+        if let Some(g) = gpu_total {
+            peak_gpu = Some(peak_gpu.unwrap_or(0).max(g));
+        }
         ctx.samples += 1;
         ctx.series.sample(&SampleRecord {
             t_s: ctx.t(),
@@ -815,6 +856,7 @@ fn run_attempt(
         signal,
         stopped_by_guard,
         peak_job_bytes: peak_job,
+        peak_gpu_bytes: peak_gpu,
         actions,
     })
 }
@@ -937,5 +979,27 @@ mod tests {
         ));
         let missing = RunConfig::new(vec!["/nonexistent/memfit-no-such-program".into()]);
         assert!(matches!(run(&missing), Err(SuperviseError::Spawn { .. })));
+    }
+
+    #[test]
+    fn job_output_goes_to_the_files_given() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let (out, err) = (dir.join("out.txt"), dir.join("err.txt"));
+        let mut cfg = RunConfig::new(vec![
+            "sh".into(),
+            "-c".into(),
+            "echo to-stdout; echo to-stderr >&2; exit 4".into(),
+        ]);
+        cfg.stdout = Some(out.clone());
+        cfg.stderr = Some(err.clone());
+        let s = run(&cfg).unwrap();
+        assert_eq!(s.exit_code, 4);
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "to-stdout\n");
+        assert_eq!(std::fs::read_to_string(&err).unwrap(), "to-stderr\n");
+        cfg.stdout = Some(dir.join("no-such-dir").join("out.txt"));
+        let e = run(&cfg).unwrap_err();
+        assert!(matches!(e, SuperviseError::Output { .. }), "{e}");
+        assert!(e.to_string().contains("no-such-dir"), "{e}");
     }
 }

@@ -35,6 +35,8 @@ enum Command {
     Train(cmd::train::Args),
     /// Guard any training command: watch its memory, stop it gracefully, relaunch it smaller.
     Run(cmd::run::Args),
+    /// Measure a training command at a few micro-batches; the largest batch that fits each budget.
+    Calibrate(cmd::calibrate::Args),
     /// Benchmarks: trainer throughput and memory, token-store random access.
     Bench(cmd::bench::Args),
     /// Charts of a run: loss, learning rate and memory over time (SVG and PNG).
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
         Command::Tokenizer(a) => cmd::tokenizer::run(a),
         Command::Train(a) => cmd::train::run(a),
         Command::Run(a) => cmd::run::run(a),
+        Command::Calibrate(a) => cmd::calibrate::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Report(a) => cmd::report::run(a),
     };

@@ -1,30 +1,15 @@
 //! `memfit run` end to end: exit codes, bad input, a guard stop, a relaunch, signal forwarding, guard RSS.
 
-use std::path::{Path, PathBuf};
+mod cli_memhog_common;
+
 use std::process::{Command, Output};
 use std::time::Duration;
+
+use cli_memhog_common::{memfit, memhog};
 
 const MIB: u64 = 1 << 20;
 /// memfit-memhog arguments for a job that grows 4 MiB every 10 ms per process.
 const GROWING: [&str; 4] = ["--step-mib", "4", "--interval-ms", "10"];
-
-fn memfit() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_memfit"))
-}
-
-/// memfit-memhog is a binary of memfit-sys; `cargo test --workspace` builds it next to memfit.
-fn memhog() -> Option<PathBuf> {
-    let path = Path::new(env!("CARGO_BIN_EXE_memfit")).with_file_name("memfit-memhog");
-    if path.exists() {
-        Some(path)
-    } else {
-        println!(
-            "skipped: {} is not built (run `cargo test --workspace`)",
-            path.display()
-        );
-        None
-    }
-}
 
 fn run(args: &[&str]) -> Output {
     memfit().arg("run").args(args).output().unwrap()

@@ -8,6 +8,8 @@
 //! `--children N` starts N copies of itself (without `--children`), so the job is a tree.
 //! `--shed-on-usr1` makes SIGUSR1 a request to shed memory instead: it frees half of what it holds, stops
 //! growing and runs on to its normal end.
+//! `--per-sample-mib M --batch N` adds N × M MiB to `--max-mib`: a trainer whose peak is a fixed part plus
+//! a part per sample, for `memfit calibrate`'s tests.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +22,8 @@ struct Options {
     step_mib: usize,
     interval_ms: u64,
     max_mib: usize,
+    per_sample_mib: usize,
+    batch: usize,
     hold_ms: u64,
     checkpoint: Option<String>,
     done: Option<String>,
@@ -35,6 +39,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
         step_mib: 8,
         interval_ms: 20,
         max_mib: 1024,
+        per_sample_mib: 0,
+        batch: 0,
         hold_ms: 0,
         checkpoint: None,
         done: None,
@@ -61,6 +67,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--step-mib" => o.step_mib = number(value()?)? as usize,
             "--interval-ms" => o.interval_ms = number(value()?)?,
             "--max-mib" => o.max_mib = number(value()?)? as usize,
+            "--per-sample-mib" => o.per_sample_mib = number(value()?)? as usize,
+            "--batch" => o.batch = number(value()?)? as usize,
             "--hold-ms" => o.hold_ms = number(value()?)?,
             "--checkpoint" => o.checkpoint = Some(value()?),
             "--done" => o.done = Some(value()?),
@@ -176,7 +184,7 @@ fn main() {
     let step = o.step_mib << 20;
     let mut allocated = 0usize;
     let mut hold_until: Option<Instant> = None;
-    let mut max_bytes = o.max_mib << 20;
+    let mut max_bytes = (o.max_mib + o.per_sample_mib * o.batch) << 20;
     loop {
         if shed.swap(false, Ordering::SeqCst) {
             blocks.truncate(blocks.len() / 2);

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_train;
+pub mod calibrate;
 pub mod check;
 pub mod data;
 pub mod estimate;

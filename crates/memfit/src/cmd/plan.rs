@@ -73,7 +73,7 @@ pub struct Args {
     pub json: bool,
 }
 
-fn parse_headroom(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_headroom(s: &str) -> Result<f64, String> {
     let v = match s.strip_suffix('%') {
         Some(p) => p.trim().parse::<f64>().map(|x| x / 100.0),
         None => s.trim().parse::<f64>(),

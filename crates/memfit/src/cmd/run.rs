@@ -120,8 +120,8 @@ fn config(args: &RunArgs) -> anyhow::Result<RunConfig> {
     Ok(cfg)
 }
 
-pub fn run(args: Args) -> Outcome {
-    let args = *args.options;
+/// The supervisor's log lines on stderr, at `default_level` unless RUST_LOG says otherwise.
+pub(crate) fn log_to_stderr(default_level: &str) {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
@@ -129,23 +129,38 @@ pub fn run(args: Args) -> Outcome {
         .without_time()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .try_init();
-    let cfg = config(&args)?;
-    let summary = match supervise::run(&cfg) {
+}
+
+/// `supervise::run` with bad input reported as such (exit 2): a program that does not exist, or a budget
+/// below the floor (`budget_flag` names the option it came from); other errors say `what` failed.
+pub(crate) fn supervise(
+    cfg: &RunConfig,
+    budget_flag: &str,
+    what: &'static str,
+) -> anyhow::Result<RunSummary> {
+    match supervise::run(cfg) {
         Err(SuperviseError::Spawn { program, source })
             if source.kind() == std::io::ErrorKind::NotFound =>
         {
-            return Err(bad_input(format!(
+            Err(bad_input(format!(
                 "cannot start {program:?}: no such program"
-            )));
+            )))
         }
         Err(e @ SuperviseError::BudgetBelowFloor { .. }) => {
-            return Err(bad_input(format!("--budget {}: {e}", args.budget)));
+            Err(bad_input(format!("{budget_flag}: {e}")))
         }
-        other => other.context("memfit run")?,
-    };
+        other => other.context(what),
+    }
+}
+
+pub fn run(args: Args) -> Outcome {
+    let args = *args.options;
+    log_to_stderr("info");
+    let cfg = config(&args)?;
+    let summary = supervise(&cfg, &format!("--budget {}", args.budget), "memfit run")?;
     eprint!("{}", render(&summary));
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
