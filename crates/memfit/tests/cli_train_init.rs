@@ -184,7 +184,9 @@ fn an_unknown_model_is_named_with_the_presets() {
         assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
         let err = stderr(&o);
         assert!(
-            err.contains("no-such-model") && err.contains("t5-small") && err.contains("chatlm-mini"),
+            err.contains("no-such-model")
+                && err.contains("t5-small")
+                && err.contains("chatlm-mini"),
             "{err}"
         );
     }
