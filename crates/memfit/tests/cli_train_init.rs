@@ -25,14 +25,14 @@ fn demo_data(pre: &Path) -> Vec<String> {
     .collect()
 }
 
-fn train(out: &Path, extra: &[&str]) -> Output {
+fn train(out: &Path, steps: &str, extra: &[&str]) -> Output {
     let out = out.display().to_string();
     let mut args = vec![
         "train",
         "--out",
         &out,
         "--max-steps",
-        "3",
+        steps,
         "--threads",
         "1",
         "--eval-rows",
@@ -73,7 +73,7 @@ fn newest_checkpoint(run: &Path) -> std::path::PathBuf {
 fn sft_from_the_pretrained_checkpoint_keeps_frozen_weights_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     let (pre, sft) = (dir.path().join("pre"), dir.path().join("sft"));
-    let o = train(&pre, &[]);
+    let o = train(&pre, "3", &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let init = newest_checkpoint(&pre);
     let init_s = init.display().to_string();
@@ -81,7 +81,7 @@ fn sft_from_the_pretrained_checkpoint_keeps_frozen_weights_bit_for_bit() {
     let data = demo_data(&pre);
     let mut args = vec!["--init", &init_s, "--freeze", "embeddings,encoder"];
     args.extend(data.iter().map(String::as_str));
-    let o = train(&sft, &args);
+    let o = train(&sft, "3", &args);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("init: weights from"), "{}", stderr(&o));
     let config = std::fs::read_to_string(sft.join("config.toml")).unwrap();
@@ -112,14 +112,14 @@ fn sft_starts_from_the_init_weights_not_random_ones() {
     // A run from --init with no step taken sees the pretrained loss, not a random model's.
     let dir = tempfile::tempdir().unwrap();
     let (pre, sft) = (dir.path().join("pre"), dir.path().join("sft"));
-    let o = train(&pre, &["--max-steps", "20"]);
+    let o = train(&pre, "20", &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let pre_summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let init = newest_checkpoint(&pre).display().to_string();
     let data = demo_data(&pre);
-    let mut args = vec!["--init", &init, "--max-steps", "1"];
+    let mut args = vec!["--init", &init];
     args.extend(data.iter().map(String::as_str));
-    let o = train(&sft, &args);
+    let o = train(&sft, "1", &args);
     assert!(o.status.success(), "{}", stderr(&o));
     let sft_summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let (first_pre, first_sft) = (
@@ -136,7 +136,7 @@ fn sft_starts_from_the_init_weights_not_random_ones() {
 fn a_bad_init_directory_exits_2_naming_it_and_leaves_no_run() {
     let dir = tempfile::tempdir().unwrap();
     let pre = dir.path().join("pre");
-    let o = train(&pre, &["--max-steps", "1"]);
+    let o = train(&pre, "1", &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let ckpt = newest_checkpoint(&pre);
 
@@ -164,7 +164,7 @@ fn a_bad_init_directory_exits_2_naming_it_and_leaves_no_run() {
         if let Some(m) = model {
             extra.extend(["--model", m]);
         }
-        let o = train(&run, &extra);
+        let o = train(&run, "1", &extra);
         assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
         assert!(stderr(&o).contains(needle), "{needle}: {}", stderr(&o));
         assert!(
