@@ -114,7 +114,7 @@ fn summary(panels: &[Panel]) -> Vec<Value> {
                 let ys = s.points.iter().map(|p| p.1).filter(|y| y.is_finite());
                 json!({
                     "key": s.key, "label": s.label, "points": s.points.len(),
-                    "first": ys.clone().next(), "last": ys.clone().last(),
+                    "first": ys.clone().next(), "last": ys.clone().next_back(),
                     "min": ys.clone().reduce(f64::min), "max": ys.reduce(f64::max),
                     "color": format!("#{:02x}{:02x}{:02x}", s.color.0, s.color.1, s.color.2),
                 })
