@@ -85,10 +85,6 @@ impl SafetensorsFile {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Tensor names, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.entries.keys().map(String::as_str)
@@ -96,11 +92,6 @@ impl SafetensorsFile {
 
     pub fn shape(&self, name: &str) -> Option<&[usize]> {
         self.entries.get(name).map(|e| e.shape.as_slice())
-    }
-
-    /// The file's string metadata (`__metadata__`).
-    pub fn metadata(&self) -> &HashMap<String, String> {
-        &self.metadata
     }
 
     /// Reads one tensor (F32, F16 or BF16) as f32.
