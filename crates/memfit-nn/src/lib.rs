@@ -5,14 +5,20 @@
 //! - `layers`  — what families share: parameter layouts, activations, masks, gradient collection,
 //!   the masked token loss.
 //! - `weights` — named tensors in safetensors files (Hugging Face names), atomic writes.
+//! - `model`   — what a family implements to be trained ([`model::TrainModel`]) and the task
+//!   capabilities on top (generation, classification); `batch` — the micro-batch of each task;
+//!   `decoding` — greedy decoding settings and logits processors.
 //! - `bert`    — BERT, RoBERTa, XLM-RoBERTa sequence classifiers: config.json, transformers' tensor
 //!   names (with the pretrained checkpoints' extra and missing tensors), the forward pass and loss.
 //! - `t5`      — T5 (v1.0 ReLU and v1.1 gated-GELU): config.json, transformers' tensor names, the
 //!   forward pass, per-block checkpointing, the chunked LM head.
 
+pub mod batch;
 pub mod bert;
+pub mod decoding;
 pub mod kernels;
 pub mod layers;
+pub mod model;
 pub mod t5;
 pub mod weights;
 

@@ -8,6 +8,7 @@
 pub mod config;
 pub mod forward;
 pub mod layout;
+pub mod train;
 
 use std::path::Path;
 

@@ -1,8 +1,10 @@
 //! Pieces families share: parameter layouts (names, storage, init), activations, attention masks,
-//! where parameter gradients are collected, and the token cross-entropy over non-padding targets.
+//! where parameter gradients are collected, the token cross-entropy over non-padding targets, and
+//! tensors to and from host memory.
 
 pub mod activation;
 pub mod grad_sink;
+pub mod host;
 pub mod loss;
 pub mod mask;
 pub mod params;

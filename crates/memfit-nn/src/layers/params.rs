@@ -167,6 +167,19 @@ pub fn hf_tensors<'a, G>(specs: &[ParamSpec<G>], weights: &'a [Vec<f32>]) -> Vec
         .collect()
 }
 
+/// Each parameter's name and shapes as an optimizer sees them.
+pub fn shapes<G>(specs: &[ParamSpec<G>]) -> Vec<crate::model::ParamShape> {
+    specs
+        .iter()
+        .map(|s| crate::model::ParamShape {
+            name: s.name.clone(),
+            hf_shape: s.kind.hf_shape(),
+            transposed: matches!(s.kind, Kind::Linear { .. }),
+            dims: s.kind.shape(),
+        })
+        .collect()
+}
+
 /// Total and trainable parameter counts; `trains(i)` says whether parameter `i` trains.
 pub fn counts<G>(specs: &[ParamSpec<G>], trains: impl Fn(usize) -> bool) -> (u64, u64) {
     let mut total = 0u64;

@@ -14,6 +14,7 @@ pub mod embedding_leaf;
 pub mod flops;
 pub mod forward;
 pub mod layout;
+pub mod train;
 
 use std::path::Path;
 

@@ -1,0 +1,180 @@
+//! The BERT family as a [`TrainModel`] and a [`SequenceClassifier`]: one micro-batch's loss and
+//! gradients through burn's autodiff, the validation loss, and the logits.
+
+use std::path::Path;
+
+use burn::prelude::*;
+
+use crate::ModelError;
+use crate::batch::ClassificationBatch;
+use crate::bert::forward::{BertForward, ClsInputs, Dropouts};
+use crate::bert::{BertConfig, BertLayout, BertModel, Group};
+use crate::layers::grad_sink::{GradSink, GradTarget, LeafSink, leaves};
+use crate::layers::params;
+use crate::model::{ParamShape, Pass, Precision, SequenceClassifier, TrainModel};
+use crate::layers::host::{scalar, to_f32_vec};
+use crate::weights::HfWeights;
+
+/// The groups `--freeze` names for the BERT family.
+pub const GROUPS: &str = "embeddings, encoder, pooler, head";
+
+impl BertModel {
+    /// The frozen groups named in `freeze`.
+    pub fn parse_groups(freeze: &[String]) -> Result<Vec<Group>, ModelError> {
+        freeze
+            .iter()
+            .map(|g| {
+                Group::parse(g.trim()).ok_or_else(|| {
+                    ModelError::Input(format!(
+                        "--freeze {g:?}: the BERT family's groups are {GROUPS}"
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    fn inputs<'a>(b: &'a ClassificationBatch) -> ClsInputs<'a> {
+        ClsInputs {
+            ids: &b.input.ids,
+            mask: &b.input.mask,
+            token_types: b.token_types.as_deref(),
+            batch: b.input.batch,
+            len: b.input.len,
+        }
+    }
+}
+
+impl TrainModel for BertModel {
+    type Batch = ClassificationBatch;
+
+    fn architecture(&self) -> String {
+        self.config.architecture().into()
+    }
+
+    fn params(&self) -> &[Vec<f32>] {
+        &self.weights
+    }
+
+    fn params_mut(&mut self) -> &mut [Vec<f32>] {
+        &mut self.weights
+    }
+
+    fn param_shapes(&self) -> Vec<ParamShape> {
+        params::shapes(&self.layout.specs)
+    }
+
+    fn trainable(&self, freeze: &[String]) -> Result<Vec<bool>, ModelError> {
+        let groups = Self::parse_groups(freeze)?;
+        Ok((0..self.layout.specs.len())
+            .map(|i| self.layout.trainable(i, &groups))
+            .collect())
+    }
+
+    fn total_params(&self) -> u64 {
+        self.layout.param_counts(&[]).0
+    }
+
+    fn check_batch(&self, b: &ClassificationBatch) -> Result<(), ModelError> {
+        b.input.check_shape("input")?;
+        let n = self.config.num_labels();
+        if b.labels.len() != b.input.batch {
+            return Err(ModelError::Input(format!(
+                "{} labels for batch {}",
+                b.labels.len(),
+                b.input.batch
+            )));
+        }
+        if let Some(l) = b.labels.iter().find(|l| **l as usize >= n) {
+            return Err(ModelError::Input(format!(
+                "label {l} is outside the model's {n} labels (num_labels)"
+            )));
+        }
+        // ids, token types and the length against the tables: BertForward::check, in the pass
+        Ok(())
+    }
+
+    fn accumulate(
+        &self,
+        params: &[Tensor<2>],
+        trainable: &[bool],
+        b: &ClassificationBatch,
+        pass: &Pass,
+        target: &mut dyn GradTarget,
+    ) -> Result<f32, ModelError> {
+        let tracked = leaves(params, trainable);
+        let fwd = BertForward::of(self, &tracked, pass.precision.dtype());
+        let x = Self::inputs(b);
+        fwd.check(&x)?;
+        let mut drop = Dropouts::new(&self.config, pass.seed);
+        let (loss, _) = fwd.loss(&x, &b.labels, &mut drop)?;
+        let value = scalar(loss.clone().inner())?;
+        // The one place the loss is scaled (by the trainer's share for this micro-batch).
+        let mut grads = loss.mul_scalar(pass.loss_scale).backward();
+        let mut sink = LeafSink {
+            leaves: &tracked,
+            trainable,
+            target,
+        };
+        sink.gradients(&mut grads)?;
+        Ok(value)
+    }
+
+    fn eval_loss(
+        &self,
+        params: &[Tensor<2>],
+        b: &ClassificationBatch,
+        precision: Precision,
+    ) -> Result<f32, ModelError> {
+        let fwd = BertForward::of(self, params, precision.dtype());
+        let x = Self::inputs(b);
+        fwd.check(&x)?;
+        let (loss, _) = fwd.loss(&x, &b.labels, &mut Dropouts::disabled())?;
+        scalar(loss)
+    }
+
+    fn save(&self, dir: &Path) -> Result<(), ModelError> {
+        BertModel::save(self, dir)
+    }
+
+    fn load(&mut self, dir: &Path) -> Result<(), ModelError> {
+        let config = BertConfig::from_file(&dir.join("config.json"))?;
+        if !BertLayout::new(&config).same_tensors(&self.layout) {
+            return Err(ModelError::Input(format!(
+                "{}: the checkpoint's config.json describes another model than this run's",
+                dir.display()
+            )));
+        }
+        let mut model = self.clone();
+        let report = model.load_weights(&mut HfWeights::open_dir(dir)?, crate::bert::HEAD_SEED)?;
+        if let Some(name) = report.initialised.first() {
+            return Err(ModelError::Format(format!(
+                "{}: tensor {name} is missing",
+                dir.display()
+            )));
+        }
+        *self = model;
+        Ok(())
+    }
+}
+
+impl SequenceClassifier for BertModel {
+    fn num_labels(&self) -> usize {
+        self.config.num_labels()
+    }
+
+    fn labels(&self) -> Vec<String> {
+        self.config.id2label.clone()
+    }
+
+    fn logits(
+        &self,
+        params: &[Tensor<2>],
+        b: &ClassificationBatch,
+        precision: Precision,
+    ) -> Result<Vec<f32>, ModelError> {
+        let fwd = BertForward::of(self, params, precision.dtype());
+        let x = Self::inputs(b);
+        fwd.check(&x)?;
+        to_f32_vec(fwd.logits(&x, &mut Dropouts::disabled())?)
+    }
+}
