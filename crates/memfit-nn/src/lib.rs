@@ -7,7 +7,8 @@
 //! - `weights` — named tensors in safetensors files (Hugging Face names), atomic writes.
 //! - `model`   — what a family implements to be trained ([`model::TrainModel`]) and the task
 //!   capabilities on top (generation, classification); `batch` — the micro-batch of each task;
-//!   `decoding` — greedy decoding settings and logits processors.
+//!   `decoding` — greedy decoding settings and logits processors; `families` — the one place that
+//!   names every family: which one a config.json describes, and the model a task trains.
 //! - `bert`    — BERT, RoBERTa, XLM-RoBERTa sequence classifiers: config.json, transformers' tensor
 //!   names (with the pretrained checkpoints' extra and missing tensors), the forward pass and loss.
 //! - `t5`      — T5 (v1.0 ReLU and v1.1 gated-GELU): config.json, transformers' tensor names, the
@@ -16,6 +17,7 @@
 pub mod batch;
 pub mod bert;
 pub mod decoding;
+pub mod families;
 pub mod kernels;
 pub mod layers;
 pub mod model;

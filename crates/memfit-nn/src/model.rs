@@ -104,6 +104,10 @@ pub trait TrainModel: Send + Sync {
     /// Every weight of the model, trained or not (tied weights once).
     fn total_params(&self) -> u64;
 
+    /// Model FLOPs of one forward + backward pass over `batch` (the matmuls; no recomputation),
+    /// with gradients flowing where `trainable` needs them: for MFU.
+    fn training_flops(&self, batch: &Self::Batch, trainable: &[bool]) -> f64;
+
     /// Checks a batch before it reaches a kernel: shapes, ids within the vocabulary, labels.
     fn check_batch(&self, batch: &Self::Batch) -> Result<(), ModelError>;
 

@@ -712,6 +712,8 @@ fn run_attempt(
                     peak_swap_bytes: 0,
                     peak_gpu_bytes: None,
                 });
+            // the latest name: a child sampled between fork and exec still bears its parent's
+            e.name.clone_from(&p.name);
             e.peak_bytes = e.peak_bytes.max(p.charged());
             e.peak_rss_anon_bytes = e.peak_rss_anon_bytes.max(p.rss_anon);
             e.peak_rss_file_bytes = e.peak_rss_file_bytes.max(p.rss_file);

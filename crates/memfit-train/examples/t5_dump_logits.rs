@@ -7,28 +7,29 @@ use std::borrow::Cow;
 use std::path::PathBuf;
 
 use memfit_nn::kernels::dropout::SplitMix64;
-use memfit_nn::t5::T5Config;
+use memfit_nn::t5::{T5Config, T5Model};
 use memfit_nn::weights::{NamedTensor, write_f32};
-use memfit_train::engine::{Engine, Seq2SeqBatch};
-use memfit_train::t5_engine::{EngineOptions, T5Engine};
+use memfit_train::engine::{Engine, EngineOptions, ModelEngine, Seq2SeqBatch, TokenRows};
 use serde_json::json;
 
 fn batch(rng: &mut SplitMix64, vocab: u32) -> Seq2SeqBatch {
     let (b, s, t) = (3, 12, 9);
     let mut out = Seq2SeqBatch {
-        batch: b,
-        src_len: s,
+        source: TokenRows {
+            batch: b,
+            len: s,
+            ids: vec![0; b * s],
+            mask: vec![false; b * s],
+        },
         tgt_len: t,
-        input_ids: vec![0; b * s],
-        input_mask: vec![false; b * s],
         labels: vec![0; b * t],
         label_mask: vec![false; b * t],
     };
     for r in 0..b {
         // Rows of different lengths so the padding masks matter.
         for i in 0..s - 3 * r {
-            out.input_ids[r * s + i] = 2 + (rng.next_u64() % (vocab as u64 - 2)) as u32;
-            out.input_mask[r * s + i] = true;
+            out.source.ids[r * s + i] = 2 + (rng.next_u64() % (vocab as u64 - 2)) as u32;
+            out.source.mask[r * s + i] = true;
         }
         for i in 0..t - 2 * r {
             out.labels[r * t + i] = 2 + (rng.next_u64() % (vocab as u64 - 2)) as u32;
@@ -54,7 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "tie_word_embeddings": tied, "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0
     }))?;
     let vocab = config.vocab_size as u32;
-    let mut engine = T5Engine::new(config, EngineOptions::default(), 42)?;
+    let mut engine = ModelEngine::new(T5Model::init(config, 42), EngineOptions::default())?;
     let mut rng = SplitMix64::new(7);
     // A few steps so that norms and biases are no longer at their initial values.
     for step in 0..5 {
@@ -64,7 +65,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&dir)?;
     engine.save(&dir)?;
     let b = batch(&mut SplitMix64::new(99), vocab);
-    let logits = engine.logits(&b)?;
+    let logits =
+        engine
+            .model()
+            .logits(&engine.weights_on_device(), &b, engine.options().precision)?;
     let loss = engine.eval_loss(&b)?;
     let as_f32 = |v: &[u32]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
     let as_mask = |v: &[bool]| v.iter().map(|&x| x as u8 as f32).collect::<Vec<f32>>();
@@ -77,19 +81,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     write_f32(
         &dir.join("logits.safetensors"),
         &[
-            t("input_ids", vec![b.batch, b.src_len], as_f32(&b.input_ids)),
+            t(
+                "input_ids",
+                vec![b.source.batch, b.source.len],
+                as_f32(&b.source.ids),
+            ),
             t(
                 "attention_mask",
-                vec![b.batch, b.src_len],
-                as_mask(&b.input_mask),
+                vec![b.source.batch, b.source.len],
+                as_mask(&b.source.mask),
             ),
-            t("labels", vec![b.batch, b.tgt_len], as_f32(&b.labels)),
+            t("labels", vec![b.source.batch, b.tgt_len], as_f32(&b.labels)),
             t(
                 "label_mask",
-                vec![b.batch, b.tgt_len],
+                vec![b.source.batch, b.tgt_len],
                 as_mask(&b.label_mask),
             ),
-            t("logits", vec![b.batch, b.tgt_len, vocab as usize], logits),
+            t(
+                "logits",
+                vec![b.source.batch, b.tgt_len, vocab as usize],
+                logits,
+            ),
             t("loss", vec![1], vec![loss]),
         ],
         None,

@@ -1,50 +1,94 @@
-//! `memfit bench train`: trains a T5 on seeded synthetic tokens for a fixed number of steps and
-//! reports the median step time, tokens/s and peak RSS (DESIGN.md §3), counted as
-//! `../shared/bench/pytorch/bench_t5.py` counts them, so the two can be compared side by side.
+//! `memfit bench train`: trains a model on seeded synthetic tokens for a fixed number of steps and
+//! reports the median step time, tokens/s and peak RSS (DESIGN.md §3), counted as the PyTorch
+//! baselines in `../shared/bench/pytorch/` count them (`bench_t5.py`: batch × (source + target)
+//! tokens; `bench_bert_cls.py`: batch × sequence), so the two can be compared side by side.
 
 use std::time::Instant;
 
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::engine::{Engine, Seq2SeqBatch};
+use crate::config::TaskKind;
+use crate::engine::{
+    ClassificationBatch, Engine, EngineOptions, ModelEngine, Precision, Seq2SeqBatch, TokenRows,
+    set_threads,
+};
 use crate::optim::{AdafactorConfig, AdafactorLr, AdamWConfig, OptimizerConfig};
-use crate::t5_engine::{EngineOptions, Precision, T5Engine, set_threads};
 use memfit_nn::ModelError;
+use memfit_nn::families;
 use memfit_nn::kernels::dropout::SplitMix64;
-use memfit_nn::t5::T5Config;
-use memfit_nn::t5::flops::t5_training_flops;
+use memfit_nn::model::TrainModel;
 use memfit_plan::grid;
 
-/// Steps excluded from the median, as bench_t5.py's `WARMUP`.
+/// Steps excluded from the median, as the baselines' `WARMUP`.
 pub const WARMUP_STEPS: usize = 3;
 
-/// Learning rate, weight decay and clipping of bench_t5.py's runs (lr 1e-3, AdamW weight decay 0.01,
-/// clip 1.0).
-const LR: f64 = 1e-3;
+/// Clipping of the baselines' runs (clip 1.0; AdamW weight decay 0.01).
 const MAX_GRAD_NORM: f64 = 1.0;
 
-/// The first id bench_t5.py draws words from (`benchcommon.T5_FIRST_WORD`: after pad, eos, unk).
-const FIRST_WORD: u32 = 3;
+/// The first word id of the baselines' vocabularies (`benchcommon.T5_FIRST_WORD`: after pad, eos,
+/// unk; `BERT_FIRST_WORD`: after pad, unk, [CLS], [SEP]).
+const T5_FIRST_WORD: u32 = 3;
+const BERT_FIRST_WORD: u32 = 4;
+/// `benchcommon.BERT_CLS` / `BERT_SEP`.
+const BERT_CLS: u32 = 2;
+const BERT_SEP: u32 = 3;
+/// `bench_bert_cls.py --labels` default.
+const BERT_LABELS: usize = 2;
 
 #[derive(Debug, Clone)]
 pub struct BenchSetup {
     /// Name shown in the report (preset name or config path).
     pub model_name: String,
-    pub config: T5Config,
+    /// The model's config.json.
+    pub model_config: Value,
     pub batch: usize,
+    /// Source (seq2seq) or text (classification) tokens per row.
     pub src_len: usize,
+    /// Target tokens per row (seq2seq).
     pub tgt_len: usize,
     pub accum: usize,
     pub steps: usize,
     pub threads: usize,
     pub grad_ckpt: bool,
     pub precision: Precision,
-    /// `adamw` or `adafactor` (external lr 1e-3, no parameter scaling, as bench_t5.py's `--optim adafactor`).
+    /// `adamw` or `adafactor` (external lr, no parameter scaling, as bench_t5.py's `--optim adafactor`).
     pub optimizer: String,
-    /// Frozen module groups (no gradients, no optimizer state).
-    pub freeze: Vec<memfit_nn::t5::Group>,
+    /// Frozen module groups (no gradients, no optimizer state), in the family's names.
+    pub freeze: Vec<String>,
     pub seed: u64,
+}
+
+impl BenchSetup {
+    /// The task the model trains for.
+    pub fn task(&self) -> Result<TaskKind, ModelError> {
+        match families::task_of(&self.model_config) {
+            Some("seq2seq") => Ok(TaskKind::Seq2seq),
+            Some("classification") => Ok(TaskKind::Classification),
+            _ => Err(ModelError::Config(format!(
+                "model {}: model_type {:?} is not one memfit bench train runs (t5, bert, roberta)",
+                self.model_name,
+                families::model_type(&self.model_config)
+            ))),
+        }
+    }
+
+    /// The baselines' learning rates: 1e-3 for T5 (`bench_t5.py`), 1e-4 for BERT (`bench_bert_cls.py`).
+    fn lr(&self) -> f64 {
+        match self.task() {
+            Ok(TaskKind::Classification) => 1e-4,
+            _ => 1e-3,
+        }
+    }
+
+    /// Tokens of one optimizer step, as the baselines count them.
+    fn tokens_per_step(&self) -> f64 {
+        let per_row = match self.task() {
+            Ok(TaskKind::Classification) => self.src_len,
+            _ => self.src_len + self.tgt_len,
+        };
+        (self.batch * self.accum * per_row) as f64
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -76,17 +120,34 @@ pub struct BenchReport {
     pub mfu: Option<f64>,
 }
 
-/// A model spec on the command line: `tiny` (issue 6's configuration a: vocab 8000, d_model 256,
-/// d_ff 1024, 4+4 layers, 4 heads; used until the planner's presets are wired in) or a config.json path.
-pub fn resolve_model(spec: &str) -> Result<T5Config, ModelError> {
-    if spec == "tiny" {
-        return T5Config::from_json(&tiny_config_json());
+/// A model spec on the command line: `tiny` (issue 6's configuration a: a T5 of vocab 8000,
+/// d_model 256, d_ff 1024, 4+4 layers, 4 heads), `bert-small` (`bench_bert_cls.py`'s small shape:
+/// vocab 21128, hidden 256, 4 layers, 4 heads), a planner preset (t5-small, chatlm-mini,
+/// bert-base-chinese, …) or a config.json path.
+pub fn resolve_model(spec: &str) -> Result<Value, ModelError> {
+    match spec {
+        "tiny" => return Ok(tiny_config_json()),
+        "bert-small" => return Ok(bert_config_json(256, 4, 4)),
+        _ => {}
     }
-    // A planner preset (t5-small, chatlm-mini, …) unless a file of that name exists.
+    // A planner preset unless a file of that name exists.
     let path = std::path::Path::new(spec);
     match memfit_plan::arch::preset_config_json(spec) {
-        Some(config) if !path.exists() => T5Config::from_json(&config),
-        _ => T5Config::from_file(path),
+        Some(config) if !path.exists() => Ok(config),
+        _ => {
+            let file = if path.is_dir() {
+                path.join("config.json")
+            } else {
+                path.to_path_buf()
+            };
+            let text = std::fs::read_to_string(&file).map_err(|e| {
+                ModelError::Input(format!(
+                    "{spec:?}: not tiny, bert-small, a preset or a readable config.json ({e})"
+                ))
+            })?;
+            serde_json::from_str(&text)
+                .map_err(|e| ModelError::Config(format!("{}: {e}", file.display())))
+        }
     }
 }
 
@@ -96,6 +157,18 @@ pub fn tiny_config_json() -> Value {
         "model_type": "t5", "vocab_size": 8000, "d_model": 256, "d_kv": 64, "d_ff": 1024,
         "num_layers": 4, "num_decoder_layers": 4, "num_heads": 4, "feed_forward_proj": "relu",
         "dropout_rate": 0.1, "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0
+    })
+}
+
+/// A BERT as `bench_bert_cls.py` builds it: vocab 21128, intermediate 4 × hidden, 512 positions,
+/// dropout 0.1, 2 labels, pad id 0.
+pub fn bert_config_json(hidden: usize, layers: usize, heads: usize) -> Value {
+    json!({
+        "model_type": "bert", "vocab_size": 21128, "hidden_size": hidden,
+        "num_hidden_layers": layers, "num_attention_heads": heads,
+        "intermediate_size": 4 * hidden, "max_position_embeddings": 512,
+        "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+        "num_labels": BERT_LABELS, "pad_token_id": 0
     })
 }
 
@@ -143,40 +216,74 @@ fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// Random tokens in `[FIRST_WORD, vocab)`, every row ending in EOS, no padding (bench_t5.py `--data random`).
-fn synthetic_batch(
+/// `rows` rows of `len` random words in `[first, vocab)` (`--data random` of the baselines).
+fn random_rows(
     rng: &mut SplitMix64,
-    cfg: &T5Config,
-    batch: usize,
+    vocab: usize,
+    first: u32,
+    rows: usize,
+    len: usize,
+) -> Vec<u32> {
+    let span = (vocab as u64).saturating_sub(u64::from(first)).max(1);
+    (0..rows * len)
+        .map(|_| first + (rng.next_u64() % span) as u32)
+        .collect()
+}
+
+/// A seq2seq batch as bench_t5.py `--data random` makes one: every row ends in EOS, no padding.
+fn seq2seq_batch(
+    rng: &mut SplitMix64,
+    config: &Value,
+    b: usize,
     src: usize,
     tgt: usize,
 ) -> Seq2SeqBatch {
-    let span = (cfg.vocab_size as u64)
-        .saturating_sub(FIRST_WORD as u64)
-        .max(1);
-    let mut row = |len: usize| -> Vec<u32> {
-        (0..batch)
-            .flat_map(|_| {
-                let mut r: Vec<u32> = (0..len)
-                    .map(|_| FIRST_WORD + (rng.next_u64() % span) as u32)
-                    .collect();
-                if let Some(last) = r.last_mut() {
-                    *last = cfg.eos_token_id;
-                }
-                r
-            })
-            .collect()
+    let vocab = config["vocab_size"].as_u64().unwrap_or(32128) as usize;
+    let eos = config["eos_token_id"].as_u64().unwrap_or(1) as u32;
+    let mut ends_in_eos = |len: usize| {
+        let mut ids = random_rows(rng, vocab, T5_FIRST_WORD, b, len);
+        ids.chunks_mut(len).for_each(|row| row[len - 1] = eos);
+        ids
     };
-    let input_ids = row(src);
-    let labels = row(tgt);
+    let (source, labels) = (ends_in_eos(src), ends_in_eos(tgt));
     Seq2SeqBatch {
-        batch,
-        src_len: src,
-        tgt_len: tgt,
-        input_mask: vec![true; input_ids.len()],
+        source: TokenRows {
+            batch: b,
+            len: src,
+            mask: vec![true; source.len()],
+            ids: source,
+        },
         label_mask: vec![true; labels.len()],
-        input_ids,
         labels,
+        tgt_len: tgt,
+    }
+}
+
+/// A classification batch as bench_bert_cls.py `--data random` makes one: `[CLS] words [SEP]`, no
+/// padding, token types 0, random labels.
+fn classification_batch(
+    rng: &mut SplitMix64,
+    config: &Value,
+    b: usize,
+    len: usize,
+) -> ClassificationBatch {
+    let vocab = config["vocab_size"].as_u64().unwrap_or(21128) as usize;
+    let mut ids = random_rows(rng, vocab, BERT_FIRST_WORD, b, len);
+    ids.chunks_mut(len).for_each(|row| {
+        row[0] = BERT_CLS;
+        row[len - 1] = BERT_SEP;
+    });
+    ClassificationBatch {
+        input: TokenRows {
+            batch: b,
+            len,
+            mask: vec![true; ids.len()],
+            ids,
+        },
+        token_types: Some(vec![0; b * len]),
+        labels: (0..b)
+            .map(|_| (rng.next_u64() % BERT_LABELS as u64) as u32)
+            .collect(),
     }
 }
 
@@ -193,7 +300,7 @@ fn median(values: &[f64]) -> f64 {
 /// Runs the benchmark; `on_step(step, loss, seconds)` is called after every optimizer step.
 pub fn run(
     setup: &BenchSetup,
-    mut on_step: impl FnMut(usize, f64, f64),
+    on_step: impl FnMut(usize, f64, f64),
 ) -> Result<BenchReport, ModelError> {
     if setup.steps <= WARMUP_STEPS {
         return Err(ModelError::Input(format!(
@@ -201,14 +308,16 @@ pub fn run(
             setup.steps
         )));
     }
+    let task = setup.task()?;
+    let needs_tgt = task == TaskKind::Seq2seq;
     if setup.batch == 0
-        || setup.src_len == 0
-        || setup.tgt_len == 0
+        || setup.src_len < 2
+        || (needs_tgt && setup.tgt_len == 0)
         || setup.accum == 0
         || setup.threads == 0
     {
         return Err(ModelError::Input(
-            "--batch, --seq, --tgt-seq, --accum and --threads must be > 0".into(),
+            "--batch, --tgt-seq, --accum and --threads must be > 0, --seq at least 2".into(),
         ));
     }
     set_threads(setup.threads)?;
@@ -219,71 +328,77 @@ pub fn run(
         freeze: setup.freeze.clone(),
         ..Default::default()
     };
-    let mut engine = T5Engine::new(setup.config.clone(), options, setup.seed)?;
+    let (config, name) = (&setup.model_config, setup.model_name.as_str());
+    let (b, src, tgt) = (setup.batch, setup.src_len, setup.tgt_len);
+    match task {
+        TaskKind::Classification => {
+            let labels: Vec<String> = (0..BERT_LABELS).map(|i| format!("LABEL_{i}")).collect();
+            let (model, _) = families::classifier(config, name, &labels, None, setup.seed)?;
+            let engine = ModelEngine::new(model, options)?;
+            run_steps(engine, setup, on_step, |rng| {
+                classification_batch(rng, config, b, src)
+            })
+        }
+        _ => {
+            let (model, _) = families::seq2seq(config, name, None, setup.seed)?;
+            let engine = ModelEngine::new(model, options)?;
+            run_steps(engine, setup, on_step, |rng| {
+                seq2seq_batch(rng, config, b, src, tgt)
+            })
+        }
+    }
+}
+
+/// The timed steps of [`run`], on an engine and its synthetic batches.
+fn run_steps<M: TrainModel>(
+    mut engine: ModelEngine<M>,
+    setup: &BenchSetup,
+    mut on_step: impl FnMut(usize, f64, f64),
+    mut make_batch: impl FnMut(&mut SplitMix64) -> M::Batch,
+) -> Result<BenchReport, ModelError> {
     let mut rng = SplitMix64::new(setup.seed ^ 0xDA7A);
-    let mut seconds = Vec::with_capacity(setup.steps);
-    let mut cpu = Vec::with_capacity(setup.steps);
-    let mut losses = Vec::with_capacity(setup.steps);
+    let (mut seconds, mut cpu, mut losses) = (Vec::new(), Vec::new(), Vec::new());
     let mut micro = 0u64;
+    let mut model_flops = 0.0;
     // The core's peak, measured before and after the steps, the better kept: one measurement
     // can fall in a moment the VM's core is lent elsewhere.
     let bf16_peak = setup.precision == Precision::Bf16;
     let (peak_before, basis) = crate::peak_flops::peak_flops_per_core(bf16_peak);
+    let trainable = engine.model().trainable(&setup.freeze)?;
     for step in 0..setup.steps {
-        let batches: Vec<Seq2SeqBatch> = (0..setup.accum)
-            .map(|_| {
-                synthetic_batch(
-                    &mut rng,
-                    &setup.config,
-                    setup.batch,
-                    setup.src_len,
-                    setup.tgt_len,
-                )
-            })
-            .collect();
+        let batches: Vec<M::Batch> = (0..setup.accum).map(|_| make_batch(&mut rng)).collect();
         let t0 = Instant::now();
         let c0 = cpu_seconds();
         let mut loss = 0.0;
         for b in &batches {
             micro += 1;
-            loss +=
-                engine.accumulate(b, 1.0 / setup.accum as f32, setup.seed.wrapping_add(micro))?
-                    as f64;
+            let scale = 1.0 / setup.accum as f32;
+            loss += f64::from(engine.accumulate(b, scale, setup.seed.wrapping_add(micro))?);
         }
-        engine.step(LR, Some(MAX_GRAD_NORM))?;
+        engine.step(setup.lr(), Some(MAX_GRAD_NORM))?;
         let dt = t0.elapsed().as_secs_f64();
         cpu.push(cpu_seconds() - c0);
-        loss /= setup.accum as f64;
         seconds.push(dt);
-        losses.push(loss);
-        on_step(step, loss, dt);
+        losses.push(loss / setup.accum as f64);
+        on_step(step, loss / setup.accum as f64, dt);
+        if step == 0 {
+            model_flops = batches
+                .iter()
+                .map(|b| engine.model().training_flops(b, &trainable))
+                .sum();
+        }
     }
     let sec = median(&seconds[WARMUP_STEPS..]);
     let cpu_sec = median(&cpu[WARMUP_STEPS..]);
-    let tokens = (setup.batch * setup.accum * (setup.src_len + setup.tgt_len)) as f64;
-    let frozen = |g| setup.freeze.contains(&g);
-    let encoder_backward =
-        !(frozen(memfit_nn::t5::Group::Embeddings) && frozen(memfit_nn::t5::Group::Encoder));
-    let model_flops = t5_training_flops(
-        &setup.config,
-        setup.batch * setup.accum,
-        setup.src_len,
-        setup.tgt_len,
-        encoder_backward,
-    );
     let peak = Some(
         crate::peak_flops::peak_flops_per_core(bf16_peak)
             .0
             .max(peak_before),
     );
-    let precision = match setup.precision {
-        Precision::F32 => "fp32",
-        Precision::Bf16 => "bf16",
-    };
     Ok(BenchReport {
         sec_per_step_median: sec,
         cpu_sec_per_step_median: cpu_sec,
-        tokens_per_s: tokens / sec,
+        tokens_per_s: setup.tokens_per_step() / sec,
         peak_rss_bytes: peak_rss_bytes(),
         loss_first: losses[0],
         loss_last: *losses.last().unwrap_or(&f64::NAN),
@@ -291,12 +406,11 @@ pub fn run(
         warmup_steps: WARMUP_STEPS,
         threads: setup.threads,
         setup: json!({
-            "model": setup.model_name, "batch": setup.batch, "seq": setup.src_len,
-            "tgt_seq": setup.tgt_len, "accum": setup.accum, "grad_ckpt": setup.grad_ckpt,
-            "precision": precision, "optimizer": setup.optimizer, "lr": LR,
-            "max_grad_norm": MAX_GRAD_NORM, "dropout": setup.config.dropout_rate,
-            "seed": setup.seed, "backend": "flex",
-            "freeze": setup.freeze.iter().map(|g| format!("{g:?}").to_lowercase()).collect::<Vec<_>>(),
+            "model": setup.model_name, "task": setup.task()?.name(), "batch": setup.batch,
+            "seq": setup.src_len, "tgt_seq": setup.tgt_len, "accum": setup.accum,
+            "grad_ckpt": setup.grad_ckpt, "precision": setup.precision.name(),
+            "optimizer": setup.optimizer, "lr": setup.lr(), "max_grad_norm": MAX_GRAD_NORM,
+            "seed": setup.seed, "backend": "flex", "freeze": setup.freeze,
         }),
         params_total: engine.param_counts().total,
         step_seconds: seconds,
@@ -317,6 +431,8 @@ pub fn measure_grid_point(
     point: &grid::Point,
 ) -> Result<grid::Measured, ModelError> {
     let config = resolve_model(point.model)?;
+    let arch = memfit_plan::arch::parse_config("config.json", &config.to_string(), point.model)
+        .map_err(|e| ModelError::Config(e.to_string()))?;
     let mut cmd = std::process::Command::new(exe);
     cmd.args(["bench", "train", "--model", point.model, "--json"])
         .args(["--batch", &point.batch.to_string()])
@@ -353,13 +469,13 @@ pub fn measure_grid_point(
     Ok(grid::Measured {
         point: *point,
         dims: grid::Dims {
-            vocab: config.vocab_size as u64,
-            d_model: config.d_model as u64,
-            d_kv: config.d_kv as u64,
-            d_ff: config.d_ff as u64,
-            heads: config.num_heads as u64,
-            layers: config.num_layers as u64,
-            decoder_layers: config.num_decoder_layers as u64,
+            vocab: arch.vocab,
+            d_model: arch.hidden,
+            d_kv: arch.head_dim,
+            d_ff: arch.ffn,
+            heads: arch.heads,
+            layers: arch.encoder_layers,
+            decoder_layers: arch.decoder_layers,
         },
         threads: grid::THREADS,
         steps: grid::STEPS,
@@ -373,14 +489,16 @@ mod tests {
     use super::resolve_model;
 
     #[test]
-    fn planner_presets_resolve_to_t5_configs() {
+    fn planner_presets_and_bench_shapes_resolve() {
         let chatlm = resolve_model("chatlm-mini").unwrap();
         assert_eq!(
-            (chatlm.vocab_size, chatlm.d_model, chatlm.num_layers),
-            (29_298, 768, 10)
+            (chatlm["vocab_size"].as_u64(), chatlm["d_model"].as_u64()),
+            (Some(29_298), Some(768))
         );
         let tiny = resolve_model("tiny").unwrap();
-        assert_eq!((tiny.vocab_size, tiny.d_model), (8000, 256));
+        assert_eq!(tiny["d_model"].as_u64(), Some(256));
+        let small = resolve_model("bert-small").unwrap();
+        assert_eq!(small["hidden_size"].as_u64(), Some(256));
         assert!(resolve_model("no-such-model-or-file").is_err());
     }
 }

@@ -23,11 +23,53 @@ pub enum ConfigError {
     },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Activation precision (master weights, gradients and optimizer state stay f32).
+pub use memfit_nn::model::Precision;
+
+/// What a run trains for (`--task`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
-pub enum Precision {
-    Fp32,
-    Bf16,
+pub enum TaskKind {
+    /// Source → target with an encoder-decoder (T5).
+    #[default]
+    Seq2seq,
+    /// Text (or a text pair) → label with an encoder (BERT family).
+    Classification,
+    /// Next-token prediction with a decoder (Llama, Qwen2, Mistral).
+    CausalLm,
+}
+
+impl TaskKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskKind::Seq2seq => "seq2seq",
+            TaskKind::Classification => "classification",
+            TaskKind::CausalLm => "causal-lm",
+        }
+    }
+
+    /// What picks `best/` unless the config says: the seed's BLEU-4 for seq2seq, accuracy for
+    /// classification (transformers' text-classification examples), the loss otherwise.
+    pub fn default_best_metric(self) -> BestMetric {
+        match self {
+            TaskKind::Seq2seq => BestMetric::Bleu4,
+            TaskKind::Classification => BestMetric::Accuracy,
+            TaskKind::CausalLm => BestMetric::ValidLoss,
+        }
+    }
+
+    /// The metrics an evaluation of this task reports.
+    pub fn metrics(self) -> &'static [BestMetric] {
+        match self {
+            TaskKind::Seq2seq => &[BestMetric::Bleu4, BestMetric::ValidLoss],
+            TaskKind::Classification => &[
+                BestMetric::Accuracy,
+                BestMetric::MacroF1,
+                BestMetric::ValidLoss,
+            ],
+            TaskKind::CausalLm => &[BestMetric::ValidLoss],
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +87,36 @@ pub enum BestMetric {
     Bleu4,
     /// Validation loss (lower is better).
     ValidLoss,
+    /// Share of validation rows classified right (higher is better).
+    Accuracy,
+    /// Mean F1 over the classes (higher is better).
+    MacroF1,
+}
+
+impl BestMetric {
+    /// The score's name in an evaluation report, `best` records and events.
+    pub fn key(self) -> &'static str {
+        match self {
+            BestMetric::Bleu4 => "bleu4",
+            BestMetric::ValidLoss => "valid_loss",
+            BestMetric::Accuracy => "accuracy",
+            BestMetric::MacroF1 => "macro_f1",
+        }
+    }
+
+    /// The flag value (`--best-metric`).
+    pub fn flag(self) -> &'static str {
+        match self {
+            BestMetric::Bleu4 => "bleu4",
+            BestMetric::ValidLoss => "valid-loss",
+            BestMetric::Accuracy => "accuracy",
+            BestMetric::MacroF1 => "macro-f1",
+        }
+    }
+
+    pub fn higher_is_better(self) -> bool {
+        self != BestMetric::ValidLoss
+    }
 }
 
 /// The fully resolved setup of a run; `config.toml` in the run directory is this, serialized.
@@ -58,7 +130,7 @@ pub struct TrainConfig {
     /// config.toml when unset, so runs written before it keep their config hash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init: Option<String>,
-    pub task: String,
+    pub task: TaskKind,
     /// Training data: a token store directory, or a parquet/JSONL file prepared on the fly.
     pub data: Option<String>,
     pub valid: Option<String>,
@@ -74,7 +146,8 @@ pub struct TrainConfig {
     /// Adafactor ran: its scheduler's rate was ignored); `false`: the scheduled rate (external LR).
     pub adafactor_relative_step: bool,
     pub grad_ckpt: bool,
-    /// Frozen parameter groups: `embeddings`, `encoder`.
+    /// Frozen parameter groups, in the family's names (T5: `embeddings`, `encoder`, `decoder`,
+    /// `lm_head`; BERT: `embeddings`, `encoder`, `pooler`, `head`).
     pub freeze: Vec<String>,
     /// Peak learning rate (OneCycle's `max_lr`; the cosine schedule's base rate).
     pub lr: f64,
@@ -138,7 +211,7 @@ impl Default for TrainConfig {
         Self {
             model: "demo".into(),
             init: None,
-            task: "seq2seq".into(),
+            task: TaskKind::Seq2seq,
             data: None,
             valid: None,
             tokenizer: None,
@@ -183,7 +256,7 @@ impl Default for TrainConfig {
 pub struct ConfigLayer {
     pub model: Option<String>,
     pub init: Option<String>,
-    pub task: Option<String>,
+    pub task: Option<TaskKind>,
     pub data: Option<String>,
     pub valid: Option<String>,
     pub tokenizer: Option<String>,
@@ -314,11 +387,24 @@ impl TrainConfig {
     /// Checks values a user controls; every message names the setting.
     pub fn validate(&self) -> Result<(), ConfigError> {
         // first: a task this trainer does not run explains the rest (a causal-lm plan's tgt_seq = 0)
-        if self.task != "seq2seq" {
+        if self.task == TaskKind::CausalLm {
             return Err(ConfigError::Invalid {
                 field: "task",
-                value: self.task.clone(),
-                reason: "memfit train runs seq2seq (T5) tasks",
+                value: self.task.name().into(),
+                reason: "memfit train runs seq2seq (T5) and classification (BERT family) tasks",
+            });
+        }
+        if !self.task.metrics().contains(&self.best_metric) {
+            return Err(ConfigError::Invalid {
+                field: "best_metric",
+                value: self.best_metric.flag().into(),
+                reason: match self.task {
+                    TaskKind::Seq2seq => "a seq2seq run picks best/ by bleu4 or valid-loss",
+                    TaskKind::Classification => {
+                        "a classification run picks best/ by accuracy, macro-f1 or valid-loss"
+                    }
+                    TaskKind::CausalLm => "a causal-lm run picks best/ by valid-loss",
+                },
             });
         }
         let positive = |field: &'static str, v: usize| {
@@ -335,7 +421,9 @@ impl TrainConfig {
         positive("batch", self.batch)?;
         positive("accum", self.accum)?;
         positive("seq", self.seq)?;
-        positive("tgt_seq", self.tgt_seq)?;
+        if self.task == TaskKind::Seq2seq {
+            positive("tgt_seq", self.tgt_seq)?;
+        }
         positive("keep", self.keep)?;
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return Err(ConfigError::Invalid {
@@ -364,15 +452,6 @@ impl TrainConfig {
                 value: "0".into(),
                 reason: "give at least one epoch or --max-steps",
             });
-        }
-        for group in &self.freeze {
-            if group != "embeddings" && group != "encoder" {
-                return Err(ConfigError::Invalid {
-                    field: "freeze",
-                    value: group.clone(),
-                    reason: "known groups: embeddings, encoder",
-                });
-            }
         }
         if !(self.guard_soft_fraction > 0.0
             && self.guard_soft_fraction < self.guard_hard_fraction
@@ -578,10 +657,14 @@ mod tests {
         };
         assert!(c.validate().unwrap_err().to_string().contains("batch"));
         let c = TrainConfig {
-            freeze: vec!["decoder".into()],
+            task: TaskKind::Classification,
             ..Default::default()
         };
-        assert!(c.validate().unwrap_err().to_string().contains("decoder"));
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("best_metric") && err.contains("bleu4"),
+            "{err}"
+        );
         TrainConfig::default().validate().unwrap();
     }
 

@@ -2,23 +2,26 @@
 //! is the run around them.
 //!
 //! - `optim`      — AdamW, Adafactor; global-norm gradient clipping; state in `optimizer.safetensors`.
-//! - `t5_engine`  — `T5Engine`: the `engine::Engine` the loop drives (accumulate, step, eval, generate,
-//!   save/load) on burn's flex backend (cuda / tch behind cargo features).
+//! - `engine`     — the `Engine` the loop drives (accumulate, step, eval loss, save/load) and the task
+//!   capabilities (generate, classify); `ModelEngine`, the engine of any memfit-nn family, on burn's
+//!   flex backend (cuda / wgpu behind cargo features).
+//! - `task`       — what a run trains for: seq2seq, classification; each owns its rows, its
+//!   micro-batch, what its loss averages over, and its evaluation.
 //! - `bench`      — `memfit bench train`: synthetic-token throughput and peak RSS.
 //! - `schedule`   — OneCycle (torch semantics), warmup + cosine: pure functions of the step.
 //! - `config`, `presets` — the resolved setup (`config.toml`), its layers and hash; the seed's profiles.
 //! - `batches`    — rows (token store or memory) → padded micro-batches; memfit-data's sampler orders them.
 //! - `train_loop` — accumulation, optimizer steps, metrics, evaluation, best/, checkpoints, a stop on
 //!   SIGINT/SIGTERM within seconds at any point (step, evaluation, generation, checkpoint write).
-//! - `eval`       — validation loss, greedy generation, BLEU-4 (the seed's formula and the standard one);
-//!   how many rows an evaluation uses by default (a small share of the training between two).
+//! - `eval`       — an evaluation's report and plan, whatever the task; how many rows an evaluation
+//!   uses by default (a small share of the training between two).
 //! - `progress`   — plain progress lines when stderr is not a terminal (cadence, ETA, the line).
 //! - `checkpoint` — `step-N/` and `best/`: atomic writes, disk check, retention, `trainer_state.json`.
 //! - `session`    — start a run or resume one (config-hash check, newest checkpoint).
 //! - `run_dir`, `metrics`, `signals` — the run directory's files, RSS, SIGINT/SIGTERM.
 //! - `run_data`, `model_spec`, `plan_file`, `engine_setup`, `demo`, `text` — what `memfit train` wires up:
 //!   data stores, the model config, plan.json and the planned start within a memory budget (planner or
-//!   the seed's policy tables), the T5 engine, the demo task, tokenizer files.
+//!   the seed's policy tables), the engine, the demo task, tokenizer files.
 //! - `memory_guard` — the in-process memory guard: a thread samples RSS (and device memory where a hook
 //!   is given) every 250 ms against soft/hard limits of the budget (or the `RUN/budget` override); the
 //!   loop halves the micro-batch at the soft limit and checkpoints + stops (exit 75) at the hard one.
@@ -26,7 +29,7 @@
 pub mod bench;
 pub mod engine;
 pub mod optim;
-pub mod t5_engine;
+pub mod task;
 
 // The loop half (plain Rust, no tensors): see each module's doc.
 pub mod alloc_reserve;

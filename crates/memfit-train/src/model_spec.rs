@@ -107,7 +107,7 @@ mod tests {
     #[test]
     fn a_tokenizer_larger_than_the_model_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let files = crate::demo::write(dir.path(), 1).unwrap();
+        let files = crate::demo::seq2seq::write(dir.path(), 1).unwrap();
         let tok = memfit_data::Tokenizer::load(&files.tokenizer_dir).unwrap();
         let small = serde_json::json!({"vocab_size": 20});
         let err = check_vocab(&small, "tiny", &tok).unwrap_err().to_string();

@@ -2,7 +2,7 @@
 //! `--runtime memfit --device cpu`, beside the setup itself — and the planned start that chose the
 //! setup from a memory budget ([`planned_start`]: the planner, or one of the seed's policy tables).
 
-use crate::config::{OptimizerKind, Precision, TrainConfig};
+use crate::config::{OptimizerKind, Precision, TaskKind, TrainConfig};
 use memfit_plan::arch::Arch;
 use memfit_plan::memory::{
     self, DatasetMode, Device, Framework, FreezeGroup, Method, Runtime, Setup,
@@ -16,13 +16,20 @@ fn arch_of(config: &TrainConfig, model_config: &Value) -> Result<Arch, String> {
         .map_err(|e| e.to_string())
 }
 
-/// The memory-model setup of `config`: seq2seq on the CPU under memfit's trainer, reading a token store.
+/// The memory-model setup of `config`: its task on the CPU under memfit's trainer, reading a token
+/// store.
 fn setup_of(config: &TrainConfig, arch: &Arch, dataset_rows: u64) -> Setup {
     let mut setup = Setup::new(arch);
-    setup.task = memfit_plan::Task::Seq2seq;
+    setup.task = match config.task {
+        TaskKind::Seq2seq => memfit_plan::Task::Seq2seq,
+        TaskKind::Classification => memfit_plan::Task::Classification,
+        TaskKind::CausalLm => memfit_plan::Task::CausalLm,
+    };
     setup.batch = config.batch as u64;
     setup.seq = config.seq as u64;
-    setup.tgt_seq = config.tgt_seq as u64;
+    if config.task == TaskKind::Seq2seq {
+        setup.tgt_seq = config.tgt_seq as u64;
+    }
     setup.accum = config.accum as u64;
     setup.precision = match config.precision {
         Precision::Fp32 => memory::Precision::Fp32,

@@ -2,8 +2,8 @@
 //! is prepared into a store inside the run directory (`data/<name>.store`, reused on resume when up to
 //! date); a store directory is opened as is.
 
-use crate::batches::{PairSource, StoreRows};
-use crate::config::TrainConfig;
+use crate::config::{TaskKind, TrainConfig};
+use crate::task::{RowSource, StoreRows};
 use memfit_data::{DataError, PrepareOptions, Task, TokenStore, Tokenizer};
 use std::path::{Path, PathBuf};
 
@@ -11,8 +11,12 @@ use std::path::{Path, PathBuf};
 pub enum RunDataError {
     #[error("{0} is required (the training data and its tokenizer)")]
     Missing(&'static str),
-    #[error("{path}: a {task} store, but memfit train needs a seq2seq store")]
-    WrongTask { path: String, task: String },
+    #[error("{path}: a {task} store, but this run's task is {wanted}")]
+    WrongTask {
+        path: String,
+        task: String,
+        wanted: &'static str,
+    },
     #[error(
         "{path}: the store was tokenized with vocabulary {store} but the tokenizer has {tokenizer}"
     )]
@@ -41,8 +45,11 @@ pub struct RunData {
 }
 
 impl RunData {
-    pub fn valid_source(&self) -> Option<&dyn PairSource> {
-        self.valid.as_ref().map(|v| v as &dyn PairSource)
+    pub fn valid_source<R>(&self) -> Option<&dyn RowSource<R>>
+    where
+        StoreRows: RowSource<R>,
+    {
+        self.valid.as_ref().map(|v| v as &dyn RowSource<R>)
     }
 }
 
@@ -90,6 +97,16 @@ pub fn open(
     })
 }
 
+/// The token store a task trains from.
+fn store_task(task: TaskKind) -> Task {
+    match task {
+        TaskKind::Seq2seq => Task::Seq2seq,
+        TaskKind::Classification => Task::Classification,
+        // memfit-data's causal-lm store arrives with the decoder family
+        TaskKind::CausalLm => Task::Chat,
+    }
+}
+
 fn store(
     config: &TrainConfig,
     path: &Path,
@@ -105,7 +122,7 @@ fn store(
         let mut opts = PrepareOptions::new(
             vec![path.to_path_buf()],
             tokenizer.path().to_path_buf(),
-            Task::Seq2seq,
+            store_task(config.task),
             out.clone(),
         );
         opts.max_len = Some(config.seq);
@@ -114,10 +131,11 @@ fn store(
         out
     };
     let store = TokenStore::open(&store_dir)?;
-    if store.task() != Task::Seq2seq {
+    if store.task() != store_task(config.task) {
         return Err(RunDataError::WrongTask {
             path: store_dir.display().to_string(),
-            task: format!("{:?}", store.task()).to_lowercase(),
+            task: store.task().name().to_string(),
+            wanted: config.task.name(),
         });
     }
     let store_vocab = store.meta().tokenizer.vocab_size;
@@ -138,7 +156,7 @@ mod tests {
     #[test]
     fn demo_jsonl_is_prepared_into_the_run_and_reused() {
         let dir = tempfile::tempdir().unwrap();
-        let files = crate::demo::write(&dir.path().join("demo"), 5).unwrap();
+        let files = crate::demo::seq2seq::write(&dir.path().join("demo"), 5).unwrap();
         let config = TrainConfig {
             data: Some(files.train.display().to_string()),
             valid: Some(files.valid.display().to_string()),
@@ -150,10 +168,13 @@ mod tests {
             seen.push((name.to_string(), rows))
         })
         .unwrap();
-        assert_eq!(data.train.len(), crate::demo::TRAIN_ROWS);
-        assert_eq!(data.valid.as_ref().unwrap().len(), crate::demo::VALID_ROWS);
+        assert_eq!(data.train.len(), crate::demo::seq2seq::TRAIN_ROWS);
+        assert_eq!(
+            data.valid.as_ref().unwrap().len(),
+            crate::demo::seq2seq::VALID_ROWS
+        );
         assert!(seen.iter().any(|(n, _)| n == "train"));
-        let (src, tgt) = data.train.pair(0).unwrap();
+        let (src, tgt): (Vec<u32>, Vec<u32>) = data.train.row(0).unwrap();
         assert_eq!(
             (src.last(), tgt.last()),
             (Some(&1), Some(&1)),

@@ -45,6 +45,11 @@ impl StopFlag {
         self.0.load(Ordering::SeqCst)
     }
 
+    /// The same flag as memfit-nn's generation polls it.
+    pub fn signal(&self) -> memfit_nn::decoding::StopSignal {
+        memfit_nn::decoding::StopSignal(Arc::clone(&self.0))
+    }
+
     /// Forgets a request that has been acted on, so that one process can run several loops under the
     /// same handlers (the next signal is again a first one).
     pub fn clear(&self) {

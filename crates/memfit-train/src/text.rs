@@ -34,9 +34,24 @@ pub fn checkpoint_tokenizer_files(
     tokenizer: &Tokenizer,
     eos_id: u32,
 ) -> Result<Vec<CheckpointFile>, DataError> {
+    let json = tokenizer.json_appending_eos(eos_id)?.into_bytes();
+    tokenizer_files(tokenizer, json)
+}
+
+/// The tokenizer files of a checkpoint whose data the tokenizer encoded as it is (classification:
+/// the tokenizer's own post-processor adds the specials): its `tokenizer.json` unchanged, and the
+/// config files as [`checkpoint_tokenizer_files`] writes them.
+pub fn unchanged_tokenizer_files(tokenizer: &Tokenizer) -> Result<Vec<CheckpointFile>, DataError> {
+    let path = tokenizer.path().to_path_buf();
+    let json = std::fs::read(&path).map_err(|source| DataError::Read { path, source })?;
+    tokenizer_files(tokenizer, json)
+}
+
+/// `tokenizer.json` (these bytes) and the config files from beside the run's tokenizer.
+fn tokenizer_files(tokenizer: &Tokenizer, json: Vec<u8>) -> Result<Vec<CheckpointFile>, DataError> {
     let mut files = vec![CheckpointFile {
         name: "tokenizer.json",
-        bytes: tokenizer.json_appending_eos(eos_id)?.into_bytes(),
+        bytes: json,
     }];
     let dir = tokenizer
         .path()

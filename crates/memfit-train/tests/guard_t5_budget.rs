@@ -14,8 +14,9 @@
 mod loop_support;
 
 use loop_support::*;
-use memfit_train::batches::InMemoryPairs;
+use memfit_nn::families;
 use memfit_train::config::TrainConfig;
+use memfit_train::engine::ModelEngine;
 use memfit_train::memory_guard::{
     GuardSettings, MemoryGuard, OVERRIDE_FILE, ProcessMemory, own_charged_bytes,
 };
@@ -30,8 +31,8 @@ const TOL: f64 = 1e-4;
 
 /// Reverse-copy rows with sources of 3..=10 tokens (unequal target counts per micro-batch).
 fn rows() -> InMemoryPairs {
-    InMemoryPairs {
-        rows: (0..48u32)
+    in_memory(
+        (0..48u32)
             .map(|i| {
                 let n = 3 + (i * 5 % 8);
                 let src: Vec<u32> = (0..n).map(|j| 6 + (i * 7 + j * 3) % 26).collect();
@@ -42,7 +43,7 @@ fn rows() -> InMemoryPairs {
                 })
             })
             .collect(),
-    }
+    )
 }
 
 fn config(batch: usize, accum: usize, seed: u64) -> TrainConfig {
@@ -62,7 +63,7 @@ fn config(batch: usize, accum: usize, seed: u64) -> TrainConfig {
 }
 
 fn model_json() -> serde_json::Value {
-    let mut m = demo::model_config(VOCAB);
+    let mut m = demo::seq2seq::model_config(VOCAB);
     // Dropout draws per (step, micro-batch) and so depends on the cut; the comparison needs none.
     m["dropout_rate"] = 0.0.into();
     m
@@ -89,7 +90,8 @@ impl Observer for WriteBudgetAt {
 }
 
 fn run(root: &Path, config: &TrainConfig, guarded: bool) -> (Vec<serde_json::Value>, Option<u64>) {
-    let (mut engine, _) = engine_setup::build(config, &model_json(), true).unwrap();
+    let (model, _) = families::seq2seq(&model_json(), "demo", None, config.seed).unwrap();
+    let mut engine = ModelEngine::new(model, engine_setup::engine_options(config)).unwrap();
     let guard = guarded.then(|| {
         MemoryGuard::start(GuardSettings::for_run(config, root), ProcessMemory::new()).unwrap()
     });
@@ -116,7 +118,7 @@ fn run(root: &Path, config: &TrainConfig, guarded: bool) -> (Vec<serde_json::Val
 
 #[test]
 fn a_lowered_budget_downgrades_a_t5_run_that_then_matches_the_smaller_micro_batch() {
-    memfit_train::t5_engine::set_threads(1).unwrap();
+    memfit_train::engine::set_threads(1).unwrap();
     // Ballast, so that the tiny model's transient buffers (a checkpoint's serialized tensors, ~1 MB)
     // are a few percent of the process rather than a sixth of it, as they would be in a real run.
     let ballast = vec![1u8; 64 << 20];

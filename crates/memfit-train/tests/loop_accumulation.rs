@@ -138,7 +138,7 @@ fn evaluations_run_each_epoch_every_n_steps_and_at_the_start_when_asked() {
     )
     .unwrap();
     assert_eq!(eval_steps(&root), vec![3, 4, 6, 8, 9, 12]);
-    assert_eq!(s.bleu_before, None);
+    assert_eq!(s.score_before, None);
 
     let config = memfit_train::config::TrainConfig {
         eval_at_start: true,
@@ -155,7 +155,7 @@ fn evaluations_run_each_epoch_every_n_steps_and_at_the_start_when_asked() {
     )
     .unwrap();
     assert_eq!(eval_steps(&root), vec![0, 3, 4, 6, 8, 9, 12]);
-    let before = s.bleu_before.unwrap();
+    let before = s.score_before.unwrap();
     // The mock echoes the source; sources and targets share 3 of 4 leading tokens.
     assert!(before > 0.0 && before < 1.0);
     let last = s.last_eval.unwrap();

@@ -249,7 +249,7 @@ fn state_at(step: u64) -> TrainerState {
         vocab_size: Some(VOCAB),
         first_loss: None,
         last_loss: None,
-        bleu_before: None,
+        score_before: None,
         micro_batch: None,
         accum: None,
         eval_pending: false,

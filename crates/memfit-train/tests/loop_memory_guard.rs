@@ -5,7 +5,6 @@
 mod loop_support;
 
 use loop_support::*;
-use memfit_train::batches::InMemoryPairs;
 use memfit_train::checkpoint::TrainerState;
 use memfit_train::config::{ConfigLayer, TrainConfig};
 use memfit_train::memory_guard::{
@@ -31,8 +30,8 @@ const TOL: f64 = 1e-5;
 
 /// 24 rows whose targets have 2..=7 tokens, so micro-batches carry unequal token counts.
 fn varied_rows() -> InMemoryPairs {
-    InMemoryPairs {
-        rows: (0..24u32)
+    in_memory(
+        (0..24u32)
             .map(|i| {
                 let n = 2 + (i * 7 % 6) as usize;
                 let tgt: Vec<u32> = (0..n as u32 - 1)
@@ -42,7 +41,7 @@ fn varied_rows() -> InMemoryPairs {
                 (vec![2 + i % 7, 3 + i % 5, 1], tgt)
             })
             .collect(),
-    }
+    )
 }
 
 /// 4 × 2 = effective batch 8: three steps per epoch of 24 rows, two epochs.

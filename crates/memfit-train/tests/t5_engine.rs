@@ -1,12 +1,40 @@
 //! The T5 engine on tiny generated models: shapes, checkpoints in transformers' layout, freezing,
 //! accumulation, determinism and exact resume.
 
+use memfit_nn::ModelError;
 use memfit_nn::kernels::dropout::SplitMix64;
 use memfit_nn::t5::{Group, T5Config, T5Layout, T5Model};
-use memfit_train::engine::{Engine, GenerateConfig, Seq2SeqBatch};
+use memfit_train::engine::{
+    Engine, EngineOptions, Generate, GenerateConfig, ModelEngine, Precision, Seq2SeqBatch,
+    TokenRows,
+};
 use memfit_train::optim::{AdafactorConfig, AdamWConfig, OptimizerConfig};
-use memfit_train::t5_engine::{EngineOptions, Precision, T5Engine};
 use serde_json::json;
+
+/// The engine of a T5.
+type T5Engine = ModelEngine<T5Model>;
+
+/// A T5 engine with weights drawn from `seed`.
+fn t5_engine(config: T5Config, options: EngineOptions, seed: u64) -> Result<T5Engine, ModelError> {
+    ModelEngine::new(T5Model::init(config, seed), options)
+}
+
+/// What the tests read of a T5 engine.
+trait T5Checks {
+    fn logits(&self, b: &Seq2SeqBatch) -> Result<Vec<f32>, ModelError>;
+}
+
+impl T5Checks for T5Engine {
+    fn logits(&self, b: &Seq2SeqBatch) -> Result<Vec<f32>, ModelError> {
+        let params = self.weights_on_device();
+        self.model().logits(&params, b, self.options().precision)
+    }
+}
+
+/// Group names as `--freeze` takes them.
+fn groups(names: &[&str]) -> Vec<String> {
+    names.iter().map(|n| n.to_string()).collect()
+}
 
 const VOCAB: usize = 64;
 
@@ -41,11 +69,13 @@ fn copy_batch(rng: &mut SplitMix64, batch: usize, len: usize) -> Seq2SeqBatch {
 /// Copy task over `words` distinct tokens.
 fn copy_batch_of(rng: &mut SplitMix64, batch: usize, len: usize, words: u64) -> Seq2SeqBatch {
     let mut b = Seq2SeqBatch {
-        batch,
-        src_len: len,
+        source: TokenRows {
+            batch,
+            len,
+            ids: vec![0; batch * len],
+            mask: vec![false; batch * len],
+        },
         tgt_len: len,
-        input_ids: vec![0; batch * len],
-        input_mask: vec![false; batch * len],
         labels: vec![0; batch * len],
         label_mask: vec![false; batch * len],
     };
@@ -57,8 +87,8 @@ fn copy_batch_of(rng: &mut SplitMix64, batch: usize, len: usize, words: u64) -> 
             } else {
                 3 + (rng.next_u64() % words) as u32
             };
-            b.input_ids[r * len + t] = id;
-            b.input_mask[r * len + t] = true;
+            b.source.ids[r * len + t] = id;
+            b.source.mask[r * len + t] = true;
             b.labels[r * len + t] = id;
             b.label_mask[r * len + t] = true;
         }
@@ -71,18 +101,18 @@ fn full_batch(rng: &mut SplitMix64, batch: usize, len: usize) -> Seq2SeqBatch {
     for r in 0..batch {
         for t in 0..len {
             let id = 3 + (rng.next_u64() % (VOCAB as u64 - 3)) as u32;
-            b.input_ids[r * len + t] = id;
+            b.source.ids[r * len + t] = id;
             b.labels[r * len + t] = id;
         }
     }
-    b.input_mask.iter_mut().for_each(|m| *m = true);
+    b.source.mask.iter_mut().for_each(|m| *m = true);
     b.label_mask.iter_mut().for_each(|m| *m = true);
     b
 }
 
 #[test]
 fn logits_have_batch_times_target_by_vocab() {
-    let engine = T5Engine::new(tiny(json!({})), adamw(0.0), 1).unwrap();
+    let engine = t5_engine(tiny(json!({})), adamw(0.0), 1).unwrap();
     let b = copy_batch(&mut SplitMix64::new(2), 3, 5);
     let logits = engine.logits(&b).unwrap();
     assert_eq!(logits.len(), 3 * 5 * VOCAB);
@@ -175,11 +205,8 @@ fn gated_untied_variant_has_its_own_tensors() {
     );
     // Untied and gated models run and differ from the tied ReLU one built from the same seed.
     let b = copy_batch(&mut SplitMix64::new(3), 2, 4);
-    let a = T5Engine::new(cfg, adamw(0.0), 7)
-        .unwrap()
-        .logits(&b)
-        .unwrap();
-    let t = T5Engine::new(tiny(json!({})), adamw(0.0), 7)
+    let a = t5_engine(cfg, adamw(0.0), 7).unwrap().logits(&b).unwrap();
+    let t = t5_engine(tiny(json!({})), adamw(0.0), 7)
         .unwrap()
         .logits(&b)
         .unwrap();
@@ -220,7 +247,7 @@ fn loading_a_checkpoint_of_another_model_is_refused() {
     T5Model::init(tiny(json!({"d_ff": 48})), 1)
         .save(dir.path())
         .unwrap();
-    let mut engine = T5Engine::new(tiny(json!({})), adamw(0.0), 1).unwrap();
+    let mut engine = t5_engine(tiny(json!({})), adamw(0.0), 1).unwrap();
     let err = engine.load(dir.path(), false).unwrap_err().to_string();
     assert!(err.contains("another model"), "{err}");
     // Weights whose shapes disagree with config.json name the tensor.
@@ -238,18 +265,18 @@ fn loading_a_checkpoint_of_another_model_is_refused() {
 
 #[test]
 fn out_of_vocabulary_ids_are_an_error_not_a_panic() {
-    let mut engine = T5Engine::new(tiny(json!({})), adamw(0.0), 1).unwrap();
+    let mut engine = t5_engine(tiny(json!({})), adamw(0.0), 1).unwrap();
     let mut b = copy_batch(&mut SplitMix64::new(1), 2, 4);
-    b.input_ids[3] = VOCAB as u32;
+    b.source.ids[3] = VOCAB as u32;
     let err = engine.accumulate(&b, 1.0, 0).unwrap_err().to_string();
     assert!(err.contains("input_ids[3]"), "{err}");
-    b.input_ids.pop();
+    b.source.ids.pop();
     assert!(engine.eval_loss(&b).is_err());
 }
 
 #[test]
 fn loss_falls_on_a_copy_task() {
-    let mut engine = T5Engine::new(tiny(json!({})), adamw(0.0), 5).unwrap();
+    let mut engine = t5_engine(tiny(json!({})), adamw(0.0), 5).unwrap();
     let mut rng = SplitMix64::new(9);
     // Short sequences over 8 words: learnable by a 2+2-layer d_model 32 model in a few dozen steps.
     let eval = copy_batch_of(&mut SplitMix64::new(1234), 16, 4, 8);
@@ -267,10 +294,10 @@ fn loss_falls_on_a_copy_task() {
 #[test]
 fn frozen_modules_do_not_change() {
     let options = EngineOptions {
-        freeze: vec![Group::Embeddings, Group::Encoder],
+        freeze: groups(&["embeddings", "encoder"]),
         ..adamw(0.01)
     };
-    let mut engine = T5Engine::new(tiny(json!({"dropout_rate": 0.1})), options, 3).unwrap();
+    let mut engine = t5_engine(tiny(json!({"dropout_rate": 0.1})), options, 3).unwrap();
     let before = engine.model().weights.clone();
     let b = copy_batch(&mut SplitMix64::new(4), 4, 5);
     engine.accumulate(&b, 1.0, 1).unwrap();
@@ -295,13 +322,13 @@ fn accumulating_two_halves_equals_one_double_batch() {
     let a = full_batch(&mut rng, 3, 5);
     let b = full_batch(&mut rng, 3, 5);
     let mut both = a.clone();
-    both.batch = 6;
-    both.input_ids.extend(&b.input_ids);
-    both.input_mask.extend(&b.input_mask);
+    both.source.batch = 6;
+    both.source.ids.extend(&b.source.ids);
+    both.source.mask.extend(&b.source.mask);
     both.labels.extend(&b.labels);
     both.label_mask.extend(&b.label_mask);
-    let mut split = T5Engine::new(tiny(json!({})), adamw(0.01), 8).unwrap();
-    let mut whole = T5Engine::new(tiny(json!({})), adamw(0.01), 8).unwrap();
+    let mut split = t5_engine(tiny(json!({})), adamw(0.01), 8).unwrap();
+    let mut whole = t5_engine(tiny(json!({})), adamw(0.01), 8).unwrap();
     split.accumulate(&a, 0.5, 1).unwrap();
     split.accumulate(&b, 0.5, 2).unwrap();
     whole.accumulate(&both, 1.0, 1).unwrap();
@@ -344,8 +371,8 @@ fn bits(engine: &T5Engine) -> Vec<u32> {
 #[test]
 fn same_seed_same_weights() {
     let cfg = tiny(json!({"dropout_rate": 0.1}));
-    let mut a = T5Engine::new(cfg.clone(), adamw(0.01), 4).unwrap();
-    let mut b = T5Engine::new(cfg, adamw(0.01), 4).unwrap();
+    let mut a = t5_engine(cfg.clone(), adamw(0.01), 4).unwrap();
+    let mut b = t5_engine(cfg, adamw(0.01), 4).unwrap();
     train(&mut a, 0..3);
     train(&mut b, 0..3);
     assert_eq!(bits(&a), bits(&b));
@@ -362,16 +389,16 @@ fn save_load_continue_equals_uninterrupted() {
             optimizer,
             ..Default::default()
         };
-        let mut straight = T5Engine::new(cfg.clone(), options.clone(), 6).unwrap();
+        let mut straight = t5_engine(cfg.clone(), options.clone(), 6).unwrap();
         train(&mut straight, 0..4);
 
-        let mut first = T5Engine::new(cfg.clone(), options.clone(), 6).unwrap();
+        let mut first = t5_engine(cfg.clone(), options.clone(), 6).unwrap();
         train(&mut first, 0..2);
         let dir = tempfile::tempdir().unwrap();
         first.save(dir.path()).unwrap();
         drop(first);
         // A fresh engine (different init seed) restored from the checkpoint.
-        let mut resumed = T5Engine::new(cfg.clone(), options, 999).unwrap();
+        let mut resumed = t5_engine(cfg.clone(), options, 999).unwrap();
         resumed.load(dir.path(), true).unwrap();
         assert_eq!(resumed.optimizer_step(), 2);
         train(&mut resumed, 2..4);
@@ -381,7 +408,7 @@ fn save_load_continue_equals_uninterrupted() {
 
 #[test]
 fn generate_stops_at_eos_and_at_the_limit() {
-    let engine = T5Engine::new(tiny(json!({})), adamw(0.0), 2).unwrap();
+    let engine = t5_engine(tiny(json!({})), adamw(0.0), 2).unwrap();
     let b = copy_batch(&mut SplitMix64::new(5), 2, 5);
     let cfg = GenerateConfig {
         max_new_tokens: 7,
@@ -390,9 +417,7 @@ fn generate_stops_at_eos_and_at_the_limit() {
         eos_id: 1,
         stop: None,
     };
-    let out = engine
-        .generate(2, 5, &b.input_ids, &b.input_mask, &cfg)
-        .unwrap();
+    let out = engine.generate(&b.source, &cfg).unwrap();
     assert_eq!(out.len(), 2);
     for row in &out {
         assert!(row.len() <= 7);
@@ -408,7 +433,7 @@ fn generate_stops_at_eos_and_at_the_limit() {
 
 #[test]
 fn generate_ends_after_one_token_once_a_stop_is_requested() {
-    let engine = T5Engine::new(tiny(json!({})), adamw(0.0), 2).unwrap();
+    let engine = t5_engine(tiny(json!({})), adamw(0.0), 2).unwrap();
     let b = copy_batch(&mut SplitMix64::new(5), 2, 5);
     let stop = memfit_train::signals::StopFlag::new();
     stop.request();
@@ -417,18 +442,16 @@ fn generate_ends_after_one_token_once_a_stop_is_requested() {
         no_repeat_ngram: 0,
         repetition_penalty: 1.0,
         eos_id: u32::MAX,
-        stop: Some(stop),
+        stop: Some(stop.signal()),
     };
-    let out = engine
-        .generate(2, 5, &b.input_ids, &b.input_mask, &cfg)
-        .unwrap();
+    let out = engine.generate(&b.source, &cfg).unwrap();
     // The flag is polled after each token: one token per row, not seven.
     assert_eq!(out.iter().map(Vec::len).collect::<Vec<_>>(), vec![1, 1]);
 }
 
 /// Loss and accumulated gradients of two micro-batches on a fresh engine.
 fn loss_and_grads(cfg: T5Config, options: EngineOptions) -> (Vec<f32>, Vec<Option<Vec<f32>>>) {
-    let mut engine = T5Engine::new(cfg, options, 5).unwrap();
+    let mut engine = t5_engine(cfg, options, 5).unwrap();
     let mut rng = SplitMix64::new(17);
     let losses = (0..2)
         .map(|micro| {
@@ -451,12 +474,12 @@ fn per_block_checkpointing_gives_the_same_loss_and_gradients() {
         // The seed's SFT mode: no gradient reaches the embedding or the encoder.
         (
             tiny(json!({"dropout_rate": 0.1})),
-            vec![Group::Embeddings, Group::Encoder],
+            groups(&["embeddings", "encoder"]),
         ),
         // Only the encoder trains: cotangents must travel back through the whole decoder.
         (
             tiny(json!({})),
-            vec![Group::Embeddings, Group::Decoder, Group::LmHead],
+            groups(&["embeddings", "decoder", "lm_head"]),
         ),
     ];
     for (cfg, freeze) in cases {
@@ -520,24 +543,34 @@ fn autodiff_gradients(
         })
         .collect();
     let dtype = match precision {
-        Precision::F32 => DType::F32,
+        Precision::Fp32 => DType::F32,
         Precision::Bf16 => DType::BF16,
     };
     let fwd = T5Forward::of(model, &leaves, dtype);
-    let ids =
-        |v: Vec<i64>, len| Tensor::<2, Int>::from_data(TensorData::new(v, [b.batch, len]), &device);
+    let ids = |v: Vec<i64>, len| {
+        Tensor::<2, Int>::from_data(TensorData::new(v, [b.source.batch, len]), &device)
+    };
     let cfg = &model.config;
     let decoder_ids = shift_right(
         &b.labels,
         &b.label_mask,
-        b.batch,
+        b.source.batch,
         b.tgt_len,
         cfg.decoder_start_token_id,
         cfg.pad_token_id,
     );
-    let mask = padding_mask(&b.input_mask, b.batch, b.src_len, &device, DType::F32);
+    let mask = padding_mask(
+        &b.source.mask,
+        b.source.batch,
+        b.source.len,
+        &device,
+        DType::F32,
+    );
     let hidden = fwd.encode_decode(
-        ids(b.input_ids.iter().map(|&i| i as i64).collect(), b.src_len),
+        ids(
+            b.source.ids.iter().map(|&i| i as i64).collect(),
+            b.source.len,
+        ),
         &mask,
         ids(decoder_ids, b.tgt_len),
         &mut Dropout::new(seed, cfg.dropout_rate),
@@ -554,20 +587,20 @@ fn autodiff_gradients(
 
 #[test]
 fn engine_gradients_equal_autodiff_through_the_whole_model() {
-    for precision in [Precision::F32, Precision::Bf16] {
+    for precision in [Precision::Fp32, Precision::Bf16] {
         for tied in [true, false] {
             let cfg = tiny(json!({"dropout_rate": 0.1, "tie_word_embeddings": tied}));
             let options = EngineOptions {
                 precision,
                 ..adamw(0.0)
             };
-            let mut engine = T5Engine::new(cfg, options, 5).unwrap();
+            let mut engine = t5_engine(cfg, options, 5).unwrap();
             let b = copy_batch(&mut SplitMix64::new(17), 3, 6);
             let reference = autodiff_gradients(engine.model(), precision, &b, 0.5, 40);
             engine.accumulate(&b, 0.5, 40).unwrap();
             // bf16: the same ops on the same bf16 activations; only summation orders differ.
             let tol = match precision {
-                Precision::F32 => 1e-5,
+                Precision::Fp32 => 1e-5,
                 Precision::Bf16 => 2e-3,
             };
             for (i, (g, r)) in engine
@@ -610,8 +643,8 @@ fn cached_decoding_equals_the_full_decoder_at_every_position() {
         let b_src = copy_batch(&mut SplitMix64::new(4), b, s);
         let ids =
             |v: Vec<i64>, len| Tensor::<2, Int>::from_data(TensorData::new(v, [b, len]), &device);
-        let src: Vec<i64> = b_src.input_ids.iter().map(|&i| i as i64).collect();
-        let mask = padding_mask(&b_src.input_mask, b, s, &device, DType::F32);
+        let src: Vec<i64> = b_src.source.ids.iter().map(|&i| i as i64).collect();
+        let mask = padding_mask(&b_src.source.mask, b, s, &device, DType::F32);
         let mut drop = Dropout::disabled();
         let encoded = fwd.encode(ids(src, s), &mask, &mut drop);
         let mut rng = SplitMix64::new(8);

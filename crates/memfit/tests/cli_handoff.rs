@@ -49,7 +49,7 @@ fn run_printed(command: &str, cwd: &Path) -> Output {
 fn every_command_check_prints_runs_as_printed() {
     let dir = tempfile::tempdir().unwrap();
     // the demo's tiny T5 and its data: the commands train it for one epoch in seconds
-    let demo = memfit_train::demo::write(&dir.path().join("demo"), 7).unwrap();
+    let demo = memfit_train::demo::seq2seq::write(&dir.path().join("demo"), 7).unwrap();
     let (train, valid, tok) = (
         demo.train.to_str().unwrap(),
         demo.valid.to_str().unwrap(),

@@ -159,7 +159,7 @@ impl BertModel {
 }
 
 /// The names under which transformers finds parameter `name` in a checkpoint, preferred first.
-fn checkpoint_names(name: &str, prefix: &str) -> Vec<String> {
+pub(crate) fn checkpoint_names(name: &str, prefix: &str) -> Vec<String> {
     let mut names = vec![name.to_string()];
     if let Some(bare) = name.strip_prefix(prefix) {
         names.push(bare.to_string());

@@ -10,9 +10,9 @@ use crate::batch::ClassificationBatch;
 use crate::bert::forward::{BertForward, ClsInputs, Dropouts};
 use crate::bert::{BertConfig, BertLayout, BertModel, Group};
 use crate::layers::grad_sink::{GradSink, GradTarget, LeafSink, leaves};
+use crate::layers::host::{scalar, to_f32_vec};
 use crate::layers::params;
 use crate::model::{ParamShape, Pass, Precision, SequenceClassifier, TrainModel};
-use crate::layers::host::{scalar, to_f32_vec};
 use crate::weights::HfWeights;
 
 /// The groups `--freeze` names for the BERT family.
@@ -72,6 +72,21 @@ impl TrainModel for BertModel {
 
     fn total_params(&self) -> u64 {
         self.layout.param_counts(&[]).0
+    }
+
+    /// Per token and layer: q, k, v, o (4·d²), scores and context (2·t·d), the feed-forward
+    /// (2·d·f); then the pooler and classifier per row. ×2 FLOPs per multiply-add, ×3 with the
+    /// backward pass (the embedding lookups are not matmuls).
+    fn training_flops(&self, b: &ClassificationBatch, _trainable: &[bool]) -> f64 {
+        let c = &self.config;
+        let (d, f, t) = (
+            c.hidden_size as f64,
+            c.intermediate_size as f64,
+            b.input.len as f64,
+        );
+        let per_token = c.num_hidden_layers as f64 * (4.0 * d * d + 2.0 * t * d + 2.0 * d * f);
+        let per_row = t * per_token + d * d + d * c.num_labels() as f64;
+        3.0 * 2.0 * b.input.batch as f64 * per_row
     }
 
     fn check_batch(&self, b: &ClassificationBatch) -> Result<(), ModelError> {
@@ -177,4 +192,73 @@ impl SequenceClassifier for BertModel {
         fwd.check(&x)?;
         to_f32_vec(fwd.logits(&x, &mut Dropouts::disabled())?)
     }
+}
+
+impl BertConfig {
+    /// Sets the labels the classifier predicts (`id2label`, by id).
+    pub fn set_labels(&mut self, labels: &[String]) -> Result<(), ModelError> {
+        if labels.is_empty() {
+            return Err(ModelError::Input(
+                "a classifier needs at least one label (the data has none)".into(),
+            ));
+        }
+        self.id2label = labels.to_vec();
+        Ok(())
+    }
+}
+
+impl BertModel {
+    /// The classifier in `dir` under `run`'s hyper-parameters (dropout, …): a fine-tuned classifier
+    /// keeps its head and its labels (the caller maps the data's labels onto them); a pretrained
+    /// encoder without a head gets a new one for `run`'s labels, drawn from `seed` and listed as
+    /// initialised. The encoder in `dir` must have `run`'s shapes.
+    pub fn load_for_labels(
+        dir: &Path,
+        run: &BertConfig,
+        seed: u64,
+    ) -> Result<(Self, crate::weights::LoadReport), ModelError> {
+        let saved = BertConfig::from_file(&dir.join("config.json"))?;
+        let mut source = HfWeights::open_dir(dir)?;
+        let mut config = run.clone();
+        let probe = BertLayout::new(&saved);
+        if has_head(&probe, &source, &saved) {
+            config.id2label = saved.id2label.clone();
+        }
+        let layout = BertLayout::new(&config);
+        let mut saved_with_labels = saved.clone();
+        saved_with_labels.id2label = config.id2label.clone();
+        if !layout.same_tensors(&BertLayout::new(&saved_with_labels)) || saved.family != run.family
+        {
+            return Err(ModelError::Input(format!(
+                "--init {}: its config.json describes another model than the run's ({} layers of {} vs {} of {})",
+                dir.display(),
+                saved.num_hidden_layers,
+                saved.hidden_size,
+                run.num_hidden_layers,
+                run.hidden_size
+            )));
+        }
+        let mut model = Self {
+            config,
+            layout,
+            weights: Vec::new(),
+        };
+        let report = model.load_weights(&mut source, seed)?;
+        Ok((model, report))
+    }
+}
+
+/// Whether the checkpoint holds the classification head of `layout` (under any of the names
+/// transformers finds it by).
+fn has_head(layout: &BertLayout, source: &HfWeights, config: &BertConfig) -> bool {
+    let prefix = format!("{}.", config.family.prefix());
+    layout
+        .specs
+        .iter()
+        .filter(|s| s.group == Group::Head)
+        .all(|s| {
+            crate::bert::checkpoint_names(&s.name, &prefix)
+                .iter()
+                .any(|n| source.shape(n).is_some())
+        })
 }

@@ -32,9 +32,7 @@ impl T5Model {
             .iter()
             .map(|g| {
                 Group::parse(g.trim()).ok_or_else(|| {
-                    ModelError::Input(format!(
-                        "--freeze {g:?}: T5's groups are {GROUPS}"
-                    ))
+                    ModelError::Input(format!("--freeze {g:?}: T5's groups are {GROUPS}"))
                 })
             })
             .collect()
@@ -156,9 +154,8 @@ impl T5Model {
     ) -> Result<Tensor<1>, ModelError> {
         let layout = &self.layout;
         let dtype = pass.precision.dtype();
-        let group_trainable = |group| {
-            (0..layout.specs.len()).any(|i| trainable[i] && layout.specs[i].group == group)
-        };
+        let group_trainable =
+            |group| (0..layout.specs.len()).any(|i| trainable[i] && layout.specs[i].group == group);
         let flags = Trainable {
             shared: trainable[layout.shared],
             encoder: group_trainable(Group::Encoder),
@@ -226,6 +223,21 @@ impl TrainModel for T5Model {
 
     fn total_params(&self) -> u64 {
         self.layout.param_counts(&[]).0
+    }
+
+    fn training_flops(&self, b: &Seq2SeqBatch, trainable: &[bool]) -> f64 {
+        let layout = &self.layout;
+        // no backward through the encoder when it and the shared embedding are frozen
+        let encoder_backward = (0..layout.specs.len()).any(|i| {
+            trainable[i] && matches!(layout.specs[i].group, Group::Embeddings | Group::Encoder)
+        });
+        crate::t5::flops::t5_training_flops(
+            &self.config,
+            b.source.batch,
+            b.source.len,
+            b.tgt_len,
+            encoder_backward,
+        )
     }
 
     fn check_batch(&self, b: &Seq2SeqBatch) -> Result<(), ModelError> {
@@ -320,7 +332,11 @@ impl Seq2SeqGenerate for T5Model {
         let mut drop = Dropout::disabled();
         let mask = padding_mask(&inputs.mask, batch, len, &device, fwd.param_dtype());
         // The encoder runs once; the decoder runs one position per token over its KV cache.
-        let encoded = fwd.encode(int_tensor(&inputs.ids, batch, len, &device), &mask, &mut drop);
+        let encoded = fwd.encode(
+            int_tensor(&inputs.ids, batch, len, &device),
+            &mask,
+            &mut drop,
+        );
         let mut cache = fwd.decoder_cache(&encoded);
         let mut seqs: Vec<Vec<u32>> = vec![vec![cfg.decoder_start_token_id]; batch];
         let mut done = vec![false; batch];

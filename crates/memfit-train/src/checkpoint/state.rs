@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 /// The best evaluation so far (what `best/` holds).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BestRecord {
-    /// `bleu4` or `valid_loss`.
+    /// The score's name (`bleu4`, `valid_loss`, `accuracy`, `macro_f1`).
     pub metric: String,
     pub value: f64,
     pub step: u64,
@@ -52,8 +52,10 @@ pub struct TrainerState {
     /// Loss of the last step and the first (for the summary of a resumed run).
     pub first_loss: Option<f64>,
     pub last_loss: Option<f64>,
-    /// BLEU before any training (the summary's "before").
-    pub bleu_before: Option<f64>,
+    /// The task's headline score before any training (the summary's "before"; BLEU-4 for
+    /// seq2seq, the name it had in format 2).
+    #[serde(alias = "bleu_before")]
+    pub score_before: Option<f64>,
     /// Micro-batch rows for the next step: the configured `batch`, or less after the memory guard
     /// halved it (the effective batch, `batch × accum` of the config, is unchanged, so this is not a
     /// config change and does not enter the config hash). Absent before format 2.

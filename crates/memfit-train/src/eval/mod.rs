@@ -1,41 +1,82 @@
-//! Evaluation: validation loss, and greedy generation (the seed's settings: no-repeat n-gram 4,
-//! repetition penalty 1.3, stop at EOS) scored by character-level BLEU-4, both the seed's formula and
-//! the standard one. How many rows an evaluation uses: [`sizing`]. An evaluation reports its progress
-//! batch by batch and is abandoned between two batches, or two generated tokens, once a stop is
-//! requested.
+//! Evaluation as the loop sees it, whatever the task: a report of the validation loss and the task's
+//! scores, its phases for progress lines, the plan of one evaluation (rows, micro-batch, stop flag),
+//! and how many rows an evaluation uses by default ([`sizing`]). Each task computes its own scores
+//! (`crate::task`); an evaluation reports its progress batch by batch and is abandoned between two
+//! batches, or two generated tokens, once a stop is requested.
 
-pub mod bleu;
 pub mod sizing;
 
-use crate::batches::{Collate, PairSource};
-use crate::engine::{Engine, GenerateConfig};
 use crate::signals::StopFlag;
-use crate::text::TextDecoder;
 use serde::{Deserialize, Serialize};
-use std::time::Instant;
 
-/// Greedy decoding with these settings is the evaluation issue 4 specifies (the seed's
-/// `my_generate` used no-repeat n-gram 4 in its sampling modes; 1.3 is the specified penalty).
-pub const NO_REPEAT_NGRAM: usize = 4;
-pub const REPETITION_PENALTY: f32 = 1.3;
+/// One named score of an evaluation (`bleu4`, `accuracy`, `macro_f1`, `perplexity`, …).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Score {
+    pub name: String,
+    pub value: f64,
+}
+
+/// Precision, recall and F1 of one class (classification).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassScore {
+    pub label: String,
+    pub precision: f64,
+    pub recall: f64,
+    pub f1: f64,
+    /// Validation rows of this class.
+    pub support: usize,
+}
 
 /// One evaluation's results.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct EvalReport {
-    /// Target-token-weighted mean loss over the evaluated validation rows.
+    /// Mean validation loss over the evaluated rows (weighted as training weighs them).
     pub valid_loss: f64,
-    /// Mean seed-formula BLEU-4 over the generated rows. (The seed's own loop averaged only its last
-    /// batch, because it overwrote its score list per batch; this is the mean over every row.)
-    pub bleu4: f64,
-    /// Mean standard BLEU-4 (brevity penalty capped at 1).
-    pub bleu4_standard: f64,
+    /// The task's scores, in the order they are shown.
+    pub scores: Vec<Score>,
+    /// Per-class scores (classification; empty otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<ClassScore>,
     pub rows_loss: usize,
+    /// Rows generated and scored by their text (0 for a task that generates nothing).
     pub rows_generated: usize,
-    /// A few (reference, generated) pairs for the log.
+    /// A few (reference, generated or predicted) pairs for the log.
     pub samples: Vec<(String, String)>,
     /// Wall time of the evaluation.
     #[serde(default)]
     pub seconds: f64,
+}
+
+impl EvalReport {
+    /// The score named `name`; `valid_loss` is one too.
+    pub fn score(&self, name: &str) -> Option<f64> {
+        if name == "valid_loss" {
+            return Some(self.valid_loss);
+        }
+        self.scores.iter().find(|s| s.name == name).map(|s| s.value)
+    }
+
+    /// What an evaluation cost: "128 rows, 8 generations, 3.1 s".
+    pub fn cost(&self) -> String {
+        let generations = if self.rows_generated > 0 {
+            format!(", {} generations", self.rows_generated)
+        } else {
+            String::new()
+        };
+        format!(
+            "{} rows{generations}, {:.1} s",
+            self.rows_loss, self.seconds
+        )
+    }
+
+    /// "valid loss 1.2345, accuracy 0.9000, macro_f1 0.8800".
+    pub fn describe(&self) -> String {
+        let mut line = format!("valid loss {:.4}", self.valid_loss);
+        for s in &self.scores {
+            line += &format!(", {} {:.4}", s.name, s.value);
+        }
+        line
+    }
 }
 
 /// The two parts of an evaluation, for progress reports.
@@ -54,141 +95,38 @@ impl EvalPhase {
     }
 }
 
-/// What to evaluate with.
-pub struct EvalSetup<'a> {
-    pub collate: Collate,
+/// What one evaluation runs.
+pub struct EvalPlan<'a> {
+    /// Rows per forward pass.
     pub batch: usize,
-    /// Rows whose loss is computed, spread evenly over the validation set.
+    /// Rows whose loss (and, for classification, predictions) is computed, spread evenly over the
+    /// validation set.
     pub loss_rows: usize,
     /// Rows (from the start of the validation set) that are generated and scored.
     pub generate_rows: usize,
-    pub max_new_tokens: usize,
-    pub decoder: &'a dyn TextDecoder,
     /// Polled between batches and between generated tokens.
     pub stop: Option<&'a StopFlag>,
 }
 
-impl EvalSetup<'_> {
-    fn stopped(&self) -> bool {
+impl EvalPlan<'_> {
+    pub fn stopped(&self) -> bool {
         self.stop.is_some_and(StopFlag::is_requested)
+    }
+
+    /// The rows of the loss phase, `batch` at a time, as validation-set indices spread over
+    /// `valid_len` rows.
+    pub fn loss_batches(&self, valid_len: usize) -> Vec<Vec<usize>> {
+        let n = self.loss_rows.min(valid_len);
+        (0..n)
+            .map(|i| sizing::spread(i, n, valid_len))
+            .collect::<Vec<_>>()
+            .chunks(self.batch.max(1))
+            .map(<[usize]>::to_vec)
+            .collect()
     }
 }
 
-type EvalError = Box<dyn std::error::Error + Send + Sync>;
+pub type EvalError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Progress: (phase, rows done, rows in the phase), once before the first batch and after each.
 pub type EvalProgress<'a> = &'a mut dyn FnMut(EvalPhase, usize, usize);
-
-/// Runs one evaluation; `None` when a stop was requested before it finished (its partial results
-/// are discarded).
-pub fn evaluate<E: Engine>(
-    engine: &E,
-    valid: &dyn PairSource,
-    setup: &EvalSetup<'_>,
-    progress: EvalProgress<'_>,
-) -> Result<Option<EvalReport>, EvalError> {
-    let t0 = Instant::now();
-    let Some((valid_loss, rows_loss)) = mean_loss(engine, valid, setup, &mut *progress)? else {
-        return Ok(None);
-    };
-    let Some(scores) = generate_and_score(engine, valid, setup, progress)? else {
-        return Ok(None);
-    };
-    let n = scores.rows.max(1) as f64;
-    Ok(Some(EvalReport {
-        valid_loss,
-        bleu4: scores.seed_sum / n,
-        bleu4_standard: scores.std_sum / n,
-        rows_loss,
-        rows_generated: scores.rows,
-        samples: scores.samples,
-        seconds: t0.elapsed().as_secs_f64(),
-    }))
-}
-
-/// Token-weighted mean loss over `setup.loss_rows` rows spread over the set: (loss, rows).
-fn mean_loss<E: Engine>(
-    engine: &E,
-    valid: &dyn PairSource,
-    setup: &EvalSetup<'_>,
-    progress: EvalProgress<'_>,
-) -> Result<Option<(f64, usize)>, EvalError> {
-    let (batch, n) = (setup.batch.max(1), setup.loss_rows.min(valid.len()));
-    let (mut loss_sum, mut weight) = (0.0f64, 0.0f64);
-    progress(EvalPhase::Loss, 0, n);
-    for start in (0..n).step_by(batch) {
-        if setup.stopped() {
-            return Ok(None);
-        }
-        let rows: Vec<_> = (start..(start + batch).min(n))
-            .map(|i| valid.pair(sizing::spread(i, n, valid.len())))
-            .collect::<Result<_, _>>()?;
-        let b = setup.collate.batch(&rows);
-        let w = b.target_tokens() as f64;
-        loss_sum += f64::from(engine.eval_loss(&b)?) * w;
-        weight += w;
-        progress(EvalPhase::Loss, start + rows.len(), n);
-    }
-    let loss = if weight > 0.0 {
-        loss_sum / weight
-    } else {
-        f64::NAN
-    };
-    Ok(Some((loss, n)))
-}
-
-struct Scores {
-    seed_sum: f64,
-    std_sum: f64,
-    rows: usize,
-    samples: Vec<(String, String)>,
-}
-
-/// Greedy generation for the first `setup.generate_rows` rows, scored by BLEU-4.
-fn generate_and_score<E: Engine>(
-    engine: &E,
-    valid: &dyn PairSource,
-    setup: &EvalSetup<'_>,
-    progress: EvalProgress<'_>,
-) -> Result<Option<Scores>, EvalError> {
-    let gen_config = GenerateConfig {
-        max_new_tokens: setup.max_new_tokens,
-        no_repeat_ngram: NO_REPEAT_NGRAM,
-        repetition_penalty: REPETITION_PENALTY,
-        eos_id: setup.collate.eos_id,
-        stop: setup.stop.cloned(),
-    };
-    let (batch, n) = (setup.batch.max(1), setup.generate_rows.min(valid.len()));
-    let mut s = Scores {
-        seed_sum: 0.0,
-        std_sum: 0.0,
-        rows: n,
-        samples: Vec::new(),
-    };
-    progress(EvalPhase::Generate, 0, n);
-    for start in (0..n).step_by(batch) {
-        if setup.stopped() {
-            return Ok(None);
-        }
-        let rows: Vec<_> = (start..(start + batch).min(n))
-            .map(|i| valid.pair(i))
-            .collect::<Result<_, _>>()?;
-        let b = setup.collate.batch(&rows);
-        let outputs =
-            engine.generate(b.batch, b.src_len, &b.input_ids, &b.input_mask, &gen_config)?;
-        if setup.stopped() {
-            return Ok(None);
-        }
-        for ((_, target), out) in rows.iter().zip(&outputs) {
-            let reference = setup.decoder.decode(target);
-            let generated = setup.decoder.decode(out);
-            s.seed_sum += bleu::bleu4_seed(&generated, &reference);
-            s.std_sum += bleu::bleu4_standard(&generated, &reference);
-            if s.samples.len() < 3 {
-                s.samples.push((reference, generated));
-            }
-        }
-        progress(EvalPhase::Generate, start + rows.len(), n);
-    }
-    Ok(Some(s))
-}

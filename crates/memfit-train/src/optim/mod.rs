@@ -37,22 +37,9 @@ impl OptimizerConfig {
     }
 }
 
-/// Where a parameter's values sit: its transformers name and 2-D shape, and whether memory holds the
-/// transpose of transformers' layout (linear weights). Adafactor factors in transformers' orientation.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ParamShape {
-    pub name: String,
-    /// Shape as transformers stores it (1-D or 2-D).
-    pub hf_shape: Vec<usize>,
-    /// Memory holds `[hf_cols, hf_rows]` instead of `[hf_rows, hf_cols]`.
-    pub transposed: bool,
-}
-
-impl ParamShape {
-    pub fn numel(&self) -> usize {
-        self.hf_shape.iter().product()
-    }
-}
+/// Where a parameter's values sit (its transformers name and shape, and whether memory holds the
+/// transpose of transformers' layout): Adafactor factors in transformers' orientation.
+pub use memfit_nn::model::ParamShape;
 
 /// Per-parameter state.
 #[derive(Debug, Clone, PartialEq)]
@@ -306,10 +293,17 @@ mod step_tests {
     use super::*;
 
     fn shape(name: &str, hf: &[usize], transposed: bool) -> ParamShape {
+        let (rows, cols) = match hf {
+            [n] => (1, *n),
+            [r, c] if transposed => (*c, *r),
+            [r, c] => (*r, *c),
+            _ => panic!("1-D or 2-D"),
+        };
         ParamShape {
             name: name.into(),
             hf_shape: hf.to_vec(),
             transposed,
+            dims: [rows, cols],
         }
     }
 

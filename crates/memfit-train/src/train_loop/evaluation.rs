@@ -4,23 +4,13 @@
 use super::{LoopError, State, Trainer};
 use crate::batches;
 use crate::checkpoint::{BestRecord, SaveOutcome};
-use crate::config::BestMetric;
 use crate::engine::Engine;
 use crate::eval::sizing::{EvalSize, eval_size};
-use crate::eval::{self, EvalReport, EvalSetup};
+use crate::eval::{EvalPlan, EvalReport};
+use crate::task::Task;
 use serde_json::json;
 
-impl EvalReport {
-    /// What an evaluation cost: "128 rows, 8 generations, 3.1 s".
-    pub fn cost(&self) -> String {
-        format!(
-            "{} rows, {} generations, {:.1} s",
-            self.rows_loss, self.rows_generated, self.seconds
-        )
-    }
-}
-
-impl<E: Engine> Trainer<'_, E> {
+impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
     /// At each epoch end, every `eval_steps` and at the last step (when there is validation data).
     pub(super) fn eval_due(&self, s: &State, epoch_end: bool) -> bool {
         self.valid.is_some()
@@ -56,7 +46,7 @@ impl<E: Engine> Trainer<'_, E> {
         };
         s.p.eval_pending = false;
         if s.p.step == 0 {
-            s.p.bleu_before = Some(report.bleu4);
+            s.p.score_before = report.score(self.task.headline());
         }
         self.update_best(s, &report)?;
         s.l.last_eval = Some(report);
@@ -71,42 +61,28 @@ impl<E: Engine> Trainer<'_, E> {
         };
         let step = s.p.step;
         let size = self.eval_size(s, valid.len());
-        let setup = EvalSetup {
-            collate: self.collate,
+        let plan = EvalPlan {
             batch: s.p.micro,
             loss_rows: size.loss_rows,
             generate_rows: size.generate_rows,
-            max_new_tokens: self.config.gen_max_tokens,
-            decoder: self.decoder,
             stop: Some(&self.stop),
         };
         let observer = &mut *self.observer;
         let mut progress = |phase, done, total| observer.on_eval_progress(step, phase, done, total);
-        let report = eval::evaluate(&*self.engine, valid, &setup, &mut progress).map_err(|e| {
-            LoopError::Engine {
+        let report = self
+            .task
+            .evaluate(&*self.engine, valid, &plan, &mut progress)
+            .map_err(|e| LoopError::Engine {
                 step,
                 message: format!("evaluation: {e}"),
-            }
-        })?;
+            })?;
         let Some(report) = report else {
             self.run.log(&format!(
                 "eval at step {step}: abandoned (stop requested); --resume runs it"
             ))?;
             return Ok(None);
         };
-        self.run.event(
-            step,
-            "eval",
-            json!({
-                "valid_loss": report.valid_loss,
-                "bleu4": report.bleu4,
-                "bleu4_standard": report.bleu4_standard,
-                "rows_loss": report.rows_loss,
-                "rows_generated": report.rows_generated,
-                "seconds": report.seconds,
-                "samples": report.samples,
-            }),
-        )?;
+        self.run.event(step, "eval", eval_event(&report))?;
         let share = if s.l.train_seconds > 0.0 {
             format!(
                 " ({:.0}% of the {:.1} s of training so far)",
@@ -123,13 +99,11 @@ impl<E: Engine> Trainer<'_, E> {
     }
 
     fn update_best(&mut self, s: &mut State, report: &EvalReport) -> Result<(), LoopError> {
-        let (metric, value, higher_is_better) = match self.config.best_metric {
-            BestMetric::Bleu4 => ("bleu4", report.bleu4, true),
-            BestMetric::ValidLoss => ("valid_loss", report.valid_loss, false),
-        };
-        if !value.is_finite() {
+        let metric = self.config.best_metric.key();
+        let higher_is_better = self.config.best_metric.higher_is_better();
+        let Some(value) = report.score(metric).filter(|v| v.is_finite()) else {
             return Ok(());
-        }
+        };
         let better = s.p.best.as_ref().is_none_or(|b| {
             if higher_is_better {
                 value > b.value
@@ -162,4 +136,22 @@ impl<E: Engine> Trainer<'_, E> {
         }
         Ok(())
     }
+}
+
+/// The `eval` event: the loss, every score by name, the per-class scores, the cost and samples.
+fn eval_event(report: &EvalReport) -> serde_json::Value {
+    let mut event = json!({
+        "valid_loss": report.valid_loss,
+        "rows_loss": report.rows_loss,
+        "rows_generated": report.rows_generated,
+        "seconds": report.seconds,
+        "samples": report.samples,
+    });
+    for score in &report.scores {
+        event[score.name.as_str()] = json!(score.value);
+    }
+    if !report.classes.is_empty() {
+        event["classes"] = json!(report.classes);
+    }
+    event
 }

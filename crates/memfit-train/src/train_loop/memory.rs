@@ -7,6 +7,7 @@ use crate::batches;
 use crate::engine::Engine;
 use crate::memory_guard::{GuardNote, GuardStatus, MemoryGuard, Verdict};
 use crate::metrics;
+use crate::task::Task;
 use memfit_sys::units::human_bytes;
 use serde_json::json;
 use std::path::Path;
@@ -41,7 +42,7 @@ pub(super) enum MemoryAction {
     },
 }
 
-impl<E: Engine> Trainer<'_, E> {
+impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
     /// Whether the current micro-batch must not start for memory: over the hard limit, or an
     /// allocation failed.
     pub(super) fn memory_exhausted(&self) -> bool {

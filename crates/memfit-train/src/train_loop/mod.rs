@@ -22,7 +22,7 @@ mod memory;
 mod saving;
 mod step;
 
-use crate::batches::{self, Collate, PairSource};
+use crate::batches;
 use crate::checkpoint::{BestRecord, CheckpointError, Checkpointer, TrainerState};
 use crate::config::TrainConfig;
 use crate::engine::Engine;
@@ -32,7 +32,7 @@ use crate::metrics::{self, StepMetrics};
 use crate::run_dir::{RunDir, RunDirError};
 use crate::schedule::Schedule;
 use crate::signals::StopFlag;
-use crate::text::TextDecoder;
+use crate::task::{RowSource, Task};
 use memfit_data::{Batching, Cursor, Sampler, SamplerConfig};
 use serde_json::json;
 use std::path::PathBuf;
@@ -132,7 +132,10 @@ pub struct Summary {
     pub total_steps: u64,
     pub first_loss: Option<f64>,
     pub last_loss: Option<f64>,
-    pub bleu_before: Option<f64>,
+    /// The task's headline score (`Task::headline`) before any training, when evaluated then.
+    pub score_before: Option<f64>,
+    /// Which score that is (`bleu4`, `accuracy`).
+    pub headline: &'static str,
     pub last_eval: Option<EvalReport>,
     pub best: Option<BestRecord>,
     pub peak_rss_bytes: u64,
@@ -158,15 +161,14 @@ impl Summary {
 }
 
 /// Everything one loop needs. `resume` is the state of the checkpoint the engine was loaded from.
-pub struct Trainer<'a, E: Engine> {
+pub struct Trainer<'a, E: Engine, T: Task<E>> {
     pub engine: &'a mut E,
+    pub task: &'a T,
     pub config: &'a TrainConfig,
     pub run: &'a mut RunDir,
     pub checkpointer: &'a mut Checkpointer,
-    pub train: &'a dyn PairSource,
-    pub valid: Option<&'a dyn PairSource>,
-    pub collate: Collate,
-    pub decoder: &'a dyn TextDecoder,
+    pub train: &'a dyn RowSource<T::Row>,
+    pub valid: Option<&'a dyn RowSource<T::Row>>,
     pub stop: StopFlag,
     pub observer: &'a mut dyn Observer,
     pub resume: Option<TrainerState>,
@@ -182,7 +184,7 @@ struct Progress {
     best: Option<BestRecord>,
     first_loss: Option<f64>,
     last_loss: Option<f64>,
-    bleu_before: Option<f64>,
+    score_before: Option<f64>,
     /// Micro-batch rows in force (the configured `batch`, or less after a guard downgrade).
     micro: usize,
     /// An evaluation of this step is due and not done.
@@ -211,7 +213,7 @@ struct State {
     schedule: Schedule,
 }
 
-impl<'a, E: Engine> Trainer<'a, E> {
+impl<'a, E: Engine, T: Task<E>> Trainer<'a, E, T> {
     /// Optimizer steps of the whole run: `--max-steps`, else epochs × steps per epoch.
     pub fn total_steps(config: &TrainConfig, train_rows: usize) -> u64 {
         config.max_steps.unwrap_or_else(|| {
@@ -260,7 +262,8 @@ impl<'a, E: Engine> Trainer<'a, E> {
             total_steps: total,
             first_loss: s.p.first_loss,
             last_loss: s.p.last_loss,
-            bleu_before: s.p.bleu_before,
+            score_before: s.p.score_before,
+            headline: self.task.headline(),
             last_eval: s.l.last_eval,
             best: s.p.best,
             peak_rss_bytes: metrics::rss().peak,
@@ -347,7 +350,7 @@ impl<'a, E: Engine> Trainer<'a, E> {
                 best: None,
                 first_loss: None,
                 last_loss: None,
-                bleu_before: None,
+                score_before: None,
                 micro: config.batch,
                 eval_pending: false,
             });
@@ -373,7 +376,7 @@ impl<'a, E: Engine> Trainer<'a, E> {
             best: s.best,
             first_loss: s.first_loss,
             last_loss: s.last_loss,
-            bleu_before: s.bleu_before,
+            score_before: s.score_before,
             micro,
             eval_pending: s.eval_pending,
         })

@@ -5,10 +5,11 @@ use super::{Finish, LoopError, State, Trainer, Unsaved};
 use crate::batches;
 use crate::checkpoint::{self, RngState, SaveOutcome, SchedulerState, TrainerState};
 use crate::engine::Engine;
+use crate::task::Task;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 
-impl<E: Engine> Trainer<'_, E> {
+impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
     /// Writes `checkpoints/step-N/` unless the newest checkpoint already holds this exact state.
     /// Returns the checkpoint's path, `None` when it was skipped for lack of disk.
     pub(super) fn save_once(&mut self, s: &mut State) -> Result<Option<PathBuf>, LoopError> {
@@ -144,7 +145,7 @@ impl<E: Engine> Trainer<'_, E> {
             vocab_size: self.vocab_size,
             first_loss: p.first_loss,
             last_loss: p.last_loss,
-            bleu_before: p.bleu_before,
+            score_before: p.score_before,
             micro_batch: Some(p.micro),
             accum: Some(batches::accum_for(
                 batches::effective_batch(self.config.batch, self.config.accum),

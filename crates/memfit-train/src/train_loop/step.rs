@@ -2,9 +2,9 @@
 //! request cuts the step short, then the optimizer update and the step's metrics.
 
 use super::{LoopError, State, Trainer, micro_batch_seed};
-use crate::batches;
-use crate::engine::{Engine, Seq2SeqBatch};
+use crate::engine::Engine;
 use crate::metrics::{self, StepMetrics};
+use crate::task::{self, Task};
 use memfit_data::Sampler;
 use serde_json::json;
 use std::time::Instant;
@@ -19,7 +19,7 @@ pub(super) enum StepOutcome {
     Memory { done: usize, of: u64 },
 }
 
-impl<E: Engine> Trainer<'_, E> {
+impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
     pub(super) fn train_step(
         &mut self,
         sampler: &mut Sampler,
@@ -29,7 +29,11 @@ impl<E: Engine> Trainer<'_, E> {
         let (epoch, epoch_end) = (sampler.cursor().epoch, sampler.epoch_finished());
         let t0 = Instant::now();
         let micro_batches = self.collate_step(&step_rows, s.p.micro)?;
-        let scales = batches::token_weights(&micro_batches);
+        let weights: Vec<usize> = micro_batches
+            .iter()
+            .map(|b| self.task.loss_weight(b))
+            .collect();
+        let scales = task::shares(&weights);
         let k = micro_batches.len() as u64;
         let (mut loss_sum, mut tokens) = (0.0f64, 0u64);
         for (i, (batch, scale)) in micro_batches.iter().zip(&scales).enumerate() {
@@ -39,7 +43,7 @@ impl<E: Engine> Trainer<'_, E> {
             if self.stop.is_requested() {
                 return Ok(StepOutcome::Signal { done: i, of: k });
             }
-            tokens += batches::real_tokens(batch);
+            tokens += self.task.tokens(batch);
             let seed = micro_batch_seed(self.config.seed, s.p.step, i as u64);
             let loss = self
                 .engine
@@ -101,15 +105,12 @@ impl<E: Engine> Trainer<'_, E> {
     }
 
     /// The step's rows as padded micro-batches of `micro` rows.
-    fn collate_step(&self, rows: &[usize], micro: usize) -> Result<Vec<Seq2SeqBatch>, LoopError> {
+    fn collate_step(&self, rows: &[usize], micro: usize) -> Result<Vec<E::Batch>, LoopError> {
         rows.chunks(micro)
             .map(|chunk| {
-                let pairs = chunk
-                    .iter()
-                    .map(|&r| self.train.pair(r))
-                    .collect::<Result<Vec<_>, _>>()
+                let rows = task::read_rows(self.train, chunk)
                     .map_err(|e| LoopError::Data(e.to_string()))?;
-                Ok(self.collate.batch(&pairs))
+                Ok(self.task.collate(&rows))
             })
             .collect()
     }

@@ -2,10 +2,13 @@
 //! helpers, so the loop's bookkeeping is tested without burn.
 #![allow(dead_code)]
 
-use memfit_train::batches::{Collate, InMemoryPairs};
 use memfit_train::checkpoint::FreeSpace;
-use memfit_train::engine::{Engine, GenerateConfig, ParamCounts, Seq2SeqBatch, StepStats};
+use memfit_train::engine::{
+    Engine, Generate, GenerateConfig, ParamCounts, Seq2SeqBatch, StepStats, TokenRows,
+};
 use memfit_train::session::CheckpointSpec;
+use memfit_train::task::InMemory;
+use memfit_train::task::seq2seq::{Collate, Pair, Seq2SeqTask};
 use memfit_train::text::TextDecoder;
 use std::cell::RefCell;
 use std::path::Path;
@@ -127,6 +130,7 @@ fn read_f32s(path: &Path) -> std::io::Result<Vec<f32>> {
 }
 
 impl Engine for LinearEngine {
+    type Batch = Seq2SeqBatch;
     type Error = MockError;
 
     fn accumulate(
@@ -142,7 +146,7 @@ impl Engine for LinearEngine {
         self.calls.push(Call {
             loss_scale,
             seed,
-            rows: b.batch,
+            rows: b.source.batch,
             first_label: b.labels[0],
         });
         if let Some((n, f)) = &mut self.after_accumulate
@@ -181,29 +185,6 @@ impl Engine for LinearEngine {
     fn eval_loss(&self, b: &Seq2SeqBatch) -> Result<f32, MockError> {
         self.called("eval_loss");
         Ok(self.loss_and_grad(b, None).0)
-    }
-
-    fn generate(
-        &self,
-        batch: usize,
-        src_len: usize,
-        input_ids: &[u32],
-        input_mask: &[bool],
-        config: &GenerateConfig,
-    ) -> Result<Vec<Vec<u32>>, MockError> {
-        self.called("generate");
-        // Echo the source: deterministic, so BLEU is a fixed function of the data. A row stands for
-        // a token: a stop ends the generation early, as the real engine's does between tokens.
-        Ok((0..batch)
-            .take_while(|_| !config.stop_requested())
-            .map(|r| {
-                (0..src_len)
-                    .filter(|j| input_mask[r * src_len + j])
-                    .map(|j| input_ids[r * src_len + j])
-                    .filter(|t| *t != 1)
-                    .collect()
-            })
-            .collect())
     }
 
     fn param_counts(&self) -> ParamCounts {
@@ -246,6 +227,29 @@ impl Engine for LinearEngine {
     }
 }
 
+impl Generate for LinearEngine {
+    fn generate(
+        &self,
+        sources: &TokenRows,
+        config: &GenerateConfig,
+    ) -> Result<Vec<Vec<u32>>, MockError> {
+        self.called("generate");
+        // Echo the source: deterministic, so BLEU is a fixed function of the data. A row stands for
+        // a token: a stop ends the generation early, as the real engine's does between tokens.
+        let len = sources.len;
+        Ok((0..sources.batch)
+            .take_while(|_| !config.stop_requested())
+            .map(|r| {
+                (0..len)
+                    .filter(|j| sources.mask[r * len + j])
+                    .map(|j| sources.ids[r * len + j])
+                    .filter(|t| *t != 1)
+                    .collect()
+            })
+            .collect())
+    }
+}
+
 /// Ids shown as letters.
 pub struct Letters;
 impl TextDecoder for Letters {
@@ -257,10 +261,22 @@ impl TextDecoder for Letters {
     }
 }
 
+/// Pairs held in memory.
+pub type InMemoryPairs = InMemory<Pair>;
+
+/// Rows held in memory, with their token counts.
+pub fn in_memory(rows: Vec<Pair>) -> InMemoryPairs {
+    let lengths = rows
+        .iter()
+        .map(|(s, t)| (s.len() + t.len()) as u32)
+        .collect();
+    InMemory { rows, lengths }
+}
+
 /// `rows` deterministic pairs; sources and targets end in EOS (1).
 pub fn pairs(rows: usize) -> InMemoryPairs {
-    InMemoryPairs {
-        rows: (0..rows)
+    in_memory(
+        (0..rows)
             .map(|i| {
                 let i = i as u32;
                 (
@@ -269,7 +285,7 @@ pub fn pairs(rows: usize) -> InMemoryPairs {
                 )
             })
             .collect(),
-    }
+    )
 }
 
 pub fn collate() -> Collate {
@@ -344,7 +360,7 @@ pub fn train(
 pub fn train_with(
     dir: &Path,
     config: &TrainConfig,
-    engine: &mut impl Engine,
+    engine: &mut impl Generate<Batch = Seq2SeqBatch>,
     resume: Option<(&ConfigLayer, bool)>,
     stop: StopFlag,
     free: FreeSpace,
@@ -367,15 +383,19 @@ pub fn train_with(
         None => None,
     };
     let valid_rows = pairs(6);
+    let task = Seq2SeqTask {
+        collate: collate(),
+        decoder: &Letters,
+        max_new_tokens: s.config.gen_max_tokens,
+    };
     Trainer {
         engine,
+        task: &task,
         config: &s.config,
         run: &mut s.run,
         checkpointer: &mut s.checkpointer,
         train: train_rows,
         valid: Some(&valid_rows),
-        collate: collate(),
-        decoder: &Letters,
         stop,
         observer,
         resume: resume_state,

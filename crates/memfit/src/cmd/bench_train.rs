@@ -1,24 +1,30 @@
-//! `memfit bench train`: throughput and peak memory of the T5 trainer on synthetic tokens
-//! (DESIGN.md §3). All logic is in `memfit_train::bench`; this parses, calls it, prints.
+//! `memfit bench train`: throughput and peak memory of the trainer on synthetic tokens, seq2seq (T5)
+//! or classification (BERT family) (DESIGN.md §3). All logic is in `memfit_train::bench`; this
+//! parses, calls it, prints.
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 use memfit_nn::ModelError;
 use memfit_train::bench::{self, BenchSetup};
-use memfit_train::t5_engine::Precision;
+use memfit_train::engine::Precision;
 
 use crate::exit::{Outcome, bad_input};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Model: `tiny` (vocab 8000, d_model 256, d_ff 1024, 4+4 layers, 4 heads), a T5 preset (t5-small, chatlm-mini, …) or a T5 config.json.
+    /// Model: `tiny` (a T5: vocab 8000, d_model 256, d_ff 1024, 4+4 layers, 4 heads),
+    /// `bert-small` (bench_bert_cls.py's: vocab 21128, hidden 256, 4 layers, 4 heads), a preset
+    /// (t5-small, chatlm-mini, bert-base-chinese, …) or a config.json.
     #[arg(long)]
     model: String,
+    /// The task the model trains for (default: its family's; a mismatch is an error).
+    #[arg(long, value_parser = ["seq2seq", "classification"])]
+    task: Option<String>,
     /// Micro-batch size (rows).
     #[arg(long)]
     batch: usize,
-    /// Source (encoder) length in tokens.
+    /// Source (encoder) length in tokens; for classification, the text's (with [CLS] and [SEP]).
     #[arg(long)]
     seq: usize,
     /// Target (decoder) length in tokens (default: --seq).
@@ -40,7 +46,8 @@ pub struct Args {
     precision: String,
     #[arg(long, value_parser = ["adamw", "adafactor"], default_value = "adamw")]
     optimizer: String,
-    /// Frozen groups, comma-separated: embeddings, encoder, decoder.
+    /// Frozen groups, comma-separated (T5: embeddings, encoder, decoder, lm_head; BERT:
+    /// embeddings, encoder, pooler, head).
     #[arg(long, value_delimiter = ',')]
     freeze: Vec<String>,
     /// Seed of the initial weights, the tokens and dropout.
@@ -59,20 +66,9 @@ pub fn run(args: Args) -> Outcome {
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let freeze = args
-        .freeze
-        .iter()
-        .map(|g| {
-            memfit_nn::t5::Group::parse(g).ok_or_else(|| {
-                bad_input(format!(
-                    "--freeze {g:?}: expected embeddings, encoder or decoder"
-                ))
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
     let setup = BenchSetup {
         model_name: args.model.clone(),
-        config,
+        model_config: config,
         batch: args.batch,
         src_len: args.seq,
         tgt_len: args.tgt_seq.unwrap_or(args.seq),
@@ -83,12 +79,20 @@ pub fn run(args: Args) -> Outcome {
         precision: if args.precision == "bf16" {
             Precision::Bf16
         } else {
-            Precision::F32
+            Precision::Fp32
         },
         optimizer: args.optimizer.clone(),
-        freeze,
+        freeze: args.freeze.clone(),
         seed: args.seed,
     };
+    let task = setup.task().map_err(|e| bad_input(e.to_string()))?;
+    if let Some(asked) = args.task.as_deref().filter(|t| *t != task.name()) {
+        return Err(bad_input(format!(
+            "--task {asked}: model {} trains for {} (its model_type's family)",
+            args.model,
+            task.name()
+        )));
+    }
     let quiet = args.json;
     let report = bench::run(&setup, |step, loss, secs| {
         if !quiet {

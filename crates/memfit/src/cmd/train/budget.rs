@@ -2,11 +2,12 @@
 //! effective available memory memfit-sys reports), the policy (`--policy`), and the plan
 //! `memfit_train::plan_file::planned_start` makes from them. Parsing and printing only.
 
-use super::Args;
+use super::args::Args;
+use super::setup::Available;
 use crate::exit::{bad_input, does_not_fit};
 use memfit_plan::search::Fixed;
 use memfit_sys::units::{SizeOrPercent, parse_size};
-use memfit_train::config::{Precision, TrainConfig};
+use memfit_train::config::{ConfigLayer, Precision, TrainConfig};
 use memfit_train::plan_file::{self, Budget, PlanError, PlannedStart, PolicyChoice};
 use serde_json::Value;
 
@@ -14,12 +15,6 @@ use serde_json::Value;
 const DEFAULT_SHARE: f64 = 0.80;
 
 const GIB: f64 = (1u64 << 30) as f64;
-
-/// Effective available memory: MemAvailable capped by the cgroup's headroom (memfit-sys).
-fn available() -> anyhow::Result<u64> {
-    let mem = memfit_sys::probe::host_memory()?;
-    Ok(mem.effective_available_bytes)
-}
 
 /// `--budget-ram` as typed → bytes; exit 2 naming the value when it is not a size or a percentage.
 pub fn parse_ram(
@@ -53,18 +48,23 @@ pub fn parse_ram(
     })
 }
 
-/// The budget of a run: the flag, else the `--config` file's `memory_budget_bytes`, else 80% of the
-/// effective available memory.
-pub fn budget(args: &Args, from_config_file: Option<u64>) -> anyhow::Result<Budget> {
-    let mut budget = match (args.budget_ram.as_deref(), from_config_file) {
-        (Some(text), _) => parse_ram(text, &available)?,
+/// The budget of a run: the flag (`ram`, already parsed), else the `--config` file's
+/// `memory_budget_bytes`, else 80% of the effective available memory.
+pub fn resolve(
+    ram: Option<Budget>,
+    from_config_file: Option<u64>,
+    gpu_bytes: Option<u64>,
+    available: &Available,
+) -> anyhow::Result<Budget> {
+    let mut budget = match (ram, from_config_file) {
+        (Some(b), _) => b,
         (None, Some(bytes)) => Budget {
             ram_bytes: bytes,
             ram_source: "memory_budget_bytes of the --config file".into(),
             gpu_bytes: None,
         },
         (None, None) => {
-            let avail = available()?;
+            let avail = available.bytes()?;
             Budget {
                 ram_bytes: (avail as f64 * DEFAULT_SHARE) as u64,
                 ram_source: format!(
@@ -75,7 +75,7 @@ pub fn budget(args: &Args, from_config_file: Option<u64>) -> anyhow::Result<Budg
             }
         }
     };
-    budget.gpu_bytes = gpu_budget(args)?;
+    budget.gpu_bytes = gpu_bytes;
     Ok(budget)
 }
 
@@ -88,36 +88,38 @@ pub fn gpu_budget(args: &Args) -> anyhow::Result<Option<u64>> {
 }
 
 /// The flags that fix part of the setup.
-fn fixed(args: &Args) -> Fixed {
+fn fixed(flags: &ConfigLayer) -> Fixed {
     Fixed {
-        batch: args.batch.map(|b| b as u64),
-        accum: args.accum.map(|a| a as u64),
-        precision: args.precision.as_deref().map(|p| match p {
-            "bf16" => memfit_plan::memory::Precision::Bf16,
-            _ => memfit_plan::memory::Precision::Fp32,
+        batch: flags.batch.map(|b| b as u64),
+        accum: flags.accum.map(|a| a as u64),
+        precision: flags.precision.map(|p| match p {
+            Precision::Bf16 => memfit_plan::memory::Precision::Bf16,
+            Precision::Fp32 => memfit_plan::memory::Precision::Fp32,
         }),
-        grad_ckpt: args.grad_ckpt.then_some(true),
+        grad_ckpt: flags.grad_ckpt,
     }
 }
 
-/// Plans the start of a new run: prints the plan (stderr), returns it; exit 3 when nothing fits.
 /// The planned start of a new run; its lines are printed by the caller once the run has started
-/// (or at once with --plan-only), so a start that fails later has printed no plan.
+/// (or at once with --plan-only), so a start that fails later has printed no plan. Exit 3 when
+/// nothing fits.
 pub fn plan_start(
-    args: &Args,
+    policy: &str,
+    flags: &ConfigLayer,
     config: &TrainConfig,
     model_json: &Value,
-    budget_from_config_file: Option<u64>,
+    budget: Budget,
+    available: &Available,
 ) -> anyhow::Result<PlannedStart> {
-    let choice = PolicyChoice::parse(&args.policy).map_err(bad_input)?;
-    let budget = budget(args, budget_from_config_file)?;
+    let choice = PolicyChoice::parse(policy).map_err(bad_input)?;
     // the policy tables read the machine's available memory, not the budget
-    let avail = available()?;
-    let planned = plan_file::planned_start(config, model_json, &budget, fixed(args), choice, avail)
-        .map_err(|e| match e {
-            PlanError::Input(m) => bad_input(m),
-            PlanError::DoesNotFit(m) => does_not_fit(m),
-        })?;
+    let avail = available.bytes()?;
+    let planned =
+        plan_file::planned_start(config, model_json, &budget, fixed(flags), choice, avail)
+            .map_err(|e| match e {
+                PlanError::Input(m) => bad_input(m),
+                PlanError::DoesNotFit(m) => does_not_fit(m),
+            })?;
     let mut planned = planned;
     if planned.config.precision == Precision::Bf16 && config.precision != Precision::Bf16 {
         let note = "  note: bf16 was chosen to fit the budget (burn's flex backend runs it slower)";

@@ -101,11 +101,9 @@ impl Observer for Bar {
             .map(|(want, got)| format!(" e.g. {want:?} → {got:?}"))
             .unwrap_or_default();
         self.line(&format!(
-            "eval at step {step}: {}: valid loss {:.4}, BLEU-4 {:.4} (standard {:.4}){sample}",
+            "eval at step {step}: {}: {}{sample}",
             r.cost(),
-            r.valid_loss,
-            r.bleu4,
-            r.bleu4_standard
+            r.describe()
         ));
     }
     fn on_message(&mut self, message: &str) {
@@ -115,7 +113,8 @@ impl Observer for Bar {
 
 pub(super) fn print_summary(s: &Summary, config: &TrainConfig, root: &Path, json: bool) {
     let best_dir = root.join("best");
-    let bleu_after = s.last_eval.as_ref().map(|e| e.bleu4);
+    let score = |name: &str| s.last_eval.as_ref().and_then(|e| e.score(name));
+    let headline_after = score(s.headline);
     if json {
         let v = serde_json::json!({
             "finished": s.finish == Finish::Completed && s.unsaved.is_none(),
@@ -124,10 +123,17 @@ pub(super) fn print_summary(s: &Summary, config: &TrainConfig, root: &Path, json
             "total_steps": s.total_steps,
             "loss_first": s.first_loss,
             "loss_last": s.last_loss,
-            "bleu4_before": s.bleu_before,
-            "bleu4_after": bleu_after,
-            "bleu4_standard_after": s.last_eval.as_ref().map(|e| e.bleu4_standard),
+            "task": config.task.name(),
+            "headline": s.headline,
+            "before": s.score_before,
+            "after": headline_after,
+            "bleu4_before": (s.headline == "bleu4").then_some(s.score_before).flatten(),
+            "bleu4_after": score("bleu4"),
+            "bleu4_standard_after": score("bleu4_standard"),
+            "accuracy_after": score("accuracy"),
+            "macro_f1_after": score("macro_f1"),
             "valid_loss_after": s.last_eval.as_ref().map(|e| e.valid_loss),
+            "classes": s.last_eval.as_ref().map(|e| &e.classes).filter(|c| !c.is_empty()),
             "peak_rss_bytes": s.peak_rss_bytes,
             "budget_bytes": config.memory_budget_bytes,
             "tokens_per_s": s.tokens_per_s(),
@@ -152,12 +158,27 @@ pub(super) fn print_summary(s: &Summary, config: &TrainConfig, root: &Path, json
         s.steps, s.total_steps, s.seconds
     );
     println!("  loss       {} → {}", opt(s.first_loss), opt(s.last_loss));
-    println!(
-        "  BLEU-4     {} → {} (standard, brevity penalty ≤ 1: {})",
-        opt(s.bleu_before),
-        opt(bleu_after),
-        opt(s.last_eval.as_ref().map(|e| e.bleu4_standard))
-    );
+    match s.headline {
+        "bleu4" => println!(
+            "  BLEU-4     {} → {} (standard, brevity penalty ≤ 1: {})",
+            opt(s.score_before),
+            opt(headline_after),
+            opt(score("bleu4_standard"))
+        ),
+        _ => println!(
+            "  {:<10} {} → {} (macro-F1 {})",
+            s.headline,
+            opt(s.score_before),
+            opt(headline_after),
+            opt(score("macro_f1"))
+        ),
+    }
+    for c in s.last_eval.iter().flat_map(|e| &e.classes) {
+        println!(
+            "    {:<16} precision {:.3} recall {:.3} F1 {:.3} ({} rows)",
+            c.label, c.precision, c.recall, c.f1, c.support
+        );
+    }
     match config.memory_budget_bytes {
         Some(b) => println!(
             "  peak RSS   {} of a {} budget ({})",

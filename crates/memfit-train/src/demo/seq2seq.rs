@@ -1,13 +1,13 @@
-//! The demo task behind `memfit train` with no arguments: Arabic numbers → Chinese numerals
+//! The seq2seq demo, behind `memfit train` with no arguments: Arabic numbers → Chinese numerals
 //! ("12045" → "一万二千零四十五"), deterministic from a seed, with a character-level tokenizer written
 //! as a real Hugging Face `tokenizer.json` (so checkpoints carry loadable tokenizer files) and a tiny
-//! T5 `config.json`. Everything is written into one directory; training then reads it like any
-//! user's data (JSONL → memfit-data token store).
+//! T5 `config.json`.
 
+use super::{DemoFiles, write_json, write_text};
 use crate::batches::SplitMix64;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The specials every memfit tokenizer starts with, in id order (the ChatLM tokenizer's layout).
 pub const SPECIALS: [&str; 7] = [
@@ -164,58 +164,29 @@ pub fn model_config(vocab_size: usize) -> Value {
 pub const TRAIN_ROWS: usize = 4000;
 pub const VALID_ROWS: usize = 200;
 
-/// Where [`write`] put the demo's files.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DemoFiles {
-    pub train: PathBuf,
-    pub valid: PathBuf,
-    pub tokenizer_dir: PathBuf,
-    pub model_config: PathBuf,
-}
-
 /// Writes `train.jsonl`, `valid.jsonl` (`{"prompt", "response"}` rows), `tokenizer/` and
 /// `config.json` into `dir`. Deterministic: the same seed writes the same bytes. Validation rows use
 /// their own stream, so they are mostly unseen numbers.
 pub fn write(dir: &Path, seed: u64) -> std::io::Result<DemoFiles> {
-    let tokenizer_dir = dir.join("tokenizer");
-    std::fs::create_dir_all(&tokenizer_dir)?;
+    let files = DemoFiles::in_dir(dir)?;
     let jsonl = |rows: Vec<(String, String)>| -> String {
         rows.into_iter()
             .map(|(p, r)| format!("{}\n", json!({"prompt": p, "response": r})))
             .collect()
     };
-    let files = DemoFiles {
-        train: dir.join("train.jsonl"),
-        valid: dir.join("valid.jsonl"),
-        tokenizer_dir: tokenizer_dir.clone(),
-        model_config: dir.join("config.json"),
-    };
-    let write_atomic = |path: &Path, text: String| {
-        crate::run_dir::write_atomic(path, text.as_bytes())
-            .map_err(|e| std::io::Error::other(e.to_string()))
-    };
-    write_atomic(&files.train, jsonl(pairs(TRAIN_ROWS, seed)))?;
-    write_atomic(
+    write_text(&files.train, jsonl(pairs(TRAIN_ROWS, seed)))?;
+    write_text(
         &files.valid,
         jsonl(pairs(VALID_ROWS, seed ^ 0x0056_414c_4944)),
     )?;
-    let pretty = |v: Value| serde_json::to_string_pretty(&v).unwrap_or_default();
-    write_atomic(
-        &tokenizer_dir.join("tokenizer.json"),
-        pretty(tokenizer_json()),
-    )?;
+    let tok = &files.tokenizer_dir;
+    write_json(&tok.join("tokenizer.json"), tokenizer_json())?;
     let specials = json!({"eos_token": "[EOS]", "pad_token": "[PAD]", "unk_token": "[UNK]"});
-    write_atomic(
-        &tokenizer_dir.join("special_tokens_map.json"),
-        pretty(specials.clone()),
-    )?;
+    write_json(&tok.join("special_tokens_map.json"), specials.clone())?;
     let mut config = specials;
     config["tokenizer_class"] = "PreTrainedTokenizerFast".into();
-    write_atomic(&tokenizer_dir.join("tokenizer_config.json"), pretty(config))?;
-    write_atomic(
-        &files.model_config,
-        pretty(model_config(vocabulary().len())),
-    )?;
+    write_json(&tok.join("tokenizer_config.json"), config)?;
+    write_json(&files.model_config, model_config(vocabulary().len()))?;
     Ok(files)
 }
 

@@ -1,0 +1,101 @@
+//! The one place that names every family (as tokenizers' `ModelWrapper` does): which family a
+//! `config.json` describes, and the model a task trains, built from a config (random init from a
+//! seed) or from a directory (a Hugging Face model or a memfit checkpoint, `--init`). Everything
+//! outside a family's folder reaches the families through here and the traits of [`crate::model`].
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::ModelError;
+use crate::batch::{ClassificationBatch, Seq2SeqBatch};
+use crate::bert::{BertConfig, BertModel};
+use crate::model::{Seq2SeqGenerate, SequenceClassifier};
+use crate::t5::{T5Config, T5Layout, T5Model};
+use crate::weights::LoadReport;
+
+/// The `model_type` of a config (`t5`, `bert`, …), `t5` when absent (T5 configs of old omitted it).
+pub fn model_type(config: &Value) -> &str {
+    config
+        .get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or("t5")
+}
+
+/// The task a family trains for, by `model_type`: `seq2seq`, `classification` or `causal-lm`;
+/// `None` for a model_type no family implements.
+pub fn task_of(config: &Value) -> Option<&'static str> {
+    match model_type(config) {
+        "t5" | "mt5" => Some("seq2seq"),
+        "bert" | "roberta" | "xlm-roberta" => Some("classification"),
+        _ => None,
+    }
+}
+
+/// A config error named by where the config came from (a preset name or its file).
+fn named(source: &str, e: ModelError) -> ModelError {
+    match e {
+        ModelError::Config(m) => ModelError::Config(format!("model {source}: {m}")),
+        other => other,
+    }
+}
+
+/// The seq2seq model of `config` (`source` names it in errors): drawn from `seed`, or, with
+/// `init`, the weights of that directory under `config`'s hyper-parameters (dropout, …); the
+/// directory must hold the same tensors. Returns what loading left out.
+pub fn seq2seq(
+    config: &Value,
+    source: &str,
+    init: Option<&Path>,
+    seed: u64,
+) -> Result<
+    (
+        impl Seq2SeqGenerate<Batch = Seq2SeqBatch> + Clone + use<>,
+        Option<LoadReport>,
+    ),
+    ModelError,
+> {
+    let t5 = T5Config::from_json(config).map_err(|e| named(source, e))?;
+    let Some(dir) = init else {
+        return Ok((T5Model::init(t5, seed), None));
+    };
+    let (loaded, report) = T5Model::load(dir)?;
+    let layout = T5Layout::new(&t5);
+    if !layout.same_tensors(&loaded.layout) || loaded.config.feed_forward != t5.feed_forward {
+        return Err(ModelError::Input(format!(
+            "--init {}: its config.json describes another model than {source:?} (tensors or feed-forward differ)",
+            dir.display()
+        )));
+    }
+    let model = T5Model {
+        config: t5,
+        layout,
+        weights: loaded.weights,
+    };
+    Ok((model, Some(report)))
+}
+
+/// The classifier of `config` with `labels` (the data's label names, by id): drawn from `seed`,
+/// or, with `init`, the encoder (and head, when it fits) of that directory — a pretrained encoder
+/// gets a new head for these labels, initialised and listed in the report.
+pub fn classifier(
+    config: &Value,
+    source: &str,
+    labels: &[String],
+    init: Option<&Path>,
+    seed: u64,
+) -> Result<
+    (
+        impl SequenceClassifier<Batch = ClassificationBatch> + Clone + use<>,
+        Option<LoadReport>,
+    ),
+    ModelError,
+> {
+    let mut cfg = BertConfig::from_json(config).map_err(|e| named(source, e))?;
+    cfg.set_labels(labels)?;
+    let Some(dir) = init else {
+        return Ok((BertModel::init(cfg, seed), None));
+    };
+    let (model, report) = BertModel::load_for_labels(dir, &cfg, seed)?;
+    Ok((model, Some(report)))
+}

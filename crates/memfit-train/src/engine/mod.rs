@@ -1,0 +1,98 @@
+//! The boundary between the training loop and the tensor code.
+//!
+//! The loop (data order, accumulation bookkeeping, schedules, checkpoint directories, evaluation,
+//! metrics, signals, the memory guard) is plain Rust and knows nothing of burn. It drives an
+//! [`Engine`]: a model with its optimizer state and accumulated gradients, over micro-batches of
+//! the engine's own type. [`ModelEngine`] is the engine of every memfit-nn family (any
+//! [`memfit_nn::model::TrainModel`]); the loop's tests drive a tiny engine of their own.
+//!
+//! What a task needs on top of training is a capability trait: [`Generate`] (seq2seq),
+//! [`Classify`] (sequence classification), [`Continue`] (causal-LM generation).
+
+mod model_engine;
+mod options;
+
+pub use model_engine::ModelEngine;
+pub use options::{Backend, EngineOptions, Precision, set_threads};
+
+pub use memfit_nn::batch::{CausalLmBatch, ClassificationBatch, Seq2SeqBatch, TokenRows};
+pub use memfit_nn::decoding::GenerateConfig;
+use std::path::Path;
+
+/// What one optimizer step reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepStats {
+    /// Global L2 norm of the accumulated gradients before clipping.
+    pub grad_norm: f64,
+}
+
+/// Parameter counts, tied weights counted once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParamCounts {
+    pub total: u64,
+    pub trainable: u64,
+}
+
+/// A model, its optimizer state and its accumulated gradients.
+pub trait Engine {
+    /// One micro-batch.
+    type Batch;
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Forward + backward on one micro-batch; the loss is multiplied by `loss_scale` (the
+    /// micro-batch's share of the step) exactly once before backward, and the gradients are added to
+    /// the accumulated ones. Returns the unscaled mean loss of this micro-batch. `seed` seeds every
+    /// random draw of this micro-batch (dropout), so that a resumed run draws exactly what an
+    /// uninterrupted one would have drawn.
+    fn accumulate(
+        &mut self,
+        batch: &Self::Batch,
+        loss_scale: f32,
+        seed: u64,
+    ) -> Result<f32, Self::Error>;
+
+    /// Clips the accumulated gradients to `max_grad_norm` by global norm (if `Some`), applies one
+    /// optimizer update at learning rate `lr`, and clears the accumulated gradients.
+    fn step(&mut self, lr: f64, max_grad_norm: Option<f64>) -> Result<StepStats, Self::Error>;
+
+    /// Mean loss without gradients or dropout.
+    fn eval_loss(&self, batch: &Self::Batch) -> Result<f32, Self::Error>;
+
+    fn param_counts(&self) -> ParamCounts;
+
+    /// Writes the model's directory (what its family is loaded from) and `optimizer.safetensors`
+    /// into `dir`, which exists and is empty. The caller makes the write atomic.
+    fn save(&self, dir: &Path) -> Result<(), Self::Error>;
+
+    /// Loads model weights and, if `with_optimizer`, the optimizer state from a directory written
+    /// by `save`.
+    fn load(&mut self, dir: &Path, with_optimizer: bool) -> Result<(), Self::Error>;
+}
+
+/// Encoder-decoder generation.
+pub trait Generate: Engine {
+    /// Greedy generation for each source row; the generated ids without the decoder start token,
+    /// cut at (and without) EOS.
+    fn generate(
+        &self,
+        sources: &TokenRows,
+        config: &GenerateConfig,
+    ) -> Result<Vec<Vec<u32>>, Self::Error>;
+}
+
+/// Sequence classification.
+pub trait Classify: Engine {
+    /// Label names by id (`id2label`).
+    fn labels(&self) -> Vec<String>;
+    /// Logits `[batch, labels]`, row-major, without dropout.
+    fn logits(&self, batch: &Self::Batch) -> Result<Vec<f32>, Self::Error>;
+}
+
+/// Causal-LM generation: each prompt continued greedily.
+pub trait Continue: Engine {
+    fn continue_prompts(
+        &self,
+        prompts: &[Vec<u32>],
+        config: &GenerateConfig,
+    ) -> Result<Vec<Vec<u32>>, Self::Error>;
+}

@@ -1,0 +1,241 @@
+//! `memfit train`: the Rust trainer. With no arguments, the seq2seq demo (`--demo classification`
+//! for the other); `--data/--valid/--tokenizer` (and `--model`/`--init`/`--preset`/`--profile`)
+//! for real runs; `--resume RUN_DIR` to continue one exactly.
+//!
+//! The flags are resolved once (`setup`), the run's directory, data and model config prepared
+//! (`start`), the task's engine built here, and the run driven to its end (`launch`).
+
+mod args;
+mod budget;
+mod launch;
+mod output;
+mod setup;
+mod start;
+
+pub use args::Args;
+
+use crate::exit::{Outcome, bad_input};
+use launch::{Run, launch};
+use memfit_nn::ModelError;
+use memfit_nn::families;
+use memfit_train::config::TaskKind;
+use memfit_train::engine::ModelEngine;
+use memfit_train::engine_setup;
+use memfit_train::task::RowSource;
+use memfit_train::task::classification::labels::{Relabeled, label_map, store_labels};
+use memfit_train::task::classification::{ClassificationTask, ClsCollate, ClsRow};
+use memfit_train::task::seq2seq::{Collate, Seq2SeqTask};
+use memfit_train::text;
+use setup::{Mode, Setup};
+use start::Start;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+pub fn run(args: Args) -> Outcome {
+    // a training step reuses what the last one freed (memfit_train::malloc_tuning)
+    memfit_train::malloc_tuning::keep_freed_memory();
+    let setup = Setup::resolve(&args)?;
+    if args.plan_only {
+        setup.plan_lines.iter().for_each(|l| eprintln!("{l}"));
+        if let (true, Some(planning)) = (args.json, &setup.planning) {
+            println!("{planning}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    // Compute threads first: the data preparation below already starts the shared thread pool.
+    engine_setup::set_threads(&setup.config).map_err(|e| bad_input(e.to_string()))?;
+    let start = Start::prepare(setup)?;
+    match start.setup.config.task {
+        TaskKind::Classification => classification(&args, start),
+        _ => seq2seq(&args, start),
+    }
+}
+
+/// The `--init` directory of a new run (a resume loads its own checkpoint instead).
+fn init_dir(setup: &Setup) -> Option<PathBuf> {
+    match setup.mode {
+        Mode::New => setup.config.init.as_deref().map(PathBuf::from),
+        Mode::Resume => None,
+    }
+}
+
+fn model_error(e: ModelError) -> anyhow::Error {
+    bad_input(e.to_string())
+}
+
+fn seq2seq(args: &Args, start: Start) -> Outcome {
+    let (data, prepared) = start.split();
+    let config = &prepared.setup.config.clone();
+    let need = |r: Result<&memfit_data::tokenizer::SpecialToken, memfit_data::DataError>| {
+        r.map(|t| t.id).map_err(|e| bad_input(e.to_string()))
+    };
+    let eos = need(data.tokenizer.require_eos("seq2seq training"))?;
+    let pad = need(data.tokenizer.require_pad("seq2seq training"))?;
+    let init = init_dir(&prepared.setup);
+    let (model, loaded) = families::seq2seq(
+        &prepared.model_json,
+        &config.model,
+        init.as_deref(),
+        config.seed,
+    )
+    .map_err(model_error)?;
+    if let (Some(report), Some(dir)) = (&loaded, &init) {
+        eprintln!("{}", init_line(dir, report));
+    }
+    let engine =
+        ModelEngine::new(model, engine_setup::engine_options(config)).map_err(model_error)?;
+    let task = Seq2SeqTask {
+        collate: Collate {
+            max_src: config.seq,
+            max_tgt: config.tgt_seq,
+            pad_id: pad,
+            eos_id: eos,
+        },
+        decoder: &data.tokenizer,
+        max_new_tokens: config.gen_max_tokens,
+    };
+    let tokenizer_files = text::checkpoint_tokenizer_files(&data.tokenizer, eos)
+        .map_err(|e| bad_input(e.to_string()))?;
+    let run = Run {
+        engine,
+        task: &task,
+        train: &data.train,
+        valid: data.valid_source(),
+        tokenizer_files,
+    };
+    launch(args, prepared, run)
+}
+
+fn classification(args: &Args, start: Start) -> Outcome {
+    let (data, prepared) = start.split();
+    let config = &prepared.setup.config.clone();
+    let pad = data
+        .tokenizer
+        .require_pad("classification training")
+        .map_err(|e| bad_input(e.to_string()))?
+        .id;
+    let labels = store_labels(&data.train).map_err(|e| bad_input(e.to_string()))?;
+    let init = init_dir(&prepared.setup);
+    let (model, loaded) = families::classifier(
+        &prepared.model_json,
+        &config.model,
+        &labels,
+        init.as_deref(),
+        config.seed,
+    )
+    .map_err(model_error)?;
+    if let (Some(report), Some(dir)) = (&loaded, &init) {
+        eprintln!("{}", init_line(dir, report));
+    }
+    let engine =
+        ModelEngine::new(model, engine_setup::engine_options(config)).map_err(model_error)?;
+    let model_labels = memfit_train::engine::Classify::labels(&engine);
+    let source = match &init {
+        Some(dir) => format!("--init {}", dir.display()),
+        None => "the training data".into(),
+    };
+    let map = label_map(&labels, &model_labels, &source).map_err(bad_input)?;
+    let train = Relabeled {
+        rows: &data.train,
+        map,
+    };
+    // the validation store named its labels on its own: map them by name too
+    let valid = match &data.valid {
+        Some(v) => {
+            let names = store_labels(v).map_err(|e| bad_input(e.to_string()))?;
+            let map = label_map(&names, &model_labels, &source).map_err(bad_input)?;
+            Some(Relabeled { rows: v, map })
+        }
+        None => None,
+    };
+    let task = ClassificationTask {
+        collate: ClsCollate {
+            max_len: config.seq,
+            pad_id: pad,
+        },
+    };
+    let tokenizer_files =
+        text::unchanged_tokenizer_files(&data.tokenizer).map_err(|e| bad_input(e.to_string()))?;
+    let run = Run {
+        engine,
+        task: &task,
+        train: &train as &dyn RowSource<ClsRow>,
+        valid: valid.as_ref().map(|v| v as &dyn RowSource<ClsRow>),
+        tokenizer_files,
+    };
+    launch(args, prepared, run)
+}
+
+/// Paths in the resolved config are absolute, so a resume from another directory finds them.
+fn absolute(p: &str) -> String {
+    std::path::absolute(p).map_or_else(|_| p.to_string(), |a| a.display().to_string())
+}
+
+fn default_out() -> PathBuf {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's days_from_civil, inverted).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    PathBuf::from(format!(
+        "runs/{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    ))
+}
+
+/// A run directory made by a start that has not got as far as a run: removed when dropped, so a
+/// failed start (bad data, tokenizer, model or --init) leaves nothing behind.
+pub struct FailedStart(PathBuf);
+
+impl FailedStart {
+    fn disarm(mut self) {
+        self.0 = PathBuf::new();
+    }
+}
+
+impl Drop for FailedStart {
+    fn drop(&mut self) {
+        if !self.0.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// What `--init` loaded, as transformers reports missing and unexpected keys.
+fn init_line(init: &Path, report: &memfit_nn::weights::LoadReport) -> String {
+    let mut line = format!("init: weights from {}", init.display());
+    if !report.initialised.is_empty() {
+        line += &format!("; newly initialised: {}", report.initialised.join(", "));
+    }
+    if !report.unused.is_empty() {
+        line += &format!("; unused: {}", report.unused.join(", "));
+    }
+    line
+}
+
+fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}

@@ -1,0 +1,126 @@
+//! Before a run exists: its directory (a new run's, removed again if the start fails), the demo's
+//! files, the data (prepared into the run), and the model's config checked against the tokenizer.
+//! Nothing here writes `config.toml`: until the session starts, a failed start leaves nothing.
+
+use super::launch::Prepared;
+use super::setup::{Mode, Setup};
+use super::{FailedStart, absolute};
+use crate::exit::bad_input;
+use anyhow::Context;
+use indicatif::ProgressBar;
+use memfit_train::config::TaskKind;
+use memfit_train::run_data::{self, RunData};
+use memfit_train::{demo, model_spec};
+use serde_json::Value;
+use std::path::Path;
+
+/// A start whose data and model config are ready.
+pub struct Start {
+    pub setup: Setup,
+    pub data: RunData,
+    /// The model's `config.json`.
+    pub model_json: Value,
+    /// Removes a new run's directory unless the run gets going.
+    pub made_root: Option<FailedStart>,
+}
+
+impl Start {
+    /// The data for the task; the rest for the run.
+    pub fn split(self) -> (RunData, Prepared) {
+        let vocab = self.data.tokenizer.vocab_size();
+        let prepared = Prepared {
+            setup: self.setup,
+            model_json: self.model_json,
+            made_root: self.made_root,
+            vocab,
+        };
+        (self.data, prepared)
+    }
+}
+
+impl Start {
+    pub fn prepare(mut setup: Setup) -> anyhow::Result<Self> {
+        let made_root = match setup.mode {
+            Mode::New => make_root(&setup.root)?,
+            Mode::Resume => None,
+        };
+        if matches!(setup.mode, Mode::New) && setup.config.data.is_none() {
+            write_demo(&mut setup)?;
+        }
+        let data = open_data(&setup)?;
+        let model_json =
+            model_spec::model_config(&setup.config.model, setup.demo_config.as_deref())
+                .map_err(|e| bad_input(e.to_string()))?;
+        model_spec::check_vocab(&model_json, &setup.config.model, &data.tokenizer)
+            .map_err(|e| bad_input(e.to_string()))?;
+        Ok(Self {
+            setup,
+            data,
+            model_json,
+            made_root,
+        })
+    }
+}
+
+/// Creates a new run's directory (refusing one that holds a run) and checks it is writable.
+fn make_root(root: &Path) -> anyhow::Result<Option<FailedStart>> {
+    if root.join("config.toml").exists() {
+        return Err(bad_input(format!(
+            "{} already holds a run; continue it with --resume {} or choose another --out",
+            root.display(),
+            root.display()
+        )));
+    }
+    let made = (!root.exists()).then(|| FailedStart(root.to_path_buf()));
+    std::fs::create_dir_all(root).map_err(|e| {
+        bad_input(format!(
+            "--out {}: cannot create the run directory: {e}",
+            root.display()
+        ))
+    })?;
+    let probe = root.join(".memfit-write-test");
+    std::fs::write(&probe, b"")
+        .map_err(|e| bad_input(format!("--out {}: not writable: {e}", root.display())))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(made)
+}
+
+/// The demo of the run's task: its data and tokenizer, and (for the demo's model) its config.
+fn write_demo(setup: &mut Setup) -> anyhow::Result<()> {
+    let dir = setup.root.join("demo");
+    let config = &mut setup.config;
+    let files = match config.task {
+        TaskKind::Classification => demo::classification::write(&dir, config.seed),
+        _ => demo::seq2seq::write(&dir, config.seed),
+    }
+    .with_context(|| format!("writing the demo task into {}", dir.display()))?;
+    let path = |p: &Path| Some(absolute(&p.display().to_string()));
+    config.data = path(&files.train);
+    config.valid = path(&files.valid);
+    config.tokenizer = path(&files.tokenizer_dir);
+    if config.model == "demo" {
+        setup.demo_config = Some(files.model_config);
+    }
+    Ok(())
+}
+
+/// The tokenizer and the stores, preparing sources into the run with a spinner.
+fn open_data(setup: &Setup) -> anyhow::Result<RunData> {
+    let bar = ProgressBar::new_spinner();
+    let data = run_data::open(&setup.config, &setup.root, &mut |name, rows, total| {
+        bar.set_message(format!(
+            "preparing {name}: {rows}/{} rows",
+            total.map_or("?".into(), |t| t.to_string())
+        ));
+        bar.tick();
+    })
+    .map_err(|e| {
+        if e.is_bad_input() {
+            bad_input(e.to_string())
+        } else {
+            anyhow::Error::new(e)
+        }
+    })?;
+    bar.finish_and_clear();
+    Ok(data)
+}
