@@ -10,9 +10,9 @@ use crate::batch::ClassificationBatch;
 use crate::bert::forward::{BertForward, ClsInputs, Dropouts};
 use crate::bert::{BertConfig, BertLayout, BertModel, Group};
 use crate::layers::grad_sink::{GradSink, GradTarget, LeafSink, leaves};
+use crate::layers::host::{scalar, to_f32_vec};
 use crate::layers::params;
 use crate::model::{ParamShape, Pass, Precision, SequenceClassifier, TrainModel};
-use crate::layers::host::{scalar, to_f32_vec};
 use crate::weights::HfWeights;
 
 /// The groups `--freeze` names for the BERT family.

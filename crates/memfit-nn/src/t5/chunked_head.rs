@@ -4,8 +4,8 @@
 use burn::prelude::*;
 use burn::tensor::Gradients;
 
-pub use crate::layers::chunked_head::{CHUNK_LOGITS, HeadInputs};
 use crate::layers::chunked_head::{self, LmHead};
+pub use crate::layers::chunked_head::{CHUNK_LOGITS, HeadInputs};
 use crate::layers::grad_sink::GradSink;
 use crate::t5::forward::T5Forward;
 

@@ -32,9 +32,7 @@ impl T5Model {
             .iter()
             .map(|g| {
                 Group::parse(g.trim()).ok_or_else(|| {
-                    ModelError::Input(format!(
-                        "--freeze {g:?}: T5's groups are {GROUPS}"
-                    ))
+                    ModelError::Input(format!("--freeze {g:?}: T5's groups are {GROUPS}"))
                 })
             })
             .collect()
@@ -144,6 +142,7 @@ impl T5Model {
     }
 
     /// The loss of `b` under per-block gradient checkpointing.
+    #[allow(clippy::too_many_arguments)] // the pass's parts, as plain_loss takes them, plus `plain`
     fn checkpointed_loss(
         &self,
         plain: &[Tensor<2>],
@@ -156,9 +155,8 @@ impl T5Model {
     ) -> Result<Tensor<1>, ModelError> {
         let layout = &self.layout;
         let dtype = pass.precision.dtype();
-        let group_trainable = |group| {
-            (0..layout.specs.len()).any(|i| trainable[i] && layout.specs[i].group == group)
-        };
+        let group_trainable =
+            |group| (0..layout.specs.len()).any(|i| trainable[i] && layout.specs[i].group == group);
         let flags = Trainable {
             shared: trainable[layout.shared],
             encoder: group_trainable(Group::Encoder),
@@ -320,7 +318,11 @@ impl Seq2SeqGenerate for T5Model {
         let mut drop = Dropout::disabled();
         let mask = padding_mask(&inputs.mask, batch, len, &device, fwd.param_dtype());
         // The encoder runs once; the decoder runs one position per token over its KV cache.
-        let encoded = fwd.encode(int_tensor(&inputs.ids, batch, len, &device), &mask, &mut drop);
+        let encoded = fwd.encode(
+            int_tensor(&inputs.ids, batch, len, &device),
+            &mask,
+            &mut drop,
+        );
         let mut cache = fwd.decoder_cache(&encoded);
         let mut seqs: Vec<Vec<u32>> = vec![vec![cfg.decoder_start_token_id]; batch];
         let mut done = vec![false; batch];
