@@ -7,6 +7,7 @@ pub mod chunked_head;
 pub mod embedding_leaf;
 pub mod grad_sink;
 pub mod host;
+pub mod lora;
 pub mod loss;
 pub mod mask;
 pub mod params;
