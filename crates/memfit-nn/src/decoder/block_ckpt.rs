@@ -14,13 +14,11 @@ use burn::prelude::*;
 
 use crate::ModelError;
 use crate::batch::CausalLmBatch;
-use crate::decoder::forward::Dropouts;
+use crate::decoder::DecoderModel;
 use crate::decoder::train::next_token_targets;
-use crate::decoder::{DecoderModel, State};
 use crate::layers::chunked_head::{CHUNK_LOGITS, HeadInputs, loss_through_head};
 use crate::layers::embedding_leaf::EmbeddingTable;
 use crate::layers::grad_sink::{GradSink, GradTarget, LeafSink};
-use crate::layers::host::int_tensor;
 use crate::layers::segments::{leaf, pull};
 use crate::model::Pass;
 
@@ -38,15 +36,11 @@ pub fn loss(
 ) -> Result<Tensor<1>, ModelError> {
     let dtype = pass.precision.dtype();
     let (plain_fwd, tracked_fwd) = (model.forward(plain, dtype), model.forward(tracked, dtype));
-    let device = plain_fwd.device();
+    let (ids, ctx, mut drops) = model.pass_start(b, pass, &plain_fwd.device());
+    let embed_trains = model.embedding_trains(trainable);
     let rows = &b.input;
-    let ctx = model.context(rows, &device, dtype);
-    let embed_trains = matches!(model.state, State::Full { .. }) && trainable[model.layout.embed];
-    let lora_dropout = model.lora_layout().map_or(0.0, |l| l.settings.dropout);
-    let mut drops = Dropouts::new(pass.seed, model.config.attention_dropout, lora_dropout);
 
     // Forward without autodiff, keeping each layer's input and dropout state.
-    let ids = int_tensor(&rows.ids, rows.batch, rows.len, &device);
     let mut x = plain_fwd.embed_untracked(ids);
     let mut inputs = Vec::with_capacity(model.layout.layers.len());
     for i in 0..model.layout.layers.len() {

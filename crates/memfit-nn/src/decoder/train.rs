@@ -73,8 +73,21 @@ impl DecoderModel {
         )
     }
 
-    fn lora_dropout(&self) -> f64 {
-        self.lora_layout().map_or(0.0, |l| l.settings.dropout)
+    /// What a training pass over `b` starts from: the ids on `device`, the context every layer
+    /// shares, and the dropouts seeded by the pass.
+    pub(crate) fn pass_start(
+        &self,
+        b: &CausalLmBatch,
+        pass: &Pass,
+        device: &Device,
+    ) -> (Tensor<2, Int>, Context, Dropouts) {
+        let rows = &b.input;
+        let lora_dropout = self.lora_layout().map_or(0.0, |l| l.settings.dropout);
+        (
+            int_tensor(&rows.ids, rows.batch, rows.len, device),
+            self.context(rows, device, pass.precision.dtype()),
+            Dropouts::new(pass.seed, self.config.attention_dropout, lora_dropout),
+        )
     }
 
     /// `last_hidden_state` `[b, t, d]` of `rows` without dropout.
@@ -133,18 +146,9 @@ impl DecoderModel {
         pass: &Pass,
         target: &mut dyn GradTarget,
     ) -> Result<Tensor<1>, ModelError> {
-        let dtype = pass.precision.dtype();
-        let fwd = self.forward(tracked, dtype);
-        let device = fwd.device();
-        let rows = &b.input;
-        let ctx = self.context(rows, &device, dtype);
-        let ids = int_tensor(&rows.ids, rows.batch, rows.len, &device);
+        let fwd = self.forward(tracked, pass.precision.dtype());
+        let (ids, ctx, mut drops) = self.pass_start(b, pass, &fwd.device());
         let embedded = EmbeddingLeaf::new(&fwd, ids, self.embedding_trains(trainable));
-        let mut drops = Dropouts::new(
-            pass.seed,
-            self.config.attention_dropout,
-            self.lora_dropout(),
-        );
         let out = fwd.hidden(embedded.input.clone(), &ctx, &mut drops);
         let (labels, label_mask) = next_token_targets(b);
         let head = HeadInputs {
@@ -166,7 +170,7 @@ impl DecoderModel {
     }
 
     /// Whether the embedding table is a trained parameter of this pass.
-    fn embedding_trains(&self, trainable: &[bool]) -> bool {
+    pub(crate) fn embedding_trains(&self, trainable: &[bool]) -> bool {
         matches!(self.state, State::Full { .. }) && trainable[self.layout.embed]
     }
 }

@@ -2,6 +2,7 @@
 //! (`scripts/decoder_reference.py`), LoRA's gradients, adapters and merges, the masked loss and
 //! per-layer checkpointing, and generation over the KV cache.
 
+mod counts;
 mod generation;
 mod lora;
 mod parity;
