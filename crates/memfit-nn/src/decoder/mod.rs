@@ -163,12 +163,18 @@ impl std::fmt::Debug for DecoderModel {
 }
 
 impl DecoderModel {
-    /// Random weights as transformers initialises them (and fresh adapters under LoRA).
+    /// Random weights as transformers initialises them (and fresh adapters under LoRA), the same
+    /// values as [`params::init_all`] draws.
     pub fn init(config: DecoderConfig, options: &DecoderOptions) -> Result<Self, ModelError> {
         options.check()?;
         let layout = DecoderLayout::new(&config);
-        let weights = params::init_all(&layout.specs, options.seed);
-        Self::assemble(config, layout, weights.into_iter().map(Ok), options, None)
+        // Drawn as consumed: under LoRA one f32 weight at a time exists beside the base.
+        let specs = layout.specs.clone();
+        let weights = specs
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| Ok(spec.init.values(spec.kind, options.seed, i)));
+        Self::assemble(config, layout, weights, options, None)
     }
 
     /// Reads `config.json` and the weights from `dir` (one `model.safetensors` or shards,

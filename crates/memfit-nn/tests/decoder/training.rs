@@ -86,7 +86,10 @@ fn checkpointing_gives_the_plain_pass_with_dropout_replayed() {
     );
     let mut adapted = DecoderModel::init(config.clone(), &lora).unwrap();
     wiggle(&mut adapted);
-    for model in [full_model("qwen3"), adapted] {
+    let bf16_base = lora.with_base_precision(memfit_nn::decoder::BasePrecision::Bf16);
+    let mut on_bf16 = DecoderModel::init(config, &bf16_base).unwrap();
+    wiggle(&mut on_bf16);
+    for model in [full_model("qwen3"), adapted, on_bf16] {
         for precision in [Precision::Fp32, Precision::Bf16] {
             let plain = Pass {
                 precision,
