@@ -14,7 +14,7 @@ use crate::decoder::attention::{Context, LayerCache, grouped_attention};
 use crate::decoder::config::DecoderConfig;
 use crate::decoder::layout::{DecoderLayout, Proj};
 use crate::decoder::lora::LoraLayout;
-use crate::kernels::dropout::Dropout;
+use crate::kernels::dropout::{Dropout, SplitMix64};
 use crate::kernels::fused_rms_norm;
 use crate::kernels::gemm_bf16::Products;
 use crate::layers::activation::Activation;
@@ -38,10 +38,12 @@ pub struct Dropouts {
 }
 
 impl Dropouts {
+    /// Training: attention's and LoRA's probabilities, each stream seeded from `seed`.
     pub fn new(seed: u64, attention: f64, lora: f64) -> Self {
+        let mut rng = SplitMix64::new(seed);
         Self {
-            attention: Dropout::new(seed, attention),
-            lora: Dropout::new(seed ^ 0x4C6F_5241_4C6F_5241, lora),
+            attention: Dropout::new(rng.next_u64(), attention),
+            lora: Dropout::new(rng.next_u64(), lora),
         }
     }
 
