@@ -12,7 +12,20 @@
 //!   products (the activations rounded to bf16 for those products, summed in f32), so it is read
 //!   where it lies and never widened whole.
 //!
+//! What a trainer calls: [`DecoderOptions::full`] / [`DecoderOptions::lora`] (with
+//! `with_base_precision`, `with_seed`), then [`DecoderModel::init`] (random weights from a config),
+//! [`DecoderModel::load`] (a transformers directory) or [`DecoderModel::load_with_adapter`] (a base
+//! and a PEFT adapter); the [`TrainModel`] methods (LoRA mode: `save`/`load` write and read the
+//! adapter); [`CausalGenerate::generate`]; [`DecoderModel::save_merged`] for `export --merge`.
+//!
+//! Files: `config` (+ `fields`, `rope`) read config.json; `layout` names every weight; `lora` the
+//! adapters; `attention` masks, positions, grouped attention and the KV cache; `forward` the
+//! layers; `train` the pass and [`TrainModel`]; `block_ckpt` per-layer checkpointing; `generate`
+//! greedy decoding; `adapter` checkpoints (PEFT adapter, merged model).
+//!
+//! [`TrainModel`]: crate::model::TrainModel
 //! [`TrainModel::params`]: crate::model::TrainModel::params
+//! [`CausalGenerate::generate`]: crate::model::CausalGenerate::generate
 
 pub mod adapter;
 pub mod attention;
@@ -35,8 +48,9 @@ pub use config::{DecoderConfig, Family};
 pub use layout::{DecoderLayout, Group, Proj};
 pub use lora::LoraLayout;
 
+pub use crate::layers::lora::LoraSettings;
+
 use crate::ModelError;
-use crate::layers::lora::LoraSettings;
 use crate::layers::params;
 use crate::weights::{HfWeights, LoadReport};
 
@@ -296,8 +310,8 @@ impl DecoderModel {
         params::upload(self.trained_specs(), self.trained(), device, dtype)
     }
 
-    /// Every base weight as host f32 values in memfit's layout, one at a time (a bf16 base
-    /// widened): for writing the full model.
+    /// Base weight `index` (layout order) as host f32 values in memfit's layout (a bf16 base
+    /// widened): the full model is written one weight at a time from these.
     pub fn base_weight(&self, index: usize) -> Result<Vec<f32>, ModelError> {
         match &self.state {
             State::Full { weights } => Ok(weights[index].clone()),
