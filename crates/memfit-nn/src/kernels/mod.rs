@@ -14,5 +14,5 @@ pub mod gemm_bf16;
 pub mod gemm_f32;
 pub mod linear_op;
 #[cfg(test)]
-mod test_tensors;
+pub(crate) mod test_tensors;
 pub mod xent;

@@ -69,6 +69,10 @@ pub enum Init {
         std: f64,
         row: usize,
     },
+    /// Uniform in `[-bound, bound)` (`kaiming_uniform_`, as PEFT initialises LoRA's A).
+    Uniform {
+        bound: f64,
+    },
 }
 
 impl Init {
@@ -76,21 +80,23 @@ impl Init {
     /// parameter, so adding a parameter does not shift the others.
     pub fn values(self, kind: Kind, seed: u64, index: usize) -> Vec<f32> {
         let n = kind.numel();
-        let normal = |std: f64| -> Vec<f32> {
-            let mut rng =
-                SplitMix64::new(seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut rng = SplitMix64::new(seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let normal = |rng: &mut SplitMix64, std: f64| -> Vec<f32> {
             (0..n).map(|_| (rng.next_normal() * std) as f32).collect()
         };
         match self {
             Init::Ones => vec![1.0; n],
             Init::Zeros => vec![0.0; n],
-            Init::Normal { std } => normal(std),
+            Init::Normal { std } => normal(&mut rng, std),
             Init::NormalZeroRow { std, row } => {
-                let mut v = normal(std);
+                let mut v = normal(&mut rng, std);
                 let cols = kind.shape()[1];
                 v[row * cols..(row + 1) * cols].fill(0.0);
                 v
             }
+            Init::Uniform { bound } => (0..n)
+                .map(|_| ((rng.next_f64() * 2.0 - 1.0) * bound) as f32)
+                .collect(),
         }
     }
 }

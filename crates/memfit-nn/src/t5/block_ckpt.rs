@@ -25,6 +25,7 @@ use burn::tensor::Gradients;
 
 use crate::kernels::dropout::Dropout;
 use crate::layers::grad_sink::GradSink;
+use crate::layers::segments::{leaf, pull};
 use crate::t5::chunked_head::{CHUNK_LOGITS, HeadInputs, loss_through_head};
 use crate::t5::embedding_leaf::EmbeddingLeaf;
 use crate::t5::forward::T5Forward;
@@ -48,20 +49,6 @@ pub struct Trainable {
     pub encoder: bool,
     pub encoder_rel_bias: bool,
     pub decoder_rel_bias: bool,
-}
-
-/// `t` as an autodiff leaf, retaining its gradient when `grad`.
-fn leaf<const D: usize>(t: &Tensor<D>, grad: bool) -> Tensor<D> {
-    let t = t.clone().autodiff();
-    if grad { t.require_grad() } else { t }
-}
-
-/// Back-propagates `cotangent` through `out`; `None` when `out` depends on nothing tracked.
-pub(crate) fn pull<const D: usize>(out: Tensor<D>, cotangent: &Tensor<D>) -> Option<Gradients> {
-    if !out.is_tracked() {
-        return None;
-    }
-    Some((out * cotangent.clone()).sum().backward())
 }
 
 /// Adds the gradient of `leaf` in `grads` (if any) into `acc`.

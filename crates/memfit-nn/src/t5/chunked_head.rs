@@ -1,137 +1,32 @@
-//! The LM head and the loss in row chunks, forward and backward by hand: only one chunk's logits
-//! exist at a time, instead of `[tokens, vocab]` several times over while every activation of the
-//! model is still alive (with a 32k vocabulary that was the largest single term of a step's peak).
-//!
-//! The decoder output is cut from the graph: each chunk yields the head weight's gradient and the
-//! chunk rows' cotangent; the caller pushes the assembled cotangent back through the decoder
-//! (`sum(out ⊙ cotangent)`), as per-block checkpointing does for every block.
+//! T5's LM head and loss in row chunks: the shared mechanism ([`crate::layers::chunked_head`])
+//! over T5's head weight — the untied `lm_head`, or the shared embedding rescaled by d_model^-½.
 
 use burn::prelude::*;
 use burn::tensor::Gradients;
 
-use burn::tensor::{DType, FloatDType, TensorData};
-
-use crate::kernels::gemm_bf16::Products;
-use crate::kernels::linear_op::product;
-use crate::kernels::xent::nll_and_grad_in_place;
+use crate::layers::chunked_head::{self, LmHead};
+pub use crate::layers::chunked_head::{CHUNK_LOGITS, HeadInputs};
 use crate::layers::grad_sink::GradSink;
-use crate::t5::block_ckpt::pull;
 use crate::t5::forward::T5Forward;
 
-/// Logit elements per chunk: 8 Mi f32 = 32 MiB (a 32k vocabulary gives 256 rows); small enough
-/// to be negligible beside activations, large enough that the head's GEMM stays efficient. The
-/// planner's host model uses the same figure (`memfit_host::HEAD_CHUNK_LOGITS`; a test checks).
-pub const CHUNK_LOGITS: usize = 8 << 20;
-
-/// The targets of a micro-batch and how to run the head over them.
-#[derive(Clone, Copy)]
-pub struct HeadInputs<'a> {
-    /// `[b·t]` target ids, row-major like the decoder output.
-    pub labels: &'a [u32],
-    pub label_mask: &'a [bool],
-    /// The micro-batch's share of the step (multiplies the loss before backward).
-    pub loss_scale: f64,
-    /// Logits per chunk ([`CHUNK_LOGITS`] in training).
-    pub chunk_logits: usize,
-}
-
-/// The loss over decoder output `hidden` `[b, t, d]` (values only; untracked) and the cotangent of
-/// `hidden` for `loss · loss_scale`; the head weight's gradient goes to `sink` chunk by chunk, of
-/// at most `chunk_logits` logits each.
-///
-/// No autodiff here: per chunk, the logits (one GEMM), the loss and its logit gradient in one fused
-/// sweep over them ([`nll_and_grad_in_place`]), then the weight's and the rows' gradients (two
-/// GEMMs). The weight gradient is produced in the weight's own layout, so a tied head's `[vocab, d]`
-/// gradient is not a transposed view to copy.
-fn head_loss_and_cotangent<E>(
-    tracked: &T5Forward,
-    hidden: Tensor<3>,
-    head: HeadInputs,
-    sink: &mut dyn GradSink<Error = E>,
-) -> Result<(Tensor<1>, Tensor<3>), E> {
-    let HeadInputs {
-        labels,
-        label_mask,
-        loss_scale,
-        chunk_logits,
-    } = head;
-    let [b, t, d] = hidden.dims();
-    let hidden_dtype = hidden.dtype();
-    let vocab = tracked.cfg.vocab_size;
-    let n = b * t;
-    let device = hidden.device();
-    let count = label_mask.iter().filter(|m| **m).count();
-    let grad_scale = (loss_scale / count.max(1) as f64) as f32;
-    // Tied: transformers rescales by d_model^-½ and projects onto the embedding `[vocab, d]`;
-    // untied, the head is `[d, vocab]`.
+/// T5's head over `tracked`'s parameters: tied, transformers rescales by d_model^-½ and projects
+/// onto the embedding `[vocab, d]`; untied, the head is `[d, vocab]`.
+pub fn lm_head(tracked: &T5Forward) -> LmHead {
     let (index, tied) = match tracked.layout.lm_head {
         Some(head) => (head, false),
         None => (tracked.layout.shared, true),
     };
-    let weight = tracked.params[index].clone();
-    let weight_grad_wanted = weight.is_require_grad();
-    let products = tracked.products();
-    // bf16 products read the weight rounded: round it once, not in every chunk's two products
-    let weight = match products {
-        Products::Bf16 => weight.inner().cast(DType::BF16),
-        Products::F32 => weight.inner(),
-    };
-    let input_scale = if tied { (d as f64).powf(-0.5) } else { 1.0 };
-
-    let rows_per_chunk = (chunk_logits / vocab.max(1)).clamp(1, n.max(1));
-    let flat = hidden.reshape([n, d]);
-    let mut nll = 0.0f64;
-    let mut cotangent = Vec::with_capacity(n.div_ceil(rows_per_chunk));
-    for start in (0..n).step_by(rows_per_chunk) {
-        let end = (start + rows_per_chunk).min(n);
-        // f32 rows (exact from bf16), so the logits come out f32 (an op's output takes its first
-        // operand's dtype); bf16 activations still take bf16 products, as autocast's head does.
-        let rows = flat.clone().slice([start..end, 0..d]).cast(DType::F32);
-        if !label_mask[start..end].iter().any(|m| *m) {
-            // No target here: no loss, no gradient.
-            cotangent.push(rows.zeros_like());
-            continue;
-        }
-        let x = if tied { rows * input_scale } else { rows };
-        let logits = if tied {
-            product(x.clone(), weight.clone().transpose(), products)
+    LmHead {
+        weight: tracked.params[index].clone(),
+        index,
+        tied,
+        input_scale: if tied {
+            (tracked.cfg.d_model as f64).powf(-0.5)
         } else {
-            product(x.clone(), weight.clone(), products)
-        };
-        // The loss in f32 whatever the compute dtype (as transformers upcasts logits for it).
-        let dtype = logits.dtype();
-        // Worked on in the tensor's own buffer: no copy out and back.
-        let mut values = logits.cast(FloatDType::F32).into_data();
-        nll += nll_and_grad_in_place(
-            values.as_mut_slice().expect("f32 logits"),
-            vocab,
-            &labels[start..end],
-            &label_mask[start..end],
-            grad_scale,
-        );
-        let grad_logits = Tensor::<2>::from_data(values, (&device, dtype));
-        if weight_grad_wanted {
-            let grad_weight = if tied {
-                product(grad_logits.clone().transpose(), x, products)
-            } else {
-                product(x.transpose(), grad_logits.clone(), products)
-            };
-            sink.parameter(index, grad_weight)?;
-        }
-        cotangent.push(if tied {
-            product(grad_logits, weight.clone(), products) * input_scale
-        } else {
-            product(grad_logits, weight.clone().transpose(), products)
-        });
+            1.0
+        },
+        products: tracked.products(),
     }
-    let loss = Tensor::from_data(
-        TensorData::new(vec![(nll / count.max(1) as f64) as f32], [1]),
-        &device,
-    );
-    let cotangent = Tensor::cat(cotangent, 0)
-        .reshape([b, t, d])
-        .cast(hidden_dtype);
-    Ok((loss, cotangent))
 }
 
 /// The loss of `batch`'s targets over the tracked decoder output `out` `[b, t, d]`, back-propagated
@@ -144,15 +39,7 @@ pub fn loss_through_head<E>(
     head: HeadInputs,
     sink: &mut dyn GradSink<Error = E>,
 ) -> Result<(Tensor<1>, Option<Gradients>), E> {
-    let (loss, cotangent) = head_loss_and_cotangent(tracked, out.clone().inner(), head, sink)?;
-    let grads = match pull(out, &cotangent) {
-        Some(mut grads) => {
-            sink.gradients(&mut grads)?;
-            Some(grads)
-        }
-        None => None,
-    };
-    Ok((loss, grads))
+    chunked_head::loss_through_head(&lm_head(tracked), out, head, sink)
 }
 
 #[cfg(test)]

@@ -142,6 +142,7 @@ impl T5Model {
     }
 
     /// The loss of `b` under per-block gradient checkpointing.
+    #[allow(clippy::too_many_arguments)] // the pass's parts, as plain_loss takes them, plus `plain`
     fn checkpointed_loss(
         &self,
         plain: &[Tensor<2>],

@@ -1,0 +1,207 @@
+//! Causal grouped-query attention: the additive masks (causal, key padding, sliding window), RoPE
+//! positions from the padding mask, attention over grouped KV heads without copying them, and the
+//! keys and values a generation step keeps.
+//!
+//! Grouped-query attention (`repeat_kv` in transformers) shares each KV head among `groups`
+//! consecutive query heads. Rather than repeating K and V `groups` times (a copy per layer that the
+//! backward pass would keep), the query heads of a group are stacked along the query axis:
+//! q `[b, h, t, d]` → `[b, kv_heads, groups·t, d]`, which attends over K and V `[b, kv_heads, t, d]`
+//! as they are. The mask is stacked the same way, once per forward pass.
+
+use burn::prelude::*;
+use burn::tensor::activation::softmax;
+use burn::tensor::{DType, TensorData};
+
+use crate::decoder::config::DecoderConfig;
+use crate::decoder::rope::RopeTables;
+use crate::kernels::attention_core;
+use crate::kernels::dropout::Dropout;
+use crate::layers::mask::MASKED;
+
+/// Each token's RoPE position: its index among the row's real tokens (0 at the first), as
+/// transformers' `generate` derives `position_ids` from the attention mask (padding gets 1). With
+/// right padding this is `0, 1, 2, …`, as a forward pass without `position_ids`.
+pub fn positions(mask: &[bool], len: usize) -> Vec<usize> {
+    let mut out = Vec::with_capacity(mask.len());
+    for row in mask.chunks(len.max(1)) {
+        let mut seen = 0;
+        for &real in row {
+            out.push(if real { seen } else { 1 });
+            seen += real as usize;
+        }
+    }
+    out
+}
+
+/// Which keys a query sees: those at or before it, not padding, and within its layer's window.
+#[derive(Debug, Clone, Copy)]
+pub struct Visibility<'a> {
+    /// `[b, keys]`: true on real tokens.
+    pub key_mask: &'a [bool],
+    pub keys: usize,
+    /// Queries are the last `queries` of the keys (all of them in a full pass, one in a step).
+    pub queries: usize,
+}
+
+impl Visibility<'_> {
+    /// The additive mask `[b, 1, groups·queries, keys]` in `dtype`: 0 where query `i` (key index
+    /// `keys − queries + i`) sees key `j`, [`MASKED`] elsewhere, repeated for each query head of a
+    /// KV group. A window `w` keeps keys with `i − j < w` (transformers' `kv_idx > q_idx − w`).
+    pub fn bias(
+        &self,
+        window: Option<usize>,
+        groups: usize,
+        device: &Device,
+        dtype: DType,
+    ) -> Tensor<4> {
+        let (tk, tq) = (self.keys, self.queries);
+        let batch = self.key_mask.len() / tk.max(1);
+        let mut rows = Vec::with_capacity(batch * tq * tk);
+        for keys in self.key_mask.chunks(tk.max(1)) {
+            let start = rows.len();
+            for i in tk - tq..tk {
+                rows.extend(keys.iter().enumerate().map(|(j, &real)| {
+                    let seen = real && j <= i && window.is_none_or(|w| i - j < w);
+                    if seen { 0.0 } else { MASKED }
+                }));
+            }
+            let one_head = rows[start..].to_vec();
+            for _ in 1..groups {
+                rows.extend_from_slice(&one_head);
+            }
+        }
+        Tensor::from_data(
+            TensorData::new(rows, [batch, 1, groups * tq, tk]),
+            (device, dtype),
+        )
+    }
+}
+
+/// What every layer of one forward pass shares: RoPE tables and the masks.
+pub struct Context {
+    pub rope: RopeTables,
+    /// The causal + padding mask of full-attention layers.
+    pub full: Tensor<4>,
+    /// The same with the model's sliding window, when a layer has one.
+    pub sliding: Option<Tensor<4>>,
+}
+
+impl Context {
+    /// The RoPE tables of `positions` (the queries') and the masks of `visibility`.
+    pub fn new(
+        cfg: &DecoderConfig,
+        positions: &[usize],
+        visibility: Visibility,
+        device: &Device,
+        dtype: DType,
+    ) -> Self {
+        let batch = visibility.key_mask.len() / visibility.keys.max(1);
+        let groups = cfg.kv_groups();
+        let window = cfg.sliding_windows.iter().flatten().next().copied();
+        Self {
+            rope: cfg.rope.tables(positions, batch, device, dtype),
+            full: visibility.bias(None, groups, device, dtype),
+            sliding: window.map(|w| visibility.bias(Some(w), groups, device, dtype)),
+        }
+    }
+
+    /// The mask of a layer with `window`.
+    pub fn mask(&self, window: Option<usize>) -> &Tensor<4> {
+        match (window, &self.sliding) {
+            (Some(_), Some(sliding)) => sliding,
+            _ => &self.full,
+        }
+    }
+}
+
+/// `softmax(q·kᵀ·scale + mask)·v` for q `[b, h, tq, d]` and k, v `[b, kv_heads, tk, d]`, the
+/// query heads of each KV group stacked on the query axis (see the module doc); returns the heads
+/// concatenated, `[b, tq, h·d]`.
+pub fn grouped_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    mask: &Tensor<4>,
+    drop: &mut Dropout,
+) -> Tensor<3> {
+    let [b, h, tq, d] = q.dims();
+    let kv_heads = k.dims()[1];
+    let groups = h / kv_heads;
+    // transformers scales the scores by d^-½; scaling q first is the same product.
+    let q = (q * (d as f64).powf(-0.5)).reshape([b, kv_heads, groups * tq, d]);
+    let out = if attention_core::supported(&q) {
+        let seed = drop.next_seed();
+        attention_core::attention(q, k, v, mask.clone(), seed, drop.p())
+    } else {
+        let scores = q.matmul(k.swap_dims(2, 3)) + mask.clone();
+        drop.apply(softmax(scores, 3)).matmul(v)
+    };
+    out.reshape([b, h, tq, d])
+        .swap_dims(1, 2)
+        .reshape([b, tq, h * d])
+}
+
+/// One layer's keys (after RoPE) and values so far, `[b, kv_heads, t, d]` each.
+#[derive(Default, Clone)]
+pub struct LayerCache {
+    kv: Option<(Tensor<4>, Tensor<4>)>,
+}
+
+impl LayerCache {
+    /// Appends this step's keys and values; returns all of them.
+    pub fn extend(&mut self, k: Tensor<4>, v: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+        let (k, v) = match self.kv.take() {
+            Some((pk, pv)) => (Tensor::cat(vec![pk, k], 2), Tensor::cat(vec![pv, v], 2)),
+            None => (k, v),
+        };
+        self.kv = Some((k.clone(), v.clone()));
+        (k, v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_count_real_tokens() {
+        let mask = [false, false, true, true, true, true, false];
+        assert_eq!(positions(&mask[..], 7), [1, 1, 0, 1, 2, 3, 1]);
+        assert_eq!(positions(&[true; 3], 3), [0, 1, 2]);
+    }
+
+    #[test]
+    fn masks_are_causal_padded_windowed_and_stacked() {
+        let key_mask = [false, true, true, true];
+        let vis = Visibility {
+            key_mask: &key_mask,
+            keys: 4,
+            queries: 4,
+        };
+        let seen = |window, groups| -> Vec<bool> {
+            let t = vis.bias(window, groups, &Device::flex(), DType::F32);
+            let v: Vec<f32> = t.into_data().try_to_vec().unwrap();
+            v.into_iter().map(|x| x == 0.0).collect()
+        };
+        let full = seen(None, 1);
+        #[rustfmt::skip]
+        let want = [
+            false, false, false, false,
+            false, true, false, false,
+            false, true, true, false,
+            false, true, true, true,
+        ];
+        assert_eq!(full, want);
+        let windowed = seen(Some(2), 1);
+        assert!(!windowed[3 * 4 + 1] && windowed[3 * 4 + 2] && windowed[3 * 4 + 3]);
+        assert_eq!(
+            seen(None, 2),
+            [want, want].concat(),
+            "one copy per query head of a group"
+        );
+        // One step: the last query only.
+        let step = Visibility { queries: 1, ..vis };
+        let t = step.bias(None, 1, &Device::flex(), DType::F32);
+        assert_eq!(t.dims(), [1, 1, 1, 4]);
+    }
+}
