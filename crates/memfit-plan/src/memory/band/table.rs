@@ -7,12 +7,12 @@ pub const BANDS: &[Band] = &[
     Band {
         class: "full",
         rows: 12,
-        p90_abs_error: 0.041,
+        p90_abs_error: 0.037,
     },
     Band {
         class: "lora",
         rows: 27,
-        p90_abs_error: 0.294,
+        p90_abs_error: 0.061,
     },
     Band {
         class: "lora+offload",
@@ -22,16 +22,16 @@ pub const BANDS: &[Band] = &[
     Band {
         class: "lora+sharded",
         rows: 10,
-        p90_abs_error: 0.573,
+        p90_abs_error: 0.108,
     },
     Band {
         class: "qlora",
         rows: 22,
-        p90_abs_error: 0.248,
+        p90_abs_error: 0.160,
     },
     Band {
         class: "any",
         rows: 75,
-        p90_abs_error: 0.402,
+        p90_abs_error: 0.143,
     },
 ];
