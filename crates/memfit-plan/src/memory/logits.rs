@@ -48,7 +48,7 @@ pub(super) fn logits_and_loss(
     } else {
         0
     };
-    match profile.loss_for(setup.task) {
+    match profile.loss_for(setup) {
         Loss::ChunkedKeep { tokens } => {
             // every chunk's logits (the list the step keeps) and its log-softmax output, both in
             // the logits' dtype (the chunked path applies no final softcapping: `litgpt/lora.py`
@@ -69,6 +69,15 @@ pub(super) fn logits_and_loss(
             return LogitsBytes {
                 forward: lv * (4 + softcap),
                 backward: lv * w.c + chunk * (4 + 4) + head_dequant,
+            };
+        }
+        Loss::Plain => {
+            // torchtune's decoder returns `self.output(h).float()` (torchtune/modules/
+            // transformer.py, April 2024): the step keeps the fp32 shifted copy, cross-entropy
+            // its fp32 log-softmax output; backward: the fp32 gradients of both
+            return LogitsBytes {
+                forward: lv * (4 + 4),
+                backward: lv * (4 + 4),
             };
         }
         Loss::Whole => {}

@@ -261,6 +261,10 @@ pub struct Setup {
     /// `optimizer_in_bwd`); `None` = the stack's default (`memory/stack.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimizer_in_backward: Option<bool>,
+    /// The stack's chunked cross-entropy (torchtune's `CEWithChunkedOutputLoss`) or its plain one;
+    /// `None` = the stack's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunked_loss: Option<bool>,
 }
 
 named_enum!(
@@ -314,6 +318,7 @@ impl Setup {
             dataset_rows: 0,
             stack: Stack::HfTrainer,
             optimizer_in_backward: None,
+            chunked_loss: None,
         }
     }
 

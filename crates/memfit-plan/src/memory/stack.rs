@@ -34,6 +34,11 @@ pub enum Loss {
     /// (`del logits`, `recipes/lora_finetune_single_device.py`): only the fp32 log-softmax
     /// outputs stay.
     ChunkedUpcast { chunks: u64 },
+    /// torchtune before its chunked loss (`recipes/lora_finetune_single_device.py`, April 2024):
+    /// the decoder returns fp32 logits (`self.output(h).float()`), the step replaces them with a
+    /// shifted copy (`logits[..., :-1, :].contiguous()`), which it keeps, and
+    /// `nn.CrossEntropyLoss` saves its fp32 log-softmax output.
+    Plain,
 }
 
 /// What a stack does, as far as memory is concerned.
@@ -162,12 +167,13 @@ impl Profile {
             && (self.deepspeed_engine || (setup.zero.stage() >= 1 && !setup.zero.is_fsdp()))
     }
 
-    /// Whether the causal-LM loss of this task is the stack's chunked one.
-    pub fn loss_for(&self, task: Task) -> Loss {
-        if task == Task::CausalLm {
-            self.loss
-        } else {
-            Loss::Whole
+    /// The loss this setup computes: the stack's for a causal LM, where `setup.chunked_loss =
+    /// Some(false)` turns torchtune's chunked loss back into its plain one.
+    pub fn loss_for(&self, setup: &Setup) -> Loss {
+        match (setup.task, self.loss, setup.chunked_loss) {
+            (Task::CausalLm, Loss::ChunkedUpcast { .. }, Some(false)) => Loss::Plain,
+            (Task::CausalLm, loss, _) => loss,
+            _ => Loss::Whole,
         }
     }
 }

@@ -137,6 +137,12 @@ pub fn setup_of(r: &Record, arch: &Arch) -> Result<Setup, String> {
         "false" => Some(false),
         _ => return Err(bad("opt_in_bwd")),
     };
+    s.chunked_loss = match get(r, "chunked_loss") {
+        "" => None,
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => return Err(bad("chunked_loss")),
+    };
     // The rows measure a training process that already holds its data (a few hundred rows).
     s.dataset = DatasetMode::Reread;
     Ok(s)
@@ -169,6 +175,7 @@ pub const SOURCES: &[(char, &str)] = &[
     ('L', "Lightning-AI/litgpt"),
     ('M', "Lightning-AI/litgpt"),
     ('P', "huggingface/peft method_comparison"),
+    ('T', "pytorch/torchtune"),
 ];
 
 /// The project of a row id (its first letter).
