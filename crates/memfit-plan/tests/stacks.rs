@@ -5,8 +5,7 @@ use memfit_plan::Task;
 use memfit_plan::arch::{self, Arch, Head, Role};
 use memfit_plan::memory::stack::{Loss, model_view};
 use memfit_plan::memory::{
-    self, Attention, Framework, LoraTarget, Method, Optimizer, Precision, Quant, Setup, Stack,
-    Zero,
+    self, Attention, Framework, LoraTarget, Method, Optimizer, Precision, Quant, Setup, Stack, Zero,
 };
 use serde_json::json;
 
@@ -74,7 +73,10 @@ fn each_stack_keeps_its_loss() {
     plain.chunked_loss = Some(false);
     let e = memory::estimate(&a, &plain, &Framework::default()).unwrap();
     let c = e.gpu.unwrap().components;
-    assert_eq!(c.iter().find(|c| c.name == "logits + loss").unwrap().bytes, lv * 8);
+    assert_eq!(
+        c.iter().find(|c| c.name == "logits + loss").unwrap().bytes,
+        lv * 8
+    );
     assert_eq!(Stack::Torchtune.profile().loss_for(&plain), Loss::Plain);
 }
 
@@ -146,7 +148,10 @@ fn qlora_preparation_and_saved_inputs() {
     let blocks = |fw: &Framework, stack| {
         let e = memory::estimate(&a, &qlora(stack), fw).unwrap();
         let c = e.gpu.unwrap().components;
-        c.iter().find(|c| c.name == "activations (blocks)").unwrap().bytes
+        c.iter()
+            .find(|c| c.name == "activations (blocks)")
+            .unwrap()
+            .bytes
     };
     let (old, new) = (Framework::TORCH_2_BNB_LT_044, Framework::TORCH_2);
     assert!(blocks(&old, Stack::HfTrainer) > blocks(&new, Stack::HfTrainer));

@@ -131,21 +131,21 @@ pub fn setup_of(r: &Record, arch: &Arch) -> Result<Setup, String> {
         a => Attention::parse(a).ok_or_else(|| bad("attention"))?,
     };
     s.stack = Stack::parse(get(r, "stack")).ok_or_else(|| bad("stack"))?;
-    s.optimizer_in_backward = match get(r, "opt_in_bwd") {
-        "" => None,
-        "true" => Some(true),
-        "false" => Some(false),
-        _ => return Err(bad("opt_in_bwd")),
-    };
-    s.chunked_loss = match get(r, "chunked_loss") {
-        "" => None,
-        "true" => Some(true),
-        "false" => Some(false),
-        _ => return Err(bad("chunked_loss")),
-    };
+    s.optimizer_in_backward = optional_bool(r, "opt_in_bwd").ok_or_else(|| bad("opt_in_bwd"))?;
+    s.chunked_loss = optional_bool(r, "chunked_loss").ok_or_else(|| bad("chunked_loss"))?;
     // The rows measure a training process that already holds its data (a few hundred rows).
     s.dataset = DatasetMode::Reread;
     Ok(s)
+}
+
+/// A column that is `true`, `false` or empty (`Some(None)`); `None` for anything else.
+fn optional_bool(r: &Record, k: &str) -> Option<Option<bool>> {
+    match get(r, k) {
+        "" => Some(None),
+        "true" => Some(Some(true)),
+        "false" => Some(Some(false)),
+        _ => None,
+    }
 }
 
 /// How a row's measured constants are chosen.
