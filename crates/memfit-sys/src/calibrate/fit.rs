@@ -6,7 +6,7 @@
 //! temporaries). At small batches the step can set the peak, so the peak follows a flat line first
 //! and the activation line after: a convex, piecewise-linear curve. A least-squares line through
 //! points on both pieces has the slope of neither and falls short beyond them (t5-small under
-//! `bench_t5.py`, glibc's malloc pinned: 1470, 1518, 1819 MiB at batches 1, 2, 4, then 176 MiB per
+//! `bench_t5.py`, glibc's malloc pinned: 1465, 1518, 1819 MiB at batches 1, 2, 4, then 175 MiB per
 //! sample from 4 to 16; README, Benchmarks). When the largest batch lies above the line through the
 //! smaller ones by more than [`LINEARITY_TOLERANCE`], the fit is the line through the two largest
 //! batches: on a convex curve the last secant is the closest to the slope beyond.
