@@ -198,3 +198,28 @@ fn leave_one_source_out_never_uses_the_rows_own_context() {
         }
     }
 }
+
+/// Issue 17's leave-one-source-out targets that hold: median |error| ≤ 8% and p90 ≤ 20% over
+/// every row, each row estimated without a constant measured by its own project. (The third,
+/// no row beyond 35%, does not hold: docs/accuracy.md names the rows and the cause.)
+#[test]
+fn leave_one_source_out_median_and_p90() {
+    let loso = rows_in(Mode::LeaveOneSourceOut);
+    let all: Vec<&validation::Compared> = loso.iter().collect();
+    let s = stats::summarize(&all);
+    println!(
+        "LOSO: {} rows, median {:.1}%, p90 {:.1}%, worst {:?}, {} beyond 35%",
+        s.rows,
+        100.0 * s.median,
+        100.0 * s.p90,
+        s.worst,
+        s.beyond_35
+    );
+    assert!(s.median <= 0.08, "median {:.1}% > 8%", 100.0 * s.median);
+    assert!(s.p90 <= 0.20, "p90 {:.1}% > 20%", 100.0 * s.p90);
+    // rows from at least five independent projects, every row from a known one
+    let mut projects: Vec<&str> = loso.iter().map(|r| r.source).collect();
+    projects.sort();
+    projects.dedup();
+    assert!(projects.len() >= 5, "{projects:?}");
+}

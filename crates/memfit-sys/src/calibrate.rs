@@ -10,7 +10,11 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use serde::ser::SerializeStruct;
+
+mod fit;
+mod malloc;
+pub use fit::{Line, MaxBatch, fit, fit_points};
+pub use malloc::{MALLOC_PINS, malloc_pins};
 
 /// Where the batch size goes in the command.
 pub const BATCH: &str = "{batch}";
@@ -126,130 +130,6 @@ pub struct Point {
     pub peak_rss_bytes: u64,
     /// NVML memory of the tree's processes, its largest sample; `None` without NVML.
     pub peak_gpu_bytes: Option<u64>,
-}
-
-/// `peak = fixed + per_sample × batch`, with how well it matched the points it came from.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Line {
-    pub fixed: f64,
-    pub per_sample: f64,
-    /// The largest |measured − predicted| / measured over the points; `None` from two points (a line
-    /// through two points has no residual, so nothing checked linearity).
-    pub max_rel_residual: Option<f64>,
-}
-
-/// JSON: `{"fixed_bytes": i64, "per_sample_bytes": i64}` (whole bytes; the fixed part of a bent curve can
-/// come out negative).
-impl Serialize for Line {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut st = s.serialize_struct("Line", 2)?;
-        st.serialize_field("fixed_bytes", &(self.fixed.round() as i64))?;
-        st.serialize_field("per_sample_bytes", &(self.per_sample.round() as i64))?;
-        st.end()
-    }
-}
-
-/// The largest batch under a limit.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum MaxBatch {
-    Batch(u64),
-    /// Not even batch 1 fits: it is predicted `shortfall` bytes over the limit.
-    NoneFits {
-        shortfall: u64,
-    },
-    /// The peak does not grow with the batch over the measured range: no bound can be predicted.
-    Unbounded,
-}
-
-impl MaxBatch {
-    /// JSON: the batch, 0 when none fits, null when unbounded.
-    pub fn as_json(self) -> Option<u64> {
-        match self {
-            Self::Batch(b) => Some(b),
-            Self::NoneFits { .. } => Some(0),
-            Self::Unbounded => None,
-        }
-    }
-}
-
-impl Line {
-    /// The predicted peak at `batch`, in whole bytes (never below zero).
-    pub fn predict(&self, batch: u64) -> u64 {
-        (self.fixed + self.per_sample * batch as f64)
-            .max(0.0)
-            .ceil() as u64
-    }
-
-    /// `Some(false)` when a third point strays more than `LINEARITY_TOLERANCE` from the line.
-    pub fn is_linear(&self) -> Option<bool> {
-        self.max_rel_residual.map(|r| r <= LINEARITY_TOLERANCE)
-    }
-
-    /// The largest batch ≥ 1 whose predicted peak is at most `limit` bytes.
-    pub fn max_batch(&self, limit: u64) -> MaxBatch {
-        let first = self.predict(1);
-        if first > limit {
-            return MaxBatch::NoneFits {
-                shortfall: first - limit,
-            };
-        }
-        if self.per_sample <= 0.0 {
-            return MaxBatch::Unbounded;
-        }
-        // Float rounding can put the floor one over the limit: step back until the prediction fits.
-        let mut b = ((limit as f64 - self.fixed) / self.per_sample)
-            .floor()
-            .max(1.0) as u64;
-        while b > 1 && self.predict(b) > limit {
-            b -= 1;
-        }
-        MaxBatch::Batch(b)
-    }
-}
-
-/// Least squares over `(batch, peak)` pairs; needs two different batches.
-pub fn fit(pairs: &[(u64, u64)]) -> Result<Line, CalibrateError> {
-    let batches: Vec<u64> = pairs.iter().map(|p| p.0).collect();
-    let n = pairs.len() as f64;
-    let mean = |f: &dyn Fn(&(u64, u64)) -> f64| pairs.iter().map(f).sum::<f64>() / n;
-    let (xm, ym) = (mean(&|p| p.0 as f64), mean(&|p| p.1 as f64));
-    let sxx: f64 = pairs.iter().map(|p| (p.0 as f64 - xm).powi(2)).sum();
-    if pairs.len() < 2 || sxx == 0.0 {
-        return Err(CalibrateError::TooFewPoints(batches));
-    }
-    let sxy: f64 = pairs
-        .iter()
-        .map(|p| (p.0 as f64 - xm) * (p.1 as f64 - ym))
-        .sum();
-    let per_sample = sxy / sxx;
-    let fixed = ym - per_sample * xm;
-    let distinct = {
-        let mut b = batches.clone();
-        b.sort_unstable();
-        b.dedup();
-        b.len()
-    };
-    let max_rel_residual = (distinct > 2).then(|| {
-        pairs
-            .iter()
-            .map(|&(x, y)| (y as f64 - (fixed + per_sample * x as f64)).abs() / (y as f64).max(1.0))
-            .fold(0.0, f64::max)
-    });
-    Ok(Line {
-        fixed,
-        per_sample,
-        max_rel_residual,
-    })
-}
-
-/// The host line, and the GPU line when every point has a GPU figure.
-pub fn fit_points(points: &[Point]) -> Result<(Line, Option<Line>), CalibrateError> {
-    let host: Vec<(u64, u64)> = points.iter().map(|p| (p.batch, p.peak_rss_bytes)).collect();
-    let gpu: Option<Vec<(u64, u64)>> = points
-        .iter()
-        .map(|p| p.peak_gpu_bytes.map(|g| (p.batch, g)))
-        .collect();
-    Ok((fit(&host)?, gpu.map(|g| fit(&g)).transpose()?))
 }
 
 /// A budget with its headroom: what the peak may reach.
@@ -374,7 +254,13 @@ pub fn profile_batches(max: u64, smallest: u64) -> Vec<u64> {
 
 /// The profiles file for `memfit run --profiles`: one `[[profile]]` per batch, overriding `flag`.
 /// `summary` lines become comments under the marker line.
-pub fn profiles_toml(flag: &str, batches: &[u64], summary: &[String]) -> String {
+/// `env`: variables every profile sets (the malloc pins the trials ran with).
+pub fn profiles_toml(
+    flag: &str,
+    batches: &[u64],
+    env: &[(String, String)],
+    summary: &[String],
+) -> String {
     let profile: Vec<toml::Value> = batches
         .iter()
         .map(|b| {
@@ -382,6 +268,13 @@ pub fn profiles_toml(flag: &str, batches: &[u64], summary: &[String]) -> String 
             p.insert("name".into(), format!("calibrated-batch-{b}").into());
             let args = vec![toml::Value::from(flag), b.to_string().into()];
             p.insert("args".into(), toml::Value::Array(args));
+            if !env.is_empty() {
+                let vars: toml::Table = env
+                    .iter()
+                    .map(|(k, v)| (k.clone(), toml::Value::from(v.as_str())))
+                    .collect();
+                p.insert("env".into(), toml::Value::Table(vars));
+            }
             toml::Value::Table(p)
         })
         .collect();
@@ -451,11 +344,22 @@ mod tests {
         assert_eq!(line.predict(16), 2600);
         // Two points: exact, and nothing checked linearity.
         assert_eq!(fit(&[(1, 1100), (2, 1200)]).unwrap().is_linear(), None);
-        // peak = 100 + 10·b²: least squares gives 50 + 51.4·b, 9.2% off at batch 2 (152.9 for 140).
+        // peak = 100 + 10·b²: batch 4 lies 30% above the line through batches 1 and 2 (200), so the
+        // fit is the line through 2 and 4, 20 + 60·b, which batch 1 lies 27% above.
         let bent = fit(&[(1, 110), (2, 140), (4, 260)]).unwrap();
+        assert!(bent.bent);
+        assert!((bent.fixed - 20.0).abs() < 1e-6 && (bent.per_sample - 60.0).abs() < 1e-6);
         let r = bent.max_rel_residual.unwrap();
-        assert!((r - 0.0918).abs() < 0.0001, "{r}");
+        assert!((r - 30.0 / 110.0).abs() < 1e-4, "{r}");
         assert_eq!(bent.is_linear(), Some(false));
+        // A bend within the tolerance is noise: least squares over all three.
+        let slight = fit(&[(1, 1000), (2, 1100), (4, 1320)]).unwrap();
+        assert!(!slight.bent);
+        // t5-small under bench_t5.py with the mmap threshold pinned (MiB, README): the optimizer
+        // step sets the peak at batch 1; the line through 2 and 4 is the activations' at 16.
+        let t5 = fit(&[(1, 1465), (2, 1518), (4, 1819)]).unwrap();
+        assert!(t5.bent && (t5.per_sample - 150.5).abs() < 1e-6);
+        assert_eq!(t5.predict(16), 3625);
         assert_eq!(
             fit(&[(2, 10), (2, 12)]),
             Err(CalibrateError::TooFewPoints(vec![2, 2]))
@@ -468,6 +372,7 @@ mod tests {
             fixed: 1000.0,
             per_sample: 100.0,
             max_rel_residual: None,
+            bent: false,
         };
         assert_eq!(line.max_batch(1950), MaxBatch::Batch(9));
         assert_eq!(line.max_batch(2000), MaxBatch::Batch(10));
@@ -487,7 +392,7 @@ mod tests {
         fn max_batch_is_the_largest_that_fits(
             fixed in 0.0f64..1e11, per_sample in 1.0f64..1e10, limit in 0u64..1u64 << 40,
         ) {
-            let line = Line { fixed, per_sample, max_rel_residual: None };
+            let line = Line { fixed, per_sample, max_rel_residual: None, bent: false };
             match line.max_batch(limit) {
                 MaxBatch::Batch(b) => {
                     proptest::prop_assert!(line.predict(b) <= limit);
@@ -507,6 +412,7 @@ mod tests {
             fixed,
             per_sample,
             max_rel_residual: None,
+            bent: false,
         };
         let (host, gpu) = (line(500.0, 100.0), line(1000.0, 300.0));
         let limit = |budget| Limit {
@@ -584,12 +490,19 @@ mod tests {
         let text = profiles_toml(
             "--batch",
             &[12, 6],
+            &malloc_pins(|_| None),
             &["host: 1.00 GiB + 10.0 MiB per sample".into()],
         );
         assert!(text.starts_with(PROFILES_MARKER), "{text}");
         let profiles = crate::profiles::parse(&text).unwrap();
         assert_eq!(profiles.len(), 2);
         assert_eq!(profiles[1].name, "calibrated-batch-6");
+        // every profile runs with the malloc the trials measured
+        assert!(
+            profiles
+                .iter()
+                .all(|p| p.env.get("MALLOC_MMAP_THRESHOLD_").map(String::as_str) == Some("131072"))
+        );
         let argv = v(&["py", "train.py", "--batch", "64"]);
         assert_eq!(
             crate::profiles::apply_overrides(&argv, &profiles[0].args),

@@ -98,6 +98,43 @@ fn the_fit_recovers_fixed_and_per_sample_and_writes_profiles() {
     let args: Vec<&Vec<String>> = profiles.iter().map(|p| &p.args).collect();
     assert_eq!(args[0], &["--batch", "74"]);
     assert_eq!(args[1], &["--batch", "37"]);
+    // the run the profiles drive allocates as the trials did: glibc's mmap threshold pinned
+    for p in &profiles {
+        assert_eq!(p.env["MALLOC_MMAP_THRESHOLD_"], "131072", "{text}");
+    }
+}
+
+/// Every trial runs with glibc's mmap threshold pinned, unless the user's environment tunes malloc.
+#[test]
+fn trials_run_with_malloc_pinned() {
+    let Some(hog) = memhog() else { return };
+    let out = tempfile::tempdir().unwrap();
+    let seen = out.path().join("seen-{batch}");
+    let script = format!(
+        "echo \"$MALLOC_MMAP_THRESHOLD_\" > {} && exec {}",
+        seen.display(),
+        hog_command(&hog, 32, 8).join(" ")
+    );
+    let command = ["sh".to_owned(), "-c".to_owned(), script];
+    let dir = out.path().to_str().unwrap();
+    let o = calibrate(&["--budget-ram", "1GiB", "--out", dir], &command);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let read = |b: u32| std::fs::read_to_string(out.path().join(format!("seen-{b}"))).unwrap();
+    assert_eq!(read(1).trim(), "131072");
+    assert!(
+        stderr(&o).contains("MALLOC_MMAP_THRESHOLD_=131072"),
+        "{}",
+        stderr(&o)
+    );
+    // a user's own setting wins
+    let o = memfit()
+        .env("MALLOC_MMAP_THRESHOLD_", "65536")
+        .args(["calibrate", "--budget-ram", "1GiB", "--out", dir, "--"])
+        .args(&command)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(read(2).trim(), "65536");
 }
 
 #[test]

@@ -165,3 +165,72 @@ fn bad_config_exits_2_naming_file_and_field() {
         ],
     );
 }
+
+/// `--stack`: the stack is in the setup, and what it keeps differently shows in the components
+/// (Llama 2 7B LoRA under FSDP on 2 GPUs with 64 accumulated micro-batches, the setup of
+/// LitGPT's resource table).
+#[test]
+fn stack_changes_what_is_kept() {
+    let config = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../validation/models/llama-2-7b.json"
+    );
+    let component = |stack: &str, name: &str| {
+        let v = json(&[
+            "estimate",
+            "--model",
+            config,
+            "--task",
+            "causal-lm",
+            "--batch",
+            "1",
+            "--seq",
+            "1304",
+            "--accum",
+            "64",
+            "--precision",
+            "bf16",
+            "--method",
+            "lora",
+            "--lora-targets",
+            "q,v",
+            "--zero",
+            "fsdp-full",
+            "--gpus",
+            "2",
+            "--grad-ckpt",
+            "--attention",
+            "sdpa",
+            "--stack",
+            stack,
+            "--json",
+        ]);
+        assert_eq!(v["setup"]["stack"], stack);
+        v["gpu"]["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .map_or(0, |c| c["bytes"].as_u64().unwrap())
+    };
+    let gib = 1u64 << 30;
+    // LitGPT: Fabric's no_backward_sync keeps every block's whole unsharded gradient
+    // (use_orig_params=True units hold frozen and LoRA tensors together) on each rank.
+    assert!(component("litgpt", "gradients") > 12 * gib);
+    // the Trainer's no_sync keeps only the adapters' gradients (PEFT wraps them as units)
+    assert!(component("hf-trainer", "gradients") < gib / 8);
+    // Lightning's Trainer shards whole blocks every micro-batch: half of LitGPT's on 2 GPUs
+    let lightning = component("lightning", "gradients");
+    assert!(lightning > 5 * gib && lightning < 7 * gib);
+    // LitGPT's 128-token bf16 chunks, no fp32 upcast, beside transformers' whole fp32 loss
+    assert!(component("litgpt", "logits + loss") * 2 < component("hf-trainer", "logits + loss"));
+}
+
+#[test]
+fn unknown_stack_exits_2() {
+    let out = memfit(&[
+        "estimate", "--model", "gpt2", "--batch", "1", "--seq", "8", "--stack", "keras",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("litgpt"));
+}

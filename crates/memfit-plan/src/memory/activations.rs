@@ -15,8 +15,8 @@ use super::block::block;
 use super::ffn::Ffn;
 use super::framework::Framework;
 use super::logits::logits_and_loss;
-use super::setup::{Precision, Setup};
-use super::states::{adapter_elements, base_trains};
+use super::setup::{Method, Setup};
+use super::states::{adapter_elements, base_trains, quantized};
 use crate::Task;
 use crate::arch::{Arch, Family, Group, Role};
 
@@ -65,7 +65,30 @@ pub(super) struct Widths {
     pub amp: bool,
 }
 
-fn widths(p: Precision) -> Widths {
+fn widths(setup: &Setup) -> Widths {
+    let p = setup.precision;
+    let profile = setup.stack.profile();
+    if p.is_amp() && profile.deepspeed(setup) {
+        // A DeepSpeed engine casts the module to 16 bit and runs no autocast
+        // (deepspeed/runtime/engine.py: `self.module.bfloat16()` / `.half()`).
+        return Widths {
+            r: 2,
+            c: 2,
+            f: 2,
+            amp: false,
+        };
+    }
+    if setup.method == Method::Qlora && profile.kbit_fp32 && !p.is_amp() {
+        // prepare_model_for_kbit_training made the embeddings and norms fp32: without autocast
+        // the hidden states stay fp32; bnb's Linear4bit computes in its compute dtype and casts
+        // its output back to the input's dtype (bitsandbytes/nn/modules.py `Linear4bit.forward`).
+        return Widths {
+            r: 4,
+            c: 4,
+            f: 4,
+            amp: false,
+        };
+    }
     Widths {
         r: p.weight_bytes(),
         c: p.compute_bytes(),
@@ -101,7 +124,7 @@ impl Stack {
 
 /// The model's activation memory for one micro-batch.
 pub fn activations(arch: &Arch, setup: &Setup, fw: &Framework) -> ActivationBytes {
-    let w = widths(setup.precision);
+    let w = widths(setup);
     let b = setup.batch;
     let src = setup.seq;
     let tgt = if setup.task == Task::Seq2seq {
@@ -154,7 +177,7 @@ pub fn activations(arch: &Arch, setup: &Setup, fw: &Framework) -> ActivationByte
         };
         out.blocks += shared;
         for (ffn, layers) in st.by_ffn(arch).into_iter().filter(|(_, n)| *n > 0) {
-            let blk = block(arch, setup, w, st, ffn);
+            let blk = block(arch, setup, fw, w, st, ffn);
             if setup.grad_ckpt {
                 out.blocks += layers * input;
                 largest_block = largest_block.max(blk.saved);
@@ -190,7 +213,9 @@ pub fn activations(arch: &Arch, setup: &Setup, fw: &Framework) -> ActivationByte
         let linear: u64 = arch
             .tensors
             .iter()
+            // 4-bit linears dequantize per call instead (their matmul is not autocast-cached)
             .filter(|t| t.is_linear() || t.role == Role::LmHead || tied_head(arch, setup, t))
+            .filter(|t| !quantized(setup, t))
             .map(|t| t.elements())
             .sum();
         out.autocast_weights = 2 * linear;

@@ -3,8 +3,10 @@
 
 use super::activations::{Stack, Widths};
 use super::ffn::{self, Ffn};
+use super::framework::Framework;
 use super::setup::{Attention, Method, Setup};
-use super::states::{adapter_elements, base_trains};
+use super::stack::Profile;
+use super::states::{adapter_elements, base_trains, quantized};
 use crate::arch::{Arch, Family, Group, Role};
 
 /// What one block keeps and frees.
@@ -25,18 +27,26 @@ pub(super) struct Ctx<'a> {
     pub w: Widths,
     pub group: Group,
     /// Every linear keeps its input, trained or not: bitsandbytes' quantized linears under QLoRA
-    /// (MatMul4Bit saves its input whenever any input needs a gradient), and DeepSpeed ZeRO-3,
+    /// before 0.44 (`Framework::bnb_saves_input`; torchao's NF4 never), and DeepSpeed ZeRO-3,
     /// whose zero.Init(mem_efficient_linear=True, the default) routes F.linear through
     /// LinearFunctionForZeroStage3, which saves input and weight unconditionally
     /// (deepspeed/runtime/zero/linear.py).
     pub all_linears_save: bool,
     pub norm_trains: bool,
+    pub profile: Profile,
 }
 
 impl<'a> Ctx<'a> {
-    pub fn new(arch: &'a Arch, setup: &'a Setup, w: Widths, group: Group) -> Ctx<'a> {
-        let all_linears_save =
-            setup.method == Method::Qlora || (setup.zero.stage() == 3 && !setup.zero.is_fsdp());
+    pub fn new(
+        arch: &'a Arch,
+        setup: &'a Setup,
+        fw: &Framework,
+        w: Widths,
+        group: Group,
+    ) -> Ctx<'a> {
+        let profile = setup.stack.profile();
+        let bnb_saves = setup.method == Method::Qlora && fw.bnb_saves_input && !profile.torchao_nf4;
+        let all_linears_save = bnb_saves || (setup.zero.stage() == 3 && !setup.zero.is_fsdp());
         let norm_trains = setup.method == Method::Full
             || (setup.method == Method::Freeze && !setup.freeze.iter().any(|g| g.group() == group));
         Ctx {
@@ -46,6 +56,7 @@ impl<'a> Ctx<'a> {
             group,
             all_linears_save,
             norm_trains,
+            profile,
         }
     }
 
@@ -85,7 +96,8 @@ impl<'a> Ctx<'a> {
 
     /// The input of a group of linears reading the same tensor: shared when they train, one
     /// 16-bit cast per linear under autocast when it is fp32. LoRA adds its dropout output + mask
-    /// per adapted linear.
+    /// per adapted linear; without LoRA dropout (`Profile::lora_dropout`) an adapter's A reads
+    /// the input itself, saved once (or cast once per adapter under autocast).
     pub fn linear_inputs(
         &self,
         tokens: u64,
@@ -95,27 +107,36 @@ impl<'a> Ctx<'a> {
     ) -> u64 {
         let w = self.w;
         let n_train = roles.iter().filter(|r| self.trains(**r)).count() as u64;
+        let n_lora = roles.iter().filter(|r| self.lora(**r)).count() as u64;
+        let dropout = self.profile.lora_dropout;
+        // readers that save the input tensor itself (or its autocast copy)
+        let readers = n_train + if dropout { 0 } else { n_lora };
         let mut bytes = 0;
-        if n_train > 0 {
+        if readers > 0 {
             bytes += if w.amp && x_bytes == 4 {
-                n_train * 2 * tokens * in_features
+                readers * 2 * tokens * in_features
             } else {
                 tokens * in_features * x_bytes
             };
         }
-        for r in roles {
-            if self.lora(*r) {
-                // lora_dropout output (cast to 16 bit under amp) + its 1-byte mask
-                bytes += tokens * in_features * (if w.amp { 2 } else { x_bytes } + 1);
-            }
+        if dropout {
+            // lora_dropout output (cast to 16 bit under amp) + its 1-byte mask, per adapter
+            bytes += n_lora * tokens * in_features * (if w.amp { 2 } else { x_bytes } + 1);
         }
         bytes
     }
 }
 
 /// Saved tensors of one block of `st` whose feed-forward is `ffn`.
-pub(super) fn block(arch: &Arch, setup: &Setup, w: Widths, st: &Stack, ffn: Ffn) -> BlockBytes {
-    let cx = Ctx::new(arch, setup, w, st.group);
+pub(super) fn block(
+    arch: &Arch,
+    setup: &Setup,
+    fw: &Framework,
+    w: Widths,
+    st: &Stack,
+    ffn: Ffn,
+) -> BlockBytes {
+    let cx = Ctx::new(arch, setup, fw, w, st.group);
     let (h, t) = (arch.hidden, st.tokens);
     let hidden_drop = if arch.hidden_dropout > 0.0 { t * h } else { 0 };
     let (mut saved, mut mats, mut transient) = self_attention(&cx, st);
@@ -143,9 +164,24 @@ pub(super) fn block(arch: &Arch, setup: &Setup, w: Widths, st: &Stack, ffn: Ffn)
     BlockBytes {
         saved,
         matrices: mats,
-        transient: transient.max(ffn_transient),
+        transient: transient.max(ffn_transient) + dequantized(&cx),
         stranded,
     }
+}
+
+/// QLoRA: a 4-bit linear computes with its weight dequantized to 16 bit for the duration of the
+/// matmul, in forward and again for the input gradient in backward (bitsandbytes
+/// `MatMul4Bit`: `F.dequantize_4bit(B, quant_state).to(A.dtype)`; torchao `linear_nf4`:
+/// `weight.to(input.dtype)`): the block's largest quantized linear, once, beside its other
+/// temporaries.
+fn dequantized(cx: &Ctx) -> u64 {
+    cx.arch
+        .tensors
+        .iter()
+        .filter(|t| t.group == cx.group && quantized(cx.setup, t))
+        .map(|t| 2 * t.size())
+        .max()
+        .unwrap_or(0)
 }
 
 /// The norm in front of the MLP and any norm after attention or MLP. A sequential block's MLP
@@ -189,17 +225,51 @@ fn self_attention(cx: &Ctx, st: &Stack) -> (u64, u64, u64) {
             t * (inner + kv_inner) * w.r + 8 * t * (arch.heads + arch.kv_heads)
         };
     }
-    if fused && arch.block.rotary && arch.family != Family::Falcon {
+    let v_is_view = if cx.profile.litgpt_code {
+        // LitGPT: q, k, v are views of the fused output; under grouped queries k and v are
+        // repeated to every head by `expand` + `reshape`, a copy, which frees it.
+        arch.kv_heads == arch.heads
+    } else {
+        arch.family != Family::Falcon
+    };
+    if fused && arch.block.rotary && v_is_view {
         // v is a view of the fused projection's output (gpt-neox `qkv.chunk`, phi3 slices), so
         // saving v keeps all of it alive, while rotary made new q and k: the projected q and k
         // stay as well. Falcon's `_split_heads` copies k and v (list indexing) in its multi-query
         // and new-architecture layouts, freeing the fused output.
         saved += w.c * t * (inner + kv_inner);
     }
+    saved += zero_pad(cx, t);
     let (a, mats, transient) = attention_core(cx, t, t, st.self_matrix);
     saved += a;
     saved += cx.linear_inputs(t, &[Role::O], inner, w.c);
     (saved, mats, transient)
+}
+
+/// LitGPT's LoRA on part of a fused qkv linear (`LoRAQKVLinear`, q and v but not k, say)
+/// scatters the adapters' output into a zero tensor of the full width with `index_copy_`,
+/// whose backward keeps its source: tokens × the adapted widths (`litgpt/lora.py` `zero_pad`).
+fn zero_pad(cx: &Ctx, t: u64) -> u64 {
+    let (arch, setup) = (cx.arch, cx.setup);
+    if !cx.profile.litgpt_code || !cx.lora(Role::Qkv) {
+        return 0;
+    }
+    let has = |r: Role| {
+        setup
+            .lora_targets
+            .iter()
+            .any(|l| l.covers(r) && l.covers(Role::Qkv))
+    };
+    let widths = [
+        (has(Role::Q), arch.heads * arch.head_dim),
+        (has(Role::K), arch.kv_heads * arch.head_dim),
+        (has(Role::V), arch.kv_heads * arch.head_dim),
+    ];
+    if widths.iter().all(|(on, _)| *on) {
+        return 0; // all three adapted: no padding
+    }
+    let adapted: u64 = widths.iter().filter(|(on, _)| *on).map(|(_, w)| w).sum();
+    cx.w.c * t * adapted
 }
 
 /// q/k/v saved for the two attention matmuls and the score/probability matrices.
@@ -207,7 +277,10 @@ fn self_attention(cx: &Ctx, st: &Stack) -> (u64, u64, u64) {
 pub(super) fn attention_core(cx: &Ctx, tq: u64, tk: u64, matrix: u64) -> (u64, u64, u64) {
     let (arch, w) = (cx.arch, cx.w);
     let inner = arch.heads * arch.head_dim;
-    let eager = cx.setup.attention == Attention::Eager;
+    // LitGPT computes softcapped attention (gemma2) by hand whatever the setting
+    // (`litgpt/model.py` `scaled_dot_product_attention`)
+    let eager = cx.setup.attention == Attention::Eager
+        || (cx.profile.litgpt_code && arch.block.attn_softcap);
     // gpt-j's eager attention upcasts q and k to fp32 before QKᵀ (modeling_gptj.py `_attn`)
     let qk_b = if eager && arch.family == Family::GptJ {
         4

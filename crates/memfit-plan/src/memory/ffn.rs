@@ -4,7 +4,6 @@
 //! routing weight, `index_add_` back).
 
 use super::block::Ctx;
-use super::setup::Method;
 use crate::arch::{Activation, Family, Moe, Role};
 
 /// Which feed-forward a block has.
@@ -105,10 +104,6 @@ fn mlp_body(cx: &Ctx, t: u64, f: u64) -> (u64, u64) {
     }
     // Backward of the MLP creates gradients of the two largest intermediates (fp32 under amp for
     // the activation's own backward).
-    let mut transient = 2 * tf * w.f.max(w.c);
-    if cx.setup.method == Method::Qlora {
-        // each quantized matmul dequantizes its weight to 16 bit for the duration of the op
-        transient += 2 * arch.hidden * f.max(arch.hidden);
-    }
+    let transient = 2 * tf * w.f.max(w.c);
     (saved, transient)
 }

@@ -23,6 +23,10 @@ pub struct Framework {
     /// padded by one and shifted); 2022 models (e.g. `BloomForCausalLM` in 4.2x) kept the logits'
     /// dtype and made a shifted contiguous copy of them.
     pub causal_loss_upcast: bool,
+    /// bitsandbytes' 4-bit matmul saves its input for backward (`MatMul4Bit.forward`:
+    /// `ctx.tensors = (A, B)`), as it did before 0.44 (removed by "fix QLoRA mem bug: delete
+    /// useless buffered activation", bitsandbytes#1270, July 2024; 0.44.0 released Sept 2024).
+    pub bnb_saves_input: bool,
 }
 
 impl Framework {
@@ -33,6 +37,14 @@ impl Framework {
         foreach_optimizer: true,
         grads_persist: false,
         causal_loss_upcast: true,
+        bnb_saves_input: false,
+    };
+
+    /// PyTorch 2.1–2.3 with bitsandbytes < 0.44 (2023 to mid-2024): as [`Framework::TORCH_2`] but
+    /// 4-bit matmuls save their inputs.
+    pub const TORCH_2_BNB_LT_044: Framework = Framework {
+        bnb_saves_input: true,
+        ..Framework::TORCH_2
     };
 
     /// PyTorch 1.x / transformers 4.1x-4.2x (2022), eager CUDA module loading: the software of the
@@ -43,6 +55,7 @@ impl Framework {
             foreach_optimizer: false,
             grads_persist: true,
             causal_loss_upcast: false,
+            bnb_saves_input: true,
         }
     }
 }

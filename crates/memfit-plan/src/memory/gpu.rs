@@ -25,7 +25,10 @@ pub fn optimizer_step_transient(arch: &Arch, setup: &Setup, fw: &Framework) -> u
             x
         }
     };
+    let in_backward = setup.stack.profile().steps_in_backward(setup);
     match setup.optimizer {
+        // one optimizer per parameter inside backward: its foreach step copies that tensor's
+        Optimizer::AdamW | Optimizer::PagedAdamW32bit if in_backward => state_b * tr.largest_tensor,
         Optimizer::AdamW | Optimizer::PagedAdamW32bit if fw.foreach_optimizer => {
             // _multi_tensor_adamw: exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs) — one copy of all
             // second moments (torch/optim/adamw.py)
@@ -89,7 +92,10 @@ pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
     };
     let live_params = match (stage, setup.zero.is_fsdp()) {
         (3, false) => framework::ZERO3_MAX_LIVE_PARAMETERS.min(arch.params_total()) * param_b,
-        (3, true) => 2 * block_params(arch) * param_b,
+        // FSDP: the unit being computed and the one prefetched, and the root unit (embeddings,
+        // head), which the root does not reshard after forward
+        // (torch fsdp/_runtime_utils.py `_post_forward_reshard`: "Do not free the root's parameters")
+        (3, true) => (2 * block_params(arch) + root_params(arch)) * param_b,
         _ => 0,
     };
 
@@ -100,17 +106,30 @@ pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
         + zero_buffers
         + ddp_buckets
         + framework::CUBLAS_WORKSPACE;
-    let grads = st.gpu_grads;
+    let in_backward = setup.stack.profile().steps_in_backward(setup);
+    // With the step inside backward a gradient lives only until its parameter's step.
+    let grads = if in_backward { 0 } else { st.gpu_grads };
     let act_total = act.total();
-    let activation_phase = if fw.grads_persist {
+    // Gradients exist through the forward pass when zero_grad keeps them, and from the second
+    // micro-batch on when micro-batches accumulate.
+    let activation_phase = if fw.grads_persist || setup.accum > 1 {
         persistent_no_grads + grads + act_total
     } else {
         // gradients are created while activations are freed, block by block: the live sum is
         // largest at one of the two ends of the backward pass
         persistent_no_grads + act_total.max(grads + act.transient)
     };
-    let step_transient = optimizer_step_transient(arch, setup, fw);
-    let step_phase = persistent_no_grads + grads + step_transient;
+    let step_transient = if in_backward {
+        // one parameter's gradient and its step's temporaries at a time
+        tr.largest_tensor * grad_b + optimizer_step_transient(arch, setup, fw)
+    } else {
+        optimizer_step_transient(arch, setup, fw)
+    };
+    let step_phase = if in_backward {
+        persistent_no_grads + act.transient.max(step_transient)
+    } else {
+        persistent_no_grads + grads + step_transient
+    };
     let peak_allocated = activation_phase.max(step_phase);
     // Eager attention leaves, per block, the freed score temporary whose segment the block's
     // later, smaller tensors split (masks, hidden-size outputs): the next block cannot reuse it
@@ -287,6 +306,11 @@ fn weights_note(setup: &Setup) -> String {
         };
     }
     n
+}
+
+/// Parameters outside the blocks (embeddings, head): FSDP's root unit.
+fn root_params(arch: &Arch) -> u64 {
+    arch.params_in(crate::arch::Group::Embeddings) + arch.params_in(crate::arch::Group::Head)
 }
 
 /// Parameters of one transformer block (the FSDP wrapping unit).

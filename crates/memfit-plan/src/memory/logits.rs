@@ -3,7 +3,8 @@
 
 use super::activations::Widths;
 use super::framework::Framework;
-use super::setup::Setup;
+use super::setup::{Method, Setup};
+use super::stack::Loss;
 use crate::Task;
 use crate::arch::Arch;
 
@@ -36,6 +37,51 @@ pub(super) fn logits_and_loss(
     } else {
         0
     };
+    let profile = setup.stack.profile();
+    // A quantized head (LitGPT's QLoRA) dequantizes its whole weight for each chunk it computes,
+    // in forward and again for the input gradient: one weight-sized 16-bit temporary.
+    let head_dequant = if setup.method == Method::Qlora
+        && profile.quantize_head
+        && setup.task != Task::Classification
+    {
+        2 * arch.vocab * arch.embed_dim
+    } else {
+        0
+    };
+    match profile.loss_for(setup) {
+        Loss::ChunkedKeep { tokens } => {
+            // every chunk's logits (the list the step keeps) and its log-softmax output, both in
+            // the logits' dtype (the chunked path applies no final softcapping: `litgpt/lora.py`
+            // `GPT.forward`); backward creates every chunk's logits gradient before the head's
+            // backward runs (the loss nodes come later in the graph), one chunk's log-softmax
+            // gradient at a time.
+            let chunk = lv.min(b * tokens * classes);
+            return LogitsBytes {
+                forward: lv * 2 * w.c,
+                backward: lv * w.c + chunk * w.c + head_dequant,
+            };
+        }
+        Loss::ChunkedUpcast { chunks } => {
+            // the fp32 log-softmax of every chunk stays; the 16-bit logits are deleted before
+            // backward, which then creates every chunk's 16-bit logits gradient, each chunk's fp32
+            // gradients in turn.
+            let chunk = lv.div_ceil(chunks.max(1));
+            return LogitsBytes {
+                forward: lv * (4 + softcap),
+                backward: lv * w.c + chunk * (4 + 4) + head_dequant,
+            };
+        }
+        Loss::Plain => {
+            // torchtune's decoder returns `self.output(h).float()` (torchtune/modules/
+            // transformer.py, April 2024): the step keeps the fp32 shifted copy, cross-entropy
+            // its fp32 log-softmax output; backward: the fp32 gradients of both
+            return LogitsBytes {
+                forward: lv * (4 + 4),
+                backward: lv * (4 + 4),
+            };
+        }
+        Loss::Whole => {}
+    }
     if setup.task == Task::CausalLm && fw.causal_loss_upcast {
         // ForCausalLMLoss: `logits.float()` (a copy unless they are fp32 already), the fp32
         // log-softmax output cross-entropy saves; labels are shifted, the logits are not. Its

@@ -5,6 +5,8 @@
 //! - [`activations`] — saved tensors per block, logits, autocast copies, temporaries; a block's
 //!   norms and attention in `block`, its dense or mixture-of-experts feed-forward in `ffn`, the
 //!   logits and loss in `logits`.
+//! - [`stack`]       — the training stacks (`--stack`) as profiles: loss, model code, FSDP
+//!   gradients, QLoRA preparation, each with the source file it comes from.
 //! - [`framework`]   — measured constants of the software stack (CUDA context, allocator, NCCL…).
 //! - [`gpu`] / [`host`] — the two peaks, assembled from the above.
 //! - [`memfit_host`] — the host peak of memfit's own trainer on the CPU, from what it holds
@@ -23,6 +25,7 @@ pub mod host;
 mod logits;
 pub mod memfit_host;
 pub mod setup;
+pub mod stack;
 pub mod states;
 
 pub use framework::Framework;
@@ -111,6 +114,7 @@ pub struct Estimate {
 /// Estimates a setup under a software stack (`Framework::default()` = current PyTorch).
 pub fn estimate(arch: &Arch, setup: &Setup, fw: &Framework) -> Result<Estimate, String> {
     setup.validate()?;
+    let arch = &*stack::model_view(arch, &setup.stack.profile());
     let gpu = match setup.device {
         Device::Cuda => Some(gpu::gpu(arch, setup, fw)),
         Device::Cpu => None,

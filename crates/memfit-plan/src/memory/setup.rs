@@ -126,6 +126,26 @@ named_enum!(
 );
 
 named_enum!(
+    /// The training code around the model (`memory/stack.rs` says what each keeps differently).
+    #[derive(Default)]
+    Stack {
+        /// transformers' `Trainer` (accelerate underneath) on transformers' modeling code.
+        #[default]
+        HfTrainer = "hf-trainer",
+        /// transformers models prepared by PEFT (`get_peft_model`, `prepare_model_for_kbit_training`).
+        Peft = "peft",
+        /// torchtune's recipes and model builders.
+        Torchtune = "torchtune",
+        /// LitGPT's `finetune` scripts on its own model code (Lightning Fabric).
+        Litgpt = "litgpt",
+        /// A training loop of one's own under accelerate with a DeepSpeed engine.
+        AccelerateDeepspeed = "accelerate-deepspeed",
+        /// PyTorch Lightning's `Trainer` on a transformers model.
+        Lightning = "lightning",
+    }
+);
+
+named_enum!(
     LoraTarget {
         Q = "q",
         K = "k",
@@ -234,6 +254,17 @@ pub struct Setup {
     pub pin_memory: bool,
     pub dataset: DatasetMode,
     pub dataset_rows: u64,
+    /// The training code (`--stack`); files written before it existed read as `hf-trainer`.
+    #[serde(default)]
+    pub stack: Stack,
+    /// The optimizer steps inside backward, one parameter at a time (torchtune's
+    /// `optimizer_in_bwd`); `None` = the stack's default (`memory/stack.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_in_backward: Option<bool>,
+    /// The stack's chunked cross-entropy (torchtune's `CEWithChunkedOutputLoss`) or its plain one;
+    /// `None` = the stack's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunked_loss: Option<bool>,
 }
 
 named_enum!(
@@ -285,6 +316,9 @@ impl Setup {
             pin_memory: false,
             dataset: DatasetMode::InMemory,
             dataset_rows: 0,
+            stack: Stack::HfTrainer,
+            optimizer_in_backward: None,
+            chunked_loss: None,
         }
     }
 

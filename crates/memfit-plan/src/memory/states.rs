@@ -2,7 +2,7 @@
 //! trainable, sharded by ZeRO/FSDP and optionally offloaded to host memory.
 
 use super::setup::{Method, Optimizer, Quant, Setup};
-use crate::arch::{Arch, ParamTensor, Role};
+use crate::arch::{Arch, Group, ParamTensor, Role};
 
 /// What is trainable, in elements.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -83,9 +83,18 @@ pub fn trainable(arch: &Arch, setup: &Setup) -> Trainable {
     tr
 }
 
+/// Whether QLoRA stores `t` quantized: every linear of the blocks, and the LM head where the
+/// stack quantizes it too (`Profile::quantize_head`).
+pub fn quantized(setup: &Setup, t: &ParamTensor) -> bool {
+    setup.method == Method::Qlora
+        && (t.is_linear() && t.role != Role::LmHead
+            || t.role == Role::LmHead && setup.stack.profile().quantize_head)
+}
+
 /// Millionths of a byte stored per base-weight element (quantized bases store less).
 pub fn base_weight_micro_bytes(setup: &Setup, t: &ParamTensor) -> u64 {
-    let quantized = setup.method == Method::Qlora && t.is_linear() && t.role != Role::LmHead;
+    let quantized = quantized(setup, t);
+    let kbit_fp32 = setup.method == Method::Qlora && setup.stack.profile().kbit_fp32;
     match (quantized, setup.quant) {
         // bitsandbytes NF4: 4-bit codes + one fp32 absmax per 64-element block (QLoRA paper §2).
         (true, Some(Quant::Nf4)) => 500_000 + 4_000_000 / 64,
@@ -94,6 +103,8 @@ pub fn base_weight_micro_bytes(setup: &Setup, t: &ParamTensor) -> u64 {
         (true, Some(Quant::Nf4Dq)) => 500_000 + 1_000_000 / 64 + 4_000_000 / (64 * 256),
         // LLM.int8: int8 weights + an fp32 scale per output row (≈ 1 byte/param).
         (true, Some(Quant::Int8)) => 1_000_000,
+        // prepare_model_for_kbit_training: every other fp16/bf16 parameter becomes fp32
+        _ if kbit_fp32 => 4_000_000,
         _ => setup.precision.weight_bytes() * 1_000_000,
     }
 }
@@ -124,7 +135,44 @@ pub fn optimizer_state_bytes(setup: &Setup, tr: &Trainable) -> u64 {
 /// Whether an fp32 master copy of the trainable weights exists beside half-precision weights
 /// (DeepSpeed/FSDP mixed precision with ZeRO ≥ 1 keeps fp32 master weights in the optimizer).
 pub fn uses_master(setup: &Setup) -> bool {
-    setup.precision.is_amp() && setup.zero.stage() >= 1
+    setup.precision.is_amp() && (setup.zero.stage() >= 1 || setup.stack.profile().deepspeed(setup))
+}
+
+/// Elements FSDP keeps a gradient for, before sharding: (all blocks, the root unit of
+/// embeddings and head). With mixed units (`use_orig_params=True`, one unit per block:
+/// `Profile::fsdp_mixed_units`) a unit holding any trainable tensor gets a gradient over all of
+/// its flat parameter, frozen tensors included; otherwise only trainable tensors have one.
+fn fsdp_grad_units(arch: &Arch, setup: &Setup) -> (u64, u64) {
+    let mixed = setup.stack.profile().fsdp_mixed_units;
+    let unit = |blocks: bool| -> u64 {
+        let of = |t: &&ParamTensor| matches!(t.group, Group::Encoder | Group::Decoder) == blocks;
+        let (mut all, mut trained, mut adapters) = (0, 0, 0);
+        for t in arch.tensors.iter().filter(of) {
+            all += t.elements();
+            adapters += adapter_elements(t, setup);
+            if base_trains(t, setup) {
+                trained += t.elements();
+            }
+        }
+        if mixed && trained + adapters > 0 {
+            all + adapters
+        } else {
+            trained + adapters
+        }
+    };
+    (unit(true), unit(false))
+}
+
+/// FSDP's gradient bytes on one rank: unsharded while micro-batches accumulate under `no_sync()`
+/// (`Profile::fsdp_no_sync`), else the rank's shard.
+pub fn fsdp_grad_bytes(arch: &Arch, setup: &Setup, grad_b: u64) -> u64 {
+    let (blocks, root) = fsdp_grad_units(arch, setup);
+    let g = blocks + root;
+    if setup.stack.profile().fsdp_no_sync && setup.accum > 1 {
+        g * grad_b
+    } else {
+        g.div_ceil(setup.world()) * grad_b
+    }
 }
 
 /// The persistent model-state bytes of one rank, split by where they live.
@@ -190,7 +238,11 @@ pub fn model_states(arch: &Arch, setup: &Setup) -> StateBytes {
                     s.host_grads = shard(grads);
                 }
             } else {
-                s.gpu_grads = grads;
+                s.gpu_grads = if setup.zero.is_fsdp() {
+                    fsdp_grad_bytes(arch, setup, grad_b)
+                } else {
+                    grads
+                };
                 s.gpu_optimizer = shard(optim);
             }
         }
@@ -211,7 +263,12 @@ pub fn model_states(arch: &Arch, setup: &Setup) -> StateBytes {
             } else {
                 s.gpu_optimizer = shard(optim);
             }
-            if !mixed_zero {
+            if setup.zero.is_fsdp() && !setup.offload_optimizer {
+                // FSDP keeps its gradients (no 16 B/param fold) and frees each unit's gathered
+                // parameters after use; what is gathered at once is the unit being computed.
+                s.gpu_grads = fsdp_grad_bytes(arch, setup, grad_b);
+                s.gpu_gathered = grad_b * fsdp_unit_grad(arch, setup);
+            } else if !mixed_zero {
                 // Without mixed precision the gradient partition is the fp32 gradient itself.
                 if setup.offload_optimizer {
                     s.host_grads = shard(grads);
@@ -226,6 +283,13 @@ pub fn model_states(arch: &Arch, setup: &Setup) -> StateBytes {
         s.gpu_optimizer = 0;
     }
     s
+}
+
+/// The gradient one FSDP unit creates in backward before it is reduced or added to the
+/// accumulated one: the larger of one block's and the root unit's.
+fn fsdp_unit_grad(arch: &Arch, setup: &Setup) -> u64 {
+    let (blocks, root) = fsdp_grad_units(arch, setup);
+    (blocks / arch.layers_total().max(1)).max(root)
 }
 
 /// DeepSpeed's "largest layer": the most parameters owned directly by one module (one linear

@@ -2,7 +2,8 @@
 //! row into a [`Setup`], estimates it, and compares the metric the row names.
 //!
 //! A row's `software` column picks the framework profile (`torch1`: [`Framework::torch_1x`], the
-//! 2022 rows; `torch2`: [`Framework::TORCH_2`]). The only value taken from measurements is the CUDA
+//! 2022 rows; `torch2`: [`Framework::TORCH_2_BNB_LT_044`], 2023 to mid-2024; `torch2.4`:
+//! [`Framework::TORCH_2`]), its `stack` column the training stack (`memory::stack`). The only value taken from measurements is the CUDA
 //! context (NVML rows only), read from `constants.csv`; in [`Mode::LeaveOneSourceOut`] a row never
 //! gets a context measured by its own source ([`context`]). [`stats`] summarises errors per mode
 //! and source and derives the uncertainty band; [`report`] writes `docs/accuracy.md`.
@@ -129,9 +130,22 @@ pub fn setup_of(r: &Record, arch: &Arch) -> Result<Setup, String> {
         "flash2" => Attention::Flash,
         a => Attention::parse(a).ok_or_else(|| bad("attention"))?,
     };
+    s.stack = Stack::parse(get(r, "stack")).ok_or_else(|| bad("stack"))?;
+    s.optimizer_in_backward = optional_bool(r, "opt_in_bwd").ok_or_else(|| bad("opt_in_bwd"))?;
+    s.chunked_loss = optional_bool(r, "chunked_loss").ok_or_else(|| bad("chunked_loss"))?;
     // The rows measure a training process that already holds its data (a few hundred rows).
     s.dataset = DatasetMode::Reread;
     Ok(s)
+}
+
+/// A column that is `true`, `false` or empty (`Some(None)`); `None` for anything else.
+fn optional_bool(r: &Record, k: &str) -> Option<Option<bool>> {
+    match get(r, k) {
+        "" => Some(None),
+        "true" => Some(Some(true)),
+        "false" => Some(Some(false)),
+        _ => None,
+    }
 }
 
 /// How a row's measured constants are chosen.
@@ -161,6 +175,7 @@ pub const SOURCES: &[(char, &str)] = &[
     ('L', "Lightning-AI/litgpt"),
     ('M', "Lightning-AI/litgpt"),
     ('P', "huggingface/peft method_comparison"),
+    ('T', "pytorch/torchtune"),
 ];
 
 /// The project of a row id (its first letter).
@@ -236,10 +251,14 @@ pub fn framework_of(row: &Record, context: Option<u64>) -> Result<Framework, Str
         "torch1" => Ok(Framework::torch_1x(ctx)),
         "torch2" => Ok(Framework {
             cuda_context_bytes: ctx,
+            ..Framework::TORCH_2_BNB_LT_044
+        }),
+        "torch2.4" => Ok(Framework {
+            cuda_context_bytes: ctx,
             ..Framework::TORCH_2
         }),
         other => Err(format!(
-            "{}: software = {other:?} not understood (torch1 or torch2)",
+            "{}: software = {other:?} not understood (torch1, torch2 or torch2.4)",
             get(row, "id")
         )),
     }
@@ -253,42 +272,91 @@ pub fn compare(
     mode: Mode,
 ) -> Result<Vec<Compared>, String> {
     let constants = parse_csv(constants)?;
+    parse_csv(cases)?
+        .iter()
+        .map(|r| compare_row(r, &constants, model_text, mode).map(|(c, _)| c))
+        .collect()
+}
+
+/// The rows named by `ids`, each with its GPU breakdown, as text (for
+/// `cargo run --release -p memfit-plan --example explain_rows -- ID …`).
+pub fn explain(
+    cases: &str,
+    constants: &str,
+    model_text: &dyn Fn(&str) -> Result<String, String>,
+    mode: Mode,
+    ids: &[String],
+) -> Result<Vec<String>, String> {
+    let constants = parse_csv(constants)?;
     let mut out = Vec::new();
-    for r in parse_csv(cases)? {
-        let id = get(&r, "id").to_string();
-        let file = get(&r, "model");
-        let text = model_text(file)?;
-        let arch = arch::parse_config(file, &text, file).map_err(|e| e.to_string())?;
-        let setup = setup_of(&r, &arch)?;
-        let arch = arch.with_task(setup.task);
-        let fw = framework_of(&r, context(&constants, &r, mode)?)?;
-        let est = memory::estimate(&arch, &setup, &fw).map_err(|e| format!("{id}: {e}"))?;
-        let gpu = est
-            .gpu
-            .as_ref()
-            .ok_or_else(|| format!("{id}: no GPU estimate"))?;
-        let metric = get(&r, "metric").to_string();
-        let predicted = match metric.as_str() {
-            "NV" => gpu.nvml_used_bytes,
-            "RES" => gpu.peak_reserved_bytes,
-            "ALLOC" | "ACT" => gpu.peak_allocated_bytes,
-            "RSS" => est.host.train_rss_bytes,
-            m => return Err(format!("{id}: metric {m:?} unknown")),
-        } as f64;
-        let measured = to_bytes(get(&r, "measured_value"), get(&r, "measured_unit"))?;
-        out.push(Compared {
-            source: source_of(&id)?,
-            class: stats::band_class(&setup),
-            id,
-            grade: get(&r, "grade").to_string(),
-            metric,
-            measured_bytes: measured,
-            predicted_bytes: predicted,
-            error: (predicted - measured) / measured,
-            needs_feature: get(&r, "notes").starts_with("[needs:"),
-        });
+    for r in parse_csv(cases)?
+        .iter()
+        .filter(|r| ids.iter().any(|i| i == get(r, "id")))
+    {
+        let (c, est) = compare_row(r, &constants, model_text, mode)?;
+        let mib = |b: f64| b / (1u64 << 20) as f64;
+        let mut text = format!(
+            "{} ({}, {}): measured {:.0} MiB, predicted {:.0} MiB, {:+.1}%\n",
+            c.id,
+            get(r, "stack"),
+            c.metric,
+            mib(c.measured_bytes),
+            mib(c.predicted_bytes),
+            100.0 * c.error
+        );
+        for comp in est.gpu.iter().flat_map(|g| &g.components) {
+            text += &format!(
+                "  {:<28} {:>9.0} MiB  {}\n",
+                comp.name,
+                mib(comp.bytes as f64),
+                comp.note
+            );
+        }
+        out.push(text);
     }
     Ok(out)
+}
+
+/// One row estimated and compared.
+fn compare_row(
+    r: &Record,
+    constants: &[Record],
+    model_text: &dyn Fn(&str) -> Result<String, String>,
+    mode: Mode,
+) -> Result<(Compared, memory::Estimate), String> {
+    let id = get(r, "id").to_string();
+    let file = get(r, "model");
+    let text = model_text(file)?;
+    let arch = arch::parse_config(file, &text, file).map_err(|e| e.to_string())?;
+    let setup = setup_of(r, &arch)?;
+    let arch = arch.with_task(setup.task);
+    let fw = framework_of(r, context(constants, r, mode)?)?;
+    let est = memory::estimate(&arch, &setup, &fw).map_err(|e| format!("{id}: {e}"))?;
+    let gpu = est
+        .gpu
+        .as_ref()
+        .ok_or_else(|| format!("{id}: no GPU estimate"))?;
+    let metric = get(r, "metric").to_string();
+    let predicted = match metric.as_str() {
+        "NV" => gpu.nvml_used_bytes,
+        "RES" => gpu.peak_reserved_bytes,
+        "ALLOC" | "ACT" => gpu.peak_allocated_bytes,
+        "RSS" => est.host.train_rss_bytes,
+        m => return Err(format!("{id}: metric {m:?} unknown")),
+    } as f64;
+    let measured = to_bytes(get(r, "measured_value"), get(r, "measured_unit"))?;
+    let compared = Compared {
+        source: source_of(&id)?,
+        class: stats::band_class(&setup),
+        id,
+        grade: get(r, "grade").to_string(),
+        metric,
+        measured_bytes: measured,
+        predicted_bytes: predicted,
+        error: (predicted - measured) / measured,
+        needs_feature: get(r, "notes").starts_with("[needs:"),
+    };
+    Ok((compared, est))
 }
 
 pub use report::{REGENERATE, accuracy_markdown, markdown_table};

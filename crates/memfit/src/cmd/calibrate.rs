@@ -76,6 +76,8 @@ struct Setup {
     at: Option<u64>,
     /// profiles.toml and the flag it overrides; `None` when {batch} is not a flag's value.
     profiles: Option<(PathBuf, String)>,
+    /// glibc malloc variables every trial and every profile runs with (`cal::malloc_pins`).
+    malloc: Vec<(String, String)>,
     logs: tempfile::TempDir,
 }
 
@@ -105,6 +107,15 @@ fn setup(args: &CalibrateArgs) -> anyhow::Result<Setup> {
         .prefix("memfit-calibrate-")
         .tempdir()
         .context("memfit calibrate: a temporary directory for the trials' output")?;
+    let malloc = cal::malloc_pins(|k| std::env::var(k).ok());
+    if !malloc.is_empty() {
+        let vars: Vec<String> = malloc.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        eprintln!(
+            "memfit calibrate: every trial runs with {} (glibc's mmap threshold pinned, so the RSS \
+             follows live memory; the profiles set it too: run your job with it)",
+            vars.join(" ")
+        );
+    }
     Ok(Setup {
         template,
         batches,
@@ -114,6 +125,7 @@ fn setup(args: &CalibrateArgs) -> anyhow::Result<Setup> {
         headroom: args.headroom,
         at: args.at,
         profiles,
+        malloc,
         logs,
     })
 }
@@ -150,7 +162,18 @@ enum TrialEnd {
 /// Runs the command at `batch` under the guard; also returns the host budget the guard resolved.
 fn trial(s: &Setup, batch: u64) -> anyhow::Result<(TrialEnd, u64)> {
     let argv = s.template.render(batch);
-    let mut cfg = RunConfig::new(argv.clone());
+    // env(1) sets the malloc pins for the command and execs it (same process)
+    let pinned: Vec<String> = if s.malloc.is_empty() {
+        argv.clone()
+    } else {
+        let vars = s.malloc.iter().map(|(k, v)| format!("{k}={v}"));
+        ["env".to_string()]
+            .into_iter()
+            .chain(vars)
+            .chain(argv.iter().cloned())
+            .collect()
+    };
+    let mut cfg = RunConfig::new(pinned);
     cfg.budget = s.budget_ram;
     cfg.max_interval = TRIAL_SAMPLE_PERIOD;
     cfg.forward_signals = true;
@@ -293,6 +316,10 @@ pub fn run(args: Args) -> Outcome {
     let report = Report::new(points, lines, s.at, maxes);
     let written = write_profiles(&s, &report, maxes, host_limit)?;
     if args.json {
+        eprintln!(
+            "memfit calibrate: host: {}",
+            linearity_text(&report.host, report.points.len())
+        );
         println!("{}", serde_json::to_string(&report)?);
     } else {
         print!("{}", render(&s, &report, host_limit, gpu_limit, maxes));
@@ -365,7 +392,12 @@ fn write_profiles(
     if let Some(g) = &r.gpu {
         summary.push(format!("gpu: {}", line_text(g)));
     }
-    let text = cal::profiles_toml(flag, &cal::profile_batches(max, smallest), &summary);
+    let text = cal::profiles_toml(
+        flag,
+        &cal::profile_batches(max, smallest),
+        &s.malloc,
+        &summary,
+    );
     std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(Some(path.clone()))
 }
@@ -386,6 +418,14 @@ fn linearity_text(l: &Line, points: usize) -> String {
     match (l.max_rel_residual, l.is_linear()) {
         (Some(r), Some(true)) => format!(
             "linear: largest residual {:.1}% over {points} points",
+            r * 100.0
+        ),
+        (Some(r), _) if l.bent => format!(
+            "NOT LINEAR: bent upward, the largest batch lies over {:.0}% above the line of the \
+             smaller ones (a phase that barely grows with the batch, the optimizer step say, sets \
+             their peak); the line is the one through the two largest batches, which the smaller \
+             lie up to {:.1}% above; measure larger batches to confirm its slope",
+            cal::LINEARITY_TOLERANCE * 100.0,
             r * 100.0
         ),
         (Some(r), _) => format!(

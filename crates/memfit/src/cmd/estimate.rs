@@ -6,7 +6,7 @@ use memfit_plan::Task;
 use memfit_plan::arch::{self, Arch};
 use memfit_plan::memory::{
     self, Attention, Component, DatasetMode, Device, Estimate, Framework, FreezeGroup, LoraTarget,
-    Method, Optimizer, Precision, Quant, Runtime, Setup, Zero, gib,
+    Method, Optimizer, Precision, Quant, Runtime, Setup, Stack, Zero, gib,
 };
 use std::process::ExitCode;
 
@@ -86,6 +86,10 @@ pub struct MethodArgs {
     /// Comma list of embeddings,encoder,decoder (with --method freeze).
     #[arg(long, value_parser = parse_list::<FreezeGroup>)]
     pub freeze: Option<ListOf<FreezeGroup>>,
+    /// The training code: hf-trainer, peft, torchtune, litgpt, accelerate-deepspeed, lightning
+    /// (what each keeps differently: docs/memory-model.md, "Training stacks").
+    #[arg(long, default_value = "hf-trainer", value_parser = parse_enum::<Stack>)]
+    pub stack: Stack,
 }
 
 impl MethodArgs {
@@ -95,6 +99,7 @@ impl MethodArgs {
         s.lora_alpha = self.lora_alpha;
         s.lora_targets = self.lora_targets.0.clone();
         s.quant = self.quant;
+        s.stack = self.stack;
         s.freeze = self
             .freeze
             .as_ref()
@@ -150,7 +155,8 @@ cli_enum!(
     Device,
     Runtime,
     LoraTarget,
-    FreezeGroup
+    FreezeGroup,
+    Stack
 );
 
 pub fn parse_enum<T: CliEnum>(s: &str) -> Result<T, String> {
@@ -356,6 +362,7 @@ fn human(arch: &Arch, setup: &Setup, est: &Estimate) -> String {
         setup.gpus,
         setup.nodes
     );
+    out!(o, "stack: {}", setup.stack);
     match &est.gpu {
         Some(g) => {
             out!(o, "\nGPU (per rank)");

@@ -1,0 +1,174 @@
+//! Training stacks (`memory/stack.rs`): each switch changes the estimate by the amount its rule
+//! fixes, checked on small llama configs whose sizes make the amounts exact.
+
+use memfit_plan::Task;
+use memfit_plan::arch::{self, Arch, Head, Role};
+use memfit_plan::memory::stack::{Loss, model_view};
+use memfit_plan::memory::{
+    self, Attention, Framework, LoraTarget, Method, Optimizer, Precision, Quant, Setup, Stack, Zero,
+};
+use serde_json::json;
+
+const H: u64 = 256;
+const LAYERS: u64 = 4;
+const VOCAB: u64 = 32_000;
+
+fn llama(tied: bool) -> Arch {
+    let v = json!({"model_type": "llama", "hidden_size": H, "intermediate_size": 688,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": LAYERS,
+        "vocab_size": VOCAB, "tie_word_embeddings": tied});
+    arch::parse_config("t.json", &v.to_string(), "t").unwrap()
+}
+
+fn lora(a: &Arch, stack: Stack) -> Setup {
+    let mut s = Setup::new(a);
+    s.task = Task::CausalLm;
+    (s.batch, s.seq, s.precision) = (2, 128, Precision::Bf16);
+    s.method = Method::Lora;
+    s.lora_targets = vec![LoraTarget::Q, LoraTarget::V];
+    s.attention = Attention::Sdpa;
+    s.stack = stack;
+    s
+}
+
+fn component(a: &Arch, s: &Setup, name: &str) -> u64 {
+    let e = memory::estimate(a, s, &Framework::default()).unwrap();
+    e.gpu
+        .unwrap()
+        .components
+        .iter()
+        .find(|c| c.name == name)
+        .map_or(0, |c| c.bytes)
+}
+
+/// LitGPT's model: q, k, v fused into one linear of the same elements, the head untied from the
+/// embedding (one vocab × hidden matrix more).
+#[test]
+fn litgpt_view_fuses_qkv_and_unties_the_head() {
+    let a = llama(true);
+    let lit = model_view(&a, &Stack::Litgpt.profile());
+    assert_eq!(lit.head, Head::LmUntied { bias: false });
+    assert_eq!(lit.params_total(), a.params_total() + VOCAB * H);
+    let qkv: Vec<_> = lit.tensors.iter().filter(|t| t.role == Role::Qkv).collect();
+    assert_eq!(qkv.len(), 1);
+    assert_eq!((qkv[0].rows, qkv[0].cols, qkv[0].count), (H, 3 * H, LAYERS));
+    assert!(!lit.tensors.iter().any(|t| t.role == Role::Q));
+    // other stacks see transformers' model as it is
+    assert_eq!(*model_view(&a, &Stack::Torchtune.profile()), a);
+}
+
+/// The loss of each stack, per logits element of a bf16 causal LM: transformers 2 + 4 + 4 B kept,
+/// LitGPT 2 + 2 B (16-bit chunks and their log-softmax), torchtune 4 B (fp32 chunks, logits
+/// deleted).
+#[test]
+fn each_stack_keeps_its_loss() {
+    let a = llama(false);
+    let lv = 2 * 128 * VOCAB;
+    let logits = |stack| component(&a, &lora(&a, stack), "logits + loss");
+    assert_eq!(logits(Stack::HfTrainer), lv * 10);
+    assert_eq!(logits(Stack::Torchtune), lv * 4);
+    // LitGPT's untied head changes nothing here: same vocab, same tokens
+    assert_eq!(logits(Stack::Litgpt), lv * 4);
+    let mut plain = lora(&a, Stack::Torchtune);
+    plain.chunked_loss = Some(false);
+    let e = memory::estimate(&a, &plain, &Framework::default()).unwrap();
+    let c = e.gpu.unwrap().components;
+    assert_eq!(
+        c.iter().find(|c| c.name == "logits + loss").unwrap().bytes,
+        lv * 8
+    );
+    assert_eq!(Stack::Torchtune.profile().loss_for(&plain), Loss::Plain);
+}
+
+/// FSDP on 2 GPUs with accumulation: LitGPT keeps every block's whole gradient unsharded (no_sync
+/// + use_orig_params units), Lightning shards it, the Trainer keeps only the adapters'.
+#[test]
+fn fsdp_gradients_follow_the_stack() {
+    let a = llama(false);
+    let fsdp = |stack| {
+        let mut s = lora(&a, stack);
+        (s.zero, s.gpus, s.accum) = (Zero::FsdpFull, 2, 8);
+        component(&a, &s, "gradients")
+    };
+    let blocks: u64 = a
+        .tensors
+        .iter()
+        .filter(|t| t.group == arch::Group::Decoder)
+        .map(|t| t.elements())
+        .sum();
+    let adapters = memory::states::trainable(&a, &lora(&a, Stack::HfTrainer)).adapters;
+    assert_eq!(fsdp(Stack::Litgpt), 2 * (blocks + adapters));
+    assert_eq!(fsdp(Stack::Lightning), 2 * (blocks + adapters).div_ceil(2));
+    assert_eq!(fsdp(Stack::HfTrainer), 2 * adapters);
+    // one micro-batch: nothing accumulates, so LitGPT's gradient is reduced to its shard
+    let mut one = lora(&a, Stack::Litgpt);
+    (one.zero, one.gpus) = (Zero::FsdpFull, 2);
+    assert_eq!(
+        component(&a, &one, "gradients"),
+        2 * (blocks + adapters).div_ceil(2)
+    );
+}
+
+/// torchtune's full fine-tuning on one GPU steps inside backward: no gradient persists; with
+/// accumulation the recipe refuses it, and the gradients are back.
+#[test]
+fn torchtune_steps_inside_backward() {
+    let a = llama(false);
+    let mut s = lora(&a, Stack::Torchtune);
+    s.method = Method::Full;
+    assert_eq!(component(&a, &s, "gradients"), 0);
+    s.accum = 2;
+    assert_eq!(component(&a, &s, "gradients"), 2 * a.params_total());
+    s.accum = 1;
+    s.optimizer_in_backward = Some(false);
+    assert_eq!(component(&a, &s, "gradients"), 2 * a.params_total());
+}
+
+/// QLoRA: PEFT's preparation makes every non-4-bit parameter fp32 (2 B more each than the
+/// Trainer's bf16); bitsandbytes before 0.44 saves every 4-bit linear's input, torchao's NF4
+/// (torchtune) never.
+#[test]
+fn qlora_preparation_and_saved_inputs() {
+    let a = llama(false);
+    let qlora = |stack| {
+        let mut s = lora(&a, stack);
+        s.method = Method::Qlora;
+        s.quant = Some(Quant::Nf4);
+        s.optimizer = Optimizer::PagedAdamW32bit;
+        s
+    };
+    let unquantized: u64 = a
+        .tensors
+        .iter()
+        .filter(|t| !t.is_linear() || t.role == Role::LmHead)
+        .map(|t| t.elements())
+        .sum();
+    let w = |stack| component(&a, &qlora(stack), "weights");
+    assert_eq!(w(Stack::Peft) - w(Stack::HfTrainer), 2 * unquantized);
+    let blocks = |fw: &Framework, stack| {
+        let e = memory::estimate(&a, &qlora(stack), fw).unwrap();
+        let c = e.gpu.unwrap().components;
+        c.iter()
+            .find(|c| c.name == "activations (blocks)")
+            .unwrap()
+            .bytes
+    };
+    let (old, new) = (Framework::TORCH_2_BNB_LT_044, Framework::TORCH_2);
+    assert!(blocks(&old, Stack::HfTrainer) > blocks(&new, Stack::HfTrainer));
+    assert_eq!(
+        blocks(&old, Stack::Torchtune),
+        blocks(&new, Stack::Torchtune)
+    );
+}
+
+/// A DeepSpeed engine runs no autocast: with amp precision no weight casts are kept, unlike the
+/// Trainer's autocast without ZeRO.
+#[test]
+fn deepspeed_engine_has_no_autocast_copies() {
+    let a = llama(false);
+    let mut s = lora(&a, Stack::HfTrainer);
+    s.precision = Precision::AmpBf16;
+    assert!(component(&a, &s, "autocast weight copies") > 0);
+    s.stack = Stack::AccelerateDeepspeed;
+    assert_eq!(component(&a, &s, "autocast weight copies"), 0);
+}
