@@ -212,6 +212,28 @@ impl TrainModel for DecoderModel {
         base + self.lora_layout().map_or(0, |l| l.param_count())
     }
 
+    /// Per token and layer: q and o (d·h·hd each), k and v (d·kv·hd each), scores and context over
+    /// the row's positions (2·t·h·hd), the gated MLP (3·d·f); the LM head (d·V). ×2 FLOPs per
+    /// multiply-add; the backward pass doubles it where weights train (input and weight gradients),
+    /// or adds one forward's worth under LoRA (input gradients only), plus the adapters' own
+    /// products (their sizes, ×3).
+    fn training_flops(&self, b: &CausalLmBatch, _trainable: &[bool]) -> f64 {
+        let c = &self.config;
+        let (d, f, t) = (c.hidden_size as f64, c.intermediate_size as f64, b.input.len as f64);
+        let (q, kv) = (
+            (c.num_attention_heads * c.head_dim) as f64,
+            (c.num_key_value_heads * c.head_dim) as f64,
+        );
+        let layer = 2.0 * d * q + 2.0 * d * kv + 2.0 * t * q + 3.0 * d * f;
+        let per_token = c.num_hidden_layers as f64 * layer + d * c.vocab_size as f64;
+        let tokens = (b.input.batch * b.input.len) as f64;
+        let (passes, adapters) = match self.lora_layout() {
+            Some(_) => (2.0, 3.0 * self.params().iter().map(Vec::len).sum::<usize>() as f64),
+            None => (3.0, 0.0),
+        };
+        2.0 * tokens * (passes * per_token + adapters)
+    }
+
     fn check_batch(&self, b: &CausalLmBatch) -> Result<(), ModelError> {
         b.input.check_shape("input")?;
         let (len, n) = (b.input.len, b.input.ids.len());
