@@ -12,6 +12,13 @@ the Rust test crates/memfit-nn/tests/bert_parity.rs loads each and compares memf
 
 loads a directory memfit saved with transformers, fails on any missing or unexpected key, and compares
 its logits with expected.json's (max abs diff <= --tol).
+
+    python3 scripts/bert_reference.py --check-run RUN/best --input valid.jsonl --predictions preds.jsonl
+
+loads a classifier memfit trained (its checkpoint, tokenizer included) with AutoModelForSequenceClassification
+and AutoTokenizer, encodes the `text` (and `text_pair`) of each input row, and compares transformers'
+log-probabilities with those of `memfit predict --model RUN/best --input valid.jsonl --out preds.jsonl`
+(max abs diff <= --tol; log-softmax differs from the logits by a per-row constant only) and the labels.
 Needs: pip install torch transformers safetensors (not part of CI). The committed fixtures were made
 with the versions expected.json records.
 """
@@ -104,14 +111,46 @@ def check(model_dir, expected_path, tol):
         sys.exit(1)
 
 
+def check_run(model_dir, input_path, predictions_path, tol):
+    model, info = AutoModelForSequenceClassification.from_pretrained(
+        model_dir, output_loading_info=True, attn_implementation="eager")
+    model.eval()
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    with open(input_path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    with open(predictions_path) as f:
+        preds = [json.loads(line) for line in f if line.strip()]
+    assert len(rows) == len(preds), f"{len(rows)} rows, {len(preds)} predictions"
+    worst, same_label = 0.0, 0
+    with torch.no_grad():
+        for row, pred in zip(rows, preds):
+            enc = tok(row["text"], row.get("text_pair"), return_tensors="pt")
+            logp = torch.log_softmax(model(**enc).logits[0].double(), -1)
+            theirs = torch.log(torch.tensor(pred["scores"], dtype=torch.float64))
+            worst = max(worst, (logp - theirs).abs().max().item())
+            label = model.config.id2label[int(logp.argmax())]
+            same_label += label == pred["label"]
+    print(f"{model_dir}: {type(model).__name__}, loading info {bad or 'clean'}, {len(rows)} rows, "
+          f"max abs log-probability diff {worst:.3e}, same label {same_label}/{len(rows)}, "
+          f"transformers {transformers.__version__}, torch {torch.__version__}")
+    if bad or worst > tol or same_label != len(rows):
+        sys.exit(1)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", nargs="?")
     p.add_argument("--check")
     p.add_argument("--expected")
     p.add_argument("--tol", type=float, default=1e-4)
+    p.add_argument("--check-run")
+    p.add_argument("--input")
+    p.add_argument("--predictions")
     args = p.parse_args()
-    if args.check:
+    if args.check_run:
+        check_run(args.check_run, args.input, args.predictions, args.tol)
+    elif args.check:
         check(args.check, args.expected, args.tol)
     elif args.out_dir:
         make(args.out_dir)

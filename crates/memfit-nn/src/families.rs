@@ -99,3 +99,27 @@ pub fn classifier(
     let (model, report) = BertModel::load_for_labels(dir, &cfg, seed)?;
     Ok((model, Some(report)))
 }
+
+/// Writes into `out` the full model of a LoRA checkpoint: its base (`base_model_name_or_path` of
+/// the adapter's config) with the adapter merged in, `W + B·A·alpha/r`, in transformers' layout.
+/// `Ok(false)` when `checkpoint` holds no adapter (nothing to merge).
+pub fn merge_adapter(checkpoint: &Path, out: &Path) -> Result<bool, ModelError> {
+    if !crate::weights::peft::is_adapter_dir(checkpoint) {
+        return Ok(false);
+    }
+    let adapter = crate::weights::peft::AdapterConfig::from_dir(checkpoint)?;
+    let base = adapter.base_model_name_or_path.ok_or_else(|| {
+        ModelError::Format(format!(
+            "{}: adapter_config.json names no base_model_name_or_path to merge into",
+            checkpoint.display()
+        ))
+    })?;
+    let base = Path::new(&base);
+    let (model, _) = crate::decoder::DecoderModel::load_with_adapter(
+        base,
+        checkpoint,
+        crate::decoder::BasePrecision::F32,
+    )?;
+    model.save_merged(out)?;
+    Ok(true)
+}

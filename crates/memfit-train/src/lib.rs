@@ -22,6 +22,7 @@
 //! - `run_data`, `model_spec`, `plan_file`, `engine_setup`, `demo`, `text` — what `memfit train` wires up:
 //!   data stores, the model config, plan.json and the planned start within a memory budget (planner or
 //!   the seed's policy tables), the engine, the demo task, tokenizer files.
+//! - `predict`    — `memfit predict`: a checkpoint over the rows of a file, one JSON line each.
 //! - `memory_guard` — the in-process memory guard: a thread samples RSS (and device memory where a hook
 //!   is given) every 250 ms against soft/hard limits of the budget (or the `RUN/budget` override); the
 //!   loop halves the micro-batch at the soft limit and checkpoints + stops (exit 75) at the hard one.
@@ -45,6 +46,7 @@ pub mod metrics;
 pub mod model_spec;
 pub mod peak_flops;
 pub mod plan_file;
+pub mod predict;
 pub mod presets;
 pub mod progress;
 pub mod run_data;

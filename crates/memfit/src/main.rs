@@ -33,6 +33,10 @@ enum Command {
     Tokenizer(cmd::tokenizer::Args),
     /// The Rust trainer.
     Train(cmd::train::Args),
+    /// Run a trained checkpoint over rows: labels and scores, or generated text (JSON lines).
+    Predict(cmd::predict::Args),
+    /// A checkpoint as the Hugging Face directory its family loads from (LoRA merged with --merge).
+    Export(cmd::export::Args),
     /// Guard any training command: watch its memory, stop it gracefully, relaunch it smaller.
     Run(cmd::run::Args),
     /// Measure a training command at a few micro-batches; the largest batch that fits each budget.
@@ -68,6 +72,8 @@ fn main() -> ExitCode {
         Command::Data(a) => cmd::data::run(a),
         Command::Tokenizer(a) => cmd::tokenizer::run(a),
         Command::Train(a) => cmd::train::run(a),
+        Command::Predict(a) => cmd::predict::run(a),
+        Command::Export(a) => cmd::export::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Calibrate(a) => cmd::calibrate::run(a),
         Command::Bench(a) => cmd::bench::run(a),

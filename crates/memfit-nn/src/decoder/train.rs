@@ -219,7 +219,11 @@ impl TrainModel for DecoderModel {
     /// products (their sizes, ×3).
     fn training_flops(&self, b: &CausalLmBatch, _trainable: &[bool]) -> f64 {
         let c = &self.config;
-        let (d, f, t) = (c.hidden_size as f64, c.intermediate_size as f64, b.input.len as f64);
+        let (d, f, t) = (
+            c.hidden_size as f64,
+            c.intermediate_size as f64,
+            b.input.len as f64,
+        );
         let (q, kv) = (
             (c.num_attention_heads * c.head_dim) as f64,
             (c.num_key_value_heads * c.head_dim) as f64,
@@ -228,7 +232,10 @@ impl TrainModel for DecoderModel {
         let per_token = c.num_hidden_layers as f64 * layer + d * c.vocab_size as f64;
         let tokens = (b.input.batch * b.input.len) as f64;
         let (passes, adapters) = match self.lora_layout() {
-            Some(_) => (2.0, 3.0 * self.params().iter().map(Vec::len).sum::<usize>() as f64),
+            Some(_) => (
+                2.0,
+                3.0 * self.params().iter().map(Vec::len).sum::<usize>() as f64,
+            ),
             None => (3.0, 0.0),
         };
         2.0 * tokens * (passes * per_token + adapters)

@@ -7,8 +7,11 @@
 //! new one is complete. Before writing, free disk space is checked against the size of the previous
 //! checkpoint (or an estimate): when it does not fit, the checkpoint is skipped with a warning and
 //! nothing partial is left behind.
+//!
+//! `export` — `memfit export`: a checkpoint as the Hugging Face directory its family loads from.
 
 mod disk;
+pub mod export;
 mod state;
 mod store;
 
