@@ -8,9 +8,9 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::ModelError;
-use crate::batch::{ClassificationBatch, Seq2SeqBatch};
+use crate::batch::{CausalLmBatch, ClassificationBatch, Seq2SeqBatch};
 use crate::bert::{BertConfig, BertModel};
-use crate::model::{Seq2SeqGenerate, SequenceClassifier};
+use crate::model::{CausalGenerate, Seq2SeqGenerate, SequenceClassifier};
 use crate::t5::{T5Config, T5Layout, T5Model};
 use crate::weights::LoadReport;
 
@@ -28,7 +28,63 @@ pub fn task_of(config: &Value) -> Option<&'static str> {
     match model_type(config) {
         "t5" | "mt5" => Some("seq2seq"),
         "bert" | "roberta" | "xlm-roberta" => Some("classification"),
+        "llama" | "qwen2" | "mistral" | "qwen3" => Some("causal-lm"),
         _ => None,
+    }
+}
+
+/// How a decoder trains.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Training {
+    /// Every weight (less frozen groups).
+    Full,
+    /// LoRA adapters on a frozen base held in f32 or (`base_bf16`) bf16.
+    Lora {
+        settings: crate::layers::lora::LoraSettings,
+        targets: Vec<String>,
+        base_bf16: bool,
+    },
+}
+
+/// The causal LM of `config` (`source` names it in errors), trained as `training` says: drawn from
+/// `seed`, or, with `init`, the weights of that directory (a transformers model; under LoRA its
+/// base, with fresh adapters drawn from `seed`).
+pub fn causal_lm(
+    config: &Value,
+    source: &str,
+    init: Option<&Path>,
+    training: &Training,
+    seed: u64,
+) -> Result<
+    (
+        impl CausalGenerate<Batch = CausalLmBatch> + use<>,
+        Option<LoadReport>,
+    ),
+    ModelError,
+> {
+    use crate::decoder::{BasePrecision, DecoderConfig, DecoderModel, DecoderOptions};
+    let options = match training {
+        Training::Full => DecoderOptions::full(),
+        Training::Lora {
+            settings,
+            targets,
+            base_bf16,
+        } => DecoderOptions::lora(*settings, targets)?.with_base_precision(if *base_bf16 {
+            BasePrecision::Bf16
+        } else {
+            BasePrecision::F32
+        }),
+    }
+    .with_seed(seed);
+    match init {
+        Some(dir) => {
+            let (model, report) = DecoderModel::load(dir, &options)?;
+            Ok((model, Some(report)))
+        }
+        None => {
+            let cfg = DecoderConfig::from_json(config).map_err(|e| named(source, e))?;
+            Ok((DecoderModel::init(cfg, &options)?, None))
+        }
     }
 }
 

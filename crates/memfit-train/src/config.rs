@@ -79,6 +79,33 @@ pub enum OptimizerKind {
     Adafactor,
 }
 
+/// How the weights train (`--method`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Method {
+    /// Every weight (less the groups `freeze` names).
+    #[default]
+    Full,
+    /// Full training with `freeze` naming the frozen groups (the planner's name for it).
+    Freeze,
+    /// Low-rank adapters on a frozen base (decoder models).
+    Lora,
+}
+
+impl Method {
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Full => "full",
+            Method::Freeze => "freeze",
+            Method::Lora => "lora",
+        }
+    }
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
 /// What picks `best/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -146,6 +173,22 @@ pub struct TrainConfig {
     /// Adafactor ran: its scheduler's rate was ignored); `false`: the scheduled rate (external LR).
     pub adafactor_relative_step: bool,
     pub grad_ckpt: bool,
+    /// `full`, `freeze` or `lora`. Left out of config.toml at its default (older runs keep their hash).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub method: Method,
+    /// LoRA rank, scaling numerator, dropout and target projections (`q,k,v,o,gate,up,down` or
+    /// PEFT's names); unset: PEFT-style defaults r 16, alpha 32, dropout 0.05, every projection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_r: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_alpha: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_dropout: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_targets: Option<Vec<String>>,
+    /// The frozen base's precision under LoRA (`bf16` halves its memory); unset: fp32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_precision: Option<Precision>,
     /// Frozen parameter groups, in the family's names (T5: `embeddings`, `encoder`, `decoder`,
     /// `lm_head`; BERT: `embeddings`, `encoder`, `pooler`, `head`).
     pub freeze: Vec<String>,
@@ -223,6 +266,12 @@ impl Default for TrainConfig {
             optimizer: OptimizerKind::Adamw,
             adafactor_relative_step: true,
             grad_ckpt: false,
+            method: Method::Full,
+            lora_r: None,
+            lora_alpha: None,
+            lora_dropout: None,
+            lora_targets: None,
+            base_precision: None,
             freeze: Vec::new(),
             lr: 3e-3,
             schedule: ScheduleKind::Onecycle,
@@ -268,6 +317,12 @@ pub struct ConfigLayer {
     pub optimizer: Option<OptimizerKind>,
     pub adafactor_relative_step: Option<bool>,
     pub grad_ckpt: Option<bool>,
+    pub method: Option<Method>,
+    pub lora_r: Option<usize>,
+    pub lora_alpha: Option<f64>,
+    pub lora_dropout: Option<f64>,
+    pub lora_targets: Option<Vec<String>>,
+    pub base_precision: Option<Precision>,
     pub freeze: Option<Vec<String>>,
     pub lr: Option<f64>,
     pub schedule: Option<ScheduleKind>,
@@ -330,6 +385,7 @@ impl ConfigLayer {
             optimizer,
             adafactor_relative_step,
             grad_ckpt,
+            method,
             freeze,
             lr,
             schedule,
@@ -349,6 +405,11 @@ impl ConfigLayer {
             guard_hard_fraction
         );
         set_opt!(
+            lora_r,
+            lora_alpha,
+            lora_dropout,
+            lora_targets,
+            base_precision,
             init,
             data,
             valid,
@@ -386,14 +447,7 @@ fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
 impl TrainConfig {
     /// Checks values a user controls; every message names the setting.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        // first: a task this trainer does not run explains the rest (a causal-lm plan's tgt_seq = 0)
-        if self.task == TaskKind::CausalLm {
-            return Err(ConfigError::Invalid {
-                field: "task",
-                value: self.task.name().into(),
-                reason: "memfit train runs seq2seq (T5) and classification (BERT family) tasks",
-            });
-        }
+        self.validate_method()?;
         if !self.task.metrics().contains(&self.best_metric) {
             return Err(ConfigError::Invalid {
                 field: "best_metric",
@@ -474,6 +528,48 @@ impl TrainConfig {
                 value: n.to_string(),
                 reason: "must be a positive number",
             });
+        }
+        Ok(())
+    }
+
+    /// LoRA's settings only with `method = "lora"`, which only decoders (causal-lm) take.
+    fn validate_method(&self) -> Result<(), ConfigError> {
+        let invalid = |field, value: String, reason| {
+            Err(ConfigError::Invalid {
+                field,
+                value,
+                reason,
+            })
+        };
+        if self.method == Method::Lora && self.task != TaskKind::CausalLm {
+            return invalid(
+                "method",
+                "lora".into(),
+                "LoRA adapters train decoder models (task causal-lm); this task trains with full or freeze",
+            );
+        }
+        if self.method != Method::Lora {
+            let lora_set = self.lora_r.is_some()
+                || self.lora_alpha.is_some()
+                || self.lora_dropout.is_some()
+                || self.lora_targets.is_some()
+                || self.base_precision.is_some();
+            if lora_set {
+                return invalid(
+                    "method",
+                    self.method.name().into(),
+                    "--lora-* and --base-precision need --method lora",
+                );
+            }
+        }
+        if self.lora_r == Some(0) {
+            return invalid("lora_r", "0".into(), "must be at least 1");
+        }
+        if let Some(a) = self.lora_alpha.filter(|a| !(a.is_finite() && *a > 0.0)) {
+            return invalid("lora_alpha", a.to_string(), "must be a positive number");
+        }
+        if let Some(d) = self.lora_dropout.filter(|d| !(0.0..1.0).contains(d)) {
+            return invalid("lora_dropout", d.to_string(), "must lie in [0, 1)");
         }
         Ok(())
     }

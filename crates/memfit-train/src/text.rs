@@ -5,7 +5,12 @@ use memfit_data::{DataError, Tokenizer};
 
 /// transformers' tokenizer configuration files, copied into checkpoints from beside the run's
 /// `tokenizer.json` (which itself is rewritten: [`checkpoint_tokenizer_files`]).
-pub const TOKENIZER_CONFIG_FILES: [&str; 2] = ["tokenizer_config.json", "special_tokens_map.json"];
+pub const TOKENIZER_CONFIG_FILES: [&str; 3] = [
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    // transformers 5 writes a tokenizer's chat template here
+    "chat_template.jinja",
+];
 
 /// Turns generated ids back into text (the seed decodes with `skip_special_tokens=True`).
 pub trait TextDecoder {

@@ -64,7 +64,7 @@ pub fn row(rng: &mut SplitMix64) -> (String, &'static str) {
     let mut words: Vec<&str> = (0..fillers).map(|_| pick(rng, &FILLER)).collect();
     let kind = rng.next_u64() % 3;
     let label = if kind == 0 {
-        if rng.next_u64() % 4 == 0 {
+        if rng.next_u64().is_multiple_of(4) {
             let at = (rng.next_u64() % (words.len() as u64 + 1)) as usize;
             words.insert(at, NOT);
         }
@@ -73,12 +73,12 @@ pub fn row(rng: &mut SplitMix64) -> (String, &'static str) {
         let positive = kind == 1;
         // one in four negated: the word alone is right three times in four, which a model
         // learns first; the rest needs the word before it
-        let negated = rng.next_u64() % 4 == 0;
+        let negated = rng.next_u64().is_multiple_of(4);
         let at = (rng.next_u64() % (words.len() as u64 + 1)) as usize;
         words.insert(at, pick(rng, if positive { &POSITIVE } else { &NEGATIVE }));
         if negated {
             words.insert(at, NOT);
-        } else if rng.next_u64() % 4 == 0 {
+        } else if rng.next_u64().is_multiple_of(4) {
             // a "not" after the word negates nothing: counting words cannot tell the labels
             words.insert(at + 1, NOT);
         }

@@ -5,7 +5,10 @@
 //! - [`seq2seq`]        — source → target (T5): loss, greedy generation scored by BLEU-4.
 //! - [`classification`] — text (or a text pair) → label (BERT family): loss, accuracy, macro-F1,
 //!   per-class precision and recall.
+//! - [`causal_lm`]      — next-token prediction with the prompt masked out (decoders): loss,
+//!   perplexity, greedy continuations of validation prompts.
 
+pub mod causal_lm;
 pub mod classification;
 pub mod seq2seq;
 

@@ -3,7 +3,7 @@
 
 use super::absolute;
 use crate::exit::bad_input;
-use memfit_train::config::{BestMetric, ConfigLayer, OptimizerKind, Precision, TaskKind};
+use memfit_train::config::{BestMetric, ConfigLayer, Method, OptimizerKind, Precision, TaskKind};
 use memfit_train::schedule::ScheduleKind;
 use std::path::PathBuf;
 
@@ -90,9 +90,29 @@ pub struct Args {
     #[arg(long)]
     pub grad_ckpt: bool,
     /// Frozen groups, comma-separated (T5: embeddings, encoder, decoder, lm_head; BERT:
-    /// embeddings, encoder, pooler, head).
+    /// embeddings, encoder, pooler, head; decoders: embeddings, layers, norm, lm_head).
     #[arg(long, value_delimiter = ',')]
     pub freeze: Option<Vec<String>>,
+    /// How the weights train: full, freeze (full with --freeze groups) or lora (adapters on a
+    /// frozen base; decoder models).
+    #[arg(long, value_parser = ["full", "freeze", "lora"])]
+    pub method: Option<String>,
+    /// LoRA rank (default 16).
+    #[arg(long)]
+    pub lora_r: Option<usize>,
+    /// LoRA scaling numerator: the update is scaled by alpha / r (default 32).
+    #[arg(long)]
+    pub lora_alpha: Option<f64>,
+    /// Dropout on the adapters' input (default 0.05).
+    #[arg(long)]
+    pub lora_dropout: Option<f64>,
+    /// Adapted projections, comma-separated: q,k,v,o,gate,up,down (or PEFT's q_proj, …; default
+    /// all seven).
+    #[arg(long, value_delimiter = ',')]
+    pub lora_targets: Option<Vec<String>>,
+    /// The frozen base's precision under LoRA: bf16 halves its memory (default fp32).
+    #[arg(long, value_parser = ["fp32", "bf16"])]
+    pub base_precision: Option<String>,
     /// Global-norm gradient clipping (0 turns it off).
     #[arg(long)]
     pub max_grad_norm: Option<f64>,
@@ -139,6 +159,14 @@ pub struct Args {
     pub json: bool,
 }
 
+/// `fp32` / `bf16` as typed (clap has checked the value).
+fn precision(p: &str) -> Precision {
+    match p {
+        "bf16" => Precision::Bf16,
+        _ => Precision::Fp32,
+    }
+}
+
 impl Args {
     /// The task asked for: `--task`, or `--demo`'s.
     pub fn task(&self) -> Option<TaskKind> {
@@ -171,10 +199,7 @@ impl Args {
             accum: self.accum,
             seq: self.seq,
             tgt_seq: self.tgt_seq,
-            precision: self.precision.as_deref().map(|p| match p {
-                "bf16" => Precision::Bf16,
-                _ => Precision::Fp32,
-            }),
+            precision: self.precision.as_deref().map(precision),
             optimizer: self.optimizer.as_deref().map(|o| match o {
                 "adafactor" => OptimizerKind::Adafactor,
                 _ => OptimizerKind::Adamw,
@@ -182,6 +207,16 @@ impl Args {
             adafactor_relative_step: self.adafactor_external_lr.then_some(false),
             grad_ckpt: self.grad_ckpt.then_some(true),
             freeze: self.freeze.clone(),
+            method: self.method.as_deref().map(|m| match m {
+                "lora" => Method::Lora,
+                "freeze" => Method::Freeze,
+                _ => Method::Full,
+            }),
+            lora_r: self.lora_r,
+            lora_alpha: self.lora_alpha,
+            lora_dropout: self.lora_dropout,
+            lora_targets: self.lora_targets.clone(),
+            base_precision: self.base_precision.as_deref().map(precision),
             lr: self.lr,
             schedule: self
                 .schedule

@@ -18,10 +18,13 @@ use crate::exit::{Outcome, bad_input};
 use launch::{Run, launch};
 use memfit_nn::ModelError;
 use memfit_nn::families;
-use memfit_train::config::TaskKind;
+use memfit_nn::families::Training;
+use memfit_nn::layers::lora::LoraSettings;
+use memfit_train::config::{Method, Precision, TaskKind};
 use memfit_train::engine::ModelEngine;
 use memfit_train::engine_setup;
 use memfit_train::task::RowSource;
+use memfit_train::task::causal_lm::{CausalLmTask, LmCollate};
 use memfit_train::task::classification::labels::{Relabeled, label_map, store_labels};
 use memfit_train::task::classification::{ClassificationTask, ClsCollate, ClsRow};
 use memfit_train::task::seq2seq::{Collate, Seq2SeqTask};
@@ -47,14 +50,18 @@ pub fn run(args: Args) -> Outcome {
     let start = Start::prepare(setup)?;
     match start.setup.config.task {
         TaskKind::Classification => classification(&args, start),
-        _ => seq2seq(&args, start),
+        TaskKind::CausalLm => causal_lm(&args, start),
+        TaskKind::Seq2seq => seq2seq(&args, start),
     }
 }
 
-/// The `--init` directory of a new run (a resume loads its own checkpoint instead).
+/// The `--init` directory the model is built from: a new run's; on a resume, a LoRA run's (its
+/// checkpoints hold the adapters, the base is the init's), else none (the checkpoint holds all).
 fn init_dir(setup: &Setup) -> Option<PathBuf> {
+    let lora = setup.config.method == Method::Lora;
     match setup.mode {
         Mode::New => setup.config.init.as_deref().map(PathBuf::from),
+        Mode::Resume if lora => setup.config.init.as_deref().map(PathBuf::from),
         Mode::Resume => None,
     }
 }
@@ -161,6 +168,68 @@ fn classification(args: &Args, start: Start) -> Outcome {
         task: &task,
         train: &train as &dyn RowSource<ClsRow>,
         valid: valid.as_ref().map(|v| v as &dyn RowSource<ClsRow>),
+        tokenizer_files,
+    };
+    launch(args, prepared, run)
+}
+
+fn causal_lm(args: &Args, start: Start) -> Outcome {
+    let (data, prepared) = start.split();
+    let config = &prepared.setup.config.clone();
+    let eos = data
+        .tokenizer
+        .require_eos("causal-lm training")
+        .map_err(|e| bad_input(e.to_string()))?
+        .id;
+    // padding is never trained or attended to: a tokenizer without a pad token pads with EOS
+    let pad = data.tokenizer.pad().map_or(eos, |p| p.id);
+    let init = init_dir(&prepared.setup);
+    let training = match config.method {
+        Method::Lora => Training::Lora {
+            settings: LoraSettings {
+                r: config.lora_r.unwrap_or(16),
+                alpha: config.lora_alpha.unwrap_or(32.0),
+                dropout: config.lora_dropout.unwrap_or(0.05),
+                use_rslora: false,
+            },
+            targets: config.lora_targets.clone().unwrap_or_else(|| {
+                ["q", "k", "v", "o", "gate", "up", "down"]
+                    .map(String::from)
+                    .to_vec()
+            }),
+            base_bf16: config.base_precision == Some(Precision::Bf16),
+        },
+        Method::Full | Method::Freeze => Training::Full,
+    };
+    let (model, loaded) = families::causal_lm(
+        &prepared.model_json,
+        &config.model,
+        init.as_deref(),
+        &training,
+        config.seed,
+    )
+    .map_err(model_error)?;
+    if let (Some(report), Some(dir), Mode::New) = (&loaded, &init, &prepared.setup.mode) {
+        eprintln!("{}", init_line(dir, report));
+    }
+    let engine =
+        ModelEngine::new(model, engine_setup::engine_options(config)).map_err(model_error)?;
+    let task = CausalLmTask {
+        collate: LmCollate {
+            max_len: config.seq,
+            pad_id: pad,
+        },
+        decoder: &data.tokenizer,
+        eos_id: eos,
+        max_new_tokens: config.gen_max_tokens,
+    };
+    let tokenizer_files =
+        text::unchanged_tokenizer_files(&data.tokenizer).map_err(|e| bad_input(e.to_string()))?;
+    let run = Run {
+        engine,
+        task: &task,
+        train: &data.train,
+        valid: data.valid_source(),
         tokenizer_files,
     };
     launch(args, prepared, run)

@@ -208,6 +208,12 @@ fn resolve_config(
     if config.model == "demo" && config.task == TaskKind::Classification {
         config = merge(&layers, Some(demo::classification::config_layer()));
     }
+    if config.model == "demo" && config.task == TaskKind::CausalLm {
+        return Err(bad_input(
+            "--task causal-lm has no demo: give the model (--init DIR, a transformers model \
+             directory, or --model config.json) and --data FILE --tokenizer DIR",
+        ));
+    }
     if !layers.iter().any(|l| l.best_metric.is_some()) {
         config.best_metric = config.task.default_best_metric();
     }
@@ -234,9 +240,10 @@ fn task_of_model(model: &str) -> anyhow::Result<TaskKind> {
     match memfit_nn::families::task_of(&json) {
         Some("classification") => Ok(TaskKind::Classification),
         Some("seq2seq") => Ok(TaskKind::Seq2seq),
+        Some("causal-lm") => Ok(TaskKind::CausalLm),
         _ => Err(bad_input(format!(
             "model {model}: model_type {:?} is not a family memfit train trains (t5, mt5: seq2seq; \
-             bert, roberta, xlm-roberta: classification)",
+             bert, roberta, xlm-roberta: classification; llama, qwen2, mistral, qwen3: causal-lm)",
             memfit_nn::families::model_type(&json)
         ))),
     }
