@@ -1,7 +1,7 @@
 //! How glibc's malloc serves the trainer: one arena, and freed memory kept for the next step.
 //!
 //! - **One arena.** glibc gives each thread that allocates its own arena. A training step runs
-//!   inside rayon's pool ([`crate::t5_engine`]), so its tensors are allocated on several threads,
+//!   inside rayon's pool ([`crate::engine`]), so its tensors are allocated on several threads,
 //!   and memory a step frees in one arena cannot serve the next step's allocations on another
 //!   thread: measured on the tiny T5 at micro-batch 16 × 128 tokens, 2 threads, peak RSS 765 MiB
 //!   with per-thread arenas and 448 MiB with one, at the same CPU time (the trainer's allocations
