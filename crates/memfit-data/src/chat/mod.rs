@@ -84,7 +84,7 @@ impl RenderedChat {
 pub enum PromptFormat {
     /// The tokenizer's chat template; its text carries its own special tokens, so it is encoded
     /// without the tokenizer's post-processor (as `apply_chat_template(tokenize=True)` does).
-    Template(ChatTemplate),
+    Template(Box<ChatTemplate>),
     /// No template: Alpaca's format (module doc of [`crate::chat`]); encoded with the tokenizer's
     /// post-processor, so a BOS it adds (Llama) is there.
     Plain,
@@ -94,9 +94,9 @@ impl PromptFormat {
     /// `template_file` when given, else the tokenizer's own template, else [`PromptFormat::Plain`].
     pub fn for_tokenizer(tokenizer: &Tokenizer, template_file: Option<&Path>) -> Result<Self> {
         Ok(match template_file {
-            Some(f) => PromptFormat::Template(ChatTemplate::from_file(f, tokenizer)?),
+            Some(f) => PromptFormat::Template(Box::new(ChatTemplate::from_file(f, tokenizer)?)),
             None => match ChatTemplate::find(tokenizer)? {
-                Some(t) => PromptFormat::Template(t),
+                Some(t) => PromptFormat::Template(Box::new(t)),
                 None => PromptFormat::Plain,
             },
         })

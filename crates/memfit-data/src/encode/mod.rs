@@ -162,7 +162,7 @@ pub type RowResult = std::result::Result<EncodedRow, RowProblem>;
 
 enum TaskEncoder {
     Seq2seq(seq2seq::Seq2seqEncoder),
-    Classification(classification::ClassificationEncoder),
+    Classification(Box<classification::ClassificationEncoder>),
     CausalLm(causal::CausalEncoder),
 }
 
@@ -182,9 +182,9 @@ impl RowEncoder {
             Task::Seq2seq | Task::Chat => {
                 TaskEncoder::Seq2seq(seq2seq::Seq2seqEncoder::new(&tokenizer, task, &settings)?)
             }
-            Task::Classification => TaskEncoder::Classification(
+            Task::Classification => TaskEncoder::Classification(Box::new(
                 classification::ClassificationEncoder::new(&tokenizer, &settings)?,
-            ),
+            )),
             Task::CausalLm => {
                 TaskEncoder::CausalLm(causal::CausalEncoder::new(&tokenizer, &settings)?)
             }
