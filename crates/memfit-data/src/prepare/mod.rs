@@ -17,7 +17,8 @@ use crate::fsutil::write_atomic;
 use crate::hash::{sha256_bytes, sha256_file};
 use crate::rows::{Columns, Mode, RowForm};
 use crate::store::meta::{
-    ContentOptions, FORMAT_VERSION, SourceFile, StoreMeta, Task, TokenizerRef,
+    ContentOptions, FORMAT_VERSION, LengthStats, RowCounts, SourceFile, StoreMeta, Task,
+    TokenizerRef,
 };
 use crate::store::{INDEX_FILE, LABELS_FILE, META_FILE, TOKENS_FILE, TokenStore};
 use crate::tokenizer::Tokenizer;
@@ -171,19 +172,79 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(Progress)) -> Res
     let tokenizer = encoder.tokenizer();
     let pair = matches!(columns.form, RowForm::Classification { pair: true });
     let segments = opts.task.segment_names(pair);
-    let width = if tokenizer.max_id() <= u16::MAX as u32 {
+    let written = write_rows(opts, &encoder, columns, segments.len(), &tmp_path, progress)?;
+    let classification = opts.task == Task::Classification;
+    let eos = encoder.eos_id().and_then(|id| {
+        let token = tokenizer.inner().id_to_token(id)?;
+        Some(crate::tokenizer::SpecialToken { token, id })
+    });
+    let meta = StoreMeta {
+        format_version: FORMAT_VERSION,
+        created_by: format!("memfit-data {}", env!("CARGO_PKG_VERSION")),
+        fingerprint,
+        task: opts.task,
+        segments: segments.iter().map(|s| s.to_string()).collect(),
+        token_width: written.width as u8,
+        rows: written.counts.written,
+        tokens: written.tokens,
+        eos_id: eos.as_ref().map(|e| e.id),
+        pad_id: Some(pad.id),
+        sources,
+        tokenizer: TokenizerRef {
+            path: tokenizer.path().display().to_string(),
+            sha256: tokenizer.sha256().to_string(),
+            vocab_size: tokenizer.vocab_size(),
+            eos_token: eos.as_ref().map(|e| e.token.clone()),
+            pad_token: Some(pad.token.clone()),
+        },
+        options: content,
+        counts: written.counts,
+        lengths: written.lengths,
+        label_names: written.label_names,
+        num_labels: written.num_labels.filter(|_| classification),
+        prompt_format: encoder.prompt_format().map(|f| f.describe()),
+    };
+    let json = serde_json::to_string_pretty(&meta)
+        .map_err(|e| DataError::Options(format!("meta.json: {e}")))?;
+    write_atomic(&tmp_path.join(META_FILE), json.as_bytes())?;
+    install(&tmp_path, &opts.out)?;
+    std::mem::forget(tmp);
+    tracing::info!(store = %opts.out.display(), rows = meta.rows, tokens = meta.tokens, "store written");
+    Ok(PrepareReport {
+        store: opts.out.clone(),
+        reused: false,
+        meta,
+    })
+}
+
+/// What [`write_rows`] wrote.
+struct Written {
+    counts: RowCounts,
+    lengths: Vec<LengthStats>,
+    tokens: u64,
+    width: usize,
+    label_names: Vec<String>,
+    num_labels: Option<u32>,
+}
+
+/// Streams the encoded rows of every input into the store files in `dir`.
+fn write_rows(
+    opts: &PrepareOptions,
+    encoder: &RowEncoder,
+    columns: Columns,
+    segments: usize,
+    dir: &Path,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Written> {
+    let width = if encoder.tokenizer().max_id() <= u16::MAX as u32 {
         2
     } else {
         4
     };
-    let mut writer = StoreWriter::create(
-        &tmp_path,
-        width,
-        segments.len(),
-        opts.task == Task::Classification,
-    )?;
+    let labels = opts.task == Task::Classification;
+    let mut writer = StoreWriter::create(dir, width, segments, labels)?;
     let mut chunks = EncodedChunks::open(
-        &encoder,
+        encoder,
         &opts.inputs,
         columns,
         opts.on_invalid,
@@ -210,48 +271,13 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(Progress)) -> Res
     let lengths = writer.tallies.iter().map(|t| t.stats()).collect();
     let tokens = writer.tokens();
     writer.finish()?;
-
-    let classification = opts.task == Task::Classification;
-    let eos = encoder.eos_id().and_then(|id| {
-        let token = tokenizer.inner().id_to_token(id)?;
-        Some(crate::tokenizer::SpecialToken { token, id })
-    });
-    let meta = StoreMeta {
-        format_version: FORMAT_VERSION,
-        created_by: format!("memfit-data {}", env!("CARGO_PKG_VERSION")),
-        fingerprint,
-        task: opts.task,
-        segments: segments.iter().map(|s| s.to_string()).collect(),
-        token_width: width as u8,
-        rows: counts.written,
-        tokens,
-        eos_id: eos.as_ref().map(|e| e.id),
-        pad_id: Some(pad.id),
-        sources,
-        tokenizer: TokenizerRef {
-            path: tokenizer.path().display().to_string(),
-            sha256: tokenizer.sha256().to_string(),
-            vocab_size: tokenizer.vocab_size(),
-            eos_token: eos.as_ref().map(|e| e.token.clone()),
-            pad_token: Some(pad.token.clone()),
-        },
-        options: content,
+    Ok(Written {
         counts,
         lengths,
+        tokens,
+        width,
         label_names: chunks.rules().label_names().to_vec(),
-        num_labels: chunks.rules().num_labels().filter(|_| classification),
-        prompt_format: encoder.prompt_format().map(|f| f.describe()),
-    };
-    let json = serde_json::to_string_pretty(&meta)
-        .map_err(|e| DataError::Options(format!("meta.json: {e}")))?;
-    write_atomic(&tmp_path.join(META_FILE), json.as_bytes())?;
-    install(&tmp_path, &opts.out)?;
-    std::mem::forget(tmp);
-    tracing::info!(store = %opts.out.display(), rows = meta.rows, tokens = meta.tokens, "store written");
-    Ok(PrepareReport {
-        store: opts.out.clone(),
-        reused: false,
-        meta,
+        num_labels: chunks.rules().num_labels(),
     })
 }
 
