@@ -31,6 +31,12 @@ fn prepare_causal(tok: &Path, input: PathBuf, out: PathBuf) -> PrepareOptions {
     PrepareOptions::new(vec![input], tok.to_path_buf(), Task::CausalLm, out)
 }
 
+/// The store prepared from `input` in `dir/s` with the defaults.
+fn causal_store(tok: &Path, input: PathBuf, dir: &Path) -> TokenStore {
+    let o = prepare_causal(tok, input, dir.join("s"));
+    TokenStore::open(&prepare(&o, &mut |_| {}).unwrap().store).unwrap()
+}
+
 fn causal(store: &TokenStore, i: usize) -> CausalRow {
     store.causal_row(i, &mut RowBuf::default()).unwrap()
 }
@@ -92,15 +98,7 @@ fn instruction_rows_through_the_llama_template() {
         &tmp.path().join("alpaca.jsonl"),
         &[json!({"instruction": "What is 2 + 3?", "input": "", "output": "5"})],
     );
-    let store = TokenStore::open(
-        &prepare(
-            &prepare_causal(&tok, input, tmp.path().join("s")),
-            &mut |_| {},
-        )
-        .unwrap()
-        .store,
-    )
-    .unwrap();
+    let store = causal_store(&tok, input, tmp.path());
     let (prompt, full) = golden_case("llama-3.2-instruct.jinja", 0);
     let row = causal(&store, 0);
     // The template writes <|begin_of_text|> itself; the text is encoded without the
@@ -183,15 +181,7 @@ fn plain_text_rows_train_every_token() {
             json!({"text": "The end.<|end_of_text|>"}),
         ],
     );
-    let store = TokenStore::open(
-        &prepare(
-            &prepare_causal(&tok, input, tmp.path().join("s")),
-            &mut |_| {},
-        )
-        .unwrap()
-        .store,
-    )
-    .unwrap();
+    let store = causal_store(&tok, input, tmp.path());
     let eos = Tokenizer::load(&tok).unwrap().eos().unwrap().id;
     let row = causal(&store, 0);
     assert_eq!(row.prompt_len, 0);
@@ -369,12 +359,7 @@ fn parquet_conversations_are_lists_of_structs() {
         )],
         10,
     );
-    let store = TokenStore::open(
-        &prepare(&prepare_causal(&tok, pq, tmp.path().join("s")), &mut |_| {})
-            .unwrap()
-            .store,
-    )
-    .unwrap();
+    let store = causal_store(&tok, pq, tmp.path());
     let (prompt, full) = golden_case("qwen2.5-instruct.jinja", 0);
     let row = causal(&store, 0);
     assert_eq!(

@@ -155,21 +155,14 @@ impl CausalEncoder {
 
     fn finish_training(&self, r: &Rendered, encoding: &Encoding) -> EncodedRow {
         let mut ids = encoding.get_ids().to_vec();
-        let mut prompt_len = match r.prompt_bytes {
+        let prompt_len = match r.prompt_bytes {
             None => 0,
             Some(b) => prompt_tokens(encoding.get_offsets(), b),
         };
         if !r.ends_with_eos && ids.last() != Some(&self.eos.id) {
             ids.push(self.eos.id);
         }
-        let keep = self.keep_head(&ids);
-        let truncated = self
-            .max_len
-            .is_some_and(|max| fit(&mut ids, &mut prompt_len, keep, max));
-        EncodedRow {
-            tokens: RowTokens::CausalLm(CausalRow { ids, prompt_len }),
-            truncated,
-        }
+        self.fitted(ids, prompt_len)
     }
 
     fn finish_prompt(&self, encoding: &Encoding) -> EncodedRow {
@@ -178,8 +171,13 @@ impl CausalEncoder {
             .iter()
             .rposition(|(s, e)| e > s)
             .map_or(offsets.len(), |k| k + 1);
-        let mut ids = encoding.get_ids()[..text_end].to_vec();
-        let mut prompt_len = ids.len();
+        let ids = encoding.get_ids()[..text_end].to_vec();
+        let prompt_len = ids.len();
+        self.fitted(ids, prompt_len)
+    }
+
+    /// The row cut to `max_len` by [`fit`].
+    fn fitted(&self, mut ids: Vec<u32>, mut prompt_len: usize) -> EncodedRow {
         let keep = self.keep_head(&ids);
         let truncated = self
             .max_len
