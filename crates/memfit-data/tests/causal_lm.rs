@@ -281,9 +281,17 @@ fn rows_without_a_response_or_with_bad_messages_are_named() {
             "{e}"
         );
         assert!(!o.out.exists());
-        o.on_invalid = InvalidPolicy::Skip;
-        let meta = prepare(&o, &mut |_| {}).unwrap().meta;
-        assert_eq!((meta.rows, meta.counts.skipped), (1, 1), "case {k}");
+        for policy in [InvalidPolicy::Skip, InvalidPolicy::Keep] {
+            // `keep` cannot keep a row without a response either; each is counted once.
+            o.on_invalid = policy;
+            o.force = true;
+            let c = prepare(&o, &mut |_| {}).unwrap().meta.counts;
+            assert_eq!(
+                (c.written, c.skipped, c.empty + c.invalid),
+                (1, 1, 1),
+                "case {k}"
+            );
+        }
     }
 }
 

@@ -96,7 +96,7 @@ impl<'a> EncodedChunks<'a> {
     ) -> Result<Vec<(Location, EncodedRow)>> {
         self.counts.read += chunk.len() as u64;
         let mut texts: Vec<RowTexts> = Vec::with_capacity(chunk.len());
-        let mut locations = Vec::with_capacity(chunk.len());
+        let mut kept = Vec::with_capacity(chunk.len());
         for rec in chunk {
             let location = rec.location;
             let (row, verdict) = self.rules.apply(path, rec)?;
@@ -104,14 +104,14 @@ impl<'a> EncodedChunks<'a> {
             match row {
                 Some(r) => {
                     texts.push(r);
-                    locations.push(location);
+                    kept.push((location, verdict));
                 }
                 None => self.counts.skipped += 1,
             }
         }
         let encoded = self.encoder.encode_batch(&texts)?;
         let mut out = Vec::with_capacity(encoded.len());
-        for (location, row) in locations.into_iter().zip(encoded) {
+        for ((location, verdict), row) in kept.into_iter().zip(encoded) {
             match row {
                 Ok(r) => {
                     self.counts.truncated += u64::from(r.truncated);
@@ -130,7 +130,10 @@ impl<'a> EncodedChunks<'a> {
                         });
                     }
                     InvalidPolicy::Skip | InvalidPolicy::Keep => {
-                        self.counts.invalid += 1;
+                        // A row kept as empty or invalid was counted so already.
+                        if verdict == Verdict::Clean {
+                            self.counts.invalid += 1;
+                        }
                         self.counts.skipped += 1;
                     }
                 },

@@ -31,7 +31,8 @@ struct Cells {
     texts: Vec<String>,
     conversation: Option<Vec<crate::source::Message>>,
     label: Option<u32>,
-    label_usable: bool,
+    /// Whether `--on-invalid keep` can keep the row (not without a label or a conversation).
+    keepable: bool,
     problem: Option<Problem>,
 }
 
@@ -99,7 +100,7 @@ impl RowRules {
             texts: Vec::with_capacity(rec.values.len()),
             conversation: None,
             label: None,
-            label_usable: true,
+            keepable: true,
             problem: None,
         };
         if let Some(p) = &rec.problem {
@@ -126,7 +127,7 @@ impl RowRules {
                     });
                 }
                 InvalidPolicy::Skip => return Ok((None, verdict)),
-                InvalidPolicy::Keep if !cells.label_usable => return Ok((None, verdict)),
+                InvalidPolicy::Keep if !cells.keepable => return Ok((None, verdict)),
                 InvalidPolicy::Keep => {}
             }
         }
@@ -154,7 +155,7 @@ impl RowRules {
                 Err(_) => Err(format!("label {i} is not in 0..2^32")),
             },
             Value::Text(s) if s.trim().is_empty() => {
-                cells.label_usable = false;
+                cells.keepable = false;
                 cells.note(Verdict::Empty, column, "empty label".into());
                 return;
             }
@@ -178,7 +179,7 @@ impl RowRules {
         match label {
             Ok(l) => cells.label = Some(l),
             Err(reason) => {
-                cells.label_usable = false;
+                cells.keepable = false;
                 cells.note(Verdict::Invalid, column, reason);
             }
         }
@@ -196,6 +197,7 @@ impl RowRules {
             }
             Value::Messages(m) => {
                 if m.is_empty() {
+                    cells.keepable = false;
                     cells.note(Verdict::Empty, column, "no messages".into());
                 }
                 cells.conversation = Some(m);
@@ -212,6 +214,10 @@ impl RowRules {
                 i.to_string()
             }
             Value::Invalid { reason, lossy } => {
+                // A broken conversation is no text to train on as it is.
+                if self.columns.form == RowForm::TextOrMessages {
+                    cells.keepable = false;
+                }
                 cells.note(Verdict::Invalid, column, reason);
                 lossy
             }
