@@ -46,7 +46,13 @@ struct PrepareArgs {
     /// A tokenizer.json, or a directory holding one (and tokenizer_config.json).
     #[arg(long)]
     tokenizer: PathBuf,
-    #[arg(long = "task", alias = "format", value_enum, default_value = "seq2seq")]
+    #[arg(
+        long = "task",
+        alias = "format",
+        value_name = "TASK",
+        value_enum,
+        default_value = "seq2seq"
+    )]
     format: Format,
     /// Column names, comma-separated. Defaults: prompt,response (seq2seq); text,label or
     /// text,text_pair,label when the file has text_pair (classification);
