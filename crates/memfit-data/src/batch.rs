@@ -52,6 +52,9 @@ pub struct PaddedClassification {
     pub input_ids: Vec<u32>,
     /// `[batch, len]`, true on real tokens.
     pub input_mask: Vec<bool>,
+    /// `[batch, len]` token type ids (0 on padding), when a row is a pair with type-1 tokens;
+    /// `None` when every type is 0.
+    pub token_types: Option<Vec<u32>>,
     /// One label id per row.
     pub labels: Vec<u32>,
 }
@@ -134,24 +137,38 @@ pub fn pad_token_pairs(rows: &[(&[u32], &[u32])], pad_id: u32, min_len: usize) -
     out
 }
 
-/// Pads classification rows to the longest text of the batch.
+/// Pads classification rows (a text, or a pair's two segments) to the longest of the batch.
 pub fn pad_classification(rows: &[Row<'_>], pad_id: u32) -> PaddedClassification {
-    let len = rows.iter().map(|r| r.source().len()).max().unwrap_or(0);
+    let len = rows.iter().map(Row::total_tokens).max().unwrap_or(0);
+    let typed = rows
+        .iter()
+        .any(|r| r.target().is_some_and(|t| !t.is_empty()));
     let mut out = PaddedClassification {
         batch: rows.len(),
         len,
         input_ids: Vec::with_capacity(rows.len() * len),
         input_mask: Vec::with_capacity(rows.len() * len),
+        token_types: typed.then(|| Vec::with_capacity(rows.len() * len)),
         labels: Vec::with_capacity(rows.len()),
     };
     for r in rows {
+        let ids = r
+            .segments()
+            .iter()
+            .flat_map(|s| s.iter())
+            .collect::<Vec<_>>();
         push_padded(
             &mut out.input_ids,
             &mut out.input_mask,
-            r.source().iter(),
+            ids.into_iter(),
             len,
             pad_id,
         );
+        if let Some(types) = out.token_types.as_mut() {
+            let first = r.source().len();
+            let total = r.total_tokens();
+            types.extend((0..len).map(|k| u32::from(k >= first && k < total)));
+        }
         out.labels.push(r.label().unwrap_or(0));
     }
     out
@@ -165,10 +182,13 @@ impl TokenStore {
 
     /// The padded seq2seq batch of rows `indices` (a seq2seq or chat store), read through `buf`.
     pub fn seq2seq_batch_with(&self, indices: &[usize], buf: &mut RowBuf) -> Result<PaddedSeq2Seq> {
-        if self.task() == Task::Classification {
+        if !matches!(self.task(), Task::Seq2seq | Task::Chat) {
             return Err(DataError::store(
                 self.dir(),
-                "a classification store has no targets",
+                format!(
+                    "a {} store is not read as seq2seq (source, target) batches",
+                    self.task().name()
+                ),
             ));
         }
         let pad = self.require_pad()?;

@@ -73,6 +73,12 @@ pub enum DataError {
         tried: String,
         format: &'static str,
     },
+    #[error("chat template {}: {reason}", path.display())]
+    ChatTemplate { path: PathBuf, reason: String },
+    /// A row the encoder refuses, encoded outside a source file (a source's rows become
+    /// [`DataError::InvalidRow`], naming the file, row and column).
+    #[error("{0}")]
+    Row(crate::encode::RowProblem),
     #[error("token store {}: {reason}", path.display())]
     Store { path: PathBuf, reason: String },
     #[error("{0}")]

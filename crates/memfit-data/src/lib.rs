@@ -5,15 +5,24 @@
 //! - [`source`]    — parquet and JSONL readers, one chunk of rows at a time (bounded memory).
 //! - [`tokenizer`] — load a Hugging Face `tokenizer.json` ([`Tokenizer::load`]) or train one
 //!   ([`tokenizer::train::train`]).
-//! - [`prepare`]   — source → token store ([`prepare::prepare`]): EOS appended by id, truncation by
-//!   tokens, empty/invalid rows counted under an `--on-invalid` policy, built in a temporary
-//!   directory and renamed into place, reused when up to date.
+//! - [`chat`]      — chat templates rendered with minijinja as transformers renders them, or
+//!   Alpaca's plain format; prompt/response splitting of chat rows.
+//! - [`rows`]      — a task's columns, the per-row rules and the `--on-invalid` policy: records →
+//!   [`rows::RowTexts`].
+//! - [`encode`]    — [`RowEncoder`]: row texts → tokens for every task (EOS by id, truncation by
+//!   tokens, classification specials and pairs, causal-LM prompt lengths), and [`EncodedChunks`]:
+//!   source files → encoded rows, a chunk at a time (used by `prepare` and `memfit predict`).
+//! - [`prepare`]   — source → token store ([`prepare::prepare`]): encoded rows written in a
+//!   temporary directory and renamed into place, reused when up to date.
 //! - [`store`]     — the token store ([`TokenStore`]): O(1) [`TokenStore::read_row`] by positioned
 //!   reads through the page cache; RSS independent of the store's size (why not mmap: see
 //!   [`store`]).
 //! - [`sampler`]   — seeded shuffle per epoch, sharding by (rank, world) with equal steps,
 //!   length-grouped batches by rows or by token budget, and the resumable [`Cursor`].
-//! - [`batch`]     — dynamic padding into [`PaddedSeq2Seq`] / [`PaddedClassification`].
+//! - [`batch`]     — dynamic padding into [`PaddedSeq2Seq`] / [`PaddedClassification`]; typed
+//!   rows for a trainer: [`TokenStore::classification_row`] ([`ClassificationRow`]: ids, token
+//!   types, label; [`TokenStore::label_names`], [`TokenStore::num_labels`]) and
+//!   [`TokenStore::causal_row`] ([`CausalRow`]: ids and prompt length).
 //! - [`bench`]     — the random-access measurement behind `memfit bench data`.
 //!
 //! # What a trainer calls
@@ -41,11 +50,14 @@
 
 pub mod batch;
 pub mod bench;
+pub mod chat;
+pub mod encode;
 pub mod error;
 mod fsutil;
 mod hash;
 pub mod prepare;
 mod rng;
+pub mod rows;
 pub mod sampler;
 pub mod source;
 pub mod store;
@@ -54,8 +66,10 @@ pub mod tokenizer;
 pub use batch::{
     PaddedClassification, PaddedSeq2Seq, pad_classification, pad_seq2seq, pad_token_pairs,
 };
+pub use encode::{EncodeSettings, EncodedChunks, EncodedRow, RowEncoder, RowTokens};
 pub use error::{DataError, Location};
 pub use prepare::{InvalidPolicy, PrepareOptions, PrepareReport, prepare};
+pub use rows::{Columns, Mode, RowTexts};
 pub use sampler::{Batching, Cursor, Sampler, SamplerConfig};
-pub use store::{Row, RowBuf, StoreMeta, Task, TokenStore, Tokens};
+pub use store::{CausalRow, ClassificationRow, Row, RowBuf, StoreMeta, Task, TokenStore, Tokens};
 pub use tokenizer::Tokenizer;

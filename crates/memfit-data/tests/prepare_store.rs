@@ -470,7 +470,9 @@ fn large_vocabularies_use_u32_tokens() {
 
 #[test]
 fn classification_with_string_and_integer_labels() {
+    use common::special_tokenizers::{CLS, Processor, SEP, classification_tokenizer, cls_words};
     let tmp = tempfile::tempdir().unwrap();
+    let bert = classification_tokenizer(&tmp.path().join("bert"), 100, Processor::Bert);
     let rows: Vec<serde_json::Value> = (0..6)
         .map(|i| {
             let label = ["neg", "pos", "neutral"][i as usize % 3];
@@ -479,20 +481,23 @@ fn classification_with_string_and_integer_labels() {
         .collect();
     let input = common::write_jsonl(&tmp.path().join("c.jsonl"), &rows);
     let mut o = opts(tmp.path(), input, Task::Classification);
-    o.max_len = Some(1);
+    o.tokenizer = bert.clone();
+    o.max_len = Some(3);
     let report = run(&o).unwrap();
     assert_eq!(report.meta.label_names, vec!["neg", "pos", "neutral"]);
+    assert_eq!(report.meta.num_labels, Some(3));
     assert_eq!(report.meta.counts.truncated, 6, "{:?}", report.meta);
     let store = TokenStore::open(&o.out).unwrap();
     assert_eq!(
         row(&store, 4).source().to_vec(),
-        ids(&[4]),
-        "no EOS: the tokenizer's own specials"
+        [vec![CLS], cls_words(&[4]), vec![SEP]].concat(),
+        "no EOS: the tokenizer's own specials, kept when cut"
     );
     assert_eq!(row(&store, 4).label(), Some(1));
     assert!(row(&store, 4).target().is_none());
     let b = store.classification_batch(&[0, 2]).unwrap();
-    assert_eq!((b.batch, b.len, b.labels.clone()), (2, 1, vec![0, 2]));
+    assert_eq!((b.batch, b.len, b.labels.clone()), (2, 3, vec![0, 2]));
+    assert_eq!(b.token_types, None);
     assert!(store.seq2seq_batch(&[0]).is_err());
 
     let pq = common::write_parquet(
@@ -506,12 +511,7 @@ fn classification_with_string_and_integer_labels() {
         ],
         2,
     );
-    let mut o = PrepareOptions::new(
-        vec![pq],
-        common::tokenizer(tmp.path()),
-        Task::Classification,
-        tmp.path().join("c2"),
-    );
+    let mut o = PrepareOptions::new(vec![pq], bert, Task::Classification, tmp.path().join("c2"));
     o.columns = Some(vec!["sentence".into(), "y".into()]);
     let e = run(&o).unwrap_err();
     assert!(e.to_string().contains("row 2, column `y`"), "{e}");
@@ -523,6 +523,7 @@ fn classification_with_string_and_integer_labels() {
         (Some(1), Some(0))
     );
     assert!(store.meta().label_names.is_empty());
+    assert_eq!(store.label_names().unwrap(), vec!["LABEL_0", "LABEL_1"]);
 }
 
 #[test]

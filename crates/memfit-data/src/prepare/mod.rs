@@ -1,26 +1,27 @@
 //! `memfit data prepare`: sources → token store, streaming one chunk of rows at a time.
 //!
+//! Rows are read and encoded by [`EncodedChunks`] and [`RowEncoder`] (the same code
+//! `memfit predict` encodes its input with); this module fingerprints, writes and installs.
 //! The store is built in a hidden sibling directory (`.NAME.partial-PID`) with `meta.json` written
 //! last, then renamed into place: an interrupted run leaves no directory that looks like a store.
 //! A store whose fingerprint (source contents, tokenizer content, content options) matches is
 //! reused as is.
 
-mod rows;
 mod writer;
 
-pub use rows::{InvalidPolicy, RowTexts, Verdict, column_specs};
+pub use crate::rows::{InvalidPolicy, RowTexts, Verdict};
 
+use crate::encode::{EncodeSettings, EncodedChunks, RowEncoder};
 use crate::error::{DataError, Result};
 use crate::fsutil::write_atomic;
 use crate::hash::{sha256_bytes, sha256_file};
-use crate::source;
+use crate::rows::{Columns, Mode, RowForm};
 use crate::store::meta::{
-    ContentOptions, FORMAT_VERSION, RowCounts, SourceFile, StoreMeta, Task, TokenizerRef,
+    ContentOptions, FORMAT_VERSION, LengthStats, RowCounts, SourceFile, StoreMeta, Task,
+    TokenizerRef,
 };
 use crate::store::{INDEX_FILE, LABELS_FILE, META_FILE, TOKENS_FILE, TokenStore};
 use crate::tokenizer::Tokenizer;
-use rows::RowRules;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use writer::StoreWriter;
 
@@ -30,13 +31,19 @@ pub struct PrepareOptions {
     /// A `tokenizer.json` or a directory holding one.
     pub tokenizer: PathBuf,
     pub task: Task,
-    /// Column names; `None` takes the task's defaults (see [`column_specs`]).
+    /// Column names; `None` takes the task's defaults (see [`crate::rows::Columns`]).
     pub columns: Option<Vec<String>>,
-    /// Maximum tokens of the source (classification: of the text), EOS included.
+    /// Maximum tokens of the source, EOS included (classification: of the text or pair with its
+    /// specials; causal-lm: of prompt + response + EOS).
     pub max_len: Option<usize>,
     /// Maximum tokens of the target, EOS included; defaults to `max_len`.
     pub max_target_len: Option<usize>,
     pub on_invalid: InvalidPolicy,
+    /// Classification: label names by id (string labels are looked up in it, integer labels must
+    /// be below its length); `None`: ids in order of first appearance.
+    pub label_names: Option<Vec<String>>,
+    /// Causal-LM: a chat template file to use instead of the tokenizer's own.
+    pub chat_template: Option<PathBuf>,
     pub out: PathBuf,
     /// Rows decoded and tokenized at once (bounds memory).
     pub chunk_rows: usize,
@@ -54,6 +61,8 @@ impl PrepareOptions {
             max_len: None,
             max_target_len: None,
             on_invalid: InvalidPolicy::Fail,
+            label_names: None,
+            chat_template: None,
             out,
             // 2048 rows of a few hundred tokens: a few MiB of text and ids in flight.
             chunk_rows: 2048,
@@ -129,64 +138,20 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(Progress)) -> Res
     if opts.inputs.is_empty() {
         return Err(DataError::Options("no --input files given".into()));
     }
-    let columns = column_specs(opts.task, opts.columns.as_deref())?;
-    let format = opts.task.name();
-    let max_target_len = opts.max_target_len.or(opts.max_len);
-    // Seq2seq/chat segments need room for one token plus EOS; classification for one token.
-    let limits = match opts.task {
-        Task::Classification => vec![("--max-len", opts.max_len, 1)],
-        _ => vec![
-            ("--max-len", opts.max_len, 2),
-            ("--max-target-len", max_target_len, 2),
-        ],
-    };
-    for (flag, v, least) in limits {
-        if matches!(v, Some(n) if n < least) {
-            return Err(DataError::Options(format!(
-                "{flag} must be at least {least} for {format}"
-            )));
-        }
-    }
+    let first = opts.inputs.first().map(PathBuf::as_path);
+    let columns = Columns::resolve(opts.task, Mode::Train, opts.columns.as_deref(), first)?;
     let tokenizer = Tokenizer::load(&opts.tokenizer)?;
-    let pad = tokenizer.require_pad(format)?.clone();
-    let eos = match opts.task {
-        Task::Seq2seq | Task::Chat => Some(tokenizer.require_eos(format)?.clone()),
-        Task::Classification => tokenizer.eos().cloned(),
-    };
-
-    let mut sources = Vec::with_capacity(opts.inputs.len());
-    for path in &opts.inputs {
-        let bytes = std::fs::metadata(path)
-            .map_err(|e| DataError::read(path, e))?
-            .len();
-        sources.push(SourceFile {
-            path: path.display().to_string(),
-            bytes,
-            sha256: sha256_file(path)?,
-        });
-    }
-    let content = ContentOptions {
-        task: opts.task,
-        columns: columns.iter().map(|c| c.name.clone()).collect(),
+    let pad = pad_token(&tokenizer, opts.task)?;
+    let settings = EncodeSettings {
+        mode: Mode::Train,
         max_len: opts.max_len,
-        max_target_len: if opts.task == Task::Classification {
-            None
-        } else {
-            max_target_len
-        },
-        on_invalid: opts.on_invalid.name().to_string(),
+        max_target_len: opts.max_target_len,
+        chat_template: opts.chat_template.clone(),
     };
-    let fingerprint = {
-        let hashes: Vec<&str> = sources.iter().map(|s| s.sha256.as_str()).collect();
-        let key = serde_json::json!({
-            "format_version": FORMAT_VERSION,
-            "sources": hashes,
-            "tokenizer": tokenizer.sha256(),
-            "options": content,
-        });
-        sha256_bytes(key.to_string().as_bytes())
-    };
-
+    let encoder = RowEncoder::new(tokenizer, opts.task, settings)?;
+    let sources = source_files(&opts.inputs)?;
+    let content = content_options(opts, &columns, &encoder);
+    let fingerprint = fingerprint(&sources, encoder.tokenizer(), &content);
     if !opts.force
         && let Ok(existing) = TokenStore::open(&opts.out)
         && existing.meta().fingerprint == fingerprint
@@ -198,144 +163,30 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(Progress)) -> Res
             meta: existing.meta().clone(),
         });
     }
-    if opts.out.exists() && !opts.out.join(META_FILE).exists() {
-        // Replace only what a store (or an unfinished one) holds, never someone's other files.
-        let store_files = [TOKENS_FILE, INDEX_FILE, LABELS_FILE];
-        let replaceable = std::fs::read_dir(&opts.out)
-            .map(|d| {
-                d.flatten()
-                    .all(|e| store_files.iter().any(|f| e.file_name() == *f))
-            })
-            .unwrap_or(false);
-        if !replaceable {
-            return Err(DataError::Options(format!(
-                "{} exists and is not a token store: refusing to replace it",
-                opts.out.display()
-            )));
-        }
-    }
-
+    check_replaceable(&opts.out)?;
     remove_stale_siblings(&opts.out);
     let tmp_path = sibling(&opts.out, "partial");
     std::fs::create_dir_all(&tmp_path).map_err(|e| DataError::write(&tmp_path, e))?;
     let tmp = TempDir(Some(tmp_path.clone()));
 
-    let width = if tokenizer.max_id() <= u16::MAX as u32 {
-        2
-    } else {
-        4
-    };
-    let mut writer = StoreWriter::create(
-        &tmp_path,
-        width,
-        opts.task.segments(),
-        opts.task == Task::Classification,
-    )?;
-    let mut rules = RowRules {
-        task: opts.task,
-        columns: &columns,
-        policy: opts.on_invalid,
-        label_ids: HashMap::new(),
-        label_names: Vec::new(),
-        saw_int_labels: false,
-    };
-    let mut counts = RowCounts::default();
-    // Classification keeps the tokenizer's own specials ([CLS] … [SEP]); a copy of the tokenizer
-    // with truncation set cuts rows that are too long while keeping those specials.
-    let classifier = match (opts.task, opts.max_len) {
-        (Task::Classification, max_len) => {
-            let truncating = match max_len {
-                Some(n) => {
-                    let mut t = tokenizer.inner().clone();
-                    t.with_truncation(Some(tokenizers::TruncationParams {
-                        max_length: n,
-                        ..Default::default()
-                    }))
-                    .map_err(|e| DataError::Options(format!("--max-len {n}: {e}")))?;
-                    Some(t)
-                }
-                None => None,
-            };
-            Some(Classifier {
-                truncating,
-                max_len,
-            })
-        }
-        _ => None,
-    };
-
-    // Open every source first: a missing column in the last file fails before any work.
-    let mut readers = Vec::with_capacity(opts.inputs.len());
-    let mut rows_total = Some(0u64);
-    for path in &opts.inputs {
-        let r = source::open(path, &columns, opts.chunk_rows)?;
-        rows_total = match (rows_total, r.total_rows()) {
-            (Some(a), Some(b)) => Some(a + b),
-            _ => None,
-        };
-        readers.push((path, r));
-    }
-
-    for (path, mut reader) in readers {
-        let mut file_rows = 0u64;
-        while let Some(chunk) = reader.next_chunk()? {
-            file_rows += chunk.len() as u64;
-            counts.read += chunk.len() as u64;
-            let mut kept: Vec<RowTexts> = Vec::with_capacity(chunk.len());
-            for rec in chunk {
-                let (row, verdict) = rules.apply(path, rec)?;
-                match verdict {
-                    Verdict::Clean => {}
-                    Verdict::Empty => counts.empty += 1,
-                    Verdict::Invalid => counts.invalid += 1,
-                }
-                match row {
-                    Some(r) => kept.push(r),
-                    None => counts.skipped += 1,
-                }
-            }
-            write_chunk(
-                &tokenizer,
-                classifier.as_ref(),
-                kept,
-                opts.max_len,
-                max_target_len,
-                eos.as_ref().map(|e| e.id),
-                &mut writer,
-                &mut counts,
-            )?;
-            progress(Progress {
-                rows_read: counts.read,
-                rows_total,
-            });
-        }
-        if file_rows == 0 {
-            return Err(DataError::EmptySource { path: path.clone() });
-        }
-    }
-    if writer.rows == 0 {
-        return Err(DataError::Options(format!(
-            "no usable rows: {} read, {} empty, {} invalid (all skipped)",
-            counts.read, counts.empty, counts.invalid
-        )));
-    }
-    counts.written = writer.rows;
-    let lengths = writer.tallies.iter().map(|t| t.stats()).collect();
-    let tokens = writer.tokens();
-    writer.finish()?;
-
+    let tokenizer = encoder.tokenizer();
+    let pair = matches!(columns.form, RowForm::Classification { pair: true });
+    let segments = opts.task.segment_names(pair);
+    let written = write_rows(opts, &encoder, columns, segments.len(), &tmp_path, progress)?;
+    let classification = opts.task == Task::Classification;
+    let eos = encoder.eos_id().and_then(|id| {
+        let token = tokenizer.inner().id_to_token(id)?;
+        Some(crate::tokenizer::SpecialToken { token, id })
+    });
     let meta = StoreMeta {
         format_version: FORMAT_VERSION,
         created_by: format!("memfit-data {}", env!("CARGO_PKG_VERSION")),
         fingerprint,
         task: opts.task,
-        segments: match opts.task {
-            Task::Classification => vec!["text".into()],
-            _ => vec!["source".into(), "target".into()],
-        },
-        token_width: width as u8,
-        rows: counts.written,
-        tokens,
+        segments: segments.iter().map(|s| s.to_string()).collect(),
+        token_width: written.width as u8,
+        rows: written.counts.written,
+        tokens: written.tokens,
         eos_id: eos.as_ref().map(|e| e.id),
         pad_id: Some(pad.id),
         sources,
@@ -347,9 +198,11 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(Progress)) -> Res
             pad_token: Some(pad.token.clone()),
         },
         options: content,
-        counts,
-        lengths,
-        label_names: rules.label_names,
+        counts: written.counts,
+        lengths: written.lengths,
+        label_names: written.label_names,
+        num_labels: written.num_labels.filter(|_| classification),
+        prompt_format: encoder.prompt_format().map(|f| f.describe()),
     };
     let json = serde_json::to_string_pretty(&meta)
         .map_err(|e| DataError::Options(format!("meta.json: {e}")))?;
@@ -362,6 +215,150 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(Progress)) -> Res
         reused: false,
         meta,
     })
+}
+
+/// What [`write_rows`] wrote.
+struct Written {
+    counts: RowCounts,
+    lengths: Vec<LengthStats>,
+    tokens: u64,
+    width: usize,
+    label_names: Vec<String>,
+    num_labels: Option<u32>,
+}
+
+/// Streams the encoded rows of every input into the store files in `dir`.
+fn write_rows(
+    opts: &PrepareOptions,
+    encoder: &RowEncoder,
+    columns: Columns,
+    segments: usize,
+    dir: &Path,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Written> {
+    let width = if encoder.tokenizer().max_id() <= u16::MAX as u32 {
+        2
+    } else {
+        4
+    };
+    let labels = opts.task == Task::Classification;
+    let mut writer = StoreWriter::create(dir, width, segments, labels)?;
+    let mut chunks = EncodedChunks::open(
+        encoder,
+        &opts.inputs,
+        columns,
+        opts.on_invalid,
+        opts.label_names.clone(),
+        opts.chunk_rows,
+    )?;
+    while let Some(rows) = chunks.next_chunk()? {
+        for (_, row) in rows {
+            writer.push(&row.segments(), row.label())?;
+        }
+        progress(Progress {
+            rows_read: chunks.counts().read,
+            rows_total: chunks.rows_total(),
+        });
+    }
+    let mut counts = chunks.counts().clone();
+    if writer.rows == 0 {
+        return Err(DataError::Options(format!(
+            "no usable rows: {} read, {} empty, {} invalid (all skipped)",
+            counts.read, counts.empty, counts.invalid
+        )));
+    }
+    counts.written = writer.rows;
+    let lengths = writer.tallies.iter().map(|t| t.stats()).collect();
+    let tokens = writer.tokens();
+    writer.finish()?;
+    Ok(Written {
+        counts,
+        lengths,
+        tokens,
+        width,
+        label_names: chunks.rules().label_names().to_vec(),
+        num_labels: chunks.rules().num_labels(),
+    })
+}
+
+/// The token batches are padded with: the tokenizer's PAD; for causal-lm, EOS when it has none
+/// (padding is masked out; Llama 3's tokenizer has no PAD and its users pad with EOS).
+fn pad_token(tokenizer: &Tokenizer, task: Task) -> Result<crate::tokenizer::SpecialToken> {
+    match (tokenizer.require_pad(task.name()), task) {
+        (Ok(pad), _) => Ok(pad.clone()),
+        (Err(_), Task::CausalLm) => Ok(tokenizer.require_eos(task.name())?.clone()),
+        (Err(e), _) => Err(e),
+    }
+}
+
+fn source_files(inputs: &[PathBuf]) -> Result<Vec<SourceFile>> {
+    inputs
+        .iter()
+        .map(|path| {
+            let bytes = std::fs::metadata(path)
+                .map_err(|e| DataError::read(path, e))?
+                .len();
+            Ok(SourceFile {
+                path: path.display().to_string(),
+                bytes,
+                sha256: sha256_file(path)?,
+            })
+        })
+        .collect()
+}
+
+/// The options that shape the store's content. Fields a task does not use stay out of the JSON,
+/// so stores written before they existed keep their fingerprints.
+fn content_options(
+    opts: &PrepareOptions,
+    columns: &Columns,
+    encoder: &RowEncoder,
+) -> ContentOptions {
+    let seq2seq = matches!(opts.task, Task::Seq2seq | Task::Chat);
+    ContentOptions {
+        task: opts.task,
+        columns: columns.names(),
+        max_len: opts.max_len,
+        max_target_len: opts.max_target_len.or(opts.max_len).filter(|_| seq2seq),
+        on_invalid: opts.on_invalid.name().to_string(),
+        label_names: opts.label_names.clone(),
+        chat_template_sha256: encoder
+            .prompt_format()
+            .and_then(|f| f.sha256())
+            .map(str::to_string),
+    }
+}
+
+fn fingerprint(sources: &[SourceFile], tokenizer: &Tokenizer, content: &ContentOptions) -> String {
+    let hashes: Vec<&str> = sources.iter().map(|s| s.sha256.as_str()).collect();
+    let key = serde_json::json!({
+        "format_version": FORMAT_VERSION,
+        "sources": hashes,
+        "tokenizer": tokenizer.sha256(),
+        "options": content,
+    });
+    sha256_bytes(key.to_string().as_bytes())
+}
+
+/// Refuses to replace a directory that is not a store (or an unfinished one).
+fn check_replaceable(out: &Path) -> Result<()> {
+    if !out.exists() || out.join(META_FILE).exists() {
+        return Ok(());
+    }
+    let store_files = [TOKENS_FILE, INDEX_FILE, LABELS_FILE];
+    let replaceable = std::fs::read_dir(out)
+        .map(|d| {
+            d.flatten()
+                .all(|e| store_files.iter().any(|f| e.file_name() == *f))
+        })
+        .unwrap_or(false);
+    if replaceable {
+        return Ok(());
+    }
+    Err(DataError::Options(format!(
+        "{} exists and is not a token store: refusing to replace it",
+        out.display()
+    )))
 }
 
 /// Moves the finished temporary store to `out`, replacing an outdated store there.
@@ -377,84 +374,6 @@ fn install(tmp: &Path, out: &Path) -> Result<()> {
         let _ = std::fs::remove_dir_all(&old);
     } else {
         std::fs::rename(tmp, out).map_err(|e| DataError::write(out, e))?;
-    }
-    Ok(())
-}
-
-struct Classifier {
-    truncating: Option<tokenizers::Tokenizer>,
-    max_len: Option<usize>,
-}
-
-/// Cuts `ids` to `max - 1` tokens (room for EOS) and appends EOS; true if it cut.
-fn finish_segment(ids: &mut Vec<u32>, max: Option<usize>, eos: u32) -> bool {
-    let cut = match max {
-        Some(m) if ids.len() > m - 1 => {
-            ids.truncate(m - 1);
-            true
-        }
-        _ => false,
-    };
-    ids.push(eos);
-    cut
-}
-
-#[allow(clippy::too_many_arguments)]
-fn write_chunk(
-    tokenizer: &Tokenizer,
-    classifier: Option<&Classifier>,
-    rows: Vec<RowTexts>,
-    max_len: Option<usize>,
-    max_target_len: Option<usize>,
-    eos: Option<u32>,
-    writer: &mut StoreWriter,
-    counts: &mut RowCounts,
-) -> Result<()> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let mut labels = Vec::with_capacity(rows.len());
-    let mut sources = Vec::with_capacity(rows.len());
-    let mut targets = Vec::with_capacity(rows.len());
-    for r in rows {
-        labels.push(r.label);
-        sources.push(r.source);
-        if let Some(t) = r.target {
-            targets.push(t);
-        }
-    }
-    if let Some(cls) = classifier {
-        let mut encoded = tokenizer.encode_batch(sources.clone(), true)?;
-        if let (Some(max), Some(truncating)) = (cls.max_len, &cls.truncating) {
-            // Only the rows that are too long are encoded again, by the truncating copy.
-            for (ids, text) in encoded.iter_mut().zip(&sources) {
-                if ids.len() > max {
-                    let enc = truncating.encode(text.as_str(), true).map_err(|e| {
-                        DataError::Tokenizer {
-                            path: tokenizer.path().to_path_buf(),
-                            reason: format!("encoding failed: {e}"),
-                        }
-                    })?;
-                    *ids = enc.get_ids().to_vec();
-                    counts.truncated += 1;
-                }
-            }
-        }
-        for (ids, label) in encoded.iter().zip(labels) {
-            writer.push(&[ids], label)?;
-        }
-        return Ok(());
-    }
-    let eos = eos.ok_or_else(|| DataError::Options("no EOS id".into()))?;
-    let src = tokenizer.encode_batch(sources, false)?;
-    let tgt = tokenizer.encode_batch(targets, false)?;
-    for (mut s, mut t) in src.into_iter().zip(tgt) {
-        let cut_s = finish_segment(&mut s, max_len, eos);
-        let cut_t = finish_segment(&mut t, max_target_len, eos);
-        if cut_s || cut_t {
-            counts.truncated += 1;
-        }
-        writer.push(&[&s, &t], None)?;
     }
     Ok(())
 }

@@ -16,6 +16,8 @@ pub struct JsonlReader {
     line: Vec<u8>,
     /// The first record, read at open time to check the columns exist.
     pending: Option<Record>,
+    /// The keys of the first object (sorted).
+    first_keys: Vec<String>,
 }
 
 impl JsonlReader {
@@ -29,6 +31,7 @@ impl JsonlReader {
             line_no: 0,
             line: Vec::new(),
             pending: None,
+            first_keys: Vec::new(),
         };
         // The first object defines the columns: a column it lacks is a missing column, not a null.
         match reader.read_line_object()? {
@@ -38,6 +41,7 @@ impl JsonlReader {
                 });
             }
             Some(Ok(obj)) => {
+                reader.first_keys = obj.keys().cloned().collect();
                 for spec in columns {
                     if !obj.contains_key(&spec.name) {
                         let mut keys: Vec<&str> = obj.keys().map(|k| k.as_str()).collect();
@@ -128,6 +132,7 @@ fn cell(v: Option<&serde_json::Value>, kind: ColumnKind) -> Value {
     match (v, kind) {
         (None, _) | (Some(serde_json::Value::Null), _) => Value::Null,
         (Some(serde_json::Value::String(s)), _) => Value::Text(s.clone()),
+        (Some(other), ColumnKind::TextOrMessages) => super::messages::cell_from_json(other),
         (Some(serde_json::Value::Number(n)), ColumnKind::Label) => match n.as_i64() {
             Some(i) => Value::Int(i),
             None => Value::Invalid {
@@ -147,6 +152,12 @@ fn cell(v: Option<&serde_json::Value>, kind: ColumnKind) -> Value {
             lossy: other.to_string(),
         },
     }
+}
+
+/// The keys of the first object of `path`, sorted.
+pub fn column_names(path: &Path) -> Result<Vec<String>> {
+    // `open` reads the first object (and fails on an empty file).
+    Ok(JsonlReader::open(path, &[], 1)?.first_keys)
 }
 
 impl RecordReader for JsonlReader {

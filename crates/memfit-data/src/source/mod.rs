@@ -8,7 +8,10 @@
 //! [`Record::problem`], and the caller applies its `--on-invalid` policy.
 
 mod jsonl;
+mod messages;
 mod parquet;
+
+pub use messages::Message;
 
 use crate::error::{DataError, Location, Result};
 use std::path::Path;
@@ -20,6 +23,9 @@ pub enum ColumnKind {
     Text,
     /// A class label: an integer (≥ 0) or a string naming the class.
     Label,
+    /// Causal-LM rows: a text (pretraining) or a conversation, a list of `{role, content}`
+    /// messages (JSONL array; parquet `list<struct<role, content>>`).
+    TextOrMessages,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +47,12 @@ impl ColumnSpec {
             kind: ColumnKind::Label,
         }
     }
+    pub fn text_or_messages(name: &str) -> Self {
+        ColumnSpec {
+            name: name.to_string(),
+            kind: ColumnKind::TextOrMessages,
+        }
+    }
 }
 
 /// One cell.
@@ -49,6 +61,8 @@ pub enum Value {
     Null,
     Text(String),
     Int(i64),
+    /// A conversation (a [`ColumnKind::TextOrMessages`] column), each message checked.
+    Messages(Vec<Message>),
     /// The cell exists but cannot be used; the text says why (and, for `keep`, a lossy stand-in).
     Invalid {
         reason: String,
@@ -115,6 +129,15 @@ pub fn open(
         SourceKind::Parquet => Box::new(parquet::ParquetReader::open(path, columns, chunk_rows)?),
         SourceKind::Jsonl => Box::new(jsonl::JsonlReader::open(path, columns, chunk_rows)?),
     })
+}
+
+/// The column names of `path` (parquet: its schema; JSONL: the keys of its first object), for
+/// choosing a task's default columns.
+pub fn column_names(path: &Path) -> Result<Vec<String>> {
+    match SourceKind::detect(path)? {
+        SourceKind::Parquet => parquet::column_names(path),
+        SourceKind::Jsonl => jsonl::column_names(path),
+    }
 }
 
 /// Turns raw bytes into a text cell, or an invalid one naming the first bad byte.

@@ -3,7 +3,7 @@
 //! fixtures have one — never sits in memory whole). Every codec the `parquet` crate is built with
 //! works, GZIP included.
 
-use super::{ColumnKind, ColumnSpec, Record, RecordReader, Value, text_from_bytes};
+use super::{ColumnKind, ColumnSpec, Record, RecordReader, Value, messages, text_from_bytes};
 use crate::error::{DataError, Location, Result};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
@@ -75,6 +75,7 @@ impl ParquetReader {
             let ok = match spec.kind {
                 ColumnKind::Text => text_type(dt),
                 ColumnKind::Label => text_type(dt) || int_type(dt),
+                ColumnKind::TextOrMessages => text_type(dt) || messages::is_messages_type(dt),
             };
             if !ok {
                 return Err(DataError::ColumnType {
@@ -84,6 +85,9 @@ impl ParquetReader {
                     expected: match spec.kind {
                         ColumnKind::Text => "a string column",
                         ColumnKind::Label => "an integer or string column",
+                        ColumnKind::TextOrMessages => {
+                            "a string column or a list of {role, content} structs"
+                        }
                     },
                 });
             }
@@ -108,6 +112,23 @@ impl ParquetReader {
             next_row: 0,
         })
     }
+}
+
+/// The column names in the schema of `path`.
+pub fn column_names(path: &Path) -> Result<Vec<String>> {
+    let file = File::open(path).map_err(|e| DataError::read(path, e))?;
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| DataError::Corrupt {
+            path: path.to_path_buf(),
+            kind: "parquet",
+            reason: e.to_string(),
+        })?;
+    Ok(builder
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect())
 }
 
 /// The cell at `row` of `array`, whatever string/binary/integer layout the file used.
@@ -135,6 +156,9 @@ fn cell(array: &ArrayRef, row: usize) -> Value {
     };
     if let Some(i) = int_value {
         return Value::Int(i);
+    }
+    if let Some(conversation) = messages::cell_from_arrow(array, row) {
+        return conversation;
     }
     if let Some(a) = array.as_string_opt::<i32>() {
         return Value::Text(a.value(row).to_string());

@@ -4,6 +4,10 @@
 use serde::{Deserialize, Serialize};
 
 /// Bumped whenever the layout of `tokens.bin`, `index.bin`, `labels.bin` or this file changes.
+/// Still 1 with sentence pairs and causal-LM stores: those are new tasks and segment lists in the
+/// same layout; every store written before them opens as it did, and the new fields of this file
+/// are optional (an older memfit refuses the new stores with "segment names do not match the
+/// task" or a parse error naming `causal-lm`).
 pub const FORMAT_VERSION: u32 = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -13,16 +17,32 @@ pub enum Task {
     Seq2seq,
     /// Two segments per row: source (instruction + input) and target (output), each ending in EOS.
     Chat,
-    /// One segment per row (the text, with the tokenizer's own specials) and a label.
+    /// One segment per row (the text, with the tokenizer's own specials) and a label; sentence
+    /// pairs have two segments, split where the token type id becomes 1 (the second is empty when
+    /// the tokenizer gives every token type 0, as RoBERTa's does).
     Classification,
+    /// Decoder-only training: two segments per row, the prompt (masked out of the loss; empty for
+    /// plain text) and the response (ending in EOS), read as one sequence.
+    #[serde(rename = "causal-lm")]
+    CausalLm,
 }
 
 impl Task {
-    /// Token sequences per row.
-    pub fn segments(self) -> usize {
+    /// Every task, for parsing and messages.
+    pub const ALL: [Task; 4] = [
+        Task::Seq2seq,
+        Task::Chat,
+        Task::Classification,
+        Task::CausalLm,
+    ];
+
+    /// The names of a row's token sequences; `pair` for classification with a `text_pair`.
+    pub fn segment_names(self, pair: bool) -> &'static [&'static str] {
         match self {
-            Task::Seq2seq | Task::Chat => 2,
-            Task::Classification => 1,
+            Task::Seq2seq | Task::Chat => &["source", "target"],
+            Task::Classification if pair => &["text", "text_pair"],
+            Task::Classification => &["text"],
+            Task::CausalLm => &["prompt", "response"],
         }
     }
 
@@ -31,7 +51,13 @@ impl Task {
             Task::Seq2seq => "seq2seq",
             Task::Chat => "chat",
             Task::Classification => "classification",
+            Task::CausalLm => "causal-lm",
         }
+    }
+
+    /// The task called `name` (as [`Task::name`] writes it).
+    pub fn from_name(name: &str) -> Option<Task> {
+        Task::ALL.into_iter().find(|t| t.name() == name)
     }
 }
 
@@ -60,6 +86,13 @@ pub struct ContentOptions {
     pub max_len: Option<usize>,
     pub max_target_len: Option<usize>,
     pub on_invalid: String,
+    /// Classification: the label names given up front (they fix the ids).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_names: Option<Vec<String>>,
+    /// Causal-LM: SHA-256 of the chat template and the special tokens it is rendered with
+    /// (`None`: the plain format).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_sha256: Option<String>,
 }
 
 /// What happened to the source rows.
@@ -116,6 +149,27 @@ pub struct StoreMeta {
     pub counts: RowCounts,
     /// Per segment, in the order of `segments`.
     pub lengths: Vec<LengthStats>,
-    /// Classification: label names by id when the source labels were strings; empty for integers.
+    /// Classification: label names by id when the source labels were strings (or names were
+    /// given); empty for integer labels (see [`StoreMeta::label_names_by_id`]).
     pub label_names: Vec<String>,
+    /// Classification: the number of classes (names given or found, else the largest integer
+    /// label + 1). Absent in stores written before it: [`crate::TokenStore::num_labels`] then
+    /// reads `labels.bin`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_labels: Option<u32>,
+    /// Causal-LM: how chat rows became text ("chat template FILE" or "plain (Alpaca)").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_format: Option<String>,
+}
+
+impl StoreMeta {
+    /// Label names by id for `num_labels` classes: the store's names, else transformers' default
+    /// `LABEL_0`, `LABEL_1`, … for integer labels.
+    pub fn label_names_by_id(&self, num_labels: u32) -> Vec<String> {
+        if self.label_names.is_empty() {
+            (0..num_labels).map(|i| format!("LABEL_{i}")).collect()
+        } else {
+            self.label_names.clone()
+        }
+    }
 }

@@ -19,9 +19,11 @@
 //! read of a cached row still takes about a microsecond (benchmarks in the README).
 
 pub mod meta;
+mod rows;
 
 use crate::error::{DataError, Result};
 pub use meta::{StoreMeta, Task};
+pub use rows::{CausalRow, ClassificationRow, token_types};
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::os::unix::fs::FileExt;
@@ -77,7 +79,8 @@ fn decode(b: &[u8]) -> u32 {
     }
 }
 
-/// One row: its segments (seq2seq/chat: source, target; classification: the text) and label.
+/// One row: its segments (seq2seq/chat: source, target; classification: the text, or the pair's two
+/// parts; causal-lm: prompt, response) and label.
 #[derive(Debug, Clone, Copy)]
 pub struct Row<'a> {
     segments: [Tokens<'a>; 2],
@@ -95,7 +98,8 @@ impl<'a> Row<'a> {
         self.segments[0]
     }
 
-    /// The second segment (seq2seq/chat target, ending in EOS); `None` for classification.
+    /// The second segment (seq2seq/chat target, ending in EOS; a pair's second part; causal-lm
+    /// response); `None` for single-text classification.
     pub fn target(&self) -> Option<Tokens<'a>> {
         (self.count > 1).then_some(self.segments[1])
     }
@@ -178,10 +182,18 @@ impl TokenStore {
                 format!("token width {width} (expected 2 or 4)"),
             ));
         }
-        let segments = meta.task.segments();
-        if meta.segments.len() != segments {
-            return Err(DataError::store(dir, "segment names do not match the task"));
+        let names: Vec<&str> = meta.segments.iter().map(String::as_str).collect();
+        let known = [false, true].map(|pair| meta.task.segment_names(pair));
+        if !known.contains(&names.as_slice()) {
+            return Err(DataError::store(
+                dir,
+                format!(
+                    "segments {names:?} do not match the task {}",
+                    meta.task.name()
+                ),
+            ));
         }
+        let segments = names.len();
         let rows =
             usize::try_from(meta.rows).map_err(|_| DataError::store(dir, "too many rows"))?;
         let entries = rows

@@ -3,17 +3,14 @@
 //! transformers encodes as memfit trained ([`export`]: [`Tokenizer::json_appending_eos`]).
 
 pub mod export;
+mod specials;
 pub mod train;
 
 use crate::error::{DataError, Result};
 use crate::hash::sha256_bytes;
+use specials::Resolved;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-
-/// Names tried, in order, when the tokenizer's own config does not name the token.
-/// Sources: ChatLM/BERT-style `[EOS]`/`[PAD]`, T5/BART `</s>`/`<pad>`, GPT-2 `<|endoftext|>`,
-/// Gemma `<eos>`, Qwen `<|im_end|>`/`<|endoftext|>`.
-const EOS_NAMES: &[&str] = &["[EOS]", "</s>", "<|endoftext|>", "<eos>", "<|im_end|>"];
-const PAD_NAMES: &[&str] = &["[PAD]", "<pad>", "<|pad|>", "<|endoftext|>"];
 
 /// A special token and its id in this tokenizer.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -27,10 +24,13 @@ pub struct Tokenizer {
     path: PathBuf,
     sha256: String,
     inner: tokenizers::Tokenizer,
-    eos: Option<SpecialToken>,
-    pad: Option<SpecialToken>,
-    eos_tried: Vec<String>,
-    pad_tried: Vec<String>,
+    eos: Resolved,
+    pad: Resolved,
+    bos: Resolved,
+    cls: Resolved,
+    sep: Resolved,
+    /// What a chat template gets as `bos_token`, `eos_token`, … (transformers' special tokens map).
+    template_tokens: BTreeMap<String, serde_json::Value>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -38,20 +38,9 @@ impl std::fmt::Debug for Tokenizer {
         f.debug_struct("Tokenizer")
             .field("path", &self.path)
             .field("sha256", &self.sha256)
-            .field("eos", &self.eos)
-            .field("pad", &self.pad)
+            .field("eos", &self.eos.token)
+            .field("pad", &self.pad.token)
             .finish()
-    }
-}
-
-/// `"eos_token": "[EOS]"` or `"eos_token": {"content": "[EOS]", ...}` in a transformers config file.
-fn configured_token(dir: &Path, file: &str, key: &str) -> Option<String> {
-    let text = std::fs::read_to_string(dir.join(file)).ok()?;
-    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
-    match json.get(key)? {
-        serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
-        _ => None,
     }
 }
 
@@ -65,47 +54,32 @@ impl Tokenizer {
             (path.to_path_buf(), path.parent().map(Path::to_path_buf))
         };
         let bytes = std::fs::read(&file).map_err(|e| DataError::read(&file, e))?;
-        let inner =
+        let mut inner =
             tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| DataError::Tokenizer {
                 path: file.clone(),
                 reason: format!("not a Hugging Face tokenizer.json: {e}"),
             })?;
-        let resolve = |key: &str, defaults: &[&str]| -> (Option<SpecialToken>, Vec<String>) {
-            let mut tried = Vec::new();
-            if let Some(dir) = &dir {
-                for cfg in ["tokenizer_config.json", "special_tokens_map.json"] {
-                    if let Some(name) = configured_token(dir, cfg, key) {
-                        if let Some(id) = inner.token_to_id(&name) {
-                            return (Some(SpecialToken { token: name, id }), tried);
-                        }
-                        tried.push(name);
-                    }
-                }
-            }
-            for name in defaults {
-                if let Some(id) = inner.token_to_id(name) {
-                    return (
-                        Some(SpecialToken {
-                            token: name.to_string(),
-                            id,
-                        }),
-                        tried,
-                    );
-                }
-                tried.push(name.to_string());
-            }
-            (None, tried)
-        };
-        let (eos, eos_tried) = resolve("eos_token", EOS_NAMES);
-        let (pad, pad_tried) = resolve("pad_token", PAD_NAMES);
+        // memfit counts and cuts tokens itself; a file's own truncation or padding would change
+        // lengths behind its back (transformers turns them off per call in the same way).
+        inner
+            .with_truncation(None)
+            .map_err(|e| DataError::Tokenizer {
+                path: file.clone(),
+                reason: e.to_string(),
+            })?
+            .with_padding(None);
+        let configs = specials::config_files(dir.as_deref());
+        let resolve = |key, names| specials::resolve(&inner, &configs, key, names);
         Ok(Tokenizer {
+            eos: resolve("eos_token", specials::EOS_NAMES),
+            pad: resolve("pad_token", specials::PAD_NAMES),
+            bos: resolve("bos_token", specials::BOS_NAMES),
+            cls: resolve("cls_token", specials::CLS_NAMES),
+            sep: resolve("sep_token", specials::SEP_NAMES),
+            template_tokens: specials::template_tokens(&configs),
             path: file,
             sha256: sha256_bytes(&bytes),
             inner,
-            eos,
-            pad,
-            eos_tried,
-            pad_tried,
         })
     }
 
@@ -138,34 +112,73 @@ impl Tokenizer {
             .unwrap_or(0)
     }
 
+    /// The directory the `tokenizer.json` is in (where its config files and chat template are).
+    pub fn dir(&self) -> &Path {
+        self.path.parent().unwrap_or(Path::new("."))
+    }
+
     pub fn eos(&self) -> Option<&SpecialToken> {
-        self.eos.as_ref()
+        self.eos.token.as_ref()
     }
 
     pub fn pad(&self) -> Option<&SpecialToken> {
-        self.pad.as_ref()
+        self.pad.token.as_ref()
+    }
+
+    /// The beginning-of-sequence token (Llama's `<|begin_of_text|>`), when it has one.
+    pub fn bos(&self) -> Option<&SpecialToken> {
+        self.bos.token.as_ref()
+    }
+
+    /// The classifier token BERT puts first (`[CLS]`; RoBERTa `<s>`).
+    pub fn cls(&self) -> Option<&SpecialToken> {
+        self.cls.token.as_ref()
+    }
+
+    /// The separator BERT puts last (`[SEP]`; RoBERTa `</s>`).
+    pub fn sep(&self) -> Option<&SpecialToken> {
+        self.sep.token.as_ref()
+    }
+
+    /// The special tokens a chat template gets as variables (`bos_token`, `eos_token`, …), as
+    /// the config files name them.
+    pub fn template_tokens(&self) -> &BTreeMap<String, serde_json::Value> {
+        &self.template_tokens
     }
 
     /// The EOS token, or an error naming what was looked for and which format needs it.
     pub fn require_eos(&self, format: &'static str) -> Result<&SpecialToken> {
-        self.eos
-            .as_ref()
-            .ok_or_else(|| DataError::MissingSpecialToken {
-                path: self.path.clone(),
-                role: "EOS",
-                tried: self.eos_tried.join(", "),
-                format,
-            })
+        self.require(&self.eos, "EOS", format)
     }
 
     /// The PAD token, or an error naming what was looked for and which format needs it.
     pub fn require_pad(&self, format: &'static str) -> Result<&SpecialToken> {
-        self.pad
+        self.require(&self.pad, "PAD", format)
+    }
+
+    /// The CLS token, or an error naming what was looked for and which format needs it.
+    pub fn require_cls(&self, format: &'static str) -> Result<&SpecialToken> {
+        self.require(&self.cls, "CLS", format)
+    }
+
+    /// The SEP token, or an error naming what was looked for and which format needs it.
+    pub fn require_sep(&self, format: &'static str) -> Result<&SpecialToken> {
+        self.require(&self.sep, "SEP", format)
+    }
+
+    fn require<'a>(
+        &self,
+        resolved: &'a Resolved,
+        role: &'static str,
+        format: &'static str,
+    ) -> Result<&'a SpecialToken> {
+        resolved
+            .token
             .as_ref()
             .ok_or_else(|| DataError::MissingSpecialToken {
                 path: self.path.clone(),
-                role: "PAD",
-                tried: self.pad_tried.join(", "),
+                role,
+                tried: resolved.tried.join(", "),
                 format,
             })
     }
@@ -190,7 +203,7 @@ impl Tokenizer {
             .map_err(|e| self.encode_error(e))
     }
 
-    fn encode_error(&self, e: tokenizers::Error) -> DataError {
+    pub(crate) fn encode_error(&self, e: tokenizers::Error) -> DataError {
         DataError::Tokenizer {
             path: self.path.clone(),
             reason: format!("encoding failed: {e}"),

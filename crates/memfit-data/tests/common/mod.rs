@@ -2,6 +2,8 @@
 //! parquet sources.
 #![allow(dead_code)]
 
+pub mod special_tokenizers;
+
 use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, GzipLevel};

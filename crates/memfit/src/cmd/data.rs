@@ -21,11 +21,14 @@ enum DataCommand {
     Info(InfoArgs),
 }
 
+/// The store's task (`--task`, or `--format` as earlier versions named it).
 #[derive(Clone, Copy, ValueEnum)]
 enum Format {
     Seq2seq,
     Classification,
     Chat,
+    /// Decoder-only training: chat rows with their prompt masked, or plain text.
+    CausalLm,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -43,14 +46,23 @@ struct PrepareArgs {
     /// A tokenizer.json, or a directory holding one (and tokenizer_config.json).
     #[arg(long)]
     tokenizer: PathBuf,
-    #[arg(long, value_enum, default_value = "seq2seq")]
+    #[arg(
+        long = "task",
+        alias = "format",
+        value_name = "TASK",
+        value_enum,
+        default_value = "seq2seq"
+    )]
     format: Format,
-    /// Column names, comma-separated. Defaults: prompt,response (seq2seq); text,label
-    /// (classification); instruction,input,output (chat; input may be omitted).
+    /// Column names, comma-separated. Defaults: prompt,response (seq2seq); text,label or
+    /// text,text_pair,label when the file has text_pair (classification);
+    /// instruction,input,output (chat; input may be omitted); causal-lm: messages, else
+    /// instruction[,input],output, else text — whichever the first input has.
     #[arg(long, value_delimiter = ',')]
     columns: Option<Vec<String>>,
-    /// Maximum tokens of the source (classification: the text), EOS included; longer rows are cut
-    /// and counted.
+    /// Maximum tokens of the source, EOS included (classification: of the text or pair with its
+    /// specials, cut longest-first; causal-lm: of prompt + response, the prompt cut first);
+    /// longer rows are cut and counted.
     #[arg(long)]
     max_len: Option<usize>,
     /// Maximum tokens of the target, EOS included (default: --max-len).
@@ -60,6 +72,14 @@ struct PrepareArgs {
     /// or keep what they have (keep). Counted in meta.json either way.
     #[arg(long, value_enum, default_value = "fail")]
     on_invalid: OnInvalid,
+    /// Classification: label names by id, comma-separated (fixes the ids of string labels;
+    /// names integer labels).
+    #[arg(long, value_delimiter = ',')]
+    label_names: Option<Vec<String>>,
+    /// Causal-LM: a Jinja chat template file to use instead of the tokenizer's own
+    /// (chat_template.jinja, or chat_template in tokenizer_config.json).
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
     /// The store directory (default: ./<first input's name>.store).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -113,6 +133,7 @@ fn prepare(a: PrepareArgs) -> Outcome {
         Format::Seq2seq => Task::Seq2seq,
         Format::Classification => Task::Classification,
         Format::Chat => Task::Chat,
+        Format::CausalLm => Task::CausalLm,
     };
     let mut opts = PrepareOptions::new(a.input, a.tokenizer, task, out);
     opts.columns = a.columns;
@@ -123,6 +144,8 @@ fn prepare(a: PrepareArgs) -> Outcome {
         OnInvalid::Skip => InvalidPolicy::Skip,
         OnInvalid::Keep => InvalidPolicy::Keep,
     };
+    opts.label_names = a.label_names;
+    opts.chat_template = a.chat_template;
     opts.chunk_rows = a.chunk_rows;
     opts.force = a.force;
 
@@ -180,6 +203,13 @@ fn print_summary(m: &memfit_data::StoreMeta) {
         "  read {}, truncated {}, empty {}, invalid {}, skipped {} (--on-invalid {})",
         c.read, c.truncated, c.empty, c.invalid, c.skipped, m.options.on_invalid
     );
+    if let Some(n) = m.num_labels {
+        let names = m.label_names_by_id(n);
+        println!("  {n} labels: {}", names.join(", "));
+    }
+    if let Some(format) = &m.prompt_format {
+        println!("  prompts: {format}");
+    }
     for (name, l) in m.segments.iter().zip(&m.lengths) {
         println!(
             "  {name}: tokens min {} / mean {:.1} / max {}",

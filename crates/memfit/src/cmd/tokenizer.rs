@@ -1,10 +1,13 @@
-//! `memfit tokenizer`: train a BPE/Unigram tokenizer from parquet/JSONL, or encode text with one.
+//! `memfit tokenizer`: train a BPE/Unigram tokenizer from parquet/JSONL, encode text (or a sentence
+//! pair) with one, or show how a chat row is rendered and masked for causal-LM training.
 
 use super::data::data_error;
-use crate::exit::Outcome;
+use crate::exit::{Outcome, bad_input};
 use clap::{Subcommand, ValueEnum};
-use memfit_data::Tokenizer;
+use memfit_data::chat::Conversation;
+use memfit_data::source::Message;
 use memfit_data::tokenizer::train::{TokenizerModel, TrainOptions, train};
+use memfit_data::{CausalRow, EncodeSettings, Mode, RowEncoder, RowTexts, Task, Tokenizer};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -19,8 +22,11 @@ enum TokenizerCommand {
     /// Train a tokenizer from text columns; writes tokenizer.json, tokenizer_config.json and
     /// special_tokens_map.json.
     Train(TrainArgs),
-    /// Token ids of a text.
+    /// Token ids of a text (with --pair: of a sentence pair, as classification encodes it).
     Encode(EncodeArgs),
+    /// A conversation as causal-LM training sees it: the tokenizer's chat template (or the plain
+    /// Alpaca format), the prompt, the response and the token ids with the prompt's length.
+    Chat(ChatArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -68,6 +74,26 @@ struct EncodeArgs {
     tokenizer: PathBuf,
     /// The text to encode.
     text: String,
+    /// A second text: the pair is encoded with the tokenizer's post-processor (its specials and
+    /// token type ids), as `memfit data prepare --task classification` encodes `text,text_pair`.
+    #[arg(long)]
+    pair: Option<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct ChatArgs {
+    /// A tokenizer.json or a directory holding one (and its chat template).
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// The conversation: a JSON list of {"role", "content"} messages. Ending with an assistant
+    /// message, it is a training row; otherwise, a prompt to generate from.
+    #[arg(long)]
+    messages: String,
+    /// A Jinja chat template file to use instead of the tokenizer's own.
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
     #[arg(long)]
     json: bool,
 }
@@ -76,6 +102,7 @@ pub fn run(args: Args) -> Outcome {
     match args.command {
         TokenizerCommand::Train(a) => run_train(a),
         TokenizerCommand::Encode(a) => encode(a),
+        TokenizerCommand::Chat(a) => chat(a),
     }
 }
 
@@ -109,12 +136,87 @@ fn run_train(a: TrainArgs) -> Outcome {
 
 fn encode(a: EncodeArgs) -> Outcome {
     let tok = Tokenizer::load(&a.tokenizer).map_err(data_error)?;
-    let ids = tok.encode(&a.text).map_err(data_error)?;
+    let Some(pair) = a.pair else {
+        let ids = tok.encode(&a.text).map_err(data_error)?;
+        if a.json {
+            println!("{}", serde_json::json!({ "ids": ids }));
+        } else {
+            println!("{}", joined(&ids));
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let encoding = tok
+        .inner()
+        .encode((a.text.as_str(), pair.as_str()), true)
+        .map_err(|e| bad_input(format!("{}: {e}", tok.path().display())))?;
+    let (ids, types) = (encoding.get_ids(), encoding.get_type_ids());
     if a.json {
-        println!("{}", serde_json::json!({ "ids": ids }));
+        println!(
+            "{}",
+            serde_json::json!({ "ids": ids, "token_type_ids": types })
+        );
     } else {
-        let text: Vec<String> = ids.iter().map(u32::to_string).collect();
-        println!("{}", text.join(" "));
+        println!("ids:   {}", joined(ids));
+        println!("types: {}", joined(types));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn joined(values: &[u32]) -> String {
+    let text: Vec<String> = values.iter().map(u32::to_string).collect();
+    text.join(" ")
+}
+
+fn chat(a: ChatArgs) -> Outcome {
+    let json: serde_json::Value = serde_json::from_str(&a.messages)
+        .map_err(|e| bad_input(format!("--messages is not JSON: {e}")))?;
+    let messages = json
+        .as_array()
+        .ok_or_else(|| bad_input("--messages is not a JSON list of messages"))?
+        .iter()
+        .enumerate()
+        .map(|(k, m)| Message::from_json(k, m))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad_input(format!("--messages: {e}")))?;
+    let training = messages.last().is_some_and(|m| m.role() == "assistant");
+    let mode = if training { Mode::Train } else { Mode::Predict };
+    let tokenizer = Tokenizer::load(&a.tokenizer).map_err(data_error)?;
+    let mut settings = EncodeSettings::new(mode);
+    settings.chat_template = a.chat_template;
+    let encoder = RowEncoder::new(tokenizer, Task::CausalLm, settings).map_err(data_error)?;
+    let row = RowTexts::Chat(Conversation::Messages(messages));
+    let encoded = encoder.encode(&row).map_err(data_error)?;
+    let causal = encoded.causal().unwrap_or(CausalRow {
+        ids: Vec::new(),
+        prompt_len: 0,
+    });
+    let decode = |ids: &[u32]| {
+        encoder
+            .tokenizer()
+            .inner()
+            .decode(ids, false)
+            .unwrap_or_default()
+    };
+    let prompt = decode(&causal.ids[..causal.prompt_len]);
+    let response = decode(&causal.ids[causal.prompt_len..]);
+    let format = encoder
+        .prompt_format()
+        .map(|f| f.describe())
+        .unwrap_or_default();
+    if a.json {
+        let v = serde_json::json!({"format": format, "training": training, "prompt": prompt,
+            "response": response, "ids": causal.ids, "prompt_len": causal.prompt_len});
+        println!("{v}");
+    } else {
+        println!("format: {format}");
+        println!(
+            "prompt ({} tokens, not trained):\n{prompt}",
+            causal.prompt_len
+        );
+        if training {
+            let n = causal.ids.len() - causal.prompt_len;
+            println!("response ({n} tokens, trained):\n{response}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

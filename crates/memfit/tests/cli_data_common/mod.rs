@@ -63,3 +63,61 @@ pub fn trained_tokenizer(dir: &Path, input: &Path) -> PathBuf {
     assert!(o.status.success(), "{}", stderr(&o));
     out
 }
+
+/// A `tokenizer.json` over whitespace-split `words` (ids from 4 on) with `specials` (ids 0…) as
+/// added special tokens, `post_processor`, and `tokenizer_config.json` = `config`.
+pub fn word_tokenizer(
+    dir: &Path,
+    specials: &[&str],
+    words: &[&str],
+    post_processor: serde_json::Value,
+    config: serde_json::Value,
+) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut vocab = serde_json::Map::new();
+    let mut added = Vec::new();
+    for (id, s) in specials.iter().enumerate() {
+        vocab.insert(s.to_string(), id.into());
+        added.push(
+            serde_json::json!({"id": id, "content": s, "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": true}),
+        );
+    }
+    for (k, w) in words.iter().enumerate() {
+        vocab.insert(w.to_string(), (specials.len() + k).into());
+    }
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": post_processor, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": specials[1]}
+    });
+    std::fs::write(dir.join("tokenizer.json"), json.to_string()).unwrap();
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    dir.to_path_buf()
+}
+
+/// A BERT-style tokenizer: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3, BertProcessing.
+pub fn bert_tokenizer(dir: &Path, words: &[&str]) -> PathBuf {
+    let post =
+        serde_json::json!({"type": "BertProcessing", "sep": ["[SEP]", 3], "cls": ["[CLS]", 2]});
+    let config =
+        serde_json::json!({"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]"});
+    word_tokenizer(
+        dir,
+        &["[PAD]", "[UNK]", "[CLS]", "[SEP]"],
+        words,
+        post,
+        config,
+    )
+}
+
+/// A ChatML tokenizer (Qwen's special tokens) with a ChatML chat template in its config.
+pub fn chatml_tokenizer(dir: &Path, words: &[&str]) -> PathBuf {
+    let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
+                    {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    let config = serde_json::json!({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                                    "chat_template": template});
+    let specials = ["<|endoftext|>", "<|unk|>", "<|im_start|>", "<|im_end|>"];
+    word_tokenizer(dir, &specials, words, serde_json::Value::Null, config)
+}

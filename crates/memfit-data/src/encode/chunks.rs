@@ -1,0 +1,152 @@
+//! Source files read as encoded rows, one chunk at a time: what `prepare` writes into a store and
+//! what `memfit predict` feeds a model, through the same row rules and the same encoder. Memory
+//! is bounded by the chunk, never the file.
+
+use super::{EncodedRow, RowEncoder};
+use crate::error::{DataError, Location, Result};
+use crate::rows::{Columns, InvalidPolicy, RowRules, RowTexts, Verdict};
+use crate::source::{self, RecordReader};
+use crate::store::meta::RowCounts;
+use std::path::PathBuf;
+
+/// The rows of a list of source files, encoded, chunk by chunk, in file order.
+pub struct EncodedChunks<'a> {
+    encoder: &'a RowEncoder,
+    rules: RowRules,
+    readers: std::vec::IntoIter<(PathBuf, Box<dyn RecordReader>)>,
+    current: Option<(PathBuf, Box<dyn RecordReader>, u64)>,
+    counts: RowCounts,
+    rows_total: Option<u64>,
+}
+
+impl<'a> EncodedChunks<'a> {
+    /// Opens every input first (a missing column in the last file fails before any work).
+    /// `label_names` fixes classification label ids (see [`RowRules::new`]).
+    pub fn open(
+        encoder: &'a RowEncoder,
+        inputs: &[PathBuf],
+        columns: Columns,
+        policy: InvalidPolicy,
+        label_names: Option<Vec<String>>,
+        chunk_rows: usize,
+    ) -> Result<Self> {
+        if inputs.is_empty() {
+            return Err(DataError::Options("no input files given".into()));
+        }
+        let mut readers = Vec::with_capacity(inputs.len());
+        let mut rows_total = Some(0u64);
+        for path in inputs {
+            let r = source::open(path, &columns.specs, chunk_rows)?;
+            rows_total = rows_total.zip(r.total_rows()).map(|(a, b)| a + b);
+            readers.push((path.clone(), r));
+        }
+        Ok(EncodedChunks {
+            encoder,
+            rules: RowRules::new(columns, policy, label_names),
+            readers: readers.into_iter(),
+            current: None,
+            counts: RowCounts::default(),
+            rows_total,
+        })
+    }
+
+    /// Rows read and what happened to them so far (`written` is left to the caller).
+    pub fn counts(&self) -> &RowCounts {
+        &self.counts
+    }
+
+    /// Rows in all inputs when every format states it (parquet does, JSONL does not).
+    pub fn rows_total(&self) -> Option<u64> {
+        self.rows_total
+    }
+
+    /// The row rules: columns, label names and `num_labels` so far.
+    pub fn rules(&self) -> &RowRules {
+        &self.rules
+    }
+
+    /// The next chunk's encoded rows with their places in the file (possibly none, when every row
+    /// of the chunk was left out), `None` after the last file.
+    pub fn next_chunk(&mut self) -> Result<Option<Vec<(Location, EncodedRow)>>> {
+        loop {
+            let Some((path, reader, rows)) = &mut self.current else {
+                match self.readers.next() {
+                    Some((path, reader)) => self.current = Some((path, reader, 0)),
+                    None => return Ok(None),
+                }
+                continue;
+            };
+            let Some(chunk) = reader.next_chunk()? else {
+                if *rows == 0 {
+                    return Err(DataError::EmptySource { path: path.clone() });
+                }
+                self.current = None;
+                continue;
+            };
+            *rows += chunk.len() as u64;
+            let path = path.clone();
+            return self.encode_chunk(&path, chunk).map(Some);
+        }
+    }
+
+    fn encode_chunk(
+        &mut self,
+        path: &std::path::Path,
+        chunk: Vec<source::Record>,
+    ) -> Result<Vec<(Location, EncodedRow)>> {
+        self.counts.read += chunk.len() as u64;
+        let mut texts: Vec<RowTexts> = Vec::with_capacity(chunk.len());
+        let mut kept = Vec::with_capacity(chunk.len());
+        for rec in chunk {
+            let location = rec.location;
+            let (row, verdict) = self.rules.apply(path, rec)?;
+            self.count(verdict);
+            match row {
+                Some(r) => {
+                    texts.push(r);
+                    kept.push((location, verdict));
+                }
+                None => self.counts.skipped += 1,
+            }
+        }
+        let encoded = self.encoder.encode_batch(&texts)?;
+        let mut out = Vec::with_capacity(encoded.len());
+        for ((location, verdict), row) in kept.into_iter().zip(encoded) {
+            match row {
+                Ok(r) => {
+                    self.counts.truncated += u64::from(r.truncated);
+                    out.push((location, r));
+                }
+                // A row the encoder refuses cannot be kept whatever the policy: counted as
+                // invalid and left out, or an error naming it.
+                Err(problem) => match self.rules.policy() {
+                    InvalidPolicy::Fail => {
+                        return Err(DataError::InvalidRow {
+                            path: path.to_path_buf(),
+                            location,
+                            // The row's columns: `messages`, or `instruction,input,output`.
+                            column: self.rules.columns().joined(),
+                            reason: problem.reason,
+                        });
+                    }
+                    InvalidPolicy::Skip | InvalidPolicy::Keep => {
+                        // A row kept as empty or invalid was counted so already.
+                        if verdict == Verdict::Clean {
+                            self.counts.invalid += 1;
+                        }
+                        self.counts.skipped += 1;
+                    }
+                },
+            }
+        }
+        Ok(out)
+    }
+
+    fn count(&mut self, verdict: Verdict) {
+        match verdict {
+            Verdict::Clean => {}
+            Verdict::Empty => self.counts.empty += 1,
+            Verdict::Invalid => self.counts.invalid += 1,
+        }
+    }
+}
