@@ -179,3 +179,39 @@ pub fn merge_adapter(checkpoint: &Path, out: &Path) -> Result<bool, ModelError> 
     model.save_merged(out)?;
     Ok(true)
 }
+
+/// The `config.json` a checkpoint's model is described by: its own, or, for a LoRA adapter, its
+/// base's (`base_model_name_or_path`).
+pub fn checkpoint_config(dir: &Path) -> Result<Value, ModelError> {
+    let own = dir.join("config.json");
+    let path = if own.is_file() || !crate::weights::peft::is_adapter_dir(dir) {
+        own
+    } else {
+        let adapter = crate::weights::peft::AdapterConfig::from_dir(dir)?;
+        let base = adapter.base_model_name_or_path.ok_or_else(|| {
+            ModelError::Format(format!(
+                "{}: adapter_config.json names no base_model_name_or_path",
+                dir.display()
+            ))
+        })?;
+        Path::new(&base).join("config.json")
+    };
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| ModelError::Input(format!("{}: {e}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))
+}
+
+/// A trained causal LM to run: a full model's directory, or a LoRA adapter over the base its
+/// `adapter_config.json` names (an adapter of another base is refused, naming what differs).
+pub fn causal_lm_checkpoint(
+    dir: &Path,
+) -> Result<impl CausalGenerate<Batch = CausalLmBatch> + use<>, ModelError> {
+    use crate::decoder::{BasePrecision, DecoderModel, DecoderOptions};
+    if !crate::weights::peft::is_adapter_dir(dir) {
+        return Ok(DecoderModel::load(dir, &DecoderOptions::full())?.0);
+    }
+    let adapter = crate::weights::peft::AdapterConfig::from_dir(dir)?;
+    let base = adapter.base_model_name_or_path.unwrap_or_default();
+    let (model, _) = DecoderModel::load_with_adapter(Path::new(&base), dir, BasePrecision::F32)?;
+    Ok(model)
+}

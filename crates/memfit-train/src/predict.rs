@@ -1,34 +1,33 @@
 //! `memfit predict`: a trained checkpoint run over the rows of a parquet/JSONL file, one JSON line
 //! per row — `label` and `scores` (probabilities in label-id order) for a classifier, `text` (the
-//! greedy generation) for a seq2seq model. Rows stream through a chunk at a time, so memory is
-//! bounded by the batch, not the file. Texts are encoded by the checkpoint's own tokenizer with its
-//! post-processor, which adds what training added ([CLS]/[SEP] for a classifier, EOS for seq2seq:
-//! memfit saves checkpoints so that it does).
+//! greedy generation) for a seq2seq model or a causal LM (a full model or a LoRA adapter over its
+//! base). Rows stream through a chunk at a time, so memory is bounded by the batch, not the file.
+//! Each row is encoded by memfit-data's row encoder in prediction mode — the code that encoded the
+//! training rows — with the checkpoint's tokenizer: the seq2seq source with EOS, the classifier's
+//! text or pair with its specials, the causal LM's prompt rendered with its chat template and the
+//! generation prompt.
 
 use crate::engine::{
-    ClassificationBatch, Classify, Generate, GenerateConfig, ModelEngine, Precision, TokenRows,
+    Classify, Continue, Generate, GenerateConfig, ModelEngine, Precision, TokenRows,
 };
 use crate::task::classification::metrics::probabilities;
 use crate::task::classification::{ClsCollate, ClsRow};
 use crate::task::seq2seq::{NO_REPEAT_NGRAM, REPETITION_PENALTY};
-use memfit_data::source::{self, ColumnSpec, Value};
+use memfit_data::encode::{EncodeSettings, EncodedChunks, EncodedRow, RowEncoder, RowTokens};
+use memfit_data::rows::{Columns, InvalidPolicy, Mode};
+use memfit_data::{Task, Tokenizer};
 use memfit_nn::ModelError;
 use memfit_nn::families;
-use serde_json::json;
+use serde_json::{Value, json};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PredictError {
-    #[error("{0}: not a checkpoint (no config.json and tokenizer.json in it)")]
+    #[error(
+        "{0}: not a checkpoint (no config.json or adapter_config.json, and tokenizer.json, in it)"
+    )]
     NotACheckpoint(String),
-    #[error("{path}, {row}: column {column:?} {reason}")]
-    Row {
-        path: String,
-        row: String,
-        column: String,
-        reason: String,
-    },
     #[error(transparent)]
     Data(#[from] memfit_data::DataError),
     #[error("{0}")]
@@ -44,7 +43,7 @@ impl PredictError {
             PredictError::Data(e) => e.is_bad_input(),
             PredictError::Model(e) => !matches!(e, ModelError::Io(_)),
             PredictError::Write(_) => false,
-            _ => true,
+            PredictError::NotACheckpoint(_) => true,
         }
     }
 }
@@ -54,12 +53,11 @@ impl PredictError {
 pub struct PredictOptions {
     /// Rows per forward pass (and per chunk read from the file).
     pub batch: usize,
-    /// Longest input in tokens; a longer one is cut, its closing token kept.
+    /// Longest input in tokens (cut as training cut its rows).
     pub max_len: usize,
-    /// Tokens generated per row (seq2seq).
+    /// Tokens generated per row (seq2seq, causal LM).
     pub max_new_tokens: usize,
-    /// Input columns: classification `TEXT[,PAIR]` (default `text`), seq2seq `SOURCE` (default
-    /// `prompt`).
+    /// Input columns (default: the task's, chosen by what the file holds).
     pub columns: Option<Vec<String>>,
     pub precision: Precision,
 }
@@ -71,25 +69,26 @@ pub struct PredictReport {
     pub rows: u64,
 }
 
-/// A checkpoint's parts: its model config and its tokenizer.
+/// A checkpoint: where it is, the config.json describing its model, and its tokenizer.
 struct Checkpoint {
     dir: PathBuf,
-    config: serde_json::Value,
-    tokenizer: tokenizers::Tokenizer,
+    config: Value,
+    tokenizer_dir: PathBuf,
 }
 
 impl Checkpoint {
     fn open(dir: &Path) -> Result<Self, PredictError> {
         let not = || PredictError::NotACheckpoint(dir.display().to_string());
-        let text = std::fs::read_to_string(dir.join("config.json")).map_err(|_| not())?;
-        let config = serde_json::from_str(&text)
-            .map_err(|e| ModelError::Config(format!("{}/config.json: {e}", dir.display())))?;
-        let tokenizer =
-            tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|_| not())?;
+        let has_model = ["config.json", "adapter_config.json"]
+            .iter()
+            .any(|f| dir.join(f).is_file());
+        if !has_model || !dir.join("tokenizer.json").is_file() {
+            return Err(not());
+        }
         Ok(Self {
             dir: dir.to_path_buf(),
-            config,
-            tokenizer,
+            config: families::checkpoint_config(dir)?,
+            tokenizer_dir: dir.to_path_buf(),
         })
     }
 
@@ -97,19 +96,14 @@ impl Checkpoint {
         self.dir.display().to_string()
     }
 
-    /// Token ids (and segment ids) of `text` (and `pair`) with the tokenizer's specials.
-    fn encode(&self, text: &str, pair: Option<&str>) -> Result<(Vec<u32>, Vec<u32>), PredictError> {
-        let input = match pair {
-            Some(p) => tokenizers::EncodeInput::Dual(text.into(), p.into()),
-            None => tokenizers::EncodeInput::Single(text.into()),
-        };
-        let e = self.tokenizer.encode(input, true).map_err(|e| {
-            ModelError::Input(format!(
-                "{}/tokenizer.json: encoding failed: {e}",
-                self.name()
-            ))
-        })?;
-        Ok((e.get_ids().to_vec(), e.get_type_ids().to_vec()))
+    /// The model's pad id (`pad_token_id`: RoBERTa's positions count from it), else the
+    /// tokenizer's, else 0.
+    fn pad_id(&self, tokenizer: &Tokenizer) -> u32 {
+        self.config["pad_token_id"]
+            .as_u64()
+            .map(|p| p as u32)
+            .or_else(|| tokenizer.pad().map(|p| p.id))
+            .unwrap_or(0)
     }
 }
 
@@ -121,77 +115,62 @@ pub fn predict(
     options: &PredictOptions,
 ) -> Result<PredictReport, PredictError> {
     let ckpt = Checkpoint::open(checkpoint)?;
-    match families::task_of(&ckpt.config) {
-        Some("classification") => classify(&ckpt, input, out, options),
-        Some("seq2seq") => generate(&ckpt, input, out, options),
-        _ => Err(ModelError::Config(format!(
-            "{}/config.json: model_type {:?} is not a family memfit predict runs",
-            ckpt.name(),
-            families::model_type(&ckpt.config)
-        ))
-        .into()),
-    }
-}
-
-/// The texts of one row, in the order of `columns`; an empty or invalid cell is an error naming it.
-fn texts(
-    path: &Path,
-    rec: source::Record,
-    columns: &[String],
-) -> Result<Vec<String>, PredictError> {
-    let row = rec.location.to_string();
-    let fail = |column: &str, reason: String| PredictError::Row {
-        path: path.display().to_string(),
-        row: row.clone(),
-        column: column.to_string(),
-        reason,
+    let task = match families::task_of(&ckpt.config) {
+        Some("classification") => Task::Classification,
+        Some("seq2seq") => Task::Seq2seq,
+        Some("causal-lm") => Task::CausalLm,
+        _ => {
+            return Err(ModelError::Config(format!(
+                "{}: model_type {:?} is not a family memfit predict runs",
+                ckpt.name(),
+                families::model_type(&ckpt.config)
+            ))
+            .into());
+        }
     };
-    if let Some(problem) = &rec.problem {
-        return Err(fail("(whole row)", problem.clone()));
-    }
-    rec.values
-        .into_iter()
-        .zip(columns)
-        .map(|(v, column)| match v {
-            Value::Text(t) => Ok(t),
-            Value::Null => Err(fail(column, "is missing or null".into())),
-            Value::Int(i) => Ok(i.to_string()),
-            Value::Invalid { reason, .. } => Err(fail(column, reason)),
-        })
-        .collect()
+    let tokenizer = Tokenizer::load(&ckpt.tokenizer_dir)?;
+    let mut settings = EncodeSettings::new(Mode::Predict);
+    settings.max_len = Some(options.max_len);
+    let encoder = RowEncoder::new(tokenizer, task, settings)?;
+    let columns = Columns::resolve(task, Mode::Predict, options.columns.as_deref(), Some(input))?;
+    let mut chunks = EncodedChunks::open(
+        &encoder,
+        &[input.to_path_buf()],
+        columns,
+        InvalidPolicy::Fail,
+        None,
+        options.batch.max(1),
+    )?;
+    let mut next = || -> Result<Option<Vec<EncodedRow>>, PredictError> {
+        Ok(chunks
+            .next_chunk()?
+            .map(|rows| rows.into_iter().map(|(_, row)| row).collect()))
+    };
+    let rows = match task {
+        Task::Classification => classify(&ckpt, encoder.tokenizer(), &mut next, out, options)?,
+        Task::CausalLm => continue_prompts(&ckpt, encoder.tokenizer(), &mut next, out, options)?,
+        _ => generate(&ckpt, encoder.tokenizer(), &mut next, out, options)?,
+    };
+    Ok(PredictReport {
+        task: task.name(),
+        rows,
+    })
 }
 
-/// Streams `input`'s rows of `columns`, `batch` at a time, through `each`.
-fn each_chunk(
-    input: &Path,
-    columns: &[String],
-    batch: usize,
-    mut each: impl FnMut(Vec<Vec<String>>) -> Result<(), PredictError>,
-) -> Result<u64, PredictError> {
-    let specs: Vec<ColumnSpec> = columns.iter().map(|c| ColumnSpec::text(c)).collect();
-    let mut reader = source::open(input, &specs, batch.max(1))?;
-    let mut rows = 0;
-    while let Some(chunk) = reader.next_chunk()? {
-        let texts = chunk
-            .into_iter()
-            .map(|r| texts(input, r, columns))
-            .collect::<Result<Vec<_>, _>>()?;
-        rows += texts.len() as u64;
-        each(texts)?;
-    }
-    Ok(rows)
-}
+/// The next chunk of encoded rows, `None` at the end.
+type Chunks<'a> = &'a mut dyn FnMut() -> Result<Option<Vec<EncodedRow>>, PredictError>;
 
 fn classify(
     ckpt: &Checkpoint,
-    input: &Path,
+    tokenizer: &Tokenizer,
+    next: Chunks<'_>,
     out: &mut dyn Write,
     options: &PredictOptions,
-) -> Result<PredictReport, PredictError> {
+) -> Result<u64, PredictError> {
     let placeholder = ["LABEL_0".to_string()];
     let (model, report) =
         families::classifier(&ckpt.config, &ckpt.name(), &placeholder, Some(&ckpt.dir), 0)?;
-    if let Some(Some(missing)) = report.map(|r| r.initialised.first().cloned()) {
+    if let Some(missing) = report.and_then(|r| r.initialised.first().cloned()) {
         return Err(ModelError::Format(format!(
             "{}: has no classification head ({missing} is missing): train it first",
             ckpt.name()
@@ -200,114 +179,110 @@ fn classify(
     }
     let engine = ModelEngine::for_inference(model, options.precision)?;
     let labels = engine.labels();
-    let columns = options
-        .columns
-        .clone()
-        .unwrap_or_else(|| vec!["text".into()]);
     let collate = ClsCollate {
         max_len: options.max_len,
-        pad_id: pad_id(ckpt),
+        pad_id: ckpt.pad_id(tokenizer),
     };
-    let rows = each_chunk(input, &columns, options.batch, |chunk| {
-        let cls_rows = chunk
+    let mut rows = 0;
+    while let Some(chunk) = next()? {
+        let cls: Vec<ClsRow> = chunk
             .iter()
-            .map(|t| {
-                let (ids, types) = ckpt.encode(&t[0], t.get(1).map(String::as_str))?;
-                let typed = types.iter().any(|&t| t != 0);
-                Ok(ClsRow {
-                    ids,
-                    token_types: typed.then_some(types),
-                    label: 0,
-                })
+            .filter_map(|r| r.classification_input())
+            .map(|(ids, token_types)| ClsRow {
+                ids: ids.to_vec(),
+                token_types,
+                label: 0,
             })
-            .collect::<Result<Vec<_>, PredictError>>()?;
-        let batch: ClassificationBatch = collate.batch(&cls_rows);
-        let logits = engine.logits(&batch)?;
+            .collect();
+        let logits = engine.logits(&collate.batch(&cls))?;
         for row in logits.chunks_exact(labels.len()) {
-            let scores = probabilities(row);
             let best = memfit_nn::decoding::argmax(row) as usize;
-            writeln!(out, "{}", json!({"label": labels[best], "scores": scores}))?;
+            let line = json!({"label": labels[best], "scores": probabilities(row)});
+            writeln!(out, "{line}")?;
         }
-        Ok(())
-    })?;
-    Ok(PredictReport {
-        task: "classification",
-        rows,
-    })
+        rows += cls.len() as u64;
+    }
+    Ok(rows)
 }
 
-/// The model's pad id (`pad_token_id`: RoBERTa's positions count from it), else the tokenizer's
-/// `[PAD]`/`<pad>`, else 0.
-fn pad_id(ckpt: &Checkpoint) -> u32 {
-    ckpt.config["pad_token_id"]
-        .as_u64()
-        .map(|p| p as u32)
-        .or_else(|| {
-            ["[PAD]", "<pad>"]
-                .iter()
-                .find_map(|t| ckpt.tokenizer.token_to_id(t))
-        })
-        .unwrap_or(0)
+/// Greedy decoding as the evaluation of each task does it.
+fn generate_config(eos_id: u32, max_new_tokens: usize, seq2seq: bool) -> GenerateConfig {
+    GenerateConfig {
+        max_new_tokens,
+        no_repeat_ngram: if seq2seq { NO_REPEAT_NGRAM } else { 0 },
+        repetition_penalty: if seq2seq { REPETITION_PENALTY } else { 1.0 },
+        eos_id,
+        stop: None,
+    }
+}
+
+/// Writes each generated row as `{"text": …}`.
+fn write_texts(
+    tokenizer: &Tokenizer,
+    outputs: &[Vec<u32>],
+    out: &mut dyn Write,
+) -> Result<(), PredictError> {
+    for ids in outputs {
+        writeln!(out, "{}", json!({ "text": tokenizer.decode(ids)? }))?;
+    }
+    Ok(())
 }
 
 fn generate(
     ckpt: &Checkpoint,
-    input: &Path,
+    tokenizer: &Tokenizer,
+    next: Chunks<'_>,
     out: &mut dyn Write,
     options: &PredictOptions,
-) -> Result<PredictReport, PredictError> {
+) -> Result<u64, PredictError> {
     let (model, _) = families::seq2seq(&ckpt.config, &ckpt.name(), Some(&ckpt.dir), 0)?;
     let engine = ModelEngine::for_inference(model, options.precision)?;
-    let eos = ckpt.config["eos_token_id"].as_u64().unwrap_or(1) as u32;
-    let pad = pad_id(ckpt);
-    let config = GenerateConfig {
-        max_new_tokens: options.max_new_tokens,
-        no_repeat_ngram: NO_REPEAT_NGRAM,
-        repetition_penalty: REPETITION_PENALTY,
-        eos_id: eos,
-        stop: None,
+    let eos = tokenizer.require_eos("seq2seq generation")?.id;
+    let config = generate_config(eos, options.max_new_tokens, true);
+    let collate = ClsCollate {
+        max_len: options.max_len,
+        pad_id: ckpt.pad_id(tokenizer),
     };
-    let columns = options
-        .columns
-        .clone()
-        .unwrap_or_else(|| vec!["prompt".into()]);
-    let rows = each_chunk(input, &columns, options.batch, |chunk| {
-        let sources = chunk
+    let mut rows = 0;
+    while let Some(chunk) = next()? {
+        let sources: Vec<ClsRow> = chunk
             .iter()
-            .map(|t| Ok(ckpt.encode(&t[0], None)?.0))
-            .collect::<Result<Vec<_>, PredictError>>()?;
-        let outputs = engine.generate(&pad_rows(&sources, options.max_len, pad), &config)?;
-        for ids in outputs {
-            let text = ckpt.tokenizer.decode(&ids, true).map_err(|e| {
-                ModelError::Io(format!(
-                    "{}/tokenizer.json: decoding failed: {e}",
-                    ckpt.name()
-                ))
-            })?;
-            writeln!(out, "{}", json!({ "text": text }))?;
-        }
-        Ok(())
-    })?;
-    Ok(PredictReport {
-        task: "seq2seq",
-        rows,
-    })
+            .filter_map(|r| match &r.tokens {
+                RowTokens::Seq2seq { source, .. } => Some(ClsRow {
+                    ids: source.clone(),
+                    token_types: None,
+                    label: 0,
+                }),
+                _ => None,
+            })
+            .collect();
+        let padded: TokenRows = collate.batch(&sources).input;
+        write_texts(tokenizer, &engine.generate(&padded, &config)?, out)?;
+        rows += sources.len() as u64;
+    }
+    Ok(rows)
 }
 
-/// Source rows padded to the longest (at most `max_len`, the last token kept when cut).
-fn pad_rows(rows: &[Vec<u32>], max_len: usize, pad: u32) -> TokenRows {
-    let cls: Vec<ClsRow> = rows
-        .iter()
-        .map(|ids| ClsRow {
-            ids: ids.clone(),
-            token_types: None,
-            label: 0,
-        })
-        .collect();
-    ClsCollate {
-        max_len,
-        pad_id: pad,
+fn continue_prompts(
+    ckpt: &Checkpoint,
+    tokenizer: &Tokenizer,
+    next: Chunks<'_>,
+    out: &mut dyn Write,
+    options: &PredictOptions,
+) -> Result<u64, PredictError> {
+    let model = families::causal_lm_checkpoint(&ckpt.dir)?;
+    let engine = ModelEngine::for_inference(model, options.precision)?;
+    let eos = tokenizer.require_eos("causal-lm generation")?.id;
+    let config = generate_config(eos, options.max_new_tokens, false);
+    let mut rows = 0;
+    while let Some(chunk) = next()? {
+        let prompts: Vec<Vec<u32>> = chunk
+            .iter()
+            .filter_map(|r| r.causal())
+            .map(|r| r.ids)
+            .collect();
+        write_texts(tokenizer, &engine.continue_prompts(&prompts, &config)?, out)?;
+        rows += prompts.len() as u64;
     }
-    .batch(&cls)
-    .input
+    Ok(rows)
 }

@@ -102,8 +102,7 @@ fn store_task(task: TaskKind) -> Task {
     match task {
         TaskKind::Seq2seq => Task::Seq2seq,
         TaskKind::Classification => Task::Classification,
-        // memfit-data's causal-lm store arrives with the decoder family
-        TaskKind::CausalLm => Task::Chat,
+        TaskKind::CausalLm => Task::CausalLm,
     }
 }
 

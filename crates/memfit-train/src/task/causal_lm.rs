@@ -10,12 +10,9 @@ use crate::text::TextDecoder;
 use memfit_data::{DataError, RowBuf};
 use std::time::Instant;
 
-/// One row: its token ids, the first `prompt_len` of them a prompt (not trained).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LmRow {
-    pub ids: Vec<u32>,
-    pub prompt_len: usize,
-}
+/// One row: its token ids, the first `prompt_len` of them a prompt (not trained) — memfit-data's
+/// causal-LM row.
+pub use memfit_data::CausalRow as LmRow;
 
 /// Pads rows to the longest of the batch (at most `max_len` tokens, a longer row cut at its end).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,24 +156,13 @@ impl CausalLmTask<'_> {
     }
 }
 
-/// A causal-LM store: each row's prompt and response segments, one sequence.
+/// A causal-LM store: each row's prompt and response, one sequence.
 impl RowSource<LmRow> for StoreRows {
     fn len(&self) -> usize {
         self.0.len()
     }
     fn row(&self, index: usize) -> Result<LmRow, DataError> {
-        let mut buf = RowBuf::default();
-        let row = self.0.read_row(index, &mut buf)?;
-        let mut ids = row.source().to_vec();
-        let prompt_len = match row.target() {
-            Some(response) => {
-                let n = ids.len();
-                ids.extend(response.iter());
-                n
-            }
-            None => 0,
-        };
-        Ok(LmRow { ids, prompt_len })
+        self.0.causal_row(index, &mut RowBuf::default())
     }
     fn lengths(&self) -> Result<Vec<u32>, DataError> {
         self.0.row_lengths()

@@ -6,21 +6,10 @@ use super::ClsRow;
 use crate::task::{RowSource, StoreRows};
 use memfit_data::DataError;
 
-/// Label names of a classification store, by id: its string labels, else `LABEL_i` up to the
-/// largest integer label (transformers' default names).
+/// Label names of a classification store, by id: its string labels, else `LABEL_i` up to its
+/// number of labels (transformers' default names).
 pub fn store_labels(store: &StoreRows) -> Result<Vec<String>, DataError> {
-    let names = &store.0.meta().label_names;
-    if !names.is_empty() {
-        return Ok(names.clone());
-    }
-    let mut largest = None;
-    for i in 0..store.0.len() {
-        let row: ClsRow = store.row(i)?;
-        largest = largest.max(Some(row.label));
-    }
-    Ok((0..=largest.unwrap_or(0))
-        .map(|i| format!("LABEL_{i}"))
-        .collect())
+    store.0.label_names()
 }
 
 /// For each data label id, the model's id of that label: by name where the data names its labels,

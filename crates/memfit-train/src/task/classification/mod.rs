@@ -13,13 +13,8 @@ use metrics::{Confusion, row_loss_and_prediction};
 use std::time::Instant;
 
 /// One row: the text's token ids with the tokenizer's specials ([CLS] … [SEP], or a pair), its
-/// segment ids (`None`: all 0) and its label id.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClsRow {
-    pub ids: Vec<u32>,
-    pub token_types: Option<Vec<u32>>,
-    pub label: u32,
-}
+/// segment ids (`None`: all 0) and its label id — memfit-data's classification row.
+pub use memfit_data::ClassificationRow as ClsRow;
 
 /// Pads rows to the longest of the batch, cutting a longer row to `max_len` with its last token
 /// (the closing [SEP] / </s>) kept.
@@ -156,31 +151,13 @@ impl<E: Classify<Batch = ClassificationBatch>> Task<E> for ClassificationTask {
     }
 }
 
-/// A classification store: the text (or the pair's two segments, the second of segment id 1) and
-/// the label of each row.
+/// A classification store (memfit-data keeps the pair's second part's segment ids).
 impl RowSource<ClsRow> for StoreRows {
     fn len(&self) -> usize {
         self.0.len()
     }
     fn row(&self, index: usize) -> Result<ClsRow, DataError> {
-        let mut buf = RowBuf::default();
-        let row = self.0.read_row(index, &mut buf)?;
-        let label = row.label().ok_or_else(|| DataError::Store {
-            path: self.0.dir().to_path_buf(),
-            reason: format!("row {index} has no label"),
-        })?;
-        let mut ids = row.source().to_vec();
-        let token_types = row.target().filter(|t| !t.is_empty()).map(|second| {
-            let mut types = vec![0; ids.len()];
-            types.resize(ids.len() + second.len(), 1);
-            ids.extend(second.iter());
-            types
-        });
-        Ok(ClsRow {
-            ids,
-            token_types,
-            label,
-        })
+        self.0.classification_row(index, &mut RowBuf::default())
     }
     fn lengths(&self) -> Result<Vec<u32>, DataError> {
         self.0.row_lengths()
