@@ -22,6 +22,12 @@ an explicit head_dim, attention biases, tied embeddings.
 loads a model directory memfit saved with AutoModelForCausalLM (or an adapter memfit saved with
 PeftModel.from_pretrained onto BASE_DIR), fails on any missing or unexpected key, and compares its logits on
 the real tokens with expected.json's (max abs diff <= --tol).
+    python3 scripts/decoder_reference.py --check-run RUN/best --input valid.jsonl --predictions preds.jsonl
+
+loads a model memfit trained (a full model, or a LoRA adapter with PeftModel.from_pretrained onto the base its
+adapter_config.json names), fails on any missing or unexpected key, renders each input row's prompt with the
+checkpoint tokenizer's chat template (add_generation_prompt=True), generates greedily as many tokens as memfit
+did, and compares the text with `memfit predict --model RUN/best --input valid.jsonl --out preds.jsonl`'s.
 Needs: pip install torch transformers peft safetensors (not part of CI). The committed fixtures were made
 with the versions expected.json records.
 """
@@ -197,6 +203,45 @@ def check(model_dir, expected_path, tol, base_dir=None):
         sys.exit(1)
 
 
+def check_run(run_dir, input_path, predictions_path):
+    tok = transformers.AutoTokenizer.from_pretrained(run_dir)
+    adapter = os.path.exists(os.path.join(run_dir, "adapter_config.json"))
+    if adapter:
+        with open(os.path.join(run_dir, "adapter_config.json")) as f:
+            base_dir = json.load(f)["base_model_name_or_path"]
+        base = AutoModelForCausalLM.from_pretrained(base_dir, attn_implementation="eager")
+        model = peft.PeftModel.from_pretrained(base, run_dir)
+        # as check() does: load_adapter returns the missing and unexpected keys from_pretrained hides
+        result = model.load_adapter(run_dir, adapter_name="check")
+        model.set_adapter("default")
+        info = {"missing_keys": result.missing_keys, "unexpected_keys": result.unexpected_keys}
+    else:
+        model, info = AutoModelForCausalLM.from_pretrained(run_dir, output_loading_info=True,
+                                                           attn_implementation="eager")
+    model.eval()
+    bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    with open(input_path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    with open(predictions_path) as f:
+        preds = [json.loads(line)["text"] for line in f if line.strip()]
+    same = 0
+    for row, theirs in zip(rows, preds):
+        user = row["instruction"] + ("\n" + row["input"] if row.get("input") else "")
+        ids = tok.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)["input_ids"]
+        n = len(tok(theirs, add_special_tokens=False)["input_ids"]) + 1
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, max_new_tokens=n, do_sample=False,
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        ours = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
+        same += ours == theirs.strip()
+    print(f"{run_dir}: {'PeftModel' if adapter else type(model).__name__}, loading info {bad or 'clean'}, "
+          f"same greedy text for {same}/{len(rows)} rows, transformers {transformers.__version__}, "
+          f"peft {peft.__version__}, torch {torch.__version__}")
+    if bad or same != len(rows):
+        sys.exit(1)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", nargs="?")
@@ -204,7 +249,12 @@ def main():
     p.add_argument("--base")
     p.add_argument("--expected")
     p.add_argument("--tol", type=float, default=1e-4)
+    p.add_argument("--check-run")
+    p.add_argument("--input")
+    p.add_argument("--predictions")
     args = p.parse_args()
+    if args.check_run:
+        return check_run(args.check_run, args.input, args.predictions)
     if args.check:
         check(args.check, args.expected, args.tol, args.base)
     elif args.out_dir:

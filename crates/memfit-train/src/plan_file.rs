@@ -173,6 +173,32 @@ fn apply(config: &mut TrainConfig, s: &Setup) {
     };
 }
 
+/// A start the planner cannot make: the configured setup as it is, the budget kept by the memory
+/// guard alone, and why.
+fn unplanned(config: &TrainConfig, budget: &Budget, why: &str) -> PlannedStart {
+    let mut out = config.clone();
+    out.memory_budget_bytes = Some(budget.ram_bytes);
+    let lines = vec![
+        format!("no planned start: {why}"),
+        format!(
+            "  the run keeps its configured setup (micro {} × accum {}, {}{}); the memory guard \
+             holds the budget of {} ({})",
+            config.batch,
+            config.accum,
+            config.precision.name(),
+            if config.grad_ckpt { ", grad ckpt" } else { "" },
+            memfit_sys::units::human_bytes(budget.ram_bytes),
+            budget.ram_source
+        ),
+    ];
+    PlannedStart {
+        config: out,
+        predicted_peak_rss_bytes: 0,
+        planning: json!({"policy": "none", "reason": why, "budget": budget}),
+        lines,
+    }
+}
+
 /// Plans the start of a run within `budget`: the effective batch `batch × accum` of `config` is kept,
 /// the settings in `fixed` (the flags the user gave) are constraints. `available_bytes` is what the
 /// machine has (the policies' tables read it).
@@ -186,6 +212,9 @@ pub fn planned_start(
 ) -> Result<PlannedStart, PlanError> {
     let arch = arch_of(config, model_config).map_err(PlanError::Input)?;
     let base = setup_of(config, &arch, 0);
+    if let Err(why) = memory::memfit_runtime_modeled(&arch, &base) {
+        return Ok(unplanned(config, budget, &why));
+    }
     let effective = base.batch * base.accum;
     // MiB (or less) for a small budget: "0.00 GiB" hid what was given
     let budget_line = format!(

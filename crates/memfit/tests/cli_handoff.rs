@@ -132,9 +132,9 @@ fn a_config_without_data_says_so_naming_the_file() {
 }
 
 #[test]
-fn a_config_memfit_train_cannot_run_gets_no_command() {
+fn a_setup_the_memfit_stack_cannot_plan_gets_no_command() {
     let dir = tempfile::tempdir().unwrap();
-    // a decoder LoRA plan: memfit train is asked, and its refusal is the answer
+    // a decoder LoRA plan: memfit's host model has no decoder terms, and says so
     let rec = check(dir.path(), "qwen2.5-0.5b", &["--method", "lora"]);
     let memfit_rec = &rec["memfit"];
     assert_eq!(memfit_rec["fits"], false, "{rec}");

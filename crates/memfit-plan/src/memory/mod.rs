@@ -114,6 +114,7 @@ pub struct Estimate {
 /// Estimates a setup under a software stack (`Framework::default()` = current PyTorch).
 pub fn estimate(arch: &Arch, setup: &Setup, fw: &Framework) -> Result<Estimate, String> {
     setup.validate()?;
+    memfit_runtime_modeled(arch, setup)?;
     let arch = &*stack::model_view(arch, &setup.stack.profile());
     let gpu = match setup.device {
         Device::Cuda => Some(gpu::gpu(arch, setup, fw)),
@@ -121,6 +122,21 @@ pub fn estimate(arch: &Arch, setup: &Setup, fw: &Framework) -> Result<Estimate, 
     };
     let host = host::host(arch, setup, fw);
     Ok(Estimate { gpu, host })
+}
+
+/// memfit's own trainer on the CPU is modeled term by term from its code (memfit_host.rs) for the
+/// families it was measured on; a decoder-only model's terms (its frozen base, adapters, RoPE,
+/// grouped attention) are not there yet, and an estimate without them would be a guess.
+pub fn memfit_runtime_modeled(arch: &Arch, setup: &Setup) -> Result<(), String> {
+    let decoder_only = arch.encoder_layers == 0 && arch.decoder_layers > 0;
+    if (setup.runtime, setup.device) == (Runtime::Memfit, Device::Cpu) && decoder_only {
+        return Err(format!(
+            "memfit-plan's model of memfit's own trainer has no decoder-only terms yet ({} is {}): \
+             it cannot plan this run",
+            arch.name, arch.model_type
+        ));
+    }
+    Ok(())
 }
 
 /// Bytes → GiB with two decimals, the display unit everywhere.

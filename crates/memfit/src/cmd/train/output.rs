@@ -165,12 +165,16 @@ pub(super) fn print_summary(s: &Summary, config: &TrainConfig, root: &Path, json
             opt(headline_after),
             opt(score("bleu4_standard"))
         ),
-        _ => println!(
-            "  {:<10} {} → {} (macro-F1 {})",
-            s.headline,
+        "accuracy" => println!(
+            "  accuracy   {} → {} (macro-F1 {})",
             opt(s.score_before),
             opt(headline_after),
             opt(score("macro_f1"))
+        ),
+        other => println!(
+            "  {other:<10} {} → {}",
+            opt(s.score_before),
+            opt(headline_after)
         ),
     }
     for c in s.last_eval.iter().flat_map(|e| &e.classes) {
