@@ -10,12 +10,12 @@ use serde_json::{Value, json};
 
 use crate::config::TaskKind;
 use crate::engine::{
-    ClassificationBatch, Engine, EngineOptions, ModelEngine, Precision, Seq2SeqBatch, TokenRows,
-    set_threads,
+    CausalLmBatch, ClassificationBatch, Engine, EngineOptions, ModelEngine, Precision,
+    Seq2SeqBatch, TokenRows, set_threads,
 };
 use crate::optim::{AdafactorConfig, AdafactorLr, AdamWConfig, OptimizerConfig};
 use memfit_nn::ModelError;
-use memfit_nn::families;
+use memfit_nn::families::{self, Training};
 use memfit_nn::kernels::dropout::SplitMix64;
 use memfit_nn::model::TrainModel;
 use memfit_plan::grid;
@@ -57,6 +57,10 @@ pub struct BenchSetup {
     /// Frozen module groups (no gradients, no optimizer state), in the family's names.
     pub freeze: Vec<String>,
     pub seed: u64,
+    /// Causal LM: full training or LoRA (with its base's precision), as bench_causal_lora.py.
+    pub training: Training,
+    /// Causal LM: the share of each row that is prompt (masked out of the loss).
+    pub prompt_frac: f64,
 }
 
 impl BenchSetup {
@@ -65,26 +69,38 @@ impl BenchSetup {
         match families::task_of(&self.model_config) {
             Some("seq2seq") => Ok(TaskKind::Seq2seq),
             Some("classification") => Ok(TaskKind::Classification),
+            Some("causal-lm") => Ok(TaskKind::CausalLm),
             _ => Err(ModelError::Config(format!(
-                "model {}: model_type {:?} is not one memfit bench train runs (t5, bert, roberta)",
+                "model {}: model_type {:?} is not one memfit bench train runs (t5, bert, roberta, \
+                 llama, qwen2, mistral, qwen3)",
                 self.model_name,
                 families::model_type(&self.model_config)
             ))),
         }
     }
 
-    /// The baselines' learning rates: 1e-3 for T5 (`bench_t5.py`), 1e-4 for BERT (`bench_bert_cls.py`).
+    /// The baselines' learning rates: 1e-3 for T5 (`bench_t5.py`), 1e-4 for BERT
+    /// (`bench_bert_cls.py`), 2e-4 for a causal LM (`bench_causal_lora.py`).
     fn lr(&self) -> f64 {
         match self.task() {
             Ok(TaskKind::Classification) => 1e-4,
+            Ok(TaskKind::CausalLm) => 2e-4,
             _ => 1e-3,
+        }
+    }
+
+    /// AdamW's weight decay: bench_causal_lora.py's 0, the others' 0.01.
+    fn weight_decay(&self) -> f64 {
+        match self.task() {
+            Ok(TaskKind::CausalLm) => 0.0,
+            _ => 0.01,
         }
     }
 
     /// Tokens of one optimizer step, as the baselines count them.
     fn tokens_per_step(&self) -> f64 {
         let per_row = match self.task() {
-            Ok(TaskKind::Classification) => self.src_len,
+            Ok(TaskKind::Classification | TaskKind::CausalLm) => self.src_len,
             _ => self.src_len + self.tgt_len,
         };
         (self.batch * self.accum * per_row) as f64
@@ -172,9 +188,12 @@ pub fn bert_config_json(hidden: usize, layers: usize, heads: usize) -> Value {
     })
 }
 
-fn optimizer_config(name: &str) -> Result<OptimizerConfig, ModelError> {
+fn optimizer_config(name: &str, weight_decay: f64) -> Result<OptimizerConfig, ModelError> {
     match name {
-        "adamw" => Ok(OptimizerConfig::AdamW(AdamWConfig::default())),
+        "adamw" => Ok(OptimizerConfig::AdamW(AdamWConfig {
+            weight_decay,
+            ..AdamWConfig::default()
+        })),
         "adafactor" => Ok(OptimizerConfig::Adafactor(AdafactorConfig {
             lr: AdafactorLr::External,
             scale_parameter: false,
@@ -259,6 +278,28 @@ fn seq2seq_batch(
     }
 }
 
+/// A causal-LM batch as bench_causal_lora.py makes one: random ids in `[1, vocab)`, rows full
+/// length, the first `prompt` tokens of each masked out of the loss.
+fn causal_batch(
+    rng: &mut SplitMix64,
+    config: &Value,
+    b: usize,
+    len: usize,
+    prompt: usize,
+) -> CausalLmBatch {
+    let vocab = config["vocab_size"].as_u64().unwrap_or(151_936) as usize;
+    let ids = random_rows(rng, vocab, 1, b, len);
+    CausalLmBatch {
+        input: TokenRows {
+            batch: b,
+            len,
+            mask: vec![true; ids.len()],
+            ids,
+        },
+        target_mask: (0..b * len).map(|i| i % len >= prompt.max(1)).collect(),
+    }
+}
+
 /// A classification batch as bench_bert_cls.py `--data random` makes one: `[CLS] words [SEP]`, no
 /// padding, token types 0, random labels.
 fn classification_batch(
@@ -322,7 +363,7 @@ pub fn run(
     }
     set_threads(setup.threads)?;
     let options = EngineOptions {
-        optimizer: optimizer_config(&setup.optimizer)?,
+        optimizer: optimizer_config(&setup.optimizer, setup.weight_decay())?,
         precision: setup.precision,
         grad_ckpt: setup.grad_ckpt,
         freeze: setup.freeze.clone(),
@@ -331,6 +372,14 @@ pub fn run(
     let (config, name) = (&setup.model_config, setup.model_name.as_str());
     let (b, src, tgt) = (setup.batch, setup.src_len, setup.tgt_len);
     match task {
+        TaskKind::CausalLm => {
+            let (model, _) = families::causal_lm(config, name, None, &setup.training, setup.seed)?;
+            let engine = ModelEngine::new(model, options)?;
+            let prompt = (setup.src_len as f64 * setup.prompt_frac) as usize;
+            run_steps(engine, setup, on_step, |rng| {
+                causal_batch(rng, config, b, src, prompt)
+            })
+        }
         TaskKind::Classification => {
             let labels: Vec<String> = (0..BERT_LABELS).map(|i| format!("LABEL_{i}")).collect();
             let (model, _) = families::classifier(config, name, &labels, None, setup.seed)?;
@@ -411,6 +460,7 @@ fn run_steps<M: TrainModel>(
             "grad_ckpt": setup.grad_ckpt, "precision": setup.precision.name(),
             "optimizer": setup.optimizer, "lr": setup.lr(), "max_grad_norm": MAX_GRAD_NORM,
             "seed": setup.seed, "backend": "flex", "freeze": setup.freeze,
+            "training": format!("{:?}", setup.training),
         }),
         params_total: engine.param_counts().total,
         step_seconds: seconds,

@@ -6,6 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use memfit_nn::ModelError;
+use memfit_nn::families::Training;
+use memfit_nn::layers::lora::LoraSettings;
 use memfit_train::bench::{self, BenchSetup};
 use memfit_train::engine::Precision;
 
@@ -19,8 +21,26 @@ pub struct Args {
     #[arg(long)]
     model: String,
     /// The task the model trains for (default: its family's; a mismatch is an error).
-    #[arg(long, value_parser = ["seq2seq", "classification"])]
+    #[arg(long, value_parser = ["seq2seq", "classification", "causal-lm"])]
     task: Option<String>,
+    /// Causal LM: full (every weight) or lora (adapters on a frozen base).
+    #[arg(long, value_parser = ["full", "lora"], default_value = "full")]
+    method: String,
+    /// LoRA rank, alpha, dropout and targets (bench_causal_lora.py's defaults).
+    #[arg(long, default_value_t = 16)]
+    lora_r: usize,
+    #[arg(long, default_value_t = 32.0)]
+    lora_alpha: f64,
+    #[arg(long, default_value_t = 0.05)]
+    lora_dropout: f64,
+    #[arg(long, value_delimiter = ',', default_value = "q,k,v,o,gate,up,down")]
+    lora_targets: Vec<String>,
+    /// The frozen base's precision under LoRA.
+    #[arg(long, value_parser = ["fp32", "bf16"], default_value = "fp32")]
+    base_precision: String,
+    /// Causal LM: the share of each row that is prompt (masked out of the loss).
+    #[arg(long, default_value_t = 0.5)]
+    prompt_frac: f64,
     /// Micro-batch size (rows).
     #[arg(long)]
     batch: usize,
@@ -84,6 +104,20 @@ pub fn run(args: Args) -> Outcome {
         optimizer: args.optimizer.clone(),
         freeze: args.freeze.clone(),
         seed: args.seed,
+        training: match args.method.as_str() {
+            "lora" => Training::Lora {
+                settings: LoraSettings {
+                    r: args.lora_r,
+                    alpha: args.lora_alpha,
+                    dropout: args.lora_dropout,
+                    use_rslora: false,
+                },
+                targets: args.lora_targets.clone(),
+                base_bf16: args.base_precision == "bf16",
+            },
+            _ => Training::Full,
+        },
+        prompt_frac: args.prompt_frac,
     };
     let task = setup.task().map_err(|e| bad_input(e.to_string()))?;
     if let Some(asked) = args.task.as_deref().filter(|t| *t != task.name()) {
