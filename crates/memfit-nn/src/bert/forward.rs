@@ -9,7 +9,7 @@
 //! PyTorch's autocast does (the fused kernel on flex); the head reads the first token ([CLS] / <s>).
 
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
+use burn::tensor::activation::{gelu, softmax};
 use burn::tensor::{DType, TensorData};
 
 use crate::ModelError;
@@ -18,7 +18,9 @@ use crate::bert::config::{BertConfig, Family};
 use crate::bert::layout::{BertLayout, Dense, EncoderLayer, Norm};
 use crate::kernels::dropout::{Dropout, SplitMix64};
 use crate::kernels::gemm_bf16::Products;
+use crate::kernels::dense_op::{self, Input};
 use crate::kernels::{attention_core, fused_layer_norm, linear_op};
+use crate::layers::activation::Activation;
 use crate::layers::loss::masked_cross_entropy;
 use crate::layers::mask::padding_mask;
 
@@ -211,16 +213,35 @@ impl<'a> BertForward<'a> {
         (normed * gamma + beta).cast(self.dtype)
     }
 
+    /// `act(x) · W + b` for `x` `[m, in]`: the fused op on flex (the bias added in place, GELU
+    /// recomputed in backward instead of kept), burn's ops elsewhere.
+    fn dense_rows_of(&self, x: Tensor<2>, d: &Dense, input: Input) -> Tensor<2> {
+        let (w, bias) = (self.p(d.weight), self.p(d.bias));
+        if dense_op::supported(&x) {
+            return dense_op::dense(x, w, bias, input, self.products());
+        }
+        let x = match input {
+            Input::Plain => x,
+            Input::Gelu => gelu(x),
+        };
+        linear_op::layer(x, w, self.products()) + bias.cast(self.dtype)
+    }
+
     /// `x · W + b` for `x` `[m, in]`.
     fn dense_rows(&self, x: Tensor<2>, d: &Dense) -> Tensor<2> {
-        linear_op::layer(x, self.p(d.weight), self.products()) + self.p(d.bias).cast(self.dtype)
+        self.dense_rows_of(x, d, Input::Plain)
+    }
+
+    /// `act(x) · W + b` for `x` `[b, t, in]`.
+    fn dense_of(&self, x: Tensor<3>, d: &Dense, input: Input) -> Tensor<3> {
+        let [b, t, k] = x.dims();
+        let out = self.dense_rows_of(x.reshape([b * t, k]), d, input);
+        let n = out.dims()[1];
+        out.reshape([b, t, n])
     }
 
     fn dense(&self, x: Tensor<3>, d: &Dense) -> Tensor<3> {
-        let [b, t, k] = x.dims();
-        let out = self.dense_rows(x.reshape([b * t, k]), d);
-        let n = out.dims()[1];
-        out.reshape([b, t, n])
+        self.dense_of(x, d, Input::Plain)
     }
 
     fn heads(&self, x: Tensor<3>) -> Tensor<4> {
@@ -265,11 +286,12 @@ impl<'a> BertForward<'a> {
         let l = &self.layout.layers[i];
         let a = self.attention(x.clone(), l, bias, &mut drop.attention);
         let h = self.layer_norm(x + drop.hidden.apply(a), &l.attn_norm);
-        let f = self
-            .cfg
-            .hidden_act
-            .apply(self.dense(h.clone(), &l.intermediate));
-        let f = self.dense(f, &l.output);
+        let pre = self.dense(h.clone(), &l.intermediate);
+        // exact GELU (BERT's "gelu") is fused into the output layer; other activations apply alone
+        let f = match self.cfg.hidden_act {
+            Activation::Gelu => self.dense_of(pre, &l.output, Input::Gelu),
+            act => self.dense(act.apply(pre), &l.output),
+        };
         self.layer_norm(h + drop.hidden.apply(f), &l.output_norm)
     }
 
