@@ -16,11 +16,12 @@ use crate::ModelError;
 use crate::bert::BertModel;
 use crate::bert::config::{BertConfig, Family};
 use crate::bert::layout::{BertLayout, Dense, EncoderLayer, Norm};
+use crate::kernels::dense_op::{self, Input};
 use crate::kernels::dropout::{Dropout, SplitMix64};
 use crate::kernels::gemm_bf16::Products;
-use crate::kernels::dense_op::{self, Input};
 use crate::kernels::{attention_core, fused_layer_norm, linear_op};
 use crate::layers::activation::Activation;
+use crate::layers::embedding_leaf::EmbeddingTable;
 use crate::layers::loss::masked_cross_entropy;
 use crate::layers::mask::padding_mask;
 
@@ -77,6 +78,9 @@ pub struct BertForward<'a> {
     /// Float dtype of the activations (f32, or bf16: bf16 activations over f32 parameters is bf16
     /// training on flex). LayerNorm computes in f32 either way.
     pub dtype: DType,
+    /// The word embeddings of the batch `[b, t, d]` when a training step looked them up as a leaf
+    /// ([`crate::layers::embedding_leaf`]); `None`: looked up here.
+    word_rows: Option<Tensor<3>>,
 }
 
 impl<'a> BertForward<'a> {
@@ -88,6 +92,15 @@ impl<'a> BertForward<'a> {
             layout: &model.layout,
             params,
             dtype,
+            word_rows: None,
+        }
+    }
+
+    /// This pass with the batch's word embeddings given as a leaf (the training step's).
+    pub fn with_word_rows(self, rows: Tensor<3>) -> Self {
+        Self {
+            word_rows: Some(rows),
+            ..self
         }
     }
 
@@ -181,14 +194,17 @@ impl<'a> BertForward<'a> {
     /// The embeddings `[b, t, d]` after LayerNorm and dropout: the first layer's input.
     pub fn embed(&self, x: &ClsInputs, drop: &mut Dropouts) -> Tensor<3> {
         let l = self.layout;
-        let ids = x.ids.iter().map(|&i| i as i64).collect();
+        let ids: Vec<i64> = x.ids.iter().map(|&i| i as i64).collect();
         let types = match x.token_types {
             Some(t) => t.iter().map(|&i| i as i64).collect(),
             None => vec![0; x.ids.len()],
         };
-        let sum = self.rows(l.word, ids)
-            + self.rows(l.token_type, types)
-            + self.rows(l.position, self.position_ids(x));
+        let words = match &self.word_rows {
+            Some(rows) => rows.clone().reshape([x.ids.len(), self.cfg.hidden_size]),
+            None => self.rows(l.word, ids),
+        };
+        let sum =
+            words + self.rows(l.token_type, types) + self.rows(l.position, self.position_ids(x));
         let sum = sum.reshape([x.batch, x.len, self.cfg.hidden_size]);
         drop.hidden.apply(self.layer_norm(sum, &l.embed_norm))
     }
@@ -353,5 +369,18 @@ impl<'a> BertForward<'a> {
         let logits = self.logits(x, drop)?;
         let loss = masked_cross_entropy(logits.clone(), labels, &vec![true; x.batch]);
         Ok((loss, logits))
+    }
+}
+
+impl EmbeddingTable for BertForward<'_> {
+    fn embed_untracked(&self, ids: Tensor<2, Int>) -> Tensor<3> {
+        let [b, t] = ids.dims();
+        let table = self.p(self.layout.word).inner();
+        let rows = table.select(0, ids.reshape([b * t]));
+        rows.reshape([b, t, self.cfg.hidden_size])
+    }
+
+    fn table_index(&self) -> usize {
+        self.layout.word
     }
 }

@@ -5,7 +5,10 @@
 //!
 //! burn's composite ops run about ten element-wise passes and keep the centred input, its square's
 //! mean and the normalised `x̂` for backward: several `[tokens, d]` tensors per norm. Here the
-//! forward is one sweep per row and backward keeps the input, γ, and a mean and `r` per row.
+//! forward is one sweep per row and backward keeps γ, β, a mean and `r` per row, and one
+//! `[tokens, d]` tensor: the output when it is f32 (`x̂ = (y − β) / γ`, as Apex's memory-efficient
+//! LayerNorm does; the next layer keeps that output anyway, so the norm adds nothing), else the
+//! input (a bf16 output would give backward a coarser `x̂` than forward used).
 
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
@@ -52,10 +55,11 @@ impl LayerNormOp for Flex {
     }
 }
 
-/// What backward keeps: the input, γ, β (for its dtype and shape) and each row's mean and `r`.
+/// What backward keeps: the input or the output, γ, β (for its dtype and shape) and each row's
+/// mean and `r`.
 #[derive(Debug, Clone)]
 struct Saved {
-    x: FlexTensor,
+    kept: Kept,
     gamma: FlexTensor,
     beta: FlexTensor,
     rows: Vec<(f32, f32)>,
@@ -94,16 +98,64 @@ impl<C: CheckpointStrategy> LayerNormOp for Autodiff<Flex, C> {
 
         record::<C, _, 3>(Norm, [x, gamma, beta], |[x, gamma, beta]| {
             let (out, rows) = forward(&x, &gamma, &beta, eps);
-            (
-                out,
-                Saved {
-                    x,
-                    gamma,
-                    beta,
-                    rows,
-                },
-            )
+            let kept = Kept::choose(x, &out, &gamma);
+            let saved = Saved {
+                kept,
+                gamma,
+                beta,
+                rows,
+            };
+            (out, saved)
         })
+    }
+}
+
+/// The `[tokens, d]` tensor backward recovers `x̂` from.
+#[derive(Debug, Clone)]
+enum Kept {
+    Input(FlexTensor),
+    Output(FlexTensor),
+}
+
+impl Kept {
+    /// The output where it is f32 and every `|γ|` is large enough to divide by without losing
+    /// `x̂`'s precision; the input otherwise.
+    fn choose(x: FlexTensor, out: &FlexTensor, gamma: &FlexTensor) -> Self {
+        let f32_out = out.dtype() == burn::tensor::DType::F32;
+        if f32_out && values(gamma).iter().all(|g| g.abs() >= 1e-2) {
+            Kept::Output(out.clone())
+        } else {
+            Kept::Input(x)
+        }
+    }
+
+    fn tensor(&self) -> &FlexTensor {
+        match self {
+            Kept::Input(t) | Kept::Output(t) => t,
+        }
+    }
+
+    /// Row `i`'s `x̂` into `xhat`, from the kept `row`.
+    fn xhat(
+        &self,
+        row: &[f32],
+        (mean, r): (f32, f32),
+        gammas: &[f32],
+        betas: &[f32],
+        xhat: &mut [f32],
+    ) {
+        match self {
+            Kept::Input(_) => {
+                for (h, &v) in xhat.iter_mut().zip(row) {
+                    *h = (v - mean) * r;
+                }
+            }
+            Kept::Output(_) => {
+                for (((h, &y), &g), &b) in xhat.iter_mut().zip(row).zip(gammas).zip(betas) {
+                    *h = (y - b) / g;
+                }
+            }
+        }
     }
 }
 
@@ -133,7 +185,9 @@ fn forward(
 /// With `x̂ = (x − mean)·r` and `u = g ⊙ γ`: `dx = r·(u − mean(u) − x̂·mean(u ⊙ x̂))`,
 /// `dγ = Σ_rows g ⊙ x̂`, `dβ = Σ_rows g`; each only where `want` says.
 fn backward(s: &Saved, grad: FlexTensor, want: [bool; 3]) -> [Option<FlexTensor>; 3] {
-    let (xs, gammas, gs) = (values(&s.x), values(&s.gamma), values(&grad));
+    let kept = s.kept.tensor();
+    let (xs, gammas, gs) = (values(kept), values(&s.gamma), values(&grad));
+    let betas = values(&s.beta);
     let d = gammas.len();
     let [want_x, want_gamma, want_beta] = want;
     let mut dx = vec![0.0f32; if want_x { xs.len() } else { 0 }];
@@ -141,10 +195,8 @@ fn backward(s: &Saved, grad: FlexTensor, want: [bool; 3]) -> [Option<FlexTensor>
     let mut dbeta = vec![0.0f64; d];
     let mut xhat = vec![0.0f32; d];
     for (i, (row, g)) in xs.chunks_exact(d).zip(gs.chunks_exact(d)).enumerate() {
-        let (mean, r) = s.rows[i];
-        for (h, &v) in xhat.iter_mut().zip(row) {
-            *h = (v - mean) * r;
-        }
+        let (_, r) = s.rows[i];
+        s.kept.xhat(row, s.rows[i], &gammas, &betas, &mut xhat);
         for (((dg, db), &h), &gj) in dgamma.iter_mut().zip(&mut dbeta).zip(&xhat).zip(g) {
             *dg += (gj * h) as f64;
             *db += gj as f64;
@@ -164,7 +216,7 @@ fn backward(s: &Saved, grad: FlexTensor, want: [bool; 3]) -> [Option<FlexTensor>
     }
     let narrow = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect();
     [
-        want_x.then(|| tensor_like(dx, &s.x)),
+        want_x.then(|| tensor_like(dx, kept)),
         want_gamma.then(|| tensor_like(narrow(dgamma), &s.gamma)),
         want_beta.then(|| tensor_like(narrow(dbeta), &s.beta)),
     ]
@@ -176,7 +228,7 @@ mod tests {
     use crate::kernels::test_tensors::{
         Produced, assert_bf16_is_rounded_f32, assert_close, tracked, tracked_in,
     };
-    use burn::tensor::DType;
+    use burn::tensor::{DType, TensorData};
 
     /// `nn.LayerNorm` written with burn's composite ops.
     fn composite(x: Tensor<3>, gamma: Tensor<3>, beta: Tensor<3>, eps: f64) -> Tensor<3> {
@@ -185,12 +237,14 @@ mod tests {
         centered * (var + eps).sqrt().recip() * gamma + beta
     }
 
-    #[test]
-    fn equals_the_composite_ops_in_value_and_gradients() {
+    /// The fused op against the composite ops, in value and gradients, for γ = `gamma`.
+    fn assert_equals_the_composite_ops(gamma: [f32; 8]) {
         let run = |fused: bool| -> Vec<Vec<f32>> {
+            let gamma =
+                Tensor::from_data(TensorData::new(gamma.to_vec(), [1, 1, 8]), &Device::flex());
             let (x, gamma, beta) = (
                 tracked([2, 3, 8], 1),
-                tracked([1, 1, 8], 2),
+                gamma.autodiff().require_grad(),
                 tracked([1, 1, 8], 3),
             );
             let y = if fused {
@@ -223,11 +277,48 @@ mod tests {
     }
 
     #[test]
+    fn backward_from_the_kept_output_equals_the_composite_ops() {
+        assert_equals_the_composite_ops([0.5, -1.2, 2.0, 0.8, 1.5, -0.7, 1.1, 0.9]);
+    }
+
+    #[test]
+    fn backward_from_the_kept_input_where_a_gamma_is_near_zero_too() {
+        assert_equals_the_composite_ops([0.5, -1.2, 0.0, 0.8, 1.5, -0.7, 1e-3, 0.9]);
+    }
+
+    #[test]
+    fn the_output_is_kept_only_in_f32_with_no_tiny_gamma() {
+        let flex = |v: Vec<f32>, dtype| {
+            let n = v.len();
+            crate::kernels::flex_values::from_values(v, [n].into(), dtype)
+        };
+        let (x, y) = (
+            flex(vec![1.0; 4], DType::F32),
+            flex(vec![2.0; 4], DType::F32),
+        );
+        let wide = flex(vec![0.5, -0.5, 2.0, 1.0], DType::F32);
+        let tiny = flex(vec![0.5, -0.001, 2.0, 1.0], DType::F32);
+        assert!(matches!(
+            Kept::choose(x.clone(), &y, &wide),
+            Kept::Output(_)
+        ));
+        assert!(matches!(Kept::choose(x.clone(), &y, &tiny), Kept::Input(_)));
+        let y16 = flex(vec![2.0; 4], DType::BF16);
+        assert!(matches!(Kept::choose(x, &y16, &wide), Kept::Input(_)));
+    }
+
+    #[test]
     fn bf16_activations_over_f32_parameters_are_the_f32_op_rounded() {
         assert_bf16_is_rounded_f32(|dtype| {
             let x = tracked_in([2, 3, 8], 1, dtype);
+            // A zero γ: the f32 op keeps its input too, so both recover x̂ the same way (the kept
+            // output is compared with the composite ops above).
+            let gamma = [0.5, -1.2, 0.0, 0.8, 1.5, -0.7, 1.1, 0.9];
+            let gamma = TensorData::new(gamma.to_vec(), [1, 1, 8]);
             let (gamma, beta) = (
-                tracked_in([1, 1, 8], 2, DType::F32),
+                Tensor::from_data(gamma, &Device::flex())
+                    .autodiff()
+                    .require_grad(),
                 tracked_in([1, 1, 8], 3, DType::F32),
             );
             let y = layer_norm(x.clone(), gamma.clone(), beta.clone(), 1e-6);

@@ -174,3 +174,64 @@ fn bad_inputs_are_named() {
         .to_string();
     assert!(e.contains("max_position_embeddings"), "{e}");
 }
+
+/// Collects a training step's gradients densely, rows added where they land.
+struct Dense(Vec<Option<Vec<f32>>>, Vec<usize>);
+
+impl memfit_nn::layers::grad_sink::GradTarget for Dense {
+    fn parameter(&mut self, i: usize, g: Tensor<2>) -> Result<(), memfit_nn::ModelError> {
+        let g: Vec<f32> = g.into_data().try_to_vec().unwrap();
+        let acc = self.0[i].get_or_insert_with(|| vec![0.0; g.len()]);
+        acc.iter_mut().zip(g).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    fn rows(&mut self, i: usize, ids: &[usize], g: Tensor<2>) -> Result<(), memfit_nn::ModelError> {
+        let width = g.dims()[1];
+        let g: Vec<f32> = g.into_data().try_to_vec().unwrap();
+        let acc = self.0[i].get_or_insert_with(|| vec![0.0; self.1[i]]);
+        for (&id, row) in ids.iter().zip(g.chunks_exact(width)) {
+            let target = &mut acc[id * width..(id + 1) * width];
+            target.iter_mut().zip(row).for_each(|(a, b)| *a += b);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_training_step_gives_the_gradients_of_plain_backward() {
+    use memfit_nn::batch::{ClassificationBatch, TokenRows};
+    use memfit_nn::model::{Pass, Precision, TrainModel};
+    let mut m = model("bert");
+    // No dropout, so that the step's pass and the plain one are the same function.
+    m.config.hidden_dropout_prob = 0.0;
+    m.config.attention_probs_dropout_prob = 0.0;
+    let (_, expected) = loss_and_grads(&m, DType::F32);
+    let b = Batch::new(m.config.pad_token_id.unwrap());
+    let batch = ClassificationBatch {
+        input: TokenRows {
+            batch: 3,
+            len: 7,
+            ids: b.ids.clone(),
+            mask: b.mask.clone(),
+        },
+        token_types: Some(b.types.clone()),
+        labels: b.labels.clone(),
+    };
+    let params = m.tensors(&Device::flex(), DType::F32);
+    let trainable = vec![true; params.len()];
+    let sizes = m.layout.specs.iter().map(|s| s.kind.numel()).collect();
+    let mut got = Dense(vec![None; params.len()], sizes);
+    let pass = Pass {
+        seed: 7,
+        loss_scale: 1.0,
+        precision: Precision::Fp32,
+        grad_ckpt: false,
+    };
+    m.accumulate(&params, &trainable, &batch, &pass, &mut got)
+        .unwrap();
+    for (spec, (a, e)) in m.layout.specs.iter().zip(got.0.iter().zip(&expected)) {
+        let (a, e) = (a.as_ref().unwrap(), e.as_ref().unwrap());
+        assert!(max_abs_diff(a, e) <= 1e-5, "{}", spec.name);
+    }
+}

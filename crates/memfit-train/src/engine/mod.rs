@@ -9,6 +9,8 @@
 //! What a task needs on top of training is a capability trait: [`Generate`] (seq2seq),
 //! [`Classify`] (sequence classification), [`Continue`] (causal-LM generation).
 
+mod gradient;
+pub use gradient::Gradient;
 mod model_engine;
 mod options;
 

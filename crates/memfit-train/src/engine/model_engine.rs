@@ -16,6 +16,7 @@ use super::{
     Classify, Continue, Engine, EngineOptions, Generate, GenerateConfig, ParamCounts, StepStats,
     TokenRows,
 };
+use crate::engine::gradient::{self, Gradient};
 use crate::engine::options::Backend;
 use crate::optim::{Optimizer, clip_global_norm, global_norm};
 use memfit_nn::ModelError;
@@ -33,7 +34,7 @@ pub struct ModelEngine<M: TrainModel> {
     optimizer: Optimizer,
     /// Accumulated gradients (host, f32), `None` for frozen parameters and before the first
     /// micro-batch.
-    grads: Vec<Option<Vec<f32>>>,
+    grads: Vec<Option<Gradient>>,
     device: Device,
     /// Device copies of the weights, rebuilt after each optimizer step or load.
     uploaded: Mutex<Option<Vec<Tensor<2>>>>,
@@ -54,7 +55,9 @@ impl<M: TrainModel> ModelEngine<M> {
         let shapes = model.param_shapes();
         let optimizer = Optimizer::new(options.optimizer.clone(), shapes.clone(), &trainable);
         Ok(Self {
-            grads: vec![None; trainable.len()],
+            grads: std::iter::repeat_with(|| None)
+                .take(trainable.len())
+                .collect(),
             model,
             options,
             trainable,
@@ -97,7 +100,7 @@ impl<M: TrainModel> ModelEngine<M> {
     }
 
     /// The gradients accumulated so far (host f32, memfit layout; `None`: frozen or none yet).
-    pub fn accumulated_gradients(&self) -> &[Option<Vec<f32>>] {
+    pub fn accumulated_gradients(&self) -> &[Option<Gradient>] {
         &self.grads
     }
 
@@ -205,28 +208,20 @@ fn to_f32_vec<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>, ModelError> {
 /// The host accumulators a micro-batch's gradients are added to, one per parameter (`None`: frozen,
 /// or nothing yet).
 struct Accumulators<'a> {
-    acc: &'a mut [Option<Vec<f32>>],
+    acc: &'a mut [Option<Gradient>],
     shapes: &'a [ParamShape],
-}
-
-fn f32_data(t: Tensor<2>) -> TensorData {
-    t.cast(FloatDType::F32).into_data()
-}
-
-fn gradient_values(data: &TensorData) -> Result<&[f32], ModelError> {
-    data.as_slice()
-        .map_err(|e| ModelError::Io(format!("reading a gradient back from the device: {e:?}")))
 }
 
 impl GradTarget for Accumulators<'_> {
     fn parameter(&mut self, index: usize, grad: Tensor<2>) -> Result<(), ModelError> {
-        // Read in place: flex's buffers are 16-byte aligned, so turning one into a `Vec<f32>`
-        // would copy it; a later part of the same gradient is added without any temporary.
-        let data = f32_data(grad);
-        let g = gradient_values(&data)?;
         match &mut self.acc[index] {
-            Some(a) => a.iter_mut().zip(g).for_each(|(a, b)| *a += b),
-            slot @ None => *slot = Some(g.to_vec()),
+            // A later part of the same gradient is added without any temporary beyond its own.
+            Some(a) => {
+                let data = grad.cast(FloatDType::F32).into_data();
+                let g = gradient::values(&data)?;
+                a.as_mut().iter_mut().zip(g).for_each(|(a, b)| *a += b);
+            }
+            slot @ None => *slot = Some(Gradient::take(grad)?),
         }
         Ok(())
     }
@@ -234,9 +229,10 @@ impl GradTarget for Accumulators<'_> {
     fn rows(&mut self, index: usize, ids: &[usize], grad: Tensor<2>) -> Result<(), ModelError> {
         let [_, width] = grad.dims();
         let len = self.shapes[index].numel();
-        let data = f32_data(grad);
-        let g = gradient_values(&data)?;
-        let acc = self.acc[index].get_or_insert_with(|| vec![0.0; len]);
+        let data = grad.cast(FloatDType::F32).into_data();
+        let g = gradient::values(&data)?;
+        let acc = self.acc[index].get_or_insert_with(|| Gradient::zeros(len));
+        let acc = acc.as_mut();
         for (&id, row) in ids.iter().zip(g.chunks_exact(width)) {
             let target = acc.get_mut(id * width..(id + 1) * width).ok_or_else(|| {
                 ModelError::Input(format!("embedding row {id} is outside the table"))
@@ -274,7 +270,7 @@ impl<M: TrainModel> Engine for ModelEngine<M> {
         // Parameters that received no gradient this step (unused) take a zero gradient.
         for (i, g) in self.grads.iter_mut().enumerate() {
             if self.trainable[i] && g.is_none() {
-                *g = Some(vec![0.0; self.shapes[i].numel()]);
+                *g = Some(Gradient::zeros(self.shapes[i].numel()));
             }
         }
         let grad_norm = match max_grad_norm {

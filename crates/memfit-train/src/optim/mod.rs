@@ -91,7 +91,12 @@ impl Optimizer {
 
     /// Applies one update. `grads[i]` is `None` for frozen parameters. `lr` is the scheduler's rate
     /// (ignored by Adafactor in relative-step mode, which computes its own).
-    pub fn step(&mut self, weights: &mut [Vec<f32>], grads: &[Option<Vec<f32>>], lr: f64) {
+    pub fn step<G: AsRef<[f32]> + Sync>(
+        &mut self,
+        weights: &mut [Vec<f32>],
+        grads: &[Option<G>],
+        lr: f64,
+    ) {
         self.step += 1;
         let step = self.step;
         let config = &self.config;
@@ -104,6 +109,7 @@ impl Optimizer {
                 let (Some(state), Some(g)) = (state.as_mut(), g.as_ref()) else {
                     return;
                 };
+                let g = g.as_ref();
                 match (config, state) {
                     (
                         OptimizerConfig::AdamW(c),
@@ -243,11 +249,16 @@ fn fresh_state(config: &OptimizerConfig, shape: &ParamShape) -> State {
 }
 
 /// Global L2 norm over all gradients (f64 accumulation).
-pub fn global_norm(grads: &[Option<Vec<f32>>]) -> f64 {
+pub fn global_norm<G: AsRef<[f32]> + Sync>(grads: &[Option<G>]) -> f64 {
     grads
         .par_iter()
         .flatten()
-        .map(|g| g.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>())
+        .map(|g| {
+            g.as_ref()
+                .iter()
+                .map(|&x| (x as f64) * (x as f64))
+                .sum::<f64>()
+        })
         .sum::<f64>()
         .sqrt()
 }
@@ -255,7 +266,10 @@ pub fn global_norm(grads: &[Option<Vec<f32>>]) -> f64 {
 /// Scales all gradients so that their global norm is at most `max_norm` (torch's
 /// `clip_grad_norm_`: coefficient `max_norm / (norm + 1e-6)`, applied only when below 1).
 /// Returns the norm before clipping.
-pub fn clip_global_norm(grads: &mut [Option<Vec<f32>>], max_norm: f64) -> f64 {
+pub fn clip_global_norm<G: AsRef<[f32]> + AsMut<[f32]> + Send + Sync>(
+    grads: &mut [Option<G>],
+    max_norm: f64,
+) -> f64 {
     let norm = global_norm(grads);
     // 1e-6: torch.nn.utils.clip_grad_norm_'s epsilon.
     let coef = max_norm / (norm + 1e-6);
@@ -264,7 +278,14 @@ pub fn clip_global_norm(grads: &mut [Option<Vec<f32>>], max_norm: f64) -> f64 {
         grads
             .par_iter_mut()
             .flatten()
-            .for_each(|g| g.iter_mut().for_each(|x| *x *= c));
+            // Zeros stay as they are: an embedding table's gradient is mostly rows no token
+            // touched, whose pages need not be written (made resident) to be scaled.
+            .for_each(|g| {
+                g.as_mut()
+                    .iter_mut()
+                    .filter(|x| **x != 0.0)
+                    .for_each(|x| *x *= c)
+            });
     }
     norm
 }
