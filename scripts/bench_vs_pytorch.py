@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """memfit's trainer beside PyTorch + transformers, same shapes, same thread count, same window.
 
-Runs `memfit bench train` and `../shared/bench/pytorch/bench_t5.py` alternately for each
-configuration and variant, then prints one Markdown table. Both sides train on synthetic uniform
-tokens (`--data random` for PyTorch), AdamW, clip 1.0, dropout 0.1, and report the median over the
-steps after 3 warm-up steps. CPU-seconds per step are the comparable figure on a loaded machine.
+Runs `memfit bench train` and the baseline of `../shared/bench/pytorch/` (bench_t5.py,
+bench_bert_cls.py, bench_causal_lora.py) alternately for each configuration and variant, then
+prints one Markdown table. Both sides train on synthetic uniform tokens (`--data random` for
+PyTorch), AdamW, clip 1.0, and report the median over the steps after the warm-up steps.
+CPU-seconds per step are the comparable figure on a loaded machine.
 
     PY=/path/to/venv/bin/python python3 scripts/bench_vs_pytorch.py --configs b,c --variants f32,ckpt,bf16
+    PY=… python3 scripts/bench_vs_pytorch.py --configs bert-small,bert-base --variants f32,bf16
+    PY=… python3 scripts/bench_vs_pytorch.py --configs lora-qwen05b --variants f32,bf16base,ckpt
+
+A variant a configuration's family does not have is skipped.
 
 Needs a Python with torch and transformers (see ../shared/bench/pytorch/README.md); stdlib only here.
 """
@@ -18,7 +23,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH_T5 = os.path.join(ROOT, "..", "shared", "bench", "pytorch", "bench_t5.py")
+BASELINES = os.path.join(ROOT, "..", "shared", "bench", "pytorch")
 
 # Issue 6's configurations: (a) tiny, (b) t5-small-like, (c) ChatLM-mini-Chinese.
 CONFIGS = {
@@ -37,11 +42,41 @@ CONFIGS = {
         "torch": "--vocab 29298 --d-model 768 --d-ff 3072 --layers 10 --heads 12 --batch 4 --seq 256",
         "steps": 5,
     },
+    # run_all.sh's bert-small and bert-base (bench_bert_cls.py)
+    "bert-small": {
+        "memfit": ["--model", "bert-small", "--task", "classification", "--batch", "8", "--seq", "128"],
+        "script": "bench_bert_cls.py",
+        "torch": "--vocab 21128 --hidden 256 --layers 4 --heads 4 --batch 8 --seq 128",
+        "steps": 15,
+    },
+    "bert-base": {
+        "memfit": ["--model", "bert-base-chinese", "--task", "classification", "--batch", "8",
+                   "--seq", "128"],
+        "script": "bench_bert_cls.py",
+        "torch": "--vocab 21128 --hidden 768 --layers 12 --heads 12 --batch 8 --seq 128",
+        "steps": 8,
+    },
+    # run_all.sh's lora-qwen05b (bench_causal_lora.py's defaults: Qwen2.5-0.5B, r16 on every
+    # linear of the blocks, the first half of each row masked)
+    "lora-qwen05b": {
+        "memfit": ["--model", "qwen2.5-0.5b", "--task", "causal-lm", "--method", "lora",
+                   "--batch", "2", "--seq", "512"],
+        "script": "bench_causal_lora.py",
+        "torch": "--batch 2 --seq 512",
+        "steps": 6,
+        "family": "lora",
+    },
 }
 VARIANTS = {
     "f32": ([], []),
     "ckpt": (["--grad-ckpt"], ["--grad-ckpt"]),
     "bf16": (["--precision", "bf16"], ["--bf16"]),
+}
+# LoRA's variants are about its frozen base: f32, bf16 (half its RAM), or with checkpointing.
+LORA_VARIANTS = {
+    "f32": ([], []),
+    "bf16base": (["--base-precision", "bf16"], ["--base-dtype", "bf16"]),
+    "ckpt": (["--grad-ckpt"], ["--grad-ckpt"]),
 }
 
 
@@ -67,11 +102,17 @@ def main():
     rows = []
     for name in args.configs.split(","):
         cfg = CONFIGS[name]
+        variants = LORA_VARIANTS if cfg.get("family") == "lora" else VARIANTS
         for variant in args.variants.split(","):
-            mf_extra, pt_extra = VARIANTS[variant]
+            if variant not in variants:
+                continue
+            mf_extra, pt_extra = variants[variant]
             steps = str(cfg["steps"])
-            torch_cmd = [args.python, BENCH_T5, *cfg["torch"].split(), "--steps", steps,
-                         "--threads", str(args.threads), "--data", "random", *pt_extra]
+            script = os.path.join(BASELINES, cfg.get("script", "bench_t5.py"))
+            # bench_causal_lora.py draws random tokens only; the others read parquet by default
+            data = [] if cfg.get("family") == "lora" else ["--data", "random"]
+            torch_cmd = [args.python, script, *cfg["torch"].split(), "--steps", steps,
+                         "--threads", str(args.threads), *data, *pt_extra]
             memfit_cmd = [args.memfit, "bench", "train", *cfg["memfit"], "--steps", steps,
                           "--threads", str(args.threads), "--json", *mf_extra]
             print(f"({name}) {variant}: PyTorch …", file=sys.stderr, flush=True)
