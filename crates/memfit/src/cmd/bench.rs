@@ -18,7 +18,7 @@ enum BenchCommand {
     /// Read N random rows from a token store; median time per row and peak RSS.
     Data(DataArgs),
     /// Train on synthetic tokens; seconds per step, tokens/s, peak RSS (DESIGN.md §3).
-    Train(super::bench_train::Args),
+    Train(Box<super::bench_train::Args>),
     /// Measure the host-memory grid of the trainer (one `bench train` process per point) and
     /// compare each peak RSS with memfit-plan's model (`--runtime memfit --device cpu`).
     MemoryGrid(GridArgs),
@@ -56,7 +56,7 @@ struct DataArgs {
 pub fn run(args: Args) -> Outcome {
     match args.command {
         BenchCommand::Data(a) => data(a),
-        BenchCommand::Train(a) => super::bench_train::run(a),
+        BenchCommand::Train(a) => super::bench_train::run(*a),
         BenchCommand::MemoryGrid(a) => memory_grid(a),
     }
 }
