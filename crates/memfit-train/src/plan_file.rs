@@ -99,9 +99,12 @@ impl PolicyChoice {
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
             "auto" => Ok(Self::Auto),
-            other => policy::find(other)
-                .map(Self::Table)
-                .ok_or_else(|| format!("--policy {other:?}: known policies: {}", policy::names())),
+            other => policy::find(other).map(Self::Table).ok_or_else(|| {
+                format!(
+                    "--policy {other:?}: known policies: {}",
+                    policy::names_for(Runtime::Memfit)
+                )
+            }),
         }
     }
 }

@@ -53,7 +53,13 @@ pub fn supported(x: &Tensor<2>) -> bool {
 
 /// `act(x) · w + b` through [`DenseOp::dense`], with w a parameter (frozen when it requires no
 /// gradient).
-pub fn dense(x: Tensor<2>, w: Tensor<2>, b: Tensor<2>, input: Input, products: Products) -> Tensor<2> {
+pub fn dense(
+    x: Tensor<2>,
+    w: Tensor<2>,
+    b: Tensor<2>,
+    input: Input,
+    products: Products,
+) -> Tensor<2> {
     let w_trains = w.is_require_grad();
     Tensor::from_dispatch(<Dispatch as DenseOp>::dense(
         x.into_dispatch(),
@@ -95,7 +101,13 @@ fn activated(x: &FlexTensor, input: Input) -> FlexTensor {
 }
 
 /// `act(x) · w + b`, the result in x's dtype.
-fn forward(x: &FlexTensor, w: &FlexTensor, b: &FlexTensor, input: Input, products: Products) -> FlexTensor {
+fn forward(
+    x: &FlexTensor,
+    w: &FlexTensor,
+    b: &FlexTensor,
+    input: Input,
+    products: Products,
+) -> FlexTensor {
     let out = products.matmul(&activated(x, input), w);
     let bias = values(b);
     let n = bias.len();
@@ -146,7 +158,9 @@ impl<C: CheckpointStrategy> DenseOp for Autodiff<Flex, C> {
                     grads.register::<Flex>(node.id, column_sums(&grad, b_dtype));
                 }
                 if let Some(node) = w_node {
-                    let x = x.as_ref().expect("the dense op was told its weight trains no gradient");
+                    let x = x
+                        .as_ref()
+                        .expect("the dense op was told its weight trains no gradient");
                     // the activation again, freed as soon as the product is done
                     let act = activated(x, input);
                     let dw = products.matmul(&Flex::float_transpose(act), &grad);
@@ -214,7 +228,10 @@ mod tests {
     #[test]
     fn bf16_activations_leave_in_bf16_and_the_weights_gradients_in_theirs() {
         let x = tracked_in([5, 6], 1, DType::BF16);
-        let (w, b) = (tracked_in([6, 20], 2, DType::F32), tracked_in([1, 20], 3, DType::F32));
+        let (w, b) = (
+            tracked_in([6, 20], 2, DType::F32),
+            tracked_in([1, 20], 3, DType::F32),
+        );
         let out = dense(x.clone(), w.clone(), b.clone(), Input::Gelu, Products::Bf16);
         assert_eq!(out.dtype(), DType::BF16);
         let grads = out.cast(DType::F32).sum().backward();

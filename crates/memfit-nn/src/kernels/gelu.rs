@@ -71,7 +71,9 @@ pub fn times_gelu_grad(x: &[f32], grad: &mut [f32]) {
 
 #[inline(always)]
 fn gelu_loop(x: &[f32], out: &mut [f32]) {
-    x.iter().zip(out.iter_mut()).for_each(|(x, o)| *o = gelu_f32(*x));
+    x.iter()
+        .zip(out.iter_mut())
+        .for_each(|(x, o)| *o = gelu_f32(*x));
 }
 
 #[inline(always)]
@@ -128,7 +130,10 @@ mod tests {
             let h = 1e-2f32;
             let numeric = (gelu_f32(x + h) as f64 - gelu_f32(x - h) as f64) / (2.0 * h as f64);
             let analytic = gelu_grad_f32(x) as f64;
-            assert!((numeric - analytic).abs() < 2e-4, "x {x}: {numeric} vs {analytic}");
+            assert!(
+                (numeric - analytic).abs() < 2e-4,
+                "x {x}: {numeric} vs {analytic}"
+            );
         }
     }
 
