@@ -211,7 +211,8 @@ impl Policy {
     pub fn check_run(&self, task: Task, method: Method) -> Result<(), String> {
         if let Some(want) = self.requires.task.filter(|t| *t != task) {
             return Err(format!(
-                "--policy {} is for {} runs; this run's task is {} (pick another --policy, or                  --task {})",
+                "--policy {} is for {} runs; this run's task is {} (pick another --policy, or \
+                 --task {})",
                 self.name,
                 want.as_str(),
                 task.as_str(),
@@ -220,10 +221,9 @@ impl Policy {
         }
         if let Some(want) = self.requires.method.filter(|m| *m != method) {
             return Err(format!(
-                "--policy {} is a {} preset; this run's method is {} (add --method {want})",
-                self.name,
-                want.as_str().to_uppercase(),
-                method
+                "--policy {} is a preset for --method {want}; this run's method is {method} (add \
+                 --method {want})",
+                self.name
             ));
         }
         Ok(())
@@ -232,13 +232,17 @@ impl Policy {
 
 /// The policy names `--policy` takes for `runtime`'s trainer, `auto` first.
 pub fn names_for(runtime: Runtime) -> String {
+    names_where(|p| p.requires.runtimes.contains(&runtime))
+}
+
+/// The fixed presets for `runtime`'s trainer (what `memfit plan --policy` estimates), `auto` first.
+pub fn preset_names_for(runtime: Runtime) -> String {
+    names_where(|p| p.requires.runtimes.contains(&runtime) && p.preset().is_some())
+}
+
+fn names_where(keep: impl Fn(&Policy) -> bool) -> String {
     std::iter::once("auto")
-        .chain(
-            POLICIES
-                .iter()
-                .filter(|p| p.requires.runtimes.contains(&runtime))
-                .map(|p| p.name),
-        )
+        .chain(POLICIES.iter().filter(|p| keep(p)).map(|p| p.name))
         .collect::<Vec<_>>()
         .join(", ")
 }
