@@ -187,8 +187,7 @@ fn full_then_lora_resume_predict_and_merge() {
     let st = safetensors::SafeTensors::deserialize(&adapter_weights).unwrap();
     assert!(
         st.names()
-            .iter()
-            .any(|n| *n == "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"),
+            .contains(&"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"),
         "{:?}",
         st.names()
     );
