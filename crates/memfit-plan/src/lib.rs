@@ -58,6 +58,15 @@ pub enum Task {
 impl Task {
     pub const NAMES: &'static str = "seq2seq, causal-lm, classification";
 
+    /// The CLI spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Task::Seq2seq => "seq2seq",
+            Task::CausalLm => "causal-lm",
+            Task::Classification => "classification",
+        }
+    }
+
     pub fn parse(s: &str) -> Option<Task> {
         match s {
             "seq2seq" => Some(Task::Seq2seq),

@@ -162,3 +162,89 @@ fn a_bad_value_in_a_config_names_the_file_and_line() {
     );
     assert!(err.contains("`fp32` or `bf16`"), "{err}");
 }
+
+#[test]
+fn check_tells_the_setup_for_bert_classification() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = check(
+        dir.path(),
+        "bert-base-chinese",
+        &["--task", "classification", "--seq", "128"],
+    );
+    let memfit_rec = &rec["memfit"];
+    assert_eq!(memfit_rec["fits"], true, "{rec}");
+    assert_eq!(memfit_rec["setup"]["task"], "classification");
+    assert_eq!(memfit_rec["setup"]["seq"], 128);
+    let config = memfit_rec["files"]["memfit_train"].as_str().unwrap();
+    let toml = std::fs::read_to_string(config).unwrap();
+    assert!(toml.contains("model = \"bert-base-chinese\""), "{toml}");
+    assert!(toml.contains("task = \"classification\""), "{toml}");
+    // memfit train takes the file as written (the data placeholders aside)
+    let o = memfit()
+        .args(["train", "--plan-only", "--json", "--config", config])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    // the PyTorch stack answers for the same task, with its files
+    let pytorch = &rec["pytorch"];
+    if pytorch["fits"] == true {
+        assert_eq!(pytorch["setup"]["task"], "classification");
+        let ds = pytorch["files"]["deepspeed"].as_str().unwrap();
+        assert!(Path::new(ds).is_file(), "{ds}");
+    } else {
+        assert!(!pytorch["reason"].as_str().unwrap().is_empty(), "{pytorch}");
+    }
+
+    // A BERT classifier small enough to train here, with the classification demo's data: every
+    // command check prints runs as printed and trains a classifier on that data.
+    let demo = memfit_train::demo::classification::write(&dir.path().join("demo"), 7).unwrap();
+    let (train, valid, tok) = (
+        demo.train.to_str().unwrap(),
+        demo.valid.to_str().unwrap(),
+        demo.tokenizer_dir.to_str().unwrap(),
+    );
+    let model = demo.model_config.to_str().unwrap();
+    let out = dir.path().join("configs");
+    let args = [
+        "--task",
+        "classification",
+        "--seq",
+        "32",
+        "--target-batch",
+        "256",
+        "--data",
+        train,
+        "--valid",
+        valid,
+        "--tokenizer",
+        tok,
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let rec = check(dir.path(), model, &args);
+    let memfit_rec = &rec["memfit"];
+    assert_eq!(memfit_rec["fits"], true, "{rec}");
+    let commands = memfit_rec["commands"].as_object().unwrap();
+    assert_eq!(commands.len(), 2, "train and guarded: {commands:?}");
+    for (name, command) in commands {
+        let command = command.as_str().unwrap();
+        let cwd = tempfile::tempdir().unwrap();
+        let o = run_printed(command, cwd.path());
+        assert!(o.status.success(), "{name}: {command}\n{}", stderr(&o));
+        let runs: Vec<_> = std::fs::read_dir(cwd.path().join("runs"))
+            .unwrap()
+            .collect();
+        assert_eq!(runs.len(), 1, "{name}: one run directory");
+        let run = runs[0].as_ref().unwrap().path();
+        let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+        assert!(
+            config.contains("task = \"classification\""),
+            "{name}: {config}"
+        );
+        assert!(config.contains(train), "{name}: {config}");
+        let best: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(run.join("best/config.json")).unwrap())
+                .unwrap();
+        assert_eq!(best["architectures"][0], "BertForSequenceClassification");
+    }
+}

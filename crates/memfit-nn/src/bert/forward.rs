@@ -311,10 +311,16 @@ impl<'a> BertForward<'a> {
         self.layer_norm(h + drop.hidden.apply(f), &l.output_norm)
     }
 
+    /// The additive attention bias every layer takes: 0 on real tokens, a large negative value on
+    /// padding.
+    pub fn attention_bias(&self, x: &ClsInputs) -> Tensor<4> {
+        padding_mask(x.mask, x.batch, x.len, &self.device(), self.dtype)
+    }
+
     /// The last layer's output `[b, t, d]` (`last_hidden_state`).
     pub fn encode(&self, x: &ClsInputs, drop: &mut Dropouts) -> Result<Tensor<3>, ModelError> {
         self.check(x)?;
-        let bias = padding_mask(x.mask, x.batch, x.len, &self.device(), self.dtype);
+        let bias = self.attention_bias(x);
         let mut h = self.embed(x, drop);
         for i in 0..self.layout.layers.len() {
             h = self.layer(i, h, &bias, drop);

@@ -5,6 +5,7 @@
 //! As for T5, parameters live on the host as f32 master copies ([`BertModel::weights`], in
 //! [`BertLayout`] order) and each forward pass uploads them in its float dtype.
 
+mod block_ckpt;
 pub mod config;
 pub mod forward;
 pub mod layout;

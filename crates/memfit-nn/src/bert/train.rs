@@ -8,6 +8,7 @@ use burn::tensor::TensorData;
 
 use crate::ModelError;
 use crate::batch::ClassificationBatch;
+use crate::bert::block_ckpt;
 use crate::bert::forward::{BertForward, ClsInputs, Dropouts};
 use crate::bert::{BertConfig, BertLayout, BertModel, Group};
 use crate::layers::embedding_leaf::EmbeddingLeaf;
@@ -119,8 +120,16 @@ impl TrainModel for BertModel {
         target: &mut dyn GradTarget,
     ) -> Result<f32, ModelError> {
         let tracked = leaves(params, trainable);
-        let fwd = BertForward::of(self, &tracked, pass.precision.dtype());
         let x = Self::inputs(b);
+        if pass.grad_ckpt {
+            // the plain pass checks the labels in its loss; this one computes the loss itself
+            self.check_batch(b)?;
+            let loss = block_ckpt::loss(
+                self, params, &tracked, trainable, &x, &b.labels, pass, target,
+            )?;
+            return scalar(loss);
+        }
+        let fwd = BertForward::of(self, &tracked, pass.precision.dtype());
         fwd.check(&x)?;
         // The word embeddings as a leaf: their gradient goes to the table row by row, never as a
         // dense [vocab, d] tensor beside the table's accumulated one.

@@ -175,38 +175,47 @@ fn bad_inputs_are_named() {
     assert!(e.contains("max_position_embeddings"), "{e}");
 }
 
-/// Collects a training step's gradients densely, rows added where they land.
-struct Dense(Vec<Option<Vec<f32>>>, Vec<usize>);
+/// Collects a micro-batch's gradients per parameter, as a trainer's accumulator does.
+struct Grads(Vec<Vec<f32>>);
 
-impl memfit_nn::layers::grad_sink::GradTarget for Dense {
-    fn parameter(&mut self, i: usize, g: Tensor<2>) -> Result<(), memfit_nn::ModelError> {
-        let g: Vec<f32> = g.into_data().try_to_vec().unwrap();
-        let acc = self.0[i].get_or_insert_with(|| vec![0.0; g.len()]);
-        acc.iter_mut().zip(g).for_each(|(a, b)| *a += b);
+impl memfit_nn::layers::grad_sink::GradTarget for Grads {
+    fn parameter(&mut self, index: usize, grad: Tensor<2>) -> Result<(), memfit_nn::ModelError> {
+        let g = grad
+            .cast(DType::F32)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        for (a, g) in self.0[index].iter_mut().zip(g) {
+            *a += g;
+        }
         Ok(())
     }
 
-    fn rows(&mut self, i: usize, ids: &[usize], g: Tensor<2>) -> Result<(), memfit_nn::ModelError> {
-        let width = g.dims()[1];
-        let g: Vec<f32> = g.into_data().try_to_vec().unwrap();
-        let acc = self.0[i].get_or_insert_with(|| vec![0.0; self.1[i]]);
-        for (&id, row) in ids.iter().zip(g.chunks_exact(width)) {
-            let target = &mut acc[id * width..(id + 1) * width];
-            target.iter_mut().zip(row).for_each(|(a, b)| *a += b);
+    fn rows(
+        &mut self,
+        index: usize,
+        ids: &[usize],
+        grad: Tensor<2>,
+    ) -> Result<(), memfit_nn::ModelError> {
+        let [n, d] = grad.dims();
+        let g = grad
+            .cast(DType::F32)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        for (r, &id) in ids.iter().enumerate().take(n) {
+            for c in 0..d {
+                self.0[index][id * d + c] += g[r * d + c];
+            }
         }
         Ok(())
     }
 }
 
-#[test]
-fn a_training_step_gives_the_gradients_of_plain_backward() {
+/// One training pass through the trainer's entry point: its loss and every gradient.
+fn train_pass(m: &BertModel, pass: &memfit_nn::model::Pass) -> (f32, Vec<Vec<f32>>) {
     use memfit_nn::batch::{ClassificationBatch, TokenRows};
-    use memfit_nn::model::{Pass, Precision, TrainModel};
-    let mut m = model("bert");
-    // No dropout, so that the step's pass and the plain one are the same function.
-    m.config.hidden_dropout_prob = 0.0;
-    m.config.attention_probs_dropout_prob = 0.0;
-    let (_, expected) = loss_and_grads(&m, DType::F32);
+    use memfit_nn::model::TrainModel;
     let b = Batch::new(m.config.pad_token_id.unwrap());
     let batch = ClassificationBatch {
         input: TokenRows {
@@ -218,20 +227,80 @@ fn a_training_step_gives_the_gradients_of_plain_backward() {
         token_types: Some(b.types.clone()),
         labels: b.labels.clone(),
     };
+    let trainable = vec![true; m.weights.len()];
+    let mut grads = Grads(m.weights.iter().map(|w| vec![0.0; w.len()]).collect());
     let params = m.tensors(&Device::flex(), DType::F32);
-    let trainable = vec![true; params.len()];
-    let sizes = m.layout.specs.iter().map(|s| s.kind.numel()).collect();
-    let mut got = Dense(vec![None; params.len()], sizes);
+    let loss = m
+        .accumulate(&params, &trainable, &batch, pass, &mut grads)
+        .unwrap();
+    (loss, grads.0)
+}
+
+#[test]
+fn checkpointing_gives_the_plain_pass_with_dropout_replayed() {
+    use memfit_nn::model::{Pass, Precision};
+    for model_type in ["bert", "roberta"] {
+        let m = model(model_type);
+        for precision in [Precision::Fp32, Precision::Bf16] {
+            let plain = Pass {
+                seed: 3,
+                loss_scale: 0.5,
+                precision,
+                grad_ckpt: false,
+            };
+            let ckpt = Pass {
+                grad_ckpt: true,
+                ..plain
+            };
+            let (l1, g1) = train_pass(&m, &plain);
+            let (l2, g2) = train_pass(&m, &ckpt);
+            assert!(
+                (l1 - l2).abs() < 1e-5,
+                "{model_type} {precision:?}: {l1} vs {l2}"
+            );
+            let tol = if precision == Precision::Bf16 {
+                2e-2
+            } else {
+                1e-4
+            };
+            for ((spec, a), b) in m.layout.specs.iter().zip(&g1).zip(&g2) {
+                let scale = a.iter().fold(1e-3f32, |s, x| s.max(x.abs()));
+                let diff = max_abs_diff(a, b) / scale;
+                assert!(
+                    diff < tol,
+                    "{model_type} {precision:?} {}: {diff:e}",
+                    spec.name
+                );
+                assert!(b.iter().any(|x| *x != 0.0), "{}: no gradient", spec.name);
+            }
+            // dropout is drawn: another seed, another loss
+            let (l3, _) = train_pass(&m, &Pass { seed: 4, ..ckpt });
+            assert_ne!(l2, l3, "{model_type} {precision:?}");
+        }
+    }
+}
+
+#[test]
+fn a_training_step_gives_the_gradients_of_plain_backward() {
+    use memfit_nn::model::{Pass, Precision};
+    let mut m = model("bert");
+    // No dropout, so that the step's pass and the plain one are the same function.
+    m.config.hidden_dropout_prob = 0.0;
+    m.config.attention_probs_dropout_prob = 0.0;
+    let (_, expected) = loss_and_grads(&m, DType::F32);
     let pass = Pass {
         seed: 7,
         loss_scale: 1.0,
         precision: Precision::Fp32,
         grad_ckpt: false,
     };
-    m.accumulate(&params, &trainable, &batch, &pass, &mut got)
-        .unwrap();
-    for (spec, (a, e)) in m.layout.specs.iter().zip(got.0.iter().zip(&expected)) {
-        let (a, e) = (a.as_ref().unwrap(), e.as_ref().unwrap());
-        assert!(max_abs_diff(a, e) <= 1e-5, "{}", spec.name);
+    // the word embeddings' gradient arrives as rows, the rest as whole tensors
+    let (_, got) = train_pass(&m, &pass);
+    for (spec, (a, e)) in m.layout.specs.iter().zip(got.iter().zip(&expected)) {
+        assert!(
+            max_abs_diff(a, e.as_ref().unwrap()) <= 1e-5,
+            "{}",
+            spec.name
+        );
     }
 }

@@ -49,6 +49,8 @@ pub struct Request {
 pub struct Fixed {
     pub batch: Option<u64>,
     pub accum: Option<u64>,
+    /// The sequence length (the search never changes it; a policy may).
+    pub seq: Option<u64>,
     pub precision: Option<Precision>,
     pub grad_ckpt: Option<bool>,
 }
@@ -57,6 +59,7 @@ impl Fixed {
     fn allows(&self, s: &Setup) -> bool {
         self.batch.is_none_or(|b| b == s.batch)
             && self.accum.is_none_or(|a| a == s.accum)
+            && self.seq.is_none_or(|q| q == s.seq)
             && self.precision.is_none_or(|p| p == s.precision)
             && self.grad_ckpt.is_none_or(|g| g == s.grad_ckpt)
     }
@@ -303,6 +306,28 @@ pub fn plan_with(
         considered,
         reason,
     })
+}
+
+/// Estimates one fixed setup (a preset's) against the budget, as the search estimates each of
+/// its candidates: `rejected` says why it does not fit. Without a GPU budget, a GPU setup is
+/// checked against the host budget only.
+pub fn evaluate(
+    arch: &Arch,
+    setup: Setup,
+    budget: &Budget,
+    fw: &Framework,
+) -> Result<Candidate, String> {
+    setup.validate()?;
+    let estimate = memory::estimate(arch, &setup, fw)?;
+    let tokens_per_s = throughput::tokens_per_second(arch, &setup);
+    let mut c = Candidate {
+        setup,
+        estimate,
+        tokens_per_s,
+        rejected: None,
+    };
+    c.rejected = rejection(&c, budget.usable_gpu(), budget.usable_host(), budget);
+    Ok(c)
 }
 
 /// Up to `n` alternatives that differ from the choice (and each other) in more than the loader.

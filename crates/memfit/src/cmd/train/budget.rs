@@ -92,6 +92,7 @@ fn fixed(flags: &ConfigLayer) -> Fixed {
     Fixed {
         batch: flags.batch.map(|b| b as u64),
         accum: flags.accum.map(|a| a as u64),
+        seq: flags.seq.map(|s| s as u64),
         precision: flags.precision.map(|p| match p {
             Precision::Bf16 => memfit_plan::memory::Precision::Bf16,
             Precision::Fp32 => memfit_plan::memory::Precision::Fp32,
@@ -121,7 +122,10 @@ pub fn plan_start(
                 PlanError::DoesNotFit(m) => does_not_fit(m),
             })?;
     let mut planned = planned;
-    if planned.config.precision == Precision::Bf16 && config.precision != Precision::Bf16 {
+    // a policy sets bf16 itself (and says so); only the planner picks it to fit
+    let planner = matches!(choice, PolicyChoice::Auto);
+    if planner && planned.config.precision == Precision::Bf16 && config.precision != Precision::Bf16
+    {
         let note = "  note: bf16 was chosen to fit the budget (burn's flex backend runs it slower)";
         planned.lines.push(note.into());
     }

@@ -74,7 +74,11 @@ where
     if let Some(made) = start.made_root.take() {
         made.disarm();
     }
-    start.setup.plan_lines.iter().for_each(|l| eprintln!("{l}"));
+    for line in &start.setup.plan_lines {
+        eprintln!("{line}");
+        // the log keeps what the plan or policy set, beside plan.json
+        s.run.log(line)?;
+    }
     if !s.changes.is_empty() {
         eprintln!(
             "config changed (--allow-config-change): {}",

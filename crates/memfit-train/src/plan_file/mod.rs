@@ -1,6 +1,7 @@
 //! `plan.json`: the estimate the run trained under — memfit-plan's memory model for this setup with
 //! `--runtime memfit --device cpu`, beside the setup itself — and the planned start that chose the
-//! setup from a memory budget ([`planned_start`]: the planner, or one of the seed's policy tables).
+//! setup from a memory budget ([`planned_start`]: the planner, or a named policy: one of the seed's
+//! tables or a fixed preset such as `bert-ultra-low`).
 
 use crate::config::{OptimizerKind, Precision, TaskKind, TrainConfig};
 use memfit_plan::arch::Arch;
@@ -10,6 +11,9 @@ use memfit_plan::memory::{
 use memfit_plan::search::{self, Candidate, Fixed, policy};
 use serde::Serialize;
 use serde_json::{Value, json};
+
+mod table;
+use table::Table;
 
 fn arch_of(config: &TrainConfig, model_config: &Value) -> Result<Arch, String> {
     memfit_plan::arch::config::from_value("config.json", model_config, &config.model)
@@ -99,9 +103,16 @@ impl PolicyChoice {
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
             "auto" => Ok(Self::Auto),
-            other => policy::find(other)
-                .map(Self::Table)
-                .ok_or_else(|| format!("--policy {other:?}: known policies: {}", policy::names())),
+            other => {
+                let p = policy::find(other).ok_or_else(|| {
+                    format!(
+                        "--policy {other:?}: known policies: {}",
+                        policy::names_for(Runtime::Memfit)
+                    )
+                })?;
+                p.check_runtime(Runtime::Memfit)?;
+                Ok(Self::Table(p))
+            }
         }
     }
 }
@@ -149,7 +160,7 @@ fn data_loading() -> Value {
 fn settings(s: &Setup) -> Value {
     json!({
         "batch": s.batch, "accum": s.accum, "effective_batch": s.batch * s.accum,
-        "precision": s.precision, "grad_ckpt": s.grad_ckpt,
+        "seq": s.seq, "precision": s.precision, "grad_ckpt": s.grad_ckpt,
     })
 }
 
@@ -166,6 +177,7 @@ fn candidate(c: &Candidate) -> Value {
 fn apply(config: &mut TrainConfig, s: &Setup) {
     config.batch = s.batch as usize;
     config.accum = s.accum as usize;
+    config.seq = s.seq as usize;
     config.grad_ckpt = s.grad_ckpt;
     config.precision = match s.precision {
         memory::Precision::Bf16 => Precision::Bf16,
@@ -212,6 +224,11 @@ pub fn planned_start(
 ) -> Result<PlannedStart, PlanError> {
     let arch = arch_of(config, model_config).map_err(PlanError::Input)?;
     let base = setup_of(config, &arch, 0);
+    if let PolicyChoice::Table(p) = choice {
+        // before anything else: a policy made for another task is refused, not ignored
+        p.check_run(base.task, base.method)
+            .map_err(PlanError::Input)?;
+    }
     if let Err(why) = memory::memfit_runtime_modeled(&arch, &base) {
         return Ok(unplanned(config, budget, &why));
     }
@@ -282,83 +299,16 @@ pub fn planned_start(
             (planning, chosen.host_need())
         }
         PolicyChoice::Table(p) => {
-            let decision = policy::decide(p, available_bytes);
-            let mut setup = base.clone();
-            let mut notes = Vec::new();
-            if let Some(rule) = &decision.rule {
-                let knobs = [
-                    (
-                        rule.set.micro_batch,
-                        fixed.batch,
-                        &mut setup.batch,
-                        "micro-batch",
-                        "--batch",
-                    ),
-                    (
-                        rule.set.accum,
-                        fixed.accum,
-                        &mut setup.accum,
-                        "accumulation",
-                        "--accum",
-                    ),
-                ];
-                for (knob, flag, value, what, flag_name) in knobs {
-                    let Some(knob) = knob else { continue };
-                    let wanted = knob.apply(*value);
-                    match flag {
-                        None => *value = wanted,
-                        Some(f) if f != wanted => notes.push(format!(
-                            "{what} stays {f} (set by {flag_name}) instead of the policy's {wanted}"
-                        )),
-                        Some(_) => {}
-                    }
-                }
-            }
-            let estimate =
-                memory::estimate(&arch, &setup, &Framework::default()).map_err(PlanError::Input)?;
-            let peak = estimate.host.peak_rss_bytes;
+            let table = Table {
+                policy: p,
+                available_bytes,
+                budget_line: &budget_line,
+                soft_limit,
+                guard_soft_fraction: config.guard_soft_fraction,
+            };
+            let (setup, planning, peak) =
+                table.start(&arch, &base, model_config, &fixed, &mut lines)?;
             apply(&mut out, &setup);
-            lines.push(format!(
-                "policy {}, {budget_line}: {}",
-                p.name,
-                decision.describe()
-            ));
-            lines.push(format!(
-                "  micro {} × accum {}, {}{} → predicted peak {}",
-                setup.batch,
-                setup.accum,
-                setup.precision,
-                if setup.grad_ckpt { ", grad ckpt" } else { "" },
-                gib(peak)
-            ));
-            if setup.batch * setup.accum != effective {
-                notes.push(format!(
-                    "the effective batch changes from {effective} to {} (the policy sets its \
-                     knobs without keeping the effective batch, as the seed did)",
-                    setup.batch * setup.accum
-                ));
-            }
-            if peak > soft_limit {
-                notes.push(format!(
-                    "the predicted peak {} exceeds the memory guard's soft limit {} ({:.0}% of the \
-                     budget): a policy table does not plan (--policy auto does)",
-                    gib(peak),
-                    gib(soft_limit),
-                    100.0 * config.guard_soft_fraction
-                ));
-            }
-            lines.extend(notes.iter().map(|n| format!("  note: {n}")));
-            let planning = json!({
-                "policy": p.name,
-                "policy_source": p.source,
-                "decision": decision,
-                "chosen": {
-                    "settings": settings(&setup),
-                    "predicted_peak_rss_bytes": peak,
-                },
-                "notes": notes,
-                "fixed_by_flags": fixed,
-            });
             (planning, peak)
         }
     };
@@ -509,6 +459,72 @@ mod tests {
                 .any(|l| l.contains("micro-batch stays 4 (set by --batch)")),
             "{:?}",
             kept.lines
+        );
+    }
+
+    fn demo_classifier() -> (TrainConfig, Value) {
+        let model = crate::demo::classification::model_config(40);
+        let c = TrainConfig {
+            task: TaskKind::Classification,
+            batch: 32,
+            seq: 32,
+            ..TrainConfig::default()
+        };
+        (c, model)
+    }
+
+    #[test]
+    fn bert_ultra_low_sets_every_knob_of_a_classification_run() {
+        let (c, m) = demo_classifier();
+        let ultra = PolicyChoice::parse("bert-ultra-low").unwrap();
+        let p = planned_start(&c, &m, &budget(64), Fixed::default(), ultra, 64 << 30).unwrap();
+        let got = (
+            p.config.batch,
+            p.config.accum,
+            p.config.precision,
+            p.config.grad_ckpt,
+        );
+        assert_eq!(got, (1, 16, Precision::Bf16, true));
+        // 128 tokens do not fit the demo's 64 positions: cut there, and said
+        assert_eq!(p.config.seq, 64);
+        let text = p.lines.join("\n");
+        assert!(text.contains("bert-ultra-low (a fixed preset) → micro-batch 1, max length 128, accumulation 16, bf16 mixed precision, gradient checkpointing, 0 loader workers"), "{text}");
+        assert!(text.contains("cut to the model's 64 positions"), "{text}");
+        assert_eq!(p.planning["policy"], "bert-ultra-low");
+        assert!(
+            p.planning["policy_source"]
+                .as_str()
+                .unwrap()
+                .contains("8 GB RAM")
+        );
+        assert_eq!(p.planning["chosen"]["settings"]["seq"], 64);
+        // bert-safe keeps the configured precision and checkpointing
+        let safe = PolicyChoice::parse("bert-safe").unwrap();
+        let p = planned_start(&c, &m, &budget(64), Fixed::default(), safe, 1 << 30).unwrap();
+        let got = (
+            p.config.batch,
+            p.config.accum,
+            p.config.precision,
+            p.config.grad_ckpt,
+        );
+        assert_eq!(got, (4, 4, Precision::Fp32, false));
+    }
+
+    #[test]
+    fn a_bert_policy_on_another_task_and_a_pytorch_preset_are_refused_by_name() {
+        let (c, m) = t5_small();
+        let safe = PolicyChoice::parse("bert-safe").unwrap();
+        let err = planned_start(&c, &m, &budget(64), Fixed::default(), safe, 1 << 30).unwrap_err();
+        assert!(matches!(err, PlanError::Input(_)), "{err}");
+        let err = err.to_string();
+        assert!(
+            err.contains("bert-safe") && err.contains("seq2seq") && err.contains("classification"),
+            "{err}"
+        );
+        let err = PolicyChoice::parse("qwen-minimal").unwrap_err();
+        assert!(
+            err.contains("qwen-minimal") && err.contains("memfit plan --policy qwen-minimal"),
+            "{err}"
         );
     }
 }

@@ -1,5 +1,8 @@
 //! `memfit plan`: the fastest setup that fits the budgets, the alternatives, why faster ones were
-//! rejected, the tier table, and config files for the tools that run it.
+//! rejected, the tier table, and config files for the tools that run it; with `--policy NAME`, a
+//! fixed preset estimated instead of the search ([`preset`]).
+
+mod preset;
 
 use super::estimate::{
     MethodArgs, apply_task, band_line, component_table, dataset_of, estimate_json, load_model, out,
@@ -69,6 +72,11 @@ pub struct Args {
     /// Print the tier table (host RAM × GPU memory) instead of one plan.
     #[arg(long)]
     pub tiers: bool,
+    /// `auto` (the search) or a fixed preset to estimate instead: bert-ultra-low, bert-safe,
+    /// bert-original (classification), qwen-deepspeed, qwen-stage2-offload, qwen-stage3,
+    /// qwen-minimal (LoRA on a decoder, PyTorch stack).
+    #[arg(long, default_value = "auto")]
+    pub policy: String,
     #[arg(long)]
     pub json: bool,
 }
@@ -142,6 +150,9 @@ pub fn run(args: Args) -> Outcome {
     let base = args.base(&arch);
     let arch = arch.with_task(base.task);
     let fw = Framework::default();
+    if args.policy != "auto" {
+        return preset::run(&args, &arch, base, &kinds);
+    }
     if args.tiers {
         let table = tiers::tier_table(&arch, &base, args.target_batch, args.headroom, &fw)
             .map_err(bad_input)?;
@@ -192,13 +203,9 @@ pub fn run(args: Args) -> Outcome {
     };
     let plan = search::plan(&arch, &req, &fw).map_err(bad_input)?;
     if args.json {
-        let cand = |c: &Candidate| {
-            let mut v = estimate_json(&arch, &c.setup, &c.estimate);
-            v["summary"] = c.summary().into();
-            v["tokens_per_s"] = c.tokens_per_s.into();
-            v
-        };
+        let cand = |c: &Candidate| candidate_json(&arch, c);
         let v = serde_json::json!({
+            "policy": "auto",
             "model": {"name": arch.name, "family": arch.model_type, "params_total": arch.params_total()},
             "budget": {"gpu_bytes": budget.gpu_bytes, "host_bytes": budget.host_bytes, "headroom": budget.headroom},
             "target_batch": args.target_batch,
@@ -217,18 +224,59 @@ pub fn run(args: Args) -> Outcome {
             plan.reason.unwrap_or_else(|| "nothing fits".into()),
         ));
     };
-    if let Some(dir) = &args.out {
-        let mut o = String::new();
-        let hyper = hyper(&args, &chosen.setup)?;
-        for (name, text) in emit::render(&kinds, &arch, &chosen.setup, &hyper) {
-            write_atomic(&dir.join(name), &text)?;
-            if !args.json {
-                out!(o, "wrote {}", dir.join(name).display());
-            }
-        }
-        write_stdout(&o)?;
-    }
+    write_files(&args, &kinds, &arch, &chosen.setup)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the `--emit` files for `setup` into `--out` (said on stdout unless `--json`).
+fn write_files(
+    args: &Args,
+    kinds: &[Kind],
+    arch: &memfit_plan::arch::Arch,
+    setup: &Setup,
+) -> anyhow::Result<()> {
+    let Some(dir) = &args.out else {
+        return Ok(());
+    };
+    let mut o = String::new();
+    let hyper = hyper(args, setup)?;
+    for (name, text) in emit::render(kinds, arch, setup, &hyper) {
+        write_atomic(&dir.join(name), &text)?;
+        if !args.json {
+            out!(o, "wrote {}", dir.join(name).display());
+        }
+    }
+    write_stdout(&o)
+}
+
+/// The `--json` form of one evaluated setup: the estimate (DESIGN.md §3) with its summary and
+/// modelled throughput.
+fn candidate_json(arch: &memfit_plan::arch::Arch, c: &Candidate) -> serde_json::Value {
+    let mut v = estimate_json(arch, &c.setup, &c.estimate);
+    v["summary"] = c.summary().into();
+    v["tokens_per_s"] = c.tokens_per_s.into();
+    v
+}
+
+/// The estimate of one setup for people: its GPU peaks, band and components, then the host's.
+fn describe_candidate(o: &mut String, c: &Candidate) {
+    if let Some(g) = &c.estimate.gpu {
+        out!(
+            o,
+            "GPU: peak allocated {} GiB, reserved {} GiB, nvml used {} GiB",
+            gib(g.peak_allocated_bytes),
+            gib(g.peak_reserved_bytes),
+            gib(g.nvml_used_bytes)
+        );
+        out!(o, "{}", band_line(&c.setup, g));
+        out!(o, "{}", component_table(&g.components));
+    }
+    out!(
+        o,
+        "host: peak RSS {} GiB",
+        gib(c.estimate.host.peak_rss_bytes)
+    );
+    out!(o, "{}", component_table(&c.estimate.host.components));
 }
 
 /// The emitted files' hyper-parameters: paths absolute (the files are read from another
@@ -334,23 +382,7 @@ fn report(model: &str, budget: &Budget, plan: &search::Plan) -> String {
             c.summary(),
             c.tokens_per_s
         );
-        if let Some(g) = &c.estimate.gpu {
-            out!(
-                o,
-                "GPU: peak allocated {} GiB, reserved {} GiB, nvml used {} GiB",
-                gib(g.peak_allocated_bytes),
-                gib(g.peak_reserved_bytes),
-                gib(g.nvml_used_bytes)
-            );
-            out!(o, "{}", band_line(&c.setup, g));
-            out!(o, "{}", component_table(&g.components));
-        }
-        out!(
-            o,
-            "host: peak RSS {} GiB",
-            gib(c.estimate.host.peak_rss_bytes)
-        );
-        out!(o, "{}", component_table(&c.estimate.host.components));
+        describe_candidate(&mut o, c);
     }
     if !plan.alternatives.is_empty() {
         out!(o, "\nnext best:");
