@@ -76,10 +76,13 @@ pub fn loss(
             cotangent = x_leaf.grad(&grads);
         }
     }
-    // The embeddings, recomputed with their parameters tracked.
+    // The embeddings, recomputed with their parameters tracked (the word rows as a leaf).
     if let Some(cot) = cotangent {
-        let out = tracked_fwd.embed(x, &mut embed_drops.clone());
+        let trains = trainable[model.layout.word];
+        let (embed_fwd, words) = BertForward::of(model, tracked, dtype).with_word_leaf(x, trains);
+        let out = embed_fwd.embed(x, &mut embed_drops.clone());
         if let Some(mut grads) = pull(out, &cot) {
+            words.backward(&mut grads, &mut sink)?;
             sink.gradients(&mut grads)?;
         }
     }

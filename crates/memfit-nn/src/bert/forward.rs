@@ -21,7 +21,7 @@ use crate::kernels::dropout::{Dropout, SplitMix64};
 use crate::kernels::gemm_bf16::Products;
 use crate::kernels::{attention_core, fused_layer_norm, linear_op};
 use crate::layers::activation::Activation;
-use crate::layers::embedding_leaf::EmbeddingTable;
+use crate::layers::embedding_leaf::{EmbeddingLeaf, EmbeddingTable};
 use crate::layers::loss::masked_cross_entropy;
 use crate::layers::mask::padding_mask;
 
@@ -96,12 +96,18 @@ impl<'a> BertForward<'a> {
         }
     }
 
-    /// This pass with the batch's word embeddings given as a leaf (the training step's).
-    pub fn with_word_rows(self, rows: Tensor<3>) -> Self {
-        Self {
-            word_rows: Some(rows),
+    /// This pass with `x`'s word embeddings looked up as a leaf ([`EmbeddingLeaf`]; requiring a
+    /// gradient when `trains`), and that leaf: a training step hands its gradient to the table row
+    /// by row, never as a dense `[vocab, d]` tensor beside the table's accumulated one.
+    pub fn with_word_leaf(self, x: &ClsInputs, trains: bool) -> (Self, EmbeddingLeaf) {
+        let ids = TensorData::new(x.ids.iter().map(|&i| i as i64).collect(), [x.batch, x.len]);
+        let ids = Tensor::<2, Int>::from_data(ids, &self.device());
+        let words = EmbeddingLeaf::new(&self, ids, trains);
+        let fwd = Self {
+            word_rows: Some(words.input.clone()),
             ..self
-        }
+        };
+        (fwd, words)
     }
 
     fn p(&self, i: usize) -> Tensor<2> {
@@ -194,14 +200,13 @@ impl<'a> BertForward<'a> {
     /// The embeddings `[b, t, d]` after LayerNorm and dropout: the first layer's input.
     pub fn embed(&self, x: &ClsInputs, drop: &mut Dropouts) -> Tensor<3> {
         let l = self.layout;
-        let ids: Vec<i64> = x.ids.iter().map(|&i| i as i64).collect();
         let types = match x.token_types {
             Some(t) => t.iter().map(|&i| i as i64).collect(),
             None => vec![0; x.ids.len()],
         };
         let words = match &self.word_rows {
             Some(rows) => rows.clone().reshape([x.ids.len(), self.cfg.hidden_size]),
-            None => self.rows(l.word, ids),
+            None => self.rows(l.word, x.ids.iter().map(|&i| i as i64).collect()),
         };
         let sum =
             words + self.rows(l.token_type, types) + self.rows(l.position, self.position_ids(x));

@@ -4,14 +4,12 @@
 use std::path::Path;
 
 use burn::prelude::*;
-use burn::tensor::TensorData;
 
 use crate::ModelError;
 use crate::batch::ClassificationBatch;
 use crate::bert::block_ckpt;
 use crate::bert::forward::{BertForward, ClsInputs, Dropouts};
 use crate::bert::{BertConfig, BertLayout, BertModel, Group};
-use crate::layers::embedding_leaf::EmbeddingLeaf;
 use crate::layers::grad_sink::{GradSink, GradTarget, LeafSink, leaves};
 use crate::layers::host::{scalar, to_f32_vec};
 use crate::layers::params;
@@ -131,12 +129,7 @@ impl TrainModel for BertModel {
         }
         let fwd = BertForward::of(self, &tracked, pass.precision.dtype());
         fwd.check(&x)?;
-        // The word embeddings as a leaf: their gradient goes to the table row by row, never as a
-        // dense [vocab, d] tensor beside the table's accumulated one.
-        let ids = TensorData::new(x.ids.iter().map(|&i| i as i64).collect(), [x.batch, x.len]);
-        let ids = Tensor::<2, Int>::from_data(ids, &params[self.layout.word].device());
-        let words = EmbeddingLeaf::new(&fwd, ids, trainable[self.layout.word]);
-        let fwd = fwd.with_word_rows(words.input.clone());
+        let (fwd, words) = fwd.with_word_leaf(&x, trainable[self.layout.word]);
         let mut drop = Dropouts::new(&self.config, pass.seed);
         let (loss, _) = fwd.loss(&x, &b.labels, &mut drop)?;
         let value = scalar(loss.clone().inner())?;

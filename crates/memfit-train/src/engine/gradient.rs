@@ -18,15 +18,11 @@ impl Gradient {
     /// `grad`'s values in f32, its buffer moved out of the backend when possible.
     pub fn take(grad: Tensor<2>) -> Result<Self, ModelError> {
         let data = grad.cast(FloatDType::F32).into_data();
-        values(&data)?;
+        data.as_slice::<f32>().map_err(|e| {
+            ModelError::Io(format!("reading a gradient back from the device: {e:?}"))
+        })?;
         Ok(Self(data))
     }
-}
-
-/// `data`'s f32 values, or what stands in their way.
-pub fn values(data: &TensorData) -> Result<&[f32], ModelError> {
-    data.as_slice()
-        .map_err(|e| ModelError::Io(format!("reading a gradient back from the device: {e:?}")))
 }
 
 impl AsRef<[f32]> for Gradient {

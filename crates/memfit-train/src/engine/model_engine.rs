@@ -10,13 +10,13 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use burn::prelude::*;
-use burn::tensor::{DType, FloatDType, TensorData};
+use burn::tensor::{DType, TensorData};
 
 use super::{
     Classify, Continue, Engine, EngineOptions, Generate, GenerateConfig, ParamCounts, StepStats,
     TokenRows,
 };
-use crate::engine::gradient::{self, Gradient};
+use crate::engine::gradient::Gradient;
 use crate::engine::options::Backend;
 use crate::optim::{Optimizer, clip_global_norm, global_norm};
 use memfit_nn::ModelError;
@@ -214,14 +214,15 @@ struct Accumulators<'a> {
 
 impl GradTarget for Accumulators<'_> {
     fn parameter(&mut self, index: usize, grad: Tensor<2>) -> Result<(), ModelError> {
+        let g = Gradient::take(grad)?;
         match &mut self.acc[index] {
             // A later part of the same gradient is added without any temporary beyond its own.
-            Some(a) => {
-                let data = grad.cast(FloatDType::F32).into_data();
-                let g = gradient::values(&data)?;
-                a.as_mut().iter_mut().zip(g).for_each(|(a, b)| *a += b);
-            }
-            slot @ None => *slot = Some(Gradient::take(grad)?),
+            Some(a) => a
+                .as_mut()
+                .iter_mut()
+                .zip(g.iter())
+                .for_each(|(a, b)| *a += b),
+            slot @ None => *slot = Some(g),
         }
         Ok(())
     }
@@ -229,8 +230,7 @@ impl GradTarget for Accumulators<'_> {
     fn rows(&mut self, index: usize, ids: &[usize], grad: Tensor<2>) -> Result<(), ModelError> {
         let [_, width] = grad.dims();
         let len = self.shapes[index].numel();
-        let data = grad.cast(FloatDType::F32).into_data();
-        let g = gradient::values(&data)?;
+        let g = Gradient::take(grad)?;
         let acc = self.acc[index].get_or_insert_with(|| Gradient::zeros(len));
         let acc = acc.as_mut();
         for (&id, row) in ids.iter().zip(g.chunks_exact(width)) {
