@@ -241,7 +241,9 @@ fn report_draws_the_run_against_its_budget(run: &Path) {
     for text in ["peak RSS", "optimizer step", "learning rate"] {
         assert!(svg.contains(text), "the SVG shows {text:?}");
     }
-    let png = png::Decoder::new(std::fs::File::open(run.join("report.png")).unwrap());
+    let png = png::Decoder::new(std::io::BufReader::new(
+        std::fs::File::open(run.join("report.png")).unwrap(),
+    ));
     let info = png.read_info().unwrap().info().clone();
     assert_eq!(
         (info.width as u64, info.height as u64),

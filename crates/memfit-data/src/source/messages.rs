@@ -5,8 +5,6 @@
 //! message as the row wrote it. Only `role` and `content` are checked here.
 
 use super::Value;
-use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, StructArray};
 
 /// One message of a conversation: a JSON object with at least a string `role` and a string
 /// `content` (`content` may be null in an assistant message that carries `tool_calls`).
@@ -77,55 +75,6 @@ pub(crate) fn cell_from_json(v: &serde_json::Value) -> Value {
         Ok(messages) => Value::Messages(messages),
         Err(reason) => invalid(reason),
     }
-}
-
-/// Whether a parquet column can hold conversations: a list of structs.
-pub(crate) fn is_messages_type(dt: &arrow_schema::DataType) -> bool {
-    use arrow_schema::DataType;
-    match dt {
-        DataType::List(f) | DataType::LargeList(f) => matches!(f.data_type(), DataType::Struct(_)),
-        _ => false,
-    }
-}
-
-/// The conversation at `row` of a `list<struct<…>>` column.
-pub(crate) fn cell_from_arrow(array: &ArrayRef, row: usize) -> Option<Value> {
-    let items = if let Some(list) = array.as_list_opt::<i32>() {
-        list.value(row)
-    } else {
-        array.as_list_opt::<i64>()?.value(row)
-    };
-    let structs = items.as_struct_opt()?;
-    let messages = (0..structs.len())
-        .map(|k| Message::from_json(k, &struct_to_json(structs, k)))
-        .collect::<Result<Vec<_>, _>>();
-    Some(match messages {
-        Ok(m) => Value::Messages(m),
-        Err(reason) => Value::Invalid {
-            reason,
-            lossy: String::new(),
-        },
-    })
-}
-
-/// The string (or null) fields of struct `k` as a JSON object; other field types are left out.
-fn struct_to_json(structs: &StructArray, k: usize) -> serde_json::Value {
-    let mut map = serde_json::Map::new();
-    for (field, column) in structs.fields().iter().zip(structs.columns()) {
-        let value = if column.is_null(k) {
-            serde_json::Value::Null
-        } else if let Some(s) = column.as_string_opt::<i32>() {
-            s.value(k).into()
-        } else if let Some(s) = column.as_string_opt::<i64>() {
-            s.value(k).into()
-        } else if let Some(s) = column.as_string_view_opt() {
-            s.value(k).into()
-        } else {
-            continue;
-        };
-        map.insert(field.name().clone(), value);
-    }
-    serde_json::Value::Object(map)
 }
 
 #[cfg(test)]

@@ -154,6 +154,21 @@ fn print_summary(report: &Report, svg: &Path, png: &Path, panels: &[Value]) {
     }
 }
 
+/// RGB pixels as a PNG file, written atomically (plotters' own PNG writer would build the `image`
+/// crate and its decoders for this one call).
+fn write_png(path: &Path, (width, height): (u32, u32), rgb: &[u8]) -> anyhow::Result<()> {
+    let mut bytes = Vec::new();
+    let mut encoder = png::Encoder::new(&mut bytes, width, height);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let encode = |e: png::EncodingError| anyhow::anyhow!("encoding {}: {e}", path.display());
+    let mut writer = encoder.write_header().map_err(encode)?;
+    writer.write_image_data(rgb).map_err(encode)?;
+    writer.finish().map_err(encode)?;
+    memfit_train::run_dir::write_atomic(path, &bytes)
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
+}
+
 pub fn run(args: Args) -> Outcome {
     let report = collect(&args)?;
     let (svg, png) = (
@@ -166,11 +181,13 @@ pub fn run(args: Args) -> Outcome {
         &report.title,
         &report.panels,
     )?;
+    let mut pixels = vec![0u8; size.0 as usize * size.1 as usize * 3];
     chart::draw(
-        BitMapBackend::new(&png, size).into_drawing_area(),
+        BitMapBackend::with_buffer(&mut pixels, size).into_drawing_area(),
         &report.title,
         &report.panels,
     )?;
+    write_png(&png, size, &pixels)?;
     let panels = summary(&report.panels);
     if args.json {
         let budget = report.budget.as_ref().ok();
