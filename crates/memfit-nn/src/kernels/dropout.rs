@@ -146,6 +146,17 @@ impl Dropout {
         seed
     }
 
+    /// For an op that applies this dropout to `x` itself ([`crate::kernels::dropout_linear_op`]):
+    /// the seed and probability of the mask [`Self::apply`] would draw for `x` next, advancing past
+    /// it; `None` where `apply` would not draw one (p = 0) or the op does not run (see
+    /// [`dropout_op::supported`]).
+    pub fn next_mask_for<const D: usize>(&mut self, x: &Tensor<D>) -> Option<(u64, f64)> {
+        if self.p <= 0.0 || !dropout_op::supported(x) {
+            return None;
+        }
+        Some((self.mask_seed(x.shape().num_elements()), self.p))
+    }
+
     /// A seed for an operation that draws its own mask ([`fill_dropped`] from `SplitMix64::new`),
     /// advancing this generator so that later masks differ; clones replay the same seeds.
     pub fn next_seed(&mut self) -> u64 {

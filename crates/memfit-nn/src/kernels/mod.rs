@@ -7,6 +7,7 @@
 pub mod attention_core;
 pub mod dense_op;
 pub mod dropout;
+pub mod dropout_linear_op;
 pub mod dropout_op;
 pub mod flex_op;
 pub mod flex_values;

@@ -13,6 +13,7 @@ use burn::tensor::DType;
 
 use crate::ModelError;
 use crate::kernels::dropout::Dropout;
+use crate::kernels::dropout_linear_op::dropout_linear;
 use crate::kernels::gemm_bf16::Products;
 use crate::kernels::linear_op;
 use crate::layers::params::{Init, Kind};
@@ -107,12 +108,15 @@ pub struct Adapter {
 
 impl Adapter {
     /// `dropout(x)·A·scale·B` for `x` `[n, in]`, in x's dtype: the scale multiplies the narrow
-    /// `[n, r]` product. With `p = 0` the input is x itself, which the frozen layer's product
-    /// does not keep, so A's product is what keeps it.
+    /// `[n, r]` product. A's product keeps x itself, not a dropped copy (the mask is drawn again in
+    /// backward: [`crate::kernels::dropout_linear_op`]), so the adapters reading one input (q, k, v; gate, up)
+    /// keep one buffer between them; the frozen layer's product keeps none.
     pub fn delta(&self, x: Tensor<2>, drop: &mut Dropout, products: Products) -> Tensor<2> {
-        let x = drop.apply(x);
-        let down = linear_op::layer(x, self.a.clone(), products) * self.scale;
-        linear_op::layer(down, self.b.clone(), products)
+        let down = match drop.next_mask_for(&x) {
+            Some((seed, p)) => dropout_linear(x, self.a.clone(), seed, p, products),
+            None => linear_op::layer(drop.apply(x), self.a.clone(), products),
+        };
+        linear_op::layer(down * self.scale, self.b.clone(), products)
     }
 }
 
