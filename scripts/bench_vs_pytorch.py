@@ -56,6 +56,16 @@ CONFIGS = {
         "torch": "--vocab 21128 --hidden 768 --layers 12 --heads 12 --batch 8 --seq 128",
         "steps": 8,
     },
+    # run_all.sh's lora-tiny (a 4-layer Qwen2 shape; its config.json is scripts/configs/lora-tiny.json)
+    "lora-tiny": {
+        "memfit": ["--model", os.path.join(ROOT, "scripts", "configs", "lora-tiny.json"), "--task",
+                   "causal-lm", "--method", "lora", "--batch", "4", "--seq", "256"],
+        "script": "bench_causal_lora.py",
+        "torch": "--hidden 256 --intermediate 688 --layers 4 --heads 4 --kv-heads 2 --vocab 32000 "
+                 "--batch 4 --seq 256",
+        "steps": 8,
+        "family": "lora",
+    },
     # run_all.sh's lora-qwen05b (bench_causal_lora.py's defaults: Qwen2.5-0.5B, r16 on every
     # linear of the blocks, the first half of each row masked)
     "lora-qwen05b": {
