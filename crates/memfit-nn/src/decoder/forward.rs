@@ -17,6 +17,7 @@ use crate::decoder::lora::LoraLayout;
 use crate::kernels::dropout::{Dropout, SplitMix64};
 use crate::kernels::fused_rms_norm;
 use crate::kernels::gemm_bf16::Products;
+use crate::kernels::swiglu_op;
 use crate::layers::activation::Activation;
 use crate::layers::chunked_head::LmHead;
 use crate::layers::embedding_leaf::EmbeddingTable;
@@ -180,11 +181,17 @@ impl<'a> DecoderForward<'a> {
         self.linear(out, i, Proj::O, &mut drops.lora)
     }
 
-    /// SwiGLU: `down(silu(gate(x)) ⊙ up(x))`.
+    /// SwiGLU: `down(silu(gate(x)) ⊙ up(x))`; the gating as one op where it runs, which keeps
+    /// gate and up only ([`swiglu_op`]).
     fn mlp(&self, i: usize, x: Tensor<3>, drop: &mut Dropout) -> Tensor<3> {
-        let gate = Activation::Silu.apply(self.linear(x.clone(), i, Proj::Gate, drop));
+        let gate = self.linear(x.clone(), i, Proj::Gate, drop);
         let up = self.linear(x, i, Proj::Up, drop);
-        self.linear(gate * up, i, Proj::Down, drop)
+        let gated = if swiglu_op::supported(&gate, &up) {
+            swiglu_op::swiglu(gate, up)
+        } else {
+            Activation::Silu.apply(gate) * up
+        };
+        self.linear(gated, i, Proj::Down, drop)
     }
 
     /// Decoder layer `i` applied to `x` `[b, t, d]`.

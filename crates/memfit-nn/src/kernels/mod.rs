@@ -17,6 +17,7 @@ pub mod gelu;
 pub mod gemm_bf16;
 pub mod gemm_f32;
 pub mod linear_op;
+pub mod swiglu_op;
 #[cfg(test)]
 pub(crate) mod test_tensors;
 pub mod xent;
