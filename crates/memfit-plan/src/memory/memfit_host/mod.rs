@@ -30,11 +30,14 @@
 //! dropout, linear layers, attention: flex backend extensions computing in f32, storing f32 or bf16)
 //! run in both precisions on the CPU, the only device this model describes.
 
-use super::setup::{Optimizer, Precision, Setup};
+mod bert;
+mod decoder;
+mod t5;
+
+use super::setup::{Method, Optimizer, Precision, Setup};
 use super::states::{base_trains, trainable};
 use super::{Component, HostEstimate, Scaling};
-use crate::Task;
-use crate::arch::{Activation, Arch, Group};
+use crate::arch::{Arch, Family, Group};
 
 /// Logits per chunk of memfit-train's LM head (`model/chunked_head.rs` `CHUNK_LOGITS`, which a
 /// test there keeps equal to this): the loss never holds more than one chunk's logits.
@@ -62,100 +65,19 @@ pub mod fitted {
     pub const LOGITS_COPIES: f64 = 1.75;
 }
 
-/// Bytes per token one encoder block keeps for the backward pass, activations in `cb`-byte elements
-/// (dropout keeps no mask: it is drawn again from its seed in backward, and after ReLU the kept
-/// output tells where the gradient passes).
-///
-/// With trained weights (d = d_model, i = heads × d_kv, f = d_ff):
-/// - residual stream in and after the attention sub-layer: 2d;
-/// - two RMS norms, each keeping its output (kept by the next linears; the fused norm itself keeps
-///   only its input, the residual stream): 2d;
-/// - q, k, v (kept by the attention op) and the re-laid-out context (kept by `o`): 4i;
-/// - FFN: the dropped-out activations (kept by `wo`): f; with another activation than a plain
-///   ReLU, also the activation's input: 2f (the engine fuses ReLU and dropout into one op).
-///
-/// A frozen block (its weights need no gradient, but its input does) keeps no linear inputs and no
-/// normed products: 2d residual, q, k, v (3i), and the activation's input unless ReLU (f) — or,
-/// for ReLU, the ReLU-dropout output its gradient is read from (f; in a trained block `wo` keeps
-/// it anyway).
-fn encoder_block(arch: &Arch, trained: bool, cb: u64) -> u64 {
-    let (d, f, i) = (arch.hidden, arch.ffn, arch.heads * arch.head_dim);
-    let fused_relu = arch.activation == Activation::Relu && !arch.gated_ffn;
-    let activation_input = if fused_relu { 0 } else { f };
-    if trained {
-        cb * (2 * d + 2 * d + 4 * i + f + activation_input)
-    } else {
-        let relu_output = if fused_relu { f } else { 0 };
-        cb * (2 * d + 3 * i + activation_input + relu_output)
-    }
-}
-
-/// Bytes per decoder token one decoder block keeps: an encoder block's terms plus a
-/// cross-attention sub-layer (residual + norm output: 2d; q and context: 2i); with an encoder,
-/// also k and v over the encoder tokens ([`cross_kv`]).
-fn decoder_block(arch: &Arch, cb: u64) -> u64 {
-    let (d, i) = (arch.hidden, arch.heads * arch.head_dim);
-    let cross = if arch.encoder_layers > 0 {
-        cb * (2 * d + 2 * i)
-    } else {
-        0
-    };
-    encoder_block(arch, true, cb) + cross
-}
-
-/// Bytes per encoder token each decoder block keeps: the cross-attention's k and v.
-fn cross_kv(arch: &Arch, cb: u64) -> u64 {
-    if arch.encoder_layers > 0 {
-        cb * 2 * arch.heads * arch.head_dim
-    } else {
-        0
-    }
-}
-
-/// Bytes the autodiff graph of one micro-batch keeps for the backward pass, without attention
-/// matrices and logits: every block ([`encoder_block`], [`decoder_block`]) and, per stack, the
-/// embedding output, the final norm's input and output (3d).
-pub fn saved_bytes(arch: &Arch, setup: &Setup, cb: u64) -> u64 {
-    let d = arch.hidden;
-    let stack = cb * 3 * d;
-    let (src, tgt) = lengths(arch, setup);
-    let b = setup.batch;
-    let mut total = 0;
-    let live = live_stacks(arch, setup);
-    if arch.encoder_layers > 0 && live.0 {
-        let trained = group_trains(arch, setup, Group::Encoder);
-        total += b * src * (arch.encoder_layers * encoder_block(arch, trained, cb) + stack);
-    }
-    if arch.decoder_layers > 0 && live.1 {
-        total += b * tgt * (arch.decoder_layers * decoder_block(arch, cb) + stack);
-        total += b * src * arch.decoder_layers * cross_kv(arch, cb);
-    }
-    total
-}
-
-/// Attention elements of one micro-batch: every self- and cross-attention's softmax rows
-/// (`batch × heads × q`), and the encoder's position bias with the padding mask folded in
-/// (`[batch, heads, s, s]`, shared by all encoder blocks; the decoder's is `[1, heads, t, t]`).
-fn attention_elements(arch: &Arch, setup: &Setup) -> (u64, u64) {
-    let (src, tgt) = lengths(arch, setup);
-    let (b, h) = (setup.batch, arch.heads);
-    let live = live_stacks(arch, setup);
-    let mut rows = 0;
-    let mut shared = 0;
-    if arch.encoder_layers > 0 && live.0 {
-        rows += arch.encoder_layers * b * h * src;
-        shared += b * h * src * src;
-    }
-    if arch.decoder_layers > 0 && live.1 {
-        let cross_rows = if arch.encoder_layers > 0 {
-            b * h * tgt
-        } else {
-            0
-        };
-        rows += arch.decoder_layers * (b * h * tgt + cross_rows);
-        shared += h * tgt * tgt;
-    }
-    (rows, shared)
+/// What one micro-batch holds beside the model states, as a family counts it.
+pub(super) struct Moments {
+    /// The tensors autodiff keeps per block and per stack (scaled by [`fitted::BLOCK_SCALE`]).
+    blocks: u64,
+    /// Softmax row statistics, position biases and masks.
+    attention: u64,
+    /// One chunk of the head's logits and the hidden states' cotangent.
+    logits: u64,
+    /// The LM head's weight gradient beside its host accumulator, at the end of the forward pass.
+    head_grads: u64,
+    /// With `--grad-ckpt`: the two moments (the head's backward, the last recomputed block),
+    /// each without the states and, for the second, with the host gradients.
+    checkpointed: Option<(u64, u64)>,
 }
 
 /// Bytes the attention keeps over `rows` softmax rows beside q, k and v: the engine runs
@@ -173,75 +95,31 @@ fn group_trains(arch: &Arch, setup: &Setup, group: Group) -> bool {
         .any(|t| t.group == group && base_trains(t, setup))
 }
 
-/// Whether the shared embedding table trains.
-fn shared_trains(arch: &Arch, setup: &Setup) -> bool {
-    group_trains(arch, setup, Group::Embeddings)
+/// The head's logits and loss over `out_tokens` rows of `classes`: one chunk of at most
+/// [`HEAD_CHUNK_LOGITS`] f32 logits (the head computes in f32 over the f32 weights; the logits are
+/// turned into their gradient in place) and the hidden states' cotangent, assembled from the
+/// chunks' in f32 (2 copies of `out_tokens × d`).
+fn head_logits(out_tokens: u64, classes: u64, hidden: u64) -> u64 {
+    let chunk = (out_tokens * classes).min(HEAD_CHUNK_LOGITS);
+    (fitted::LOGITS_COPIES * (4 * chunk) as f64) as u64 + 2 * 4 * out_tokens * hidden
 }
 
-/// (source, target) lengths: seq2seq has both; other tasks one stream of `seq`.
-fn lengths(arch: &Arch, setup: &Setup) -> (u64, u64) {
-    if setup.task == Task::Seq2seq && arch.encoder_layers > 0 {
-        (setup.seq, setup.tgt_seq.max(1))
-    } else {
-        (setup.seq, setup.seq)
-    }
-}
-
-/// Whether the graph exists in the (encoder, decoder) stack: from the first trained tensor on
-/// (a frozen encoder still records its ops when the shared embedding it reads trains).
-fn live_stacks(arch: &Arch, setup: &Setup) -> (bool, bool) {
-    let trains = |g| group_trains(arch, setup, g);
-    let enc = trains(Group::Embeddings) || trains(Group::Encoder);
-    let dec = enc || trains(Group::Decoder) || trains(Group::Head);
-    (enc, dec)
-}
-
-/// Per-block gradient checkpointing (crates/memfit-nn/src/t5/block_ckpt.rs): the forward
-/// pass keeps only each block's input (+ the encoder output and the two position biases); the
-/// backward pass first runs the head (final norm, logits, loss) with autodiff, then recomputes one
-/// block at a time, last first, handing each segment's gradients to the host accumulators.
-/// Returns the two moments of the step: (head backward, last recomputed block).
-fn checkpointed(
-    arch: &Arch,
-    setup: &Setup,
-    cb: u64,
-    logits: u64,
-    head_grads: u64,
-    accumulated: u64,
-) -> (u64, u64) {
-    let (src, tgt) = lengths(arch, setup);
-    let (b, d, h) = (setup.batch, arch.hidden, arch.heads);
-    let boundaries = cb
-        * (b * src * d * (arch.encoder_layers + 2)
-            + b * tgt * d * arch.decoder_layers
-            + b * h * src * src
-            + h * tgt * tgt);
-    // one block recomputed with its graph: the largest block of either stack
-    let one_block =
-        |bytes: u64, rows: u64| (fitted::BLOCK_SCALE * bytes as f64) as u64 + attention_bytes(rows);
-    // recomputed blocks run with their weights as autodiff leaves: counted as trained
-    let cross_rows = if arch.encoder_layers > 0 { tgt } else { 0 };
-    let encoder = one_block(b * src * encoder_block(arch, true, cb), b * h * src);
-    let decoder = one_block(
-        b * tgt * decoder_block(arch, cb) + b * src * cross_kv(arch, cb),
-        b * h * (tgt + cross_rows),
-    );
-    let block = encoder.max(decoder);
+/// One recomputed block's graph beside what the allocator keeps of the block computed before it
+/// ([`fitted::RECOMPUTE_RETAINED`]): `bytes` of saved tensors over `rows` softmax rows.
+fn recomputed_block(bytes: u64, rows: u64) -> (u64, u64) {
+    let block = (fitted::BLOCK_SCALE * bytes as f64) as u64 + attention_bytes(rows);
     let retained = ((fitted::RECOMPUTE_RETAINED - 1.0) * block as f64) as u64;
-    let trained = trainable(arch, setup).base;
-    // the head's backward: a chunk's head-weight gradient beside its host accumulator
-    let head = boundaries + logits + head_grads + accumulated + retained;
-    // the embedding segments add their gradient rows into the table's host accumulator
-    let last_block = boundaries + block + retained + 4 * trained;
-    (head, last_block)
+    (block, retained)
 }
 
 /// The memfit trainer's host peak on the CPU, by component.
 pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
     let p = arch.params_total();
     let tr = trainable(arch, setup);
-    let pt = tr.base;
-    // compute dtype of the device copies and activations (bf16 or f32)
+    // trained parameters: the base's, or under LoRA the adapters' (f32 A and B)
+    let pt = tr.base + tr.adapters;
+    let lora = matches!(setup.method, Method::Lora | Method::Qlora);
+    // compute dtype of the activations (bf16 or f32)
     let cb = match setup.precision {
         Precision::Bf16 | Precision::Fp16 => 2,
         _ => 4,
@@ -252,58 +130,40 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
         // the trainer has AdamW and Adafactor; every other name is planned as AdamW's f32 moments
         _ => 8 * pt,
     };
-    let (src, tgt) = lengths(arch, setup);
-    let (rows, shared_bias) = attention_elements(arch, setup);
-    let blocks = (fitted::BLOCK_SCALE * saved_bytes(arch, setup, cb) as f64) as u64;
-    // the position biases come from f32 tables (the weights stay f32 in both precisions)
-    let attention = attention_bytes(rows) + 4 * shared_bias;
-    let out_tokens = match setup.task {
-        Task::Seq2seq => setup.batch * tgt,
-        Task::CausalLm => setup.batch * src,
-        Task::Classification => setup.batch,
-    };
-    let classes = if setup.task == Task::Classification {
-        2
-    } else {
-        arch.vocab
-    };
-    // The head computes in f32 over the f32 weights, one chunk of logits at a time; the decoder
-    // output's cotangent is assembled from the chunks' in f32 (2 copies) and cast to `cb`.
-    let chunk = (out_tokens * classes).min(HEAD_CHUNK_LOGITS);
-    let logits =
-        (fitted::LOGITS_COPIES * (4 * chunk) as f64) as u64 + 2 * 4 * out_tokens * arch.hidden;
     let host_grads = 4 * pt;
     let device_grads = 4 * pt;
     let accumulated = if setup.accum > 1 { host_grads } else { 0 };
+    let m = match arch.family {
+        Family::Bert => bert::activations(arch, setup, cb, accumulated),
+        Family::Llama => decoder::activations(arch, setup, cb, accumulated),
+        _ => t5::activations(arch, setup, cb, accumulated),
+    };
     // At the end of a backward pass burn holds the micro-batch's gradients (f32, as the weights);
     // they are moved out one by one into the host accumulators, so the first micro-batch peaks at
     // the host gradients and later ones add the device gradients.
-    let shared_trains = shared_trains(arch, setup);
     let backward_end = if setup.accum > 1 {
         host_grads + device_grads
     } else {
         host_grads
     };
-    // The head's chunks are back-propagated while every activation is alive: each yields the
-    // head's `vocab × d` weight gradient, added into (or, the first, copied to) its host
-    // accumulator: 2 copies.
-    let head_trains = arch
-        .tensors
-        .iter()
-        .any(|t| t.role == crate::arch::Role::LmHead && base_trains(t, setup))
-        || (arch.head == crate::arch::Head::LmTied && shared_trains);
-    let head_grads = if head_trains {
-        2 * 4 * arch.vocab * arch.hidden
-    } else {
-        0
-    };
-    let (forward_end, backward_end) = if setup.grad_ckpt {
-        checkpointed(arch, setup, cb, logits, head_grads, accumulated)
-    } else {
-        (
-            blocks + attention + logits + head_grads + accumulated,
+    let (blocks, attention, logits) = (m.blocks, m.attention, m.logits);
+    let (forward_end, backward_end) = match m.checkpointed {
+        Some(moments) => moments,
+        None => (
+            blocks + attention + logits + m.head_grads + accumulated,
             backward_end,
-        )
+        ),
+    };
+    // Under LoRA the frozen base is held by the model as device tensors in its own dtype; the
+    // master weights are the adapters.
+    let (master, frozen_base) = if lora {
+        let base = match setup.base_precision {
+            Some(Precision::Bf16) => 2,
+            _ => 4,
+        };
+        (4 * pt, base * p)
+    } else {
+        (4 * p, 0)
     };
     let n = Scaling::Neither;
     let mut c = vec![
@@ -315,17 +175,26 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
         ),
         Component::new(
             "master weights",
-            4 * p,
+            master,
             n,
-            "all parameters as host f32 (model.weights)",
+            if lora {
+                "the adapters' A and B as host f32 (model.weights)"
+            } else {
+                "all parameters as host f32 (model.weights)"
+            },
         ),
         // A micro-batch runs on the master weights' own buffers (lent to the device tensors, no
         // copy), in bf16 too: the hand-written ops take f32 weights beside bf16 activations.
+        // Under LoRA the frozen base lives in device tensors of its own dtype.
         Component::new(
             "device weights",
-            0,
+            frozen_base,
             n,
-            "none while training: the device tensors borrow the master weights' buffers",
+            if lora {
+                "the frozen base, held by the model in its --base-precision"
+            } else {
+                "none while training: the device tensors borrow the master weights' buffers"
+            },
         ),
         Component::new(
             "optimizer states",
@@ -363,6 +232,14 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
             bs,
             "target tokens × vocab f32 buffers of the cross-entropy and its first backward op",
         ));
+        if m.head_grads > 0 {
+            c.push(Component::new(
+                "head gradients",
+                m.head_grads,
+                n,
+                "the LM head's weight gradient beside its host accumulator",
+            ));
+        }
         if accumulated > 0 {
             c.push(Component::new(
                 "accumulated gradients",
@@ -393,9 +270,14 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
     // first, then the optimizer states (`tensor_file::write_f32`). The step has dropped the
     // gradients, but an evaluation just before the checkpoint re-uploads the device weights (a
     // copy, cached until the next micro-batch): they are counted.
-    let largest = arch.tensors.iter().map(|t| t.elements()).max().unwrap_or(0);
+    // (under LoRA only the adapter is written)
+    let largest = if lora {
+        tr.largest_tensor
+    } else {
+        arch.tensors.iter().map(|t| t.elements()).max().unwrap_or(0)
+    };
     let checkpoint = 2 * 4 * largest;
-    let checkpoint_peak = states + cb * p + checkpoint;
+    let checkpoint_peak = states + if lora { 0 } else { cb * p } + checkpoint;
     c.push(Component::new(
         "checkpoint write (transient)",
         checkpoint,
