@@ -1,6 +1,6 @@
 //! Host memory of memfit's own trainer on the CPU (`--runtime memfit --device cpu`).
 //!
-//! The terms follow what `memfit-train`'s `T5Engine` holds (crates/memfit-train/src/t5_engine.rs):
+//! The terms follow what `memfit-train`'s `ModelEngine` holds (crates/memfit-train/src/engine/):
 //!
 //! - **master weights**: every parameter as a host `Vec<f32>` (`model.weights`), 4 B/param;
 //! - **device weights**: none while training, in f32 and in bf16 (a micro-batch runs on the master
@@ -16,9 +16,9 @@
 //!   token embeddings are leaves whose gradient rows are added into the table's host gradient, so
 //!   no `vocab × d` gradient is built per lookup;
 //! - **activations**: what burn's autodiff graph keeps for the backward pass of one micro-batch,
-//!   counted op by op from the T5 forward in crates/memfit-train/src/model/t5.rs (see
-//!   [`saved_bytes`]), plus the attention's row statistics and position biases and one chunk of the
-//!   logits/loss tensors.
+//!   counted op by op from each family's forward pass in crates/memfit-nn (T5 in [`t5`], the BERT
+//!   family in [`bert`], Llama-style decoders with LoRA in [`decoder`]), plus the attention's row
+//!   statistics, position biases or masks, and one chunk of the logits/loss tensors.
 //!
 //! The peak is the larger of two moments of a step: the end of the forward pass of a micro-batch
 //! (states + activations + logits; + accumulated gradients from the second micro-batch on) and the
@@ -50,7 +50,7 @@ pub mod fitted {
     /// backend and the rayon pool (2 threads). Fitted: 20 MB (the grid's smallest point, a 9.4M
     /// parameter model at 1 × 8 tokens, is 234 MiB of which 224 MiB are the counted states).
     pub const RUNTIME_RSS: u64 = 20_000_000;
-    /// Resident share of the op-by-op count of saved block tensors ([`super::encoder_block`]).
+    /// Resident share of the op-by-op count of saved block tensors (every family's blocks).
     /// Fitted: 1.05 — the count misses what the allocator holds beside the kept tensors while the
     /// graph grows (freed temporaries it has not returned, re-laid-out heads before a product).
     pub const BLOCK_SCALE: f64 = 1.05;
