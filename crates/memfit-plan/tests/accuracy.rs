@@ -64,6 +64,15 @@ fn memfit_grid_every_point_within_10_percent() {
     println!("{}", memfit_plan::grid::markdown_table(&rows));
     assert!(rows.len() >= 12);
     assert!(rows.iter().any(|r| r.setup.contains("ckpt")));
+    // BERT classification points beside T5's, with and without checkpointing, fp32 and bf16
+    let bert: Vec<_> = rows
+        .iter()
+        .filter(|r| r.setup.starts_with("bert"))
+        .collect();
+    assert!(bert.len() >= 8, "{} BERT points", bert.len());
+    assert!(bert.iter().any(|r| r.setup.contains("ckpt")));
+    assert!(bert.iter().any(|r| !r.setup.contains("ckpt")));
+    assert!(bert.iter().any(|r| r.setup.contains("bf16")));
     for r in &rows {
         assert!(
             r.error.abs() <= 0.10,

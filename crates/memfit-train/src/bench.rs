@@ -138,12 +138,14 @@ pub struct BenchReport {
 
 /// A model spec on the command line: `tiny` (issue 6's configuration a: a T5 of vocab 8000,
 /// d_model 256, d_ff 1024, 4+4 layers, 4 heads), `bert-small` (`bench_bert_cls.py`'s small shape:
-/// vocab 21128, hidden 256, 4 layers, 4 heads), a planner preset (t5-small, chatlm-mini,
+/// vocab 21128, hidden 256, 4 layers, 4 heads), `qwen2-small` (a 39M Qwen2-shaped decoder), a
+/// planner preset (t5-small, chatlm-mini,
 /// bert-base-chinese, …) or a config.json path.
 pub fn resolve_model(spec: &str) -> Result<Value, ModelError> {
     match spec {
         "tiny" => return Ok(tiny_config_json()),
         "bert-small" => return Ok(bert_config_json(256, 4, 4)),
+        "qwen2-small" => return Ok(qwen2_small_config_json()),
         _ => {}
     }
     // A planner preset unless a file of that name exists.
@@ -173,6 +175,18 @@ pub fn tiny_config_json() -> Value {
         "model_type": "t5", "vocab_size": 8000, "d_model": 256, "d_kv": 64, "d_ff": 1024,
         "num_layers": 4, "num_decoder_layers": 4, "num_heads": 4, "feed_forward_proj": "relu",
         "dropout_rate": 0.1, "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0
+    })
+}
+
+/// A small Qwen2-shaped decoder for the memory grid: vocab 32000, hidden 512, intermediate 1408,
+/// 8 layers, 8 query and 2 key/value heads of 64, tied embeddings (39M parameters).
+pub fn qwen2_small_config_json() -> Value {
+    json!({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 32000,
+        "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
+        "num_attention_heads": 8, "num_key_value_heads": 2, "hidden_act": "silu",
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "tie_word_embeddings": true, "attention_dropout": 0.0
     })
 }
 
@@ -498,6 +512,11 @@ pub fn measure_grid_point(
     if point.freeze_encoder {
         cmd.args(["--freeze", "encoder"]);
     }
+    if point.lora {
+        let base = if point.base_bf16 { "bf16" } else { "fp32" };
+        cmd.args(["--method", "lora", "--base-precision", base])
+            .args(["--lora-r", &grid::LORA_R.to_string()]);
+    }
     let out = cmd
         .output()
         .map_err(|e| ModelError::Io(format!("running {}: {e}", exe.display())))?;
@@ -519,13 +538,16 @@ pub fn measure_grid_point(
     Ok(grid::Measured {
         point: *point,
         dims: grid::Dims {
+            family: arch.model_type.clone(),
             vocab: arch.vocab,
             d_model: arch.hidden,
             d_kv: arch.head_dim,
             d_ff: arch.ffn,
             heads: arch.heads,
+            kv_heads: arch.kv_heads,
             layers: arch.encoder_layers,
             decoder_layers: arch.decoder_layers,
+            tied: arch.head == memfit_plan::arch::Head::LmTied,
         },
         threads: grid::THREADS,
         steps: grid::STEPS,

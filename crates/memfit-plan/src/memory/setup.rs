@@ -265,6 +265,10 @@ pub struct Setup {
     /// `None` = the stack's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunked_loss: Option<bool>,
+    /// memfit's own trainer under LoRA: the frozen base's dtype (`--base-precision fp32|bf16`),
+    /// apart from the activations' (`precision`); `None` = fp32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_precision: Option<Precision>,
 }
 
 named_enum!(
@@ -319,6 +323,7 @@ impl Setup {
             stack: Stack::HfTrainer,
             optimizer_in_backward: None,
             chunked_loss: None,
+            base_precision: None,
         }
     }
 
@@ -350,6 +355,12 @@ impl Setup {
             if self.lora_targets.is_empty() {
                 return Err("--lora-targets must name at least one module".into());
             }
+        }
+        if let Some(p) = self
+            .base_precision
+            .filter(|p| !matches!(p, Precision::Fp32 | Precision::Bf16))
+        {
+            return Err(format!("--base-precision {p}: fp32 or bf16"));
         }
         if self.method == Method::Qlora && self.quant.is_none() {
             return Err("--method qlora needs --quant nf4|nf4-dq|int8".into());

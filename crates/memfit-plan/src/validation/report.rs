@@ -179,13 +179,16 @@ fn grid_section(grid: &[crate::grid::Compared]) -> String {
     );
     s += &format!(
         "Measured with `{}` (reproduces the table\n\
-         below and rewrites the CSV): every point is a separate `memfit bench train` process ({} steps,\n\
-         {} threads, target length = source length, synthetic tokens); the measured value is its peak RSS\n\
-         (VmHWM). Predicted: the training-phase host peak of `crates/memfit-plan/src/memory/memfit_host.rs`\n\
-         (no checkpoint is written while benchmarking). Four constants of that model are fitted to these\n\
-         points (`docs/memory-model.md`); everything else is counted from what the trainer holds. The\n\
-         test `crates/memfit-plan/tests/accuracy.rs` asserts every point within ±10%. Gradient\n\
-         checkpointing is the per-block recomputation of `crates/memfit-nn/src/t5/block_ckpt.rs`.\n\n",
+         below and rewrites the CSV; `--family t5|bert|decoder` or `--only ID,…` re-measures part of it and\n\
+         keeps the other rows): every point is a separate `memfit bench train` process ({} steps, {} threads,\n\
+         synthetic tokens) — T5 seq2seq (target length = source length), BERT classification, and\n\
+         Qwen2-shaped decoders as causal LMs under LoRA (r 16 on every projection, on an fp32 or bf16\n\
+         frozen base); the measured value is its peak RSS (VmHWM). Predicted: the training-phase host\n\
+         peak of `crates/memfit-plan/src/memory/memfit_host/` (no checkpoint is written while\n\
+         benchmarking). Its few constants are fitted to these points (`docs/memory-model.md`);\n\
+         everything else is counted from what the trainer holds. The test\n\
+         `crates/memfit-plan/tests/accuracy.rs` asserts every point within ±10%. Gradient checkpointing\n\
+         is each family's per-block recomputation (`crates/memfit-nn/src/{{t5,bert,decoder}}/block_ckpt.rs`).\n\n",
         crate::grid::MEASURE,
         crate::grid::STEPS,
         crate::grid::THREADS

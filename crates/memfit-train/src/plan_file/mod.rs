@@ -52,11 +52,33 @@ fn setup_of(config: &TrainConfig, arch: &Arch, dataset_rows: u64) -> Setup {
     if !setup.freeze.is_empty() {
         setup.method = Method::Freeze;
     }
+    if config.method == crate::config::Method::Lora {
+        lora_setup(config, &mut setup);
+    }
     setup.device = Device::Cpu;
     setup.runtime = Runtime::Memfit;
     setup.dataset = DatasetMode::TokenStore;
     setup.dataset_rows = dataset_rows;
     setup
+}
+
+/// LoRA as the trainer runs it: rank and alpha (defaults r 16, alpha 32), the adapted projections
+/// (memfit's or PEFT's names; default every projection), the frozen base's precision.
+fn lora_setup(config: &TrainConfig, setup: &mut Setup) {
+    setup.method = Method::Lora;
+    setup.lora_r = config.lora_r.unwrap_or(16) as u64;
+    setup.lora_alpha = config.lora_alpha.unwrap_or(32.0).round() as u64;
+    setup.lora_targets = match &config.lora_targets {
+        Some(names) => names
+            .iter()
+            .filter_map(|n| memory::LoraTarget::parse(n.trim().trim_end_matches("_proj")))
+            .collect(),
+        None => memfit_plan::grid::memfit_lora_targets(),
+    };
+    setup.base_precision = Some(match config.base_precision {
+        Some(Precision::Bf16) => memory::Precision::Bf16,
+        _ => memory::Precision::Fp32,
+    });
 }
 
 /// The plan of `config` for the model described by `model_config` (a `config.json` value).

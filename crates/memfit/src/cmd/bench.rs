@@ -26,12 +26,16 @@ enum BenchCommand {
 
 #[derive(clap::Args)]
 struct GridArgs {
-    /// Write the measurements as CSV here (validation/memfit_grid.csv is the committed one).
+    /// Write the measurements as CSV here (validation/memfit_grid.csv is the committed one); an
+    /// existing file keeps the rows of the points not measured this time.
     #[arg(long)]
     out: Option<PathBuf>,
     /// Only these points (comma-separated ids; default: all).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Only the points of these families (comma-separated: t5, bert, decoder).
+    #[arg(long, value_delimiter = ',', value_parser = ["t5", "bert", "decoder"])]
+    family: Vec<String>,
     /// Print the compared rows as JSON lines.
     #[arg(long)]
     json: bool,
@@ -66,6 +70,7 @@ fn memory_grid(a: GridArgs) -> Outcome {
     let points: Vec<&grid::Point> = grid::POINTS
         .iter()
         .filter(|p| a.only.is_empty() || a.only.iter().any(|o| o == p.id))
+        .filter(|p| a.family.is_empty() || a.family.iter().any(|f| f == grid::family_of(p)))
         .collect();
     if let Some(unknown) = a
         .only
@@ -90,7 +95,14 @@ fn memory_grid(a: GridArgs) -> Outcome {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let text = grid::csv(&measured);
+    let text = match a.out.as_ref().filter(|o| o.exists()) {
+        Some(out) => {
+            let existing = std::fs::read_to_string(out)
+                .with_context(|| format!("reading {}", out.display()))?;
+            grid::merge(&existing, &measured).map_err(anyhow::Error::msg)?
+        }
+        None => grid::csv(&measured),
+    };
     if let Some(out) = &a.out {
         let tmp = out.with_extension("csv.tmp");
         std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;

@@ -83,6 +83,10 @@ pub struct MethodArgs {
     pub lora_targets: ListOf<LoraTarget>,
     #[arg(long, value_parser = parse_enum::<Quant>)]
     pub quant: Option<Quant>,
+    /// `--runtime memfit` under LoRA: the frozen base's precision, fp32 or bf16 (apart from the
+    /// activations' --precision; default fp32).
+    #[arg(long, value_parser = parse_enum::<Precision>)]
+    pub base_precision: Option<Precision>,
     /// Comma list of embeddings,encoder,decoder (with --method freeze).
     #[arg(long, value_parser = parse_list::<FreezeGroup>)]
     pub freeze: Option<ListOf<FreezeGroup>>,
@@ -99,6 +103,7 @@ impl MethodArgs {
         s.lora_alpha = self.lora_alpha;
         s.lora_targets = self.lora_targets.0.clone();
         s.quant = self.quant;
+        s.base_precision = self.base_precision;
         s.stack = self.stack;
         s.freeze = self
             .freeze
