@@ -1,0 +1,145 @@
+//! Matrix products with bf16 operands and f32 accumulation — what PyTorch's bf16 autocast computes —
+//! on AVX512-BF16 (`vdpbf16ps`: per f32 lane, two bf16 products added to the lane, twice the work
+//! of an f32 FMA per instruction).
+//!
+//! Operands may be f32 or bf16 flex tensors (any strides, batched like
+//! [`gemm_f32::matmul`](crate::kernels::gemm_f32::matmul)); they are rounded to bf16 (to nearest
+//! even) as they are packed, and the result is a new contiguous f32 tensor. Where the CPU lacks
+//! AVX512-BF16, the same rounded operands are multiplied by the f32 `gemm` crate: the products are
+//! the same (a product of two bf16 values is exact in f32), the summation order differs.
+//!
+//! The kernel is the usual packed GEMM (Goto/BLIS): for each block of 512 k-values, B is packed in
+//! panels of [`NR`] columns holding each column's k-pair side by side, and A's rows are read as one
+//! u32 per k-pair — in place when they are bf16 rows (the activations of the forward pass), else
+//! converted row by row, or k-pair by k-pair when A is transposed (the weight gradients). A 6 × 64
+//! micro-kernel keeps its C tile in 24 zmm registers and reads, per k-pair, four B vectors and six
+//! broadcast A pairs. Every packing loop is vectorised (a transposed B through 16 × 16 register
+//! transposes): packing is O(m·k + k·n) against O(m·n·k) products, but at d = 512 its scalar
+//! form cost a fifth of the products' time. Work is split over rows and columns
+//! only, never over k, so every output element is summed in the same order whatever the thread
+//! count: results do not depend on it.
+
+mod operand;
+mod pack;
+mod product;
+
+use burn::tensor::{DType, TensorData};
+use burn_flex::FlexTensor;
+use rayon::prelude::*;
+
+use crate::kernels::flex_values::{cast, in_f32};
+use crate::kernels::gemm_f32;
+use operand::Operand;
+use product::product;
+
+/// Rows of a micro-tile.
+const MR: usize = 6;
+/// Columns of a micro-tile (B panel width): four zmm vectors of 16 f32 lanes.
+const NR: usize = 64;
+/// k-values per packed block (even).
+const KC: usize = 512;
+/// Columns of B packed at once: 512 × 1024 bf16 = 1 MiB, Zen 4's L2.
+const NC: usize = 1024;
+/// Rows handled by one task: a multiple of [`MR`].
+const MC: usize = 96;
+/// Products below this size (m·n·k) in a batch run one matrix per task.
+const PARALLEL_MIN: usize = 192 * 192 * 192;
+
+/// How a hand-written op multiplies: f32 operands, or operands rounded to bf16 (the bf16 training
+/// mode: activations stored as bf16, products as PyTorch's bf16 autocast computes them). Either
+/// way the products are summed in f32 and the result is f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Products {
+    F32,
+    Bf16,
+}
+
+impl Products {
+    /// bf16 products for bf16 activations, f32 otherwise.
+    pub fn for_activations(dtype: DType) -> Self {
+        if dtype == DType::BF16 {
+            Products::Bf16
+        } else {
+            Products::F32
+        }
+    }
+
+    /// `a · b` (f32 or bf16 operands, any strides, batched) as a new contiguous f32 tensor.
+    pub fn matmul(self, a: &FlexTensor, b: &FlexTensor) -> FlexTensor {
+        match self {
+            Products::F32 => gemm_f32::matmul(&in_f32(a.clone()), &in_f32(b.clone())),
+            Products::Bf16 => matmul(a, b),
+        }
+    }
+}
+
+/// Whether this CPU runs the bf16 kernel (AVX512-F, -BW and -BF16, detected once).
+pub fn hardware_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static DETECTED: OnceLock<bool> = OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512bf16")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `a · b` over the last two dimensions (a `[.., m, k]`, b `[.., k, n]`, f32 or bf16, any strides)
+/// with both operands rounded to bf16 and the products summed in f32: a new contiguous f32
+/// `[.., m, n]` tensor.
+pub fn matmul(a: &FlexTensor, b: &FlexTensor) -> FlexTensor {
+    if hardware_bf16() {
+        matmul_packed(a, b)
+    } else {
+        matmul_rounded_f32(a, b)
+    }
+}
+
+/// The fallback: the bf16-rounded operands multiplied in f32.
+fn matmul_rounded_f32(a: &FlexTensor, b: &FlexTensor) -> FlexTensor {
+    let rounded = |t: &FlexTensor| in_f32(cast(t.clone(), DType::BF16));
+    gemm_f32::matmul(&rounded(a), &rounded(b))
+}
+
+fn matmul_packed(a: &FlexTensor, b: &FlexTensor) -> FlexTensor {
+    let (a, b) = (Operand::of(a), Operand::of(b));
+    assert_eq!(a.batch, b.batch, "batch dimensions of a product");
+    assert_eq!(a.cols, b.rows, "inner dimensions of a product");
+    let (m, n, k) = (a.rows, b.cols, a.cols);
+    let count: usize = a.batch.iter().product();
+    let out = if k == 0 || m == 0 || n == 0 {
+        vec![0.0f32; count * m * n]
+    } else {
+        let mut out = Vec::<f32>::with_capacity(count * m * n);
+        let spare = &mut out.spare_capacity_mut()[..count * m * n];
+        let per_matrix = m.saturating_mul(n).saturating_mul(k);
+        // SAFETY (both branches): `product` writes every element of its matrix in its first
+        // k-block before it reads any (tiles cover the matrix; k > 0).
+        if count == 1 || per_matrix >= PARALLEL_MIN {
+            for (i, c) in spare.chunks_mut(m * n).enumerate() {
+                unsafe { product(&a, &b, i, c.as_mut_ptr().cast(), true) };
+            }
+        } else {
+            spare
+                .par_chunks_mut(m * n)
+                .enumerate()
+                .for_each(|(i, c)| unsafe { product(&a, &b, i, c.as_mut_ptr().cast(), false) });
+        }
+        // SAFETY: all count·m·n elements written above.
+        unsafe { out.set_len(count * m * n) };
+        out
+    };
+    let mut shape = a.batch.clone();
+    shape.extend([m, n]);
+    FlexTensor::from_data(TensorData::new(out, shape))
+}
+
+#[cfg(test)]
+mod tests;

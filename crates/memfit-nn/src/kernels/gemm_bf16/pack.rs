@@ -1,0 +1,251 @@
+//! Packing one k-block: A's rows as u32 k-pairs (in place when they already lie so), B's columns
+//! in panels of [`NR`] columns. Every loop is vectorised for AVX512-F and -BW.
+
+use rayon::prelude::*;
+
+use super::operand::{Operand, Storage};
+use super::{MR, NR};
+
+/// One k-block of A's rows as the kernel reads them: row `r`'s k-pair `p` (counted from the
+/// block's first row and first k) is the u32 at byte `addr + r · row_step + p · pair_step`, the
+/// lower k's bf16 in its low half. Either A's own memory (bf16, row-major) or `owned`.
+pub(super) struct PairedRows {
+    /// The packed values when they are not A's own (kept alive for `addr`).
+    _owned: Vec<u32>,
+    addr: usize,
+    row_step: usize,
+    pub(super) pair_step: usize,
+}
+
+impl PairedRows {
+    /// Over `owned` (`row_step`, `pair_step` counted in u32).
+    fn over(owned: Vec<u32>, row_step: usize, pair_step: usize) -> Self {
+        let addr = owned.as_ptr() as usize;
+        Self {
+            _owned: owned,
+            addr,
+            row_step: 4 * row_step,
+            pair_step: 4 * pair_step,
+        }
+    }
+
+    /// The kernel's row addresses for rows `r0..r0 + MR` of which the first `valid` exist; the
+    /// others repeat row `r0` (the kernel computes them, the caller drops them).
+    pub(super) fn rows(&self, r0: usize, valid: usize) -> [*const u32; MR] {
+        std::array::from_fn(|r| {
+            let r = if r < valid { r0 + r } else { r0 };
+            (self.addr + r * self.row_step) as *const u32
+        })
+    }
+}
+
+/// A's rows `rows` of k-block `k0..k0 + kc`, in the layout that suits how they lie: read in place
+/// when they are bf16 rows of whole k-pairs; interleaved k-pair by k-pair when A is transposed
+/// (each k a run of rows); else converted row by row.
+pub(super) fn pack_a(
+    a: &Operand,
+    i: usize,
+    rows: std::ops::Range<usize>,
+    k0: usize,
+    kc: usize,
+) -> PairedRows {
+    let pairs = kc.div_ceil(2);
+    let first = a.offsets[i] + rows.start * a.row_stride + k0 * a.col_stride;
+    if a.col_stride == 1
+        && let Storage::Bf16(v) = a.data
+        && kc.is_multiple_of(2)
+    {
+        // SAFETY (pointer only): `first` lies inside `v` (checked by `Operand::of`).
+        let addr = unsafe { v.as_ptr().add(first) } as usize;
+        return PairedRows {
+            _owned: Vec::new(),
+            addr,
+            row_step: 2 * a.row_stride,
+            pair_step: 4,
+        };
+    }
+    let mut owned = vec![0u32; pairs * rows.len()];
+    if a.col_stride != 1 && a.row_stride == 1 {
+        let width = rows.len();
+        // SAFETY: the packed path runs only where `hardware_bf16` found AVX512 (BW included).
+        unsafe { interleave_runs(a, first, (a.col_stride, kc), width, &mut owned, width) };
+        return PairedRows::over(owned, 1, width);
+    }
+    // SAFETY: as above.
+    unsafe { runs_as_pairs(a, first, (a.row_stride, a.col_stride), kc, &mut owned) };
+    PairedRows::over(owned, pairs, 1)
+}
+
+/// Runs of `kc` values, the j-th from `first + j · x_stride`, `k_stride` apart, as bf16 k-pairs:
+/// run `j` into `dst[j · kc.div_ceil(2)..]`, one line per run until `dst` ends (its last
+/// half-word stays as it is when `kc` is odd).
+///
+/// # Safety
+/// The CPU must have AVX512-F and AVX512-BW (the loops are vectorised for them).
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f,avx512bw"))]
+unsafe fn runs_as_pairs(
+    op: &Operand,
+    first: usize,
+    (x_stride, k_stride): (usize, usize),
+    kc: usize,
+    dst: &mut [u32],
+) {
+    for (j, line) in dst.chunks_exact_mut(kc.div_ceil(2)).enumerate() {
+        let (start, halves) = (first + j * x_stride, &mut as_halves(line)[..kc]);
+        if k_stride == 1 {
+            op.run(start, halves);
+        } else {
+            for (kk, h) in halves.iter_mut().enumerate() {
+                *h = op.bits_at(start + kk * k_stride);
+            }
+        }
+    }
+}
+
+/// A u32 buffer as its bf16 halves, in memory order (the lower k first: little-endian).
+fn as_halves(words: &mut [u32]) -> &mut [u16] {
+    // SAFETY: u16 has no invalid values and a smaller alignment; the length covers the same bytes.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), 2 * words.len()) }
+}
+
+/// Runs of `width` values side by side, the run of k at `first + k · step` for k < `kc`, paired
+/// per k-pair: pair `p`'s u32s at `dst[p · dst_step..][..width]`, the lower k in the low half
+/// (zero past `kc`).
+///
+/// # Safety
+/// The CPU must have AVX512-F and AVX512-BW (the loops are vectorised for them).
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f,avx512bw"))]
+unsafe fn interleave_runs(
+    op: &Operand,
+    first: usize,
+    (step, kc): (usize, usize),
+    width: usize,
+    dst: &mut [u32],
+    dst_step: usize,
+) {
+    for p in 0..kc.div_ceil(2) {
+        let lo = first + 2 * p * step;
+        let hi = (2 * p + 1 < kc).then_some(lo + step);
+        op.interleave(lo, hi, &mut dst[p * dst_step..p * dst_step + width]);
+    }
+}
+
+/// B's columns `cols` of k-block `k0..k0 + kc` packed: per panel of [`NR`] columns, per k-pair,
+/// the pairs of the panel's columns side by side (`[panel][pair][column]`), zero-padded past
+/// `cols` and `kc`; groups of panels over the pool.
+pub(super) fn pack_b(
+    b: &Operand,
+    i: usize,
+    cols: std::ops::Range<usize>,
+    k0: usize,
+    kc: usize,
+) -> Vec<u32> {
+    const GROUP: usize = 4;
+    let pairs = kc.div_ceil(2);
+    let mut packed = vec![0u32; cols.len().div_ceil(NR) * pairs * NR];
+    packed
+        .par_chunks_mut(GROUP * pairs * NR)
+        .enumerate()
+        .for_each(|(g, group)| {
+            let mut columns = vec![0u32; if b.col_stride != 1 { NR * pairs } else { 0 }];
+            for (q, panel) in group.chunks_exact_mut(pairs * NR).enumerate() {
+                let c0 = cols.start + (g * GROUP + q) * NR;
+                let width = NR.min(cols.end - c0);
+                let first = b.offsets[i] + k0 * b.row_stride + c0 * b.col_stride;
+                if b.col_stride == 1 {
+                    // each k a run of columns
+                    let k_runs = (b.row_stride, kc);
+                    // SAFETY: as in `pack_a`.
+                    unsafe { interleave_runs(b, first, k_runs, width, panel, NR) };
+                } else {
+                    // each column's k-pairs in order (one run when B is transposed), then the
+                    // panel transposed
+                    let (valid, past) = columns.split_at_mut(width * pairs);
+                    let strides = (b.col_stride, b.row_stride);
+                    // SAFETY: as in `pack_a`.
+                    unsafe { runs_as_pairs(b, first, strides, kc, valid) };
+                    past.fill(0);
+                    transpose_into_panel(&columns, pairs, panel);
+                }
+            }
+        });
+    packed
+}
+
+/// `columns` (`[NR][pairs]`: each column's k-pairs) written as `panel` (`[pairs][NR]`).
+fn transpose_into_panel(columns: &[u32], pairs: usize, panel: &mut [u32]) {
+    #[cfg(target_arch = "x86_64")]
+    let whole = {
+        let whole = pairs - pairs % 16;
+        for p0 in (0..whole).step_by(16) {
+            for j0 in (0..NR).step_by(16) {
+                // SAFETY: AVX512-F (the packed path's CPU); 16 × 16 inside both buffers.
+                unsafe {
+                    transpose16::block(
+                        columns.as_ptr().add(j0 * pairs + p0),
+                        pairs,
+                        panel.as_mut_ptr().add(p0 * NR + j0),
+                        NR,
+                    )
+                };
+            }
+        }
+        whole
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let whole = 0;
+    for p in whole..pairs {
+        for j in 0..NR {
+            panel[p * NR + j] = columns[j * pairs + p];
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod transpose16 {
+    use std::arch::x86_64::*;
+
+    /// The 16 × 16 u32 block at `src` (row stride `lds`) written transposed at `dst` (row stride
+    /// `ldd`): four rounds, each swapping the off-diagonal sub-blocks of half the previous size.
+    ///
+    /// # Safety
+    /// AVX512-F; 16 rows of 16 u32 readable at `src`, writable at `dst`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn block(src: *const u32, lds: usize, dst: *mut u32, ldd: usize) {
+        // SAFETY: the caller's contract; unaligned loads and stores.
+        unsafe {
+            let mut rows: [__m512i; 16] =
+                std::array::from_fn(|r| _mm512_loadu_si512(src.add(r * lds).cast()));
+            for size in [8usize, 4, 2, 1] {
+                // row i (i / size even) keeps its even sub-blocks and takes row i + size's
+                // even ones into its odd places; row i + size gets row i's odd ones
+                let upper: [i32; 16] = std::array::from_fn(|c| {
+                    (if (c / size) % 2 == 0 {
+                        c
+                    } else {
+                        16 + c - size
+                    }) as i32
+                });
+                let lower: [i32; 16] = std::array::from_fn(|c| {
+                    (if (c / size) % 2 == 0 {
+                        c + size
+                    } else {
+                        16 + c
+                    }) as i32
+                });
+                let (upper, lower) = (
+                    _mm512_loadu_si512(upper.as_ptr().cast()),
+                    _mm512_loadu_si512(lower.as_ptr().cast()),
+                );
+                for i in (0..16).filter(|i| (i / size) % 2 == 0) {
+                    let (x, y) = (rows[i], rows[i + size]);
+                    rows[i] = _mm512_permutex2var_epi32(x, upper, y);
+                    rows[i + size] = _mm512_permutex2var_epi32(x, lower, y);
+                }
+            }
+            for (r, row) in rows.iter().enumerate() {
+                _mm512_storeu_si512(dst.add(r * ldd).cast(), *row);
+            }
+        }
+    }
+}

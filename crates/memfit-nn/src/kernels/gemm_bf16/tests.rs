@@ -1,0 +1,142 @@
+use super::*;
+use crate::kernels::test_tensors::pattern;
+use burn::backend::Flex;
+use burn::backend::ops::FloatTensorOps;
+
+fn tensor(shape: &[usize], salt: usize, dtype: DType) -> FlexTensor {
+    let values = pattern(shape.iter().product(), salt);
+    cast(
+        FlexTensor::from_data(TensorData::new(values, shape.to_vec())),
+        dtype,
+    )
+}
+
+/// `a · b` in f64 over the bf16-rounded operands (contiguous copies), with Σ|a||b| per element
+/// for the error bound.
+fn reference(a: &FlexTensor, b: &FlexTensor) -> (Vec<f64>, Vec<f64>) {
+    let round = |t: &FlexTensor| {
+        let t = in_f32(cast(t.clone(), DType::BF16)).to_contiguous();
+        let dims = t.layout().shape().num_dims();
+        let shape = t.layout().shape().clone();
+        (
+            t.as_slice::<f32>().unwrap().to_vec(),
+            shape[dims - 2],
+            shape[dims - 1],
+        )
+    };
+    let ((av, m, k), (bv, _, n)) = (round(a), round(b));
+    let count = av.len() / (m * k).max(1);
+    let (mut out, mut abs) = (vec![0.0; count * m * n], vec![0.0; count * m * n]);
+    for i in 0..count {
+        for r in 0..m {
+            for c in 0..n {
+                for p in 0..k {
+                    let (x, y) = (
+                        av[i * m * k + r * k + p] as f64,
+                        bv[i * k * n + p * n + c] as f64,
+                    );
+                    out[i * m * n + r * n + c] += x * y;
+                    abs[i * m * n + r * n + c] += (x * y).abs();
+                }
+            }
+        }
+    }
+    (out, abs)
+}
+
+fn check(product: FlexTensor, a: &FlexTensor, b: &FlexTensor, what: &str) {
+    let (expected, abs) = reference(a, b);
+    let got = product.as_slice::<f32>().unwrap().to_vec();
+    assert_eq!(got.len(), expected.len(), "{what}: size");
+    for (j, ((g, e), s)) in got.iter().zip(&expected).zip(&abs).enumerate() {
+        // f32 accumulation over k terms: within a few ulps of Σ|a·b| per term
+        let bound = 1e-6 * s * (1.0 + (abs.len() as f64).log2()) + 1e-30;
+        assert!((*g as f64 - e).abs() <= bound, "{what}[{j}]: {g} vs {e}");
+    }
+}
+
+#[test]
+fn bf16_products_of_every_shape_and_layout_match_the_rounded_reference() {
+    // edges of the 6 × 64 tile, odd k, several k-blocks (k > 512) and column blocks (n > 1024)
+    for &(m, k, n) in &[
+        (1, 1, 1),
+        (5, 7, 3),
+        (6, 64, 64),
+        (7, 65, 65),
+        (13, 513, 100),
+        (3, 40, 1100),
+        (100, 1030, 70),
+    ] {
+        for (da, db) in [
+            (DType::BF16, DType::F32),
+            (DType::F32, DType::BF16),
+            (DType::BF16, DType::BF16),
+        ] {
+            let (a, b) = (tensor(&[m, k], 1, da), tensor(&[k, n], 2, db));
+            check(
+                matmul(&a, &b),
+                &a,
+                &b,
+                &format!("{m}×{k}·{k}×{n} {da:?}·{db:?}"),
+            );
+        }
+    }
+    // transposed operands and a batch of strided heads
+    let at = Flex::float_transpose(tensor(&[9, 11], 3, DType::BF16));
+    let b = tensor(&[9, 70], 4, DType::F32);
+    check(matmul(&at, &b), &at, &b, "transposed a");
+    // B transposed: whole 16 × 16 blocks, a partial one and a partial panel
+    let a = tensor(&[13, 100], 11, DType::BF16);
+    let bt = Flex::float_transpose(tensor(&[70, 100], 12, DType::F32));
+    check(matmul(&a, &bt), &a, &bt, "transposed b");
+    // neither dimension contiguous: [m, k, 2] and [k, n, 2] seen as [2, m, k] and [2, k, n]
+    let strided =
+        |shape: [usize; 3], salt| Flex::float_permute(tensor(&shape, salt, DType::F32), &[2, 0, 1]);
+    let (a, b) = (strided([7, 35, 2], 13), strided([35, 66, 2], 14));
+    check(matmul(&a, &b), &a, &b, "strided both");
+    let q = Flex::float_swap_dims(tensor(&[2, 5, 3, 8], 5, DType::BF16), 1, 2);
+    let kt = Flex::float_transpose(tensor(&[2, 3, 7, 8], 6, DType::BF16));
+    check(matmul(&q, &kt), &q, &kt, "batched heads");
+}
+
+#[test]
+fn large_products_split_over_the_pool_and_agree_with_one_thread() {
+    let (a, b) = (
+        tensor(&[300, 700], 7, DType::BF16),
+        tensor(&[700, 1500], 8, DType::F32),
+    );
+    let pooled = matmul(&a, &b);
+    check(pooled.clone(), &a, &b, "pooled");
+    let single = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap()
+        .install(|| matmul(&a, &b));
+    assert_eq!(
+        pooled.as_slice::<f32>().unwrap(),
+        single.as_slice::<f32>().unwrap(),
+        "the thread count changes no sum"
+    );
+}
+
+#[test]
+fn the_fallback_multiplies_the_same_rounded_operands() {
+    let (a, b) = (
+        tensor(&[13, 70], 9, DType::F32),
+        tensor(&[70, 9], 10, DType::F32),
+    );
+    check(matmul_rounded_f32(&a, &b), &a, &b, "fallback");
+    // where this CPU has the instruction, the packed kernel is what `matmul` runs
+    if hardware_bf16() {
+        check(matmul_packed(&a, &b), &a, &b, "packed");
+    }
+}
+
+#[test]
+fn an_empty_inner_dimension_gives_zeros() {
+    let (a, b) = (
+        tensor(&[3, 0], 0, DType::BF16),
+        tensor(&[0, 4], 0, DType::F32),
+    );
+    assert_eq!(matmul(&a, &b).as_slice::<f32>().unwrap(), &[0.0; 12]);
+}

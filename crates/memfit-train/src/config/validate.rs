@@ -1,0 +1,158 @@
+//! Checks on the values a user controls.
+
+use super::{ConfigError, Method, TaskKind, TrainConfig};
+
+impl TrainConfig {
+    /// Checks values a user controls; every message names the setting.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_method()?;
+        if !self.task.metrics().contains(&self.best_metric) {
+            return Err(ConfigError::Invalid {
+                field: "best_metric",
+                value: self.best_metric.flag().into(),
+                reason: match self.task {
+                    TaskKind::Seq2seq => "a seq2seq run picks best/ by bleu4 or valid-loss",
+                    TaskKind::Classification => {
+                        "a classification run picks best/ by accuracy, macro-f1 or valid-loss"
+                    }
+                    TaskKind::CausalLm => "a causal-lm run picks best/ by valid-loss",
+                },
+            });
+        }
+        let positive = |field: &'static str, v: usize| {
+            if v == 0 {
+                Err(ConfigError::Invalid {
+                    field,
+                    value: v.to_string(),
+                    reason: "must be at least 1",
+                })
+            } else {
+                Ok(())
+            }
+        };
+        positive("batch", self.batch)?;
+        positive("accum", self.accum)?;
+        positive("seq", self.seq)?;
+        if self.task == TaskKind::Seq2seq {
+            positive("tgt_seq", self.tgt_seq)?;
+        }
+        positive("keep", self.keep)?;
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(ConfigError::Invalid {
+                field: "lr",
+                value: self.lr.to_string(),
+                reason: "must be a positive number",
+            });
+        }
+        if !(self.pct_start > 0.0 && self.pct_start < 1.0) {
+            return Err(ConfigError::Invalid {
+                field: "pct_start",
+                value: self.pct_start.to_string(),
+                reason: "must lie strictly between 0 and 1",
+            });
+        }
+        if !(self.div_factor >= 1.0 && self.final_div_factor >= 1.0) {
+            return Err(ConfigError::Invalid {
+                field: "div_factor",
+                value: format!("{} / {}", self.div_factor, self.final_div_factor),
+                reason: "div_factor and final_div_factor must be at least 1",
+            });
+        }
+        if self.epochs == 0 && self.max_steps.is_none() {
+            return Err(ConfigError::Invalid {
+                field: "epochs",
+                value: "0".into(),
+                reason: "give at least one epoch or --max-steps",
+            });
+        }
+        if !(self.guard_soft_fraction > 0.0
+            && self.guard_soft_fraction < self.guard_hard_fraction
+            && self.guard_hard_fraction <= 1.0)
+        {
+            return Err(ConfigError::Invalid {
+                field: "guard_soft_fraction",
+                value: format!(
+                    "{} / {}",
+                    self.guard_soft_fraction, self.guard_hard_fraction
+                ),
+                reason: "need 0 < guard_soft_fraction < guard_hard_fraction ≤ 1",
+            });
+        }
+        if let Some(n) = self.max_grad_norm
+            && !(n.is_finite() && n > 0.0)
+        {
+            return Err(ConfigError::Invalid {
+                field: "max_grad_norm",
+                value: n.to_string(),
+                reason: "must be a positive number",
+            });
+        }
+        Ok(())
+    }
+
+    /// LoRA's settings only with `method = "lora"`, which only decoders (causal-lm) take.
+    fn validate_method(&self) -> Result<(), ConfigError> {
+        let invalid = |field, value: String, reason| {
+            Err(ConfigError::Invalid {
+                field,
+                value,
+                reason,
+            })
+        };
+        if self.method == Method::Lora && self.task != TaskKind::CausalLm {
+            return invalid(
+                "method",
+                "lora".into(),
+                "LoRA adapters train decoder models (task causal-lm); this task trains with full or freeze",
+            );
+        }
+        if self.method != Method::Lora {
+            let lora_set = self.lora_r.is_some()
+                || self.lora_alpha.is_some()
+                || self.lora_dropout.is_some()
+                || self.lora_targets.is_some()
+                || self.base_precision.is_some();
+            if lora_set {
+                return invalid(
+                    "method",
+                    self.method.name().into(),
+                    "--lora-* and --base-precision need --method lora",
+                );
+            }
+        }
+        if self.lora_r == Some(0) {
+            return invalid("lora_r", "0".into(), "must be at least 1");
+        }
+        if let Some(a) = self.lora_alpha.filter(|a| !(a.is_finite() && *a > 0.0)) {
+            return invalid("lora_alpha", a.to_string(), "must be a positive number");
+        }
+        if let Some(d) = self.lora_dropout.filter(|d| !(0.0..1.0).contains(d)) {
+            return invalid("lora_dropout", d.to_string(), "must lie in [0, 1)");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_the_field() {
+        let c = TrainConfig {
+            batch: 0,
+            ..Default::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("batch"));
+        let c = TrainConfig {
+            task: TaskKind::Classification,
+            ..Default::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("best_metric") && err.contains("bleu4"),
+            "{err}"
+        );
+        TrainConfig::default().validate().unwrap();
+    }
+}
