@@ -95,7 +95,7 @@ pub const LORA_R: u64 = 16;
 /// with checkpointing) and a frozen encoder (about twenty minutes on two busy cores). BERT
 /// classification: bert-small (8.9M) and bert-base-chinese (102M) × micro-batch × length × fp32/bf16
 /// × checkpointing (about four minutes). Decoder LoRA (causal LM): qwen2-small (39M) and
-/// qwen2.5-0.5b × micro-batch × length × base fp32/bf16 × checkpointing.
+/// qwen2.5-0.5b × micro-batch × length × base fp32/bf16 × checkpointing (about six minutes).
 pub const POINTS: &[Point] = &[
     point("tiny-b1-s8", "tiny", 1, 8),
     point("tiny-b8-s64", "tiny", 8, 64),

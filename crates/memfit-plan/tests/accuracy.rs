@@ -73,6 +73,13 @@ fn memfit_grid_every_point_within_10_percent() {
     assert!(bert.iter().any(|r| r.setup.contains("ckpt")));
     assert!(bert.iter().any(|r| !r.setup.contains("ckpt")));
     assert!(bert.iter().any(|r| r.setup.contains("bf16")));
+    // decoder LoRA points: fp32 and bf16 base, with and without checkpointing
+    let lora: Vec<_> = rows.iter().filter(|r| r.setup.contains(" lora ")).collect();
+    assert!(lora.len() >= 8, "{} decoder LoRA points", lora.len());
+    assert!(lora.iter().any(|r| r.setup.contains("ckpt")));
+    assert!(lora.iter().any(|r| !r.setup.contains("ckpt")));
+    assert!(lora.iter().any(|r| r.setup.ends_with("base bf16")));
+    assert!(lora.iter().any(|r| r.setup.ends_with("base fp32")));
     for r in &rows {
         assert!(
             r.error.abs() <= 0.10,

@@ -125,19 +125,25 @@ pub fn estimate(arch: &Arch, setup: &Setup, fw: &Framework) -> Result<Estimate, 
 }
 
 /// memfit's own trainer on the CPU is modeled term by term from its code (memfit_host/) for the
-/// families it was measured on: T5 and the BERT family. The decoders' terms (memfit_host/decoder.rs)
-/// are counted but not yet measured (`memfit bench memory-grid --family decoder`): until they are,
-/// an estimate from them would be a guess.
+/// families it was measured on (`memfit bench memory-grid`): T5, the BERT family and the
+/// Llama-style decoders memfit trains (llama, qwen2, mistral, qwen3; measured under LoRA on a
+/// fp32 and a bf16 base, with and without checkpointing). Other families would be a guess.
 pub fn memfit_runtime_modeled(arch: &Arch, setup: &Setup) -> Result<(), String> {
     use crate::arch::Family;
     if (setup.runtime, setup.device) != (Runtime::Memfit, Device::Cpu) {
         return Ok(());
     }
+    let decoder = matches!(
+        arch.model_type.as_str(),
+        "llama" | "qwen2" | "mistral" | "qwen3"
+    );
     match arch.family {
         Family::T5 | Family::Bert => Ok(()),
+        Family::Llama if decoder => Ok(()),
         _ => Err(format!(
             "memfit-plan's model of memfit's own trainer has no measured terms for {} ({}): it \
-             models T5 and the BERT family, so it cannot plan this run",
+             models T5, the BERT family and llama/qwen2/mistral/qwen3 decoders, so it cannot plan \
+             this run",
             arch.name, arch.model_type
         )),
     }

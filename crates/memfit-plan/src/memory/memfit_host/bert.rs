@@ -74,6 +74,7 @@ pub(super) fn activations(arch: &Arch, setup: &Setup, cb: u64, accumulated: u64)
         attention,
         logits,
         head_grads: 0,
+        attention_backward: 0,
         checkpointed,
     }
 }

@@ -13,50 +13,72 @@ fn is_lora(setup: &Setup) -> bool {
     matches!(setup.method, Method::Lora | Method::Qlora)
 }
 
-/// Elements one adapted projection keeps per token: `dropout(x)` (a new tensor per adapter,
-/// drawn with memfit's default LoRA dropout 0.05, kept by A's product) and `x·A·scale` (kept by
-/// B's): its input width + r. A frozen projection keeps nothing (its weight needs no gradient).
-fn adapters(arch: &Arch, setup: &Setup) -> u64 {
+/// Elements the adapted projections keep per token beyond their inputs: each adapter's `x·A·scale`
+/// (`[tokens, r]`, kept by B's product): r per adapted projection. The down-projection
+/// `dropout(x)·A` is one op (kernels/dropout_linear_op.rs) that keeps x itself and the mask's seed,
+/// not a dropped copy: the inputs are counted once per input in [`block_elements`], shared by the
+/// adapters that read them. A frozen projection keeps nothing (its weight needs no gradient).
+fn adapters(setup: &Setup) -> u64 {
     if !is_lora(setup) {
         return 0;
     }
-    let (d, f) = (arch.hidden, arch.ffn);
-    let q = arch.heads * arch.head_dim;
-    let projections = [
-        (Role::Q, d),
-        (Role::K, d),
-        (Role::V, d),
-        (Role::O, q),
-        (Role::Gate, d),
-        (Role::Up, d),
-        (Role::Down, f),
+    let roles = [
+        Role::Q,
+        Role::K,
+        Role::V,
+        Role::O,
+        Role::Gate,
+        Role::Up,
+        Role::Down,
     ];
-    projections
-        .iter()
-        .filter(|(role, _)| setup.lora_targets.iter().any(|t| t.covers(*role)))
-        .map(|(_, width)| width + setup.lora_r)
-        .sum()
+    roles.iter().filter(|role| adapted(setup, **role)).count() as u64 * setup.lora_r
+}
+
+/// Whether LoRA adapts projection `role`.
+fn adapted(setup: &Setup, role: Role) -> bool {
+    is_lora(setup) && setup.lora_targets.iter().any(|t| t.covers(role))
 }
 
 /// Elements (of the activation dtype) one block keeps per token (d = hidden, n_q = heads ×
-/// head_dim, n_kv = kv_heads × head_dim, f = intermediate):
+/// head_dim, n_kv = kv_heads × head_dim, f = intermediate), from crates/memfit-nn/src/decoder/
+/// forward.rs:
 ///
-/// - the two RMS norms' inputs (the block input and the residual after attention): 2d;
+/// - the two RMS norms' inputs (the block input and the residual after attention), kept by the
+///   fused norm (kernels/fused_rms_norm.rs keeps its input, not its output): 2d;
 /// - q after RoPE and the d^-½ scale, k after RoPE, v: kept by the attention op, n_q + 2 n_kv
 ///   (RoPE itself keeps only its cos/sin tables; the op keeps no `q × k` matrix);
-/// - SwiGLU: gate's output and its sigmoid (SiLU is `x · σ(x)`), SiLU's output and up's output
-///   (kept by the product): 4f;
-/// - trained linears (full training) keep their inputs: the normed input of q/k/v and of
-///   gate/up (one tensor each), the context and the SwiGLU product: 2d + n_q + f;
-/// - under LoRA, each adapter's dropped-out input and rank-r product ([`adapters`]);
+/// - SwiGLU's gating, one op (kernels/swiglu_op.rs) keeping gate's and up's outputs: 2f;
+/// - the inputs of the projections whose weight trains (full training) or that an adapter reads
+///   (LoRA: `dropout(x)·A` keeps x): the normed input of q/k/v and of gate/up (one tensor each,
+///   shared by the projections reading it), the attention context (o) and the SwiGLU product
+///   (down): 2d + n_q + f when every projection trains or is adapted;
+/// - under LoRA, each adapter's rank-r product ([`adapters`]);
 /// - Qwen3's per-head norms of q and k keep their inputs: n_q + n_kv.
 fn block_elements(arch: &Arch, setup: &Setup) -> u64 {
     let (d, f) = (arch.hidden, arch.ffn);
     let (q, kv) = (arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim);
     let qk_norms = if arch.block.qk_norm { q + kv } else { 0 };
-    let kept = 2 * d + q + 2 * kv + 4 * f + qk_norms;
-    let linear_inputs = if is_lora(setup) { 0 } else { 2 * d + q + f };
-    kept + linear_inputs + adapters(arch, setup)
+    let kept = 2 * d + q + 2 * kv + 2 * f + qk_norms;
+    let reads = |roles: &[Role]| {
+        roles.iter().any(|role| {
+            adapted(setup, *role)
+                || arch
+                    .tensors
+                    .iter()
+                    .any(|t| t.role == *role && base_trains(t, setup))
+        })
+    };
+    let inputs = [
+        (&[Role::Q, Role::K, Role::V][..], d),
+        (&[Role::O][..], q),
+        (&[Role::Gate, Role::Up][..], d),
+        (&[Role::Down][..], f),
+    ]
+    .iter()
+    .filter(|(roles, _)| reads(roles))
+    .map(|(_, width)| width)
+    .sum::<u64>();
+    kept + inputs + adapters(setup)
 }
 
 /// A decoder micro-batch's activations. The first block's input needs no gradient when the
@@ -98,11 +120,17 @@ pub(super) fn activations(arch: &Arch, setup: &Setup, cb: u64, accumulated: u64)
         let last_block = boundaries + block + retained + 4 * (trained.base + trained.adapters);
         (head, last_block)
     });
+    // the last block's attention backward (kernels/attention_core.rs): the probabilities recomputed
+    // from the row statistics and the cotangent of the dropped ones (turned into the scores' in
+    // place), f32 `[b, heads, t, t]` each, while the blocks' tensors are all kept (what the last
+    // block's MLP frees by then is not subtracted)
+    let attention_backward = 2 * 4 * b * arch.heads * s * s;
     Moments {
         blocks,
         attention,
         logits,
         head_grads,
+        attention_backward,
         checkpointed,
     }
 }

@@ -75,6 +75,10 @@ pub(super) struct Moments {
     logits: u64,
     /// The LM head's weight gradient beside its host accumulator, at the end of the forward pass.
     head_grads: u64,
+    /// The f32 `[b, heads, t, t]` buffers the attention's backward builds for the last block (its
+    /// probabilities recomputed, their cotangent) while every block's tensors are still kept: a
+    /// moment after the head's, counted instead of the logits when larger (decoders; 0 elsewhere).
+    attention_backward: u64,
     /// With `--grad-ckpt`: the two moments (the head's backward, the last recomputed block),
     /// each without the states and, for the second, with the host gradients.
     checkpointed: Option<(u64, u64)>,
@@ -150,7 +154,7 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
     let (forward_end, backward_end) = match m.checkpointed {
         Some(moments) => moments,
         None => (
-            blocks + attention + logits + m.head_grads + accumulated,
+            blocks + attention + (logits + m.head_grads).max(m.attention_backward) + accumulated,
             backward_end,
         ),
     };
@@ -232,6 +236,15 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
             bs,
             "target tokens × vocab f32 buffers of the cross-entropy and its first backward op",
         ));
+        if m.attention_backward > logits + m.head_grads {
+            c.push(Component::new(
+                "attention backward",
+                m.attention_backward - logits - m.head_grads,
+                bs,
+                "the last block's attention backward (recomputed probabilities and their \
+                 cotangent, f32 b × heads × t × t each) beyond the head's logits",
+            ));
+        }
         if m.head_grads > 0 {
             c.push(Component::new(
                 "head gradients",

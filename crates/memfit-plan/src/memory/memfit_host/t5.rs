@@ -196,6 +196,7 @@ pub(super) fn activations(arch: &Arch, setup: &Setup, cb: u64, accumulated: u64)
         attention,
         logits,
         head_grads,
+        attention_backward: 0,
         checkpointed,
     }
 }
