@@ -29,6 +29,9 @@ pub enum ConfigError {
         value: String,
         reason: &'static str,
     },
+    /// LoRA target names the decoder does not have (the message names them and lists the valid).
+    #[error("{0}")]
+    Targets(String),
 }
 
 fn is_default<T: Default + PartialEq>(v: &T) -> bool {

@@ -129,6 +129,11 @@ impl TrainConfig {
         if let Some(d) = self.lora_dropout.filter(|d| !(0.0..1.0).contains(d)) {
             return invalid("lora_dropout", d.to_string(), "must lie in [0, 1)");
         }
+        // Checked here, before a run directory or a plan exists, by the decoder's own parser.
+        if let Some(names) = &self.lora_targets {
+            memfit_nn::decoder::lora::parse_targets(names)
+                .map_err(|e| ConfigError::Targets(e.to_string()))?;
+        }
         Ok(())
     }
 }
@@ -154,5 +159,19 @@ mod tests {
             "{err}"
         );
         TrainConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn lora_targets_are_checked_by_name() {
+        let lora = |targets: &[&str]| TrainConfig {
+            task: TaskKind::CausalLm,
+            best_metric: crate::config::BestMetric::ValidLoss,
+            method: Method::Lora,
+            lora_targets: Some(targets.iter().map(|t| t.to_string()).collect()),
+            ..Default::default()
+        };
+        let err = lora(&["q", "qq"]).validate().unwrap_err().to_string();
+        assert!(err.contains("\"qq\"") && err.contains("gate"), "{err}");
+        lora(&["q_proj", "mlp"]).validate().unwrap();
     }
 }

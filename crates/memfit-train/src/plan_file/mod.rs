@@ -68,10 +68,15 @@ fn lora_setup(config: &TrainConfig, setup: &mut Setup) {
     setup.method = Method::Lora;
     setup.lora_r = config.lora_r.unwrap_or(16) as u64;
     setup.lora_alpha = config.lora_alpha.unwrap_or(32.0).round() as u64;
-    setup.lora_targets = match &config.lora_targets {
-        Some(names) => names
+    // The decoder's parser (groups such as `mlp` included); names were checked by `validate`.
+    let projections = config
+        .lora_targets
+        .as_ref()
+        .and_then(|names| memfit_nn::decoder::lora::parse_targets(names).ok());
+    setup.lora_targets = match projections {
+        Some(projs) => projs
             .iter()
-            .filter_map(|n| memory::LoraTarget::parse(n.trim().trim_end_matches("_proj")))
+            .filter_map(|p| memory::LoraTarget::parse(p.module().trim_end_matches("_proj")))
             .collect(),
         None => memfit_plan::grid::memfit_lora_targets(),
     };
