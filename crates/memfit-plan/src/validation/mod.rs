@@ -171,6 +171,7 @@ impl Mode {
 pub const SOURCES: &[(char, &str)] = &[
     ('A', "huggingface/transformers docs"),
     ('B', "huggingface/peft README"),
+    ('F', "AnswerDotAI/fsdp_qlora"),
     ('K', "stas00/ml-engineering + accelerate docs"),
     ('L', "Lightning-AI/litgpt"),
     ('M', "Lightning-AI/litgpt"),
