@@ -172,3 +172,42 @@ fn deepspeed_engine_has_no_autocast_copies() {
     s.stack = Stack::AccelerateDeepspeed;
     assert_eq!(component(&a, &s, "autocast weight copies"), 0);
 }
+
+/// torchtune's QLoRA on torchao 0.1 quantizes each weight in one piece at load: peak reserved is
+/// at least the resident weights + 68 bytes per element of the largest quantized weight (its bf16
+/// source, the scaled blocks, and `(value - nf4)` with its `.abs()` over 16 levels). Later
+/// torchao (chunked), other stacks (bitsandbytes quantizes in a kernel) and LoRA keep no such
+/// floor.
+#[test]
+fn torchao_01_quantization_floor_on_reserved() {
+    // a small vocabulary, so that the quantized linears dominate the weights
+    let v = json!({"model_type": "llama", "hidden_size": H, "intermediate_size": 688,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": LAYERS,
+        "vocab_size": 1000, "tie_word_embeddings": false});
+    let a = arch::parse_config("t.json", &v.to_string(), "t").unwrap();
+    let mut s = lora(&a, Stack::Torchtune);
+    s.method = Method::Qlora;
+    s.quant = Some(Quant::Nf4);
+    // few tokens, so that training's own peak stays below the floor
+    (s.batch, s.seq) = (1, 8);
+    let largest = a
+        .tensors
+        .iter()
+        .filter(|t| t.is_linear() && t.role != Role::LmHead)
+        .map(|t| t.size())
+        .max()
+        .unwrap();
+    let reserved = |s: &Setup, fw: &Framework| {
+        memory::estimate(&a, s, fw)
+            .unwrap()
+            .gpu
+            .unwrap()
+            .peak_reserved_bytes
+    };
+    let weights = component(&a, &s, "weights");
+    let (old, new) = (Framework::TORCH_2_BNB_LT_044, Framework::TORCH_2);
+    assert!(reserved(&s, &old) >= weights + 68 * largest);
+    assert!(reserved(&s, &new) < weights + 68 * largest);
+    s.stack = Stack::HfTrainer;
+    assert!(reserved(&s, &old) < weights + 68 * largest);
+}

@@ -27,6 +27,12 @@ pub struct Framework {
     /// `ctx.tensors = (A, B)`), as it did before 0.44 (removed by "fix QLoRA mem bug: delete
     /// useless buffered activation", bitsandbytes#1270, July 2024; 0.44.0 released Sept 2024).
     pub bnb_saves_input: bool,
+    /// torchao ≤ 0.1 quantizes a weight to NF4 in one piece: `NF4Tensor.quantize_tensor_nearest`
+    /// computes `(value.unsqueeze(-1) - nf4).abs()` over every element against the 16 NF4 levels,
+    /// two bf16 tensors of 16 × numel (`torchao/dtypes/nf4tensor.py` at v0.1, which torchtune
+    /// pinned in April 2024: `torchao==0.1`); "perform in chunks" (pytorch/ao#196, 2024-05-01,
+    /// released in 0.2.0) bounds it at 1024² elements. See `gpu::nf4_load_reserved`.
+    pub nf4_quantize_whole: bool,
 }
 
 impl Framework {
@@ -38,12 +44,15 @@ impl Framework {
         grads_persist: false,
         causal_loss_upcast: true,
         bnb_saves_input: false,
+        nf4_quantize_whole: false,
     };
 
     /// PyTorch 2.1–2.3 with bitsandbytes < 0.44 (2023 to mid-2024): as [`Framework::TORCH_2`] but
-    /// 4-bit matmuls save their inputs.
+    /// 4-bit matmuls save their inputs, and torchao's NF4 (torchtune's QLoRA, then at 0.1)
+    /// quantizes each weight in one piece.
     pub const TORCH_2_BNB_LT_044: Framework = Framework {
         bnb_saves_input: true,
+        nf4_quantize_whole: true,
         ..Framework::TORCH_2
     };
 
@@ -56,6 +65,7 @@ impl Framework {
             grads_persist: true,
             causal_loss_upcast: false,
             bnb_saves_input: true,
+            nf4_quantize_whole: true,
         }
     }
 }

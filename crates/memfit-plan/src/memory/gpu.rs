@@ -2,7 +2,7 @@
 
 use super::activations::activations;
 use super::framework::{self, Framework};
-use super::setup::{Optimizer, Setup};
+use super::setup::{Method, Optimizer, Setup};
 use super::states::{self, model_states, trainable};
 use super::{Component, GpuEstimate, Scaling};
 use crate::arch::Arch;
@@ -44,6 +44,35 @@ pub fn optimizer_step_transient(arch: &Arch, setup: &Setup, fw: &Framework) -> u
         // bitsandbytes 8-bit kernels update in place blockwise
         Optimizer::AdamW8bit | Optimizer::PagedAdamW8bit => 0,
     }
+}
+
+/// torchtune's QLoRA on torchao ≤ 0.1 ([`Framework::nf4_quantize_whole`]): every NF4 weight is
+/// quantized on the GPU twice before training, when the model is built on the device
+/// (`LoRALinear(quantize_base=True)`: `to_nf4(nn.Linear(...).weight)`) and when the checkpoint
+/// is loaded into it (torchtune `_register_nf4_dispatch_ops.py` `inplace_copy`:
+/// `to_nf4(src.to(device))`). Quantizing the largest such weight of n elements holds its bf16
+/// source (2n bytes), the scaled blocks (2n) and `(value - nf4)` with its `.abs()` (16 levels ×
+/// 2 bytes × n each) at once: 68n bytes beside the weights already resident. The caching
+/// allocator keeps those blocks reserved for the rest of the run (nothing calls
+/// `empty_cache`; torchtune's `memory_stats_log` resets the peak counters after model init,
+/// which leaves reserved memory where it is), so training's peak reserved is at least this.
+/// 0 for every other setup.
+pub fn nf4_load_reserved(arch: &Arch, setup: &Setup, fw: &Framework, resident: u64) -> u64 {
+    if setup.method != Method::Qlora || !fw.nf4_quantize_whole || !setup.stack.profile().torchao_nf4
+    {
+        return 0;
+    }
+    let largest = arch
+        .tensors
+        .iter()
+        .filter(|t| states::quantized(setup, t))
+        .map(|t| t.size())
+        .max()
+        .unwrap_or(0);
+    if largest == 0 {
+        return 0;
+    }
+    resident + 68 * largest
 }
 
 /// Rounds a live-set total the way the caching allocator's segments do (2 MiB granularity).
@@ -140,14 +169,14 @@ pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
     } else {
         act.stranded_per_block * arch.layers_total()
     };
-    let peak_reserved = round_segments(
-        peak_allocated
-            + if activation_phase >= step_phase {
-                stranded
-            } else {
-                0
-            },
-    );
+    let load_reserved = nf4_load_reserved(arch, setup, fw, st.gpu_weights);
+    let training_reserved = peak_allocated
+        + if activation_phase >= step_phase {
+            stranded
+        } else {
+            0
+        };
+    let peak_reserved = round_segments(training_reserved.max(load_reserved));
     let nccl = if world > 1 {
         framework::NCCL_BUFFERS
     } else {
@@ -269,7 +298,11 @@ pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
         "allocator slack",
         peak_reserved - peak_allocated,
         Scaling::Neither,
-        "reserved − allocated: seq² temporaries stranded by block splitting, 2 MiB segments",
+        if load_reserved > training_reserved {
+            "reserved − allocated: blocks cached from quantizing the weights to NF4 at load (torchao 0.1)"
+        } else {
+            "reserved − allocated: seq² temporaries stranded by block splitting, 2 MiB segments"
+        },
     ));
     c.push(Component::new(
         "cuda context",

@@ -167,15 +167,17 @@ impl Mode {
 }
 
 /// The independent project behind each id letter (validation/README.md). Rows of one project
-/// are left out together: `L` and `M` are two LitGPT tables.
+/// are left out together: `L` and `M` are two LitGPT tables, `B` and `P` two PEFT ones.
 pub const SOURCES: &[(char, &str)] = &[
     ('A', "huggingface/transformers docs"),
-    ('B', "huggingface/peft README"),
+    ('B', "huggingface/peft"),
+    ('F', "AnswerDotAI/fsdp_qlora"),
     ('K', "stas00/ml-engineering + accelerate docs"),
     ('L', "Lightning-AI/litgpt"),
     ('M', "Lightning-AI/litgpt"),
-    ('P', "huggingface/peft method_comparison"),
+    ('P', "huggingface/peft"),
     ('T', "pytorch/torchtune"),
+    ('S', "modelscope/ms-swift"),
 ];
 
 /// The project of a row id (its first letter).

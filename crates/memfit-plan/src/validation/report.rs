@@ -106,7 +106,8 @@ fn method_text() -> String {
     s += "\nTwo modes:\n\n\
           - **all sources**: the context rows of every source may be used;\n\
           - **leave-one-source-out**: a row never uses a constant measured by its own project (rows of\n\
-          \x20 `L` and `M`, both LitGPT, count as one project). Only the `A` rows change: their V100\n\
+          \x20 `L` and `M`, both LitGPT, count as one project, and so do `B` and `P`, both PEFT). Only the\n\
+          \x20 `A` rows change: their V100\n\
           \x20 context (A0-CTX, same source) is replaced by the median of the other source's eager-loading\n\
           \x20 PyTorch 1.x contexts (K2, K3). Every other row uses either no context (`ALLOC`/`RES`/`RSS`)\n\
           \x20 or one from another source already, and the framework constants (`K5` context default,\n\
@@ -140,15 +141,26 @@ pub fn accuracy_markdown(
 
 /// Where the model is weakest: the patterns of the rows above.
 const WEAKEST: &str = "\n## Where the model is weakest\n\n\
-- torchtune's April 2024 rows (`T1`–`T3`, `T5`): 16–46% low on peak *reserved* memory. The\n\
-\x20 LoRA and QLoRA rows miss 2.8–4.3 GB on one GPU and 7.5 GB under FSDP; the activations and\n\
-\x20 states counted for them (torchtune's modules saved tensor by tensor: fp32 RMS-norm inputs, new\n\
-\x20 rotated q/k, SDPA, the fp32 logits its decoder returned then) do not reach it, and no\n\
-\x20 mechanism in the recipes of that commit explains the rest. Candidates, not confirmed: the\n\
-\x20 caching allocator's reserved pool growing over an epoch of batches padded to varying lengths\n\
-\x20 (the rows are `max_memory_reserved` on 24 GB GPUs), or a longer sequence than the dataset's\n\
-\x20 default 512 in the runs behind the table. The full fine-tuning row with the step inside\n\
-\x20 backward (`T4`) is within 5%.\n\
+- torchtune's April 2024 rows (`T2`, `T3`, `T5`, and `T1` less so): 16–37% low on peak *reserved*\n\
+\x20 memory. `T1` (QLoRA) was 46% low until the model counted what torchao 0.1 did at load:\n\
+\x20 it quantized each weight to NF4 in one piece (two bf16 tensors of 16 × the weight's elements for\n\
+\x20 the nearest-level search), about 2.9 GB for a Llama-2-7B MLP weight, which the caching allocator\n\
+\x20 keeps reserved through training. The LoRA rows still miss 2.7 GB on one GPU (`T3`) and 7.3 GB\n\
+\x20 under FSDP (`T2`), and `T1` 2.2 GB; the activations and states counted for them (torchtune's\n\
+\x20 modules saved tensor by tensor: fp32 RMS-norm inputs, new rotated q/k, SDPA, the fp32 logits its\n\
+\x20 decoder returned then) do not reach it, and no mechanism in the recipes of that commit explains\n\
+\x20 the rest. Candidates, not confirmed: the caching allocator's reserved pool growing over an epoch\n\
+\x20 of batches padded to varying lengths (the rows are `max_memory_reserved` on 24 GB GPUs), or a\n\
+\x20 longer sequence than the dataset's default 512 in the runs behind the table. The full\n\
+\x20 fine-tuning row with the step inside backward (`T4`) is within 5%.\n\
+- Answer.AI's FSDP+QLoRA note (`F`): within 10% for most rows; `F1` and `F3` (batch 1, 512 tokens)\n\
+\x20 are 17–19% low on reserved (their allocated peak `F3-ALLOC` is +3%: the pool, not the live\n\
+\x20 tensors, is what is missed), and the largest QLoRA batches (`F6` batch 10, `F12` batch 12 with\n\
+\x20 CPU offload) 19–23% high, while its LoRA rows at batch 4–10 are within 6%: a QLoRA term that\n\
+\x20 grows with the batch is over-counted there (not identified).\n\
+- The MoE row (`S1`, Qwen1.5-MoE-A2.7B, LoRA on every expert) is 27% low against a rounded\n\
+\x20 '42GB' whose metric is inferred (grade C); 128 M fp32 adapters with their AdamW states (which the\n\
+\x20 columns record as bf16) explain under 1 GB of the 11 GB.\n\
 - QLoRA under LitGPT 2024 (`L2`, `L4`, `L5`, `L7`, `L8`, `L10`, `L12`, `L15`, `L18`, `L20`, `L22`,\n\
 \x20 `L25`, `L27`, `L30`): 13–17% low, every one, while the 2023 QLoRA rows of the same project\n\
 \x20 (`M`) are within 5% and the 2024 LoRA rows within 8%: something the 2024 QLoRA path keeps (one\n\
@@ -162,8 +174,8 @@ const WEAKEST: &str = "\n## Where the model is weakest\n\n\
 \x20 loading path of that checkpoint keeps more than the model accounts for.\n\
 - The `GB` rows of the PEFT table carry a ±5% unit ambiguity (validation/README.md); the `P` rows\n\
 \x20 include PEFT's evaluation (generation, batch 50) in their peak reserved.\n\
-- No MoE row: no published measurement with a complete setup was found for mixtral, qwen2_moe or\n\
-\x20 qwen3_moe; those architectures are checked for their parameter counts only.\n\
+- One MoE row only (`S1`, grade C): no other published measurement with a complete setup was found\n\
+\x20 for mixtral, qwen2_moe or qwen3_moe on one GPU or under a sharding the columns express.\n\
 \n\
 What the stacks fixed (before: 37.7% p90, worst −71.6%, 11 rows beyond 35%): LitGPT's FSDP\n\
 rows (`M18`–`M27`) were 21–72% low because Fabric's `no_backward_sync` keeps each block's whole\n\
