@@ -1,9 +1,9 @@
 //! GPU peak of one rank: persistent state + the worst phase + overheads + allocator slack.
 
-use super::activations::activations;
+use super::activations::{ActivationBytes, activations};
 use super::framework::{self, Framework};
 use super::setup::{Method, Optimizer, Setup};
-use super::states::{self, model_states, trainable};
+use super::states::{self, StateBytes, Trainable, model_states, trainable};
 use super::{Component, GpuEstimate, Scaling};
 use crate::arch::Arch;
 
@@ -80,57 +80,57 @@ fn round_segments(bytes: u64) -> u64 {
     bytes.div_ceil(framework::LARGE_SEGMENT_ROUND) * framework::LARGE_SEGMENT_ROUND
 }
 
+/// GPU peak of one rank, by component.
 pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
     let st = model_states(arch, setup);
     let act = activations(arch, setup, fw);
+    let peak = peak(arch, setup, fw, &st, &act);
+    let nvml_used = fw.cuda_context_bytes + peak.reserved + peak.nccl + st.gpu_paged;
+    let mut c = state_components(setup, &st, &peak);
+    c.extend(activation_components(setup, &act));
+    c.extend(overhead_components(fw, &peak));
+    // zero-sized lines (no offload, one GPU, …) say nothing
+    c.retain(|x| x.bytes > 0);
+    GpuEstimate {
+        peak_allocated_bytes: peak.allocated,
+        peak_reserved_bytes: peak.reserved,
+        nvml_used_bytes: nvml_used,
+        components: c,
+    }
+}
+
+/// The peaks of one rank and the GPU bytes, besides model states and activations, behind them.
+struct GpuPeak {
+    /// gradients alive at the peak (none when the step runs inside backward)
+    grads: u64,
+    live_params: u64,
+    zero_buffers: u64,
+    ddp_buckets: u64,
+    step_transient: u64,
+    allocated: u64,
+    reserved: u64,
+    /// the NF4 quantization at load, not training, sets the reserved peak
+    reserved_at_nf4_load: bool,
+    nccl: u64,
+}
+
+/// The larger of a step's two phases (activations alive, optimizer step), plus what the
+/// allocator reserves beyond it.
+fn peak(
+    arch: &Arch,
+    setup: &Setup,
+    fw: &Framework,
+    st: &StateBytes,
+    act: &ActivationBytes,
+) -> GpuPeak {
     let tr = trainable(arch, setup);
-    let world = setup.world();
-    let stage = setup.zero.stage();
-    let grad_b = if states::uses_master(setup) {
-        2
-    } else {
-        setup.precision.weight_bytes()
-    };
-    let hidden2 = arch.hidden * arch.hidden;
-
-    // Communication buffers.
-    let ddp_buckets = if world > 1 && stage == 0 {
-        // DDP's reducer copies every gradient into flat buckets (gradient_as_bucket_view=False,
-        // the default): one more gradient-sized buffer (torch DistributedDataParallel docs).
-        tr.total() * grad_b
-    } else {
-        0
-    };
-    let zero_buffers = match stage {
-        0 => 0,
-        // ipg reduce bucket + all-gather bucket at reduce_bucket_size = hidden² ("auto")
-        1 | 2 => 2 * hidden2 * grad_b,
-        // reduce bucket + prefetch bucket (0.9·hidden²) of 16-bit parameters
-        _ => hidden2 * grad_b + 9 * hidden2 / 10 * 2,
-    };
-    // ZeRO-3: DeepSpeed's own estimate keeps the largest layer gathered (`gathered`); in a
-    // step, parameters fetched for forward stay resident while they will be reused within
-    // stage3_max_reuse_distance (1e9 by default) up to stage3_max_live_parameters (1e9):
-    // DeepSpeed holds min(1e9, all parameters) gathered. FSDP frees each unit after use and
-    // prefetches the next: two blocks.
-    let gathered = st.gpu_gathered;
-    let param_b = if states::uses_master(setup) {
-        2
-    } else {
-        setup.precision.weight_bytes()
-    };
-    let live_params = match (stage, setup.zero.is_fsdp()) {
-        (3, false) => framework::ZERO3_MAX_LIVE_PARAMETERS.min(arch.params_total()) * param_b,
-        // FSDP: the unit being computed and the one prefetched, and the root unit (embeddings,
-        // head), which the root does not reshard after forward
-        // (torch fsdp/_runtime_utils.py `_post_forward_reshard`: "Do not free the root's parameters")
-        (3, true) => (2 * block_params(arch) + root_params(arch)) * param_b,
-        _ => 0,
-    };
-
+    let grad_b = working_dtype_bytes(setup);
+    let ddp_buckets = ddp_bucket_bytes(setup, &tr, grad_b);
+    let zero_buffers = zero_bucket_bytes(arch, setup, grad_b);
+    let live_params = zero3_live_parameter_bytes(arch, setup);
     let persistent_no_grads = st.gpu_weights
         + st.gpu_optimizer
-        + gathered
+        + st.gpu_gathered
         + live_params
         + zero_buffers
         + ddp_buckets
@@ -159,33 +159,93 @@ pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
     } else {
         persistent_no_grads + grads + step_transient
     };
-    let peak_allocated = activation_phase.max(step_phase);
-    // Eager attention leaves, per block, the freed score temporary whose segment the block's
-    // later, smaller tensors split (masks, hidden-size outputs): the next block cannot reuse it
-    // for its own seq² temporaries, so reserved exceeds allocated by about one score-sized block
-    // per layer at the end of the forward pass (c10 CUDACachingAllocator block splitting).
-    let stranded = if setup.grad_ckpt {
-        act.stranded_per_block
-    } else {
-        act.stranded_per_block * arch.layers_total()
-    };
-    let load_reserved = nf4_load_reserved(arch, setup, fw, st.gpu_weights);
-    let training_reserved = peak_allocated
-        + if activation_phase >= step_phase {
-            stranded
-        } else {
-            0
-        };
-    let peak_reserved = round_segments(training_reserved.max(load_reserved));
-    let nccl = if world > 1 {
-        framework::NCCL_BUFFERS
+    let allocated = activation_phase.max(step_phase);
+    let stranded = if activation_phase >= step_phase {
+        stranded_bytes(arch, setup, act)
     } else {
         0
     };
-    let nvml_used = fw.cuda_context_bytes + peak_reserved + nccl + st.gpu_paged;
+    let training_reserved = allocated + stranded;
+    let load_reserved = nf4_load_reserved(arch, setup, fw, st.gpu_weights);
+    GpuPeak {
+        grads,
+        live_params,
+        zero_buffers,
+        ddp_buckets,
+        step_transient,
+        allocated,
+        reserved: round_segments(training_reserved.max(load_reserved)),
+        reserved_at_nf4_load: load_reserved > training_reserved,
+        nccl: if setup.world() > 1 {
+            framework::NCCL_BUFFERS
+        } else {
+            0
+        },
+    }
+}
 
-    let bs = Scaling::BatchAndSequence;
-    let mut c = vec![
+/// Bytes per element of gradients and gathered parameters: 16-bit beside an fp32 master copy.
+fn working_dtype_bytes(setup: &Setup) -> u64 {
+    if states::uses_master(setup) {
+        2
+    } else {
+        setup.precision.weight_bytes()
+    }
+}
+
+fn ddp_bucket_bytes(setup: &Setup, tr: &Trainable, grad_b: u64) -> u64 {
+    if setup.world() > 1 && setup.zero.stage() == 0 {
+        // DDP's reducer copies every gradient into flat buckets (gradient_as_bucket_view=False,
+        // the default): one more gradient-sized buffer (torch DistributedDataParallel docs).
+        tr.total() * grad_b
+    } else {
+        0
+    }
+}
+
+fn zero_bucket_bytes(arch: &Arch, setup: &Setup, grad_b: u64) -> u64 {
+    let hidden2 = arch.hidden * arch.hidden;
+    match setup.zero.stage() {
+        0 => 0,
+        // ipg reduce bucket + all-gather bucket at reduce_bucket_size = hidden² ("auto")
+        1 | 2 => 2 * hidden2 * grad_b,
+        // reduce bucket + prefetch bucket (0.9·hidden²) of 16-bit parameters
+        _ => hidden2 * grad_b + 9 * hidden2 / 10 * 2,
+    }
+}
+
+/// ZeRO-3: DeepSpeed's own estimate keeps the largest layer gathered (`gpu_gathered`); in a
+/// step, parameters fetched for forward stay resident while they will be reused within
+/// stage3_max_reuse_distance (1e9 by default) up to stage3_max_live_parameters (1e9):
+/// DeepSpeed holds min(1e9, all parameters) gathered. FSDP frees each unit after use and
+/// prefetches the next: two blocks.
+fn zero3_live_parameter_bytes(arch: &Arch, setup: &Setup) -> u64 {
+    let param_b = working_dtype_bytes(setup);
+    match (setup.zero.stage(), setup.zero.is_fsdp()) {
+        (3, false) => framework::ZERO3_MAX_LIVE_PARAMETERS.min(arch.params_total()) * param_b,
+        // FSDP: the unit being computed and the one prefetched, and the root unit (embeddings,
+        // head), which the root does not reshard after forward
+        // (torch fsdp/_runtime_utils.py `_post_forward_reshard`: "Do not free the root's parameters")
+        (3, true) => (2 * block_params(arch) + root_params(arch)) * param_b,
+        _ => 0,
+    }
+}
+
+/// Eager attention leaves, per block, the freed score temporary whose segment the block's
+/// later, smaller tensors split (masks, hidden-size outputs): the next block cannot reuse it
+/// for its own seq² temporaries, so reserved exceeds allocated by about one score-sized block
+/// per layer at the end of the forward pass (c10 CUDACachingAllocator block splitting).
+fn stranded_bytes(arch: &Arch, setup: &Setup, act: &ActivationBytes) -> u64 {
+    if setup.grad_ckpt {
+        act.stranded_per_block
+    } else {
+        act.stranded_per_block * arch.layers_total()
+    }
+}
+
+/// Lines for the persistent model states and ZeRO-3's gathered parameters.
+fn state_components(setup: &Setup, st: &StateBytes, peak: &GpuPeak) -> Vec<Component> {
+    vec![
         Component::new(
             "weights",
             st.gpu_weights,
@@ -194,7 +254,7 @@ pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
         ),
         Component::new(
             "gradients",
-            grads,
+            peak.grads,
             Scaling::Neither,
             "trainable parameters × gradient dtype",
         ),
@@ -207,123 +267,128 @@ pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
                 setup.optimizer
             ),
         ),
-    ];
-    c.push(Component::new(
-        "zero-3 live parameters",
-        live_params,
-        Scaling::Neither,
-        "gathered parameters kept for reuse (stage3_max_live_parameters)",
-    ));
-    c.push(Component::new(
-        "zero-3 gathered layer",
-        gathered,
-        Scaling::Neither,
-        "largest layer's parameters + gradients, gathered whole",
-    ));
-    c.push(Component::new(
-        "paged optimizer states",
-        st.gpu_paged,
-        Scaling::Neither,
-        "CUDA unified memory: in nvml_used, not in torch's counters; pages out under pressure",
-    ));
-    c.push(Component::new(
-        "activations (blocks)",
-        act.blocks + act.recompute,
-        bs,
-        if setup.grad_ckpt {
-            "checkpointed block inputs + one block recomputed"
-        } else {
-            "saved for backward, every block"
-        },
-    ));
-    c.push(Component::new(
-        "  of which attention matrices",
-        act.attention_matrices,
-        bs,
-        "batch × heads × seq² scores/probabilities (eager)",
-    ));
-    c.push(Component::new(
-        "embeddings + inputs",
-        act.embeddings,
-        bs,
-        "embedding output, dropout masks, token ids",
-    ));
-    c.push(Component::new(
-        "logits + loss",
-        act.logits,
-        bs,
-        "logits, shifted copy, log-softmax",
-    ));
-    c.push(Component::new(
-        "autocast weight copies",
-        act.autocast_weights,
-        Scaling::Neither,
-        "16-bit casts of the linear weights kept for backward",
-    ));
-    c.push(Component::new(
-        "backward temporaries",
-        act.transient,
-        bs,
-        "loss gradient or one block's gradient tensors",
-    ));
-    c.push(Component::new(
-        "optimizer step temporaries",
-        step_transient,
-        Scaling::Neither,
-        if fw.foreach_optimizer {
-            "foreach step copies (only when larger than the activations phase)"
-        } else {
-            "per-tensor step copies"
-        },
-    ));
-    c.push(Component::new(
-        "ddp gradient buckets",
-        ddp_buckets,
-        Scaling::Neither,
-        "flat copies of all gradients for all-reduce",
-    ));
-    c.push(Component::new(
-        "zero buckets",
-        zero_buffers,
-        Scaling::Neither,
-        "reduce / all-gather / prefetch buckets at hidden² elements",
-    ));
-    c.push(Component::new(
-        "cublas workspace",
-        framework::CUBLAS_WORKSPACE,
-        Scaling::Neither,
-        "per handle, through the caching allocator",
-    ));
-    c.push(Component::new(
-        "allocator slack",
-        peak_reserved - peak_allocated,
-        Scaling::Neither,
-        if load_reserved > training_reserved {
-            "reserved − allocated: blocks cached from quantizing the weights to NF4 at load (torchao 0.1)"
-        } else {
-            "reserved − allocated: seq² temporaries stranded by block splitting, 2 MiB segments"
-        },
-    ));
-    c.push(Component::new(
-        "cuda context",
-        fw.cuda_context_bytes,
-        Scaling::Neither,
-        "kernels and driver state, outside the allocator",
-    ));
-    c.push(Component::new(
-        "nccl buffers",
-        nccl,
-        Scaling::Neither,
-        "communicator buffers outside the allocator",
-    ));
-    // zero-sized lines (no offload, one GPU, …) say nothing
-    c.retain(|x| x.bytes > 0);
-    GpuEstimate {
-        peak_allocated_bytes: peak_allocated,
-        peak_reserved_bytes: peak_reserved,
-        nvml_used_bytes: nvml_used,
-        components: c,
-    }
+        Component::new(
+            "zero-3 live parameters",
+            peak.live_params,
+            Scaling::Neither,
+            "gathered parameters kept for reuse (stage3_max_live_parameters)",
+        ),
+        Component::new(
+            "zero-3 gathered layer",
+            st.gpu_gathered,
+            Scaling::Neither,
+            "largest layer's parameters + gradients, gathered whole",
+        ),
+        Component::new(
+            "paged optimizer states",
+            st.gpu_paged,
+            Scaling::Neither,
+            "CUDA unified memory: in nvml_used, not in torch's counters; pages out under pressure",
+        ),
+    ]
+}
+
+/// Lines for the activations of one micro-batch and the backward pass's temporaries.
+fn activation_components(setup: &Setup, act: &ActivationBytes) -> Vec<Component> {
+    let bs = Scaling::BatchAndSequence;
+    vec![
+        Component::new(
+            "activations (blocks)",
+            act.blocks + act.recompute,
+            bs,
+            if setup.grad_ckpt {
+                "checkpointed block inputs + one block recomputed"
+            } else {
+                "saved for backward, every block"
+            },
+        ),
+        Component::new(
+            "  of which attention matrices",
+            act.attention_matrices,
+            bs,
+            "batch × heads × seq² scores/probabilities (eager)",
+        ),
+        Component::new(
+            "embeddings + inputs",
+            act.embeddings,
+            bs,
+            "embedding output, dropout masks, token ids",
+        ),
+        Component::new(
+            "logits + loss",
+            act.logits,
+            bs,
+            "logits, shifted copy, log-softmax",
+        ),
+        Component::new(
+            "autocast weight copies",
+            act.autocast_weights,
+            Scaling::Neither,
+            "16-bit casts of the linear weights kept for backward",
+        ),
+        Component::new(
+            "backward temporaries",
+            act.transient,
+            bs,
+            "loss gradient or one block's gradient tensors",
+        ),
+    ]
+}
+
+/// Lines for the optimizer step, communication buffers and what lies outside torch's counters.
+fn overhead_components(fw: &Framework, peak: &GpuPeak) -> Vec<Component> {
+    vec![
+        Component::new(
+            "optimizer step temporaries",
+            peak.step_transient,
+            Scaling::Neither,
+            if fw.foreach_optimizer {
+                "foreach step copies (only when larger than the activations phase)"
+            } else {
+                "per-tensor step copies"
+            },
+        ),
+        Component::new(
+            "ddp gradient buckets",
+            peak.ddp_buckets,
+            Scaling::Neither,
+            "flat copies of all gradients for all-reduce",
+        ),
+        Component::new(
+            "zero buckets",
+            peak.zero_buffers,
+            Scaling::Neither,
+            "reduce / all-gather / prefetch buckets at hidden² elements",
+        ),
+        Component::new(
+            "cublas workspace",
+            framework::CUBLAS_WORKSPACE,
+            Scaling::Neither,
+            "per handle, through the caching allocator",
+        ),
+        Component::new(
+            "allocator slack",
+            peak.reserved - peak.allocated,
+            Scaling::Neither,
+            if peak.reserved_at_nf4_load {
+                "reserved − allocated: blocks cached from quantizing the weights to NF4 at load (torchao 0.1)"
+            } else {
+                "reserved − allocated: seq² temporaries stranded by block splitting, 2 MiB segments"
+            },
+        ),
+        Component::new(
+            "cuda context",
+            fw.cuda_context_bytes,
+            Scaling::Neither,
+            "kernels and driver state, outside the allocator",
+        ),
+        Component::new(
+            "nccl buffers",
+            peak.nccl,
+            Scaling::Neither,
+            "communicator buffers outside the allocator",
+        ),
+    ]
 }
 
 fn weights_note(setup: &Setup) -> String {
