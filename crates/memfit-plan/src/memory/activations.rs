@@ -132,31 +132,7 @@ pub fn activations(arch: &Arch, setup: &Setup, fw: &Framework) -> ActivationByte
     } else {
         setup.seq
     };
-    let heads = arch.heads;
-    let mut stacks = Vec::new();
-    if arch.encoder_layers > 0 {
-        stacks.push(Stack {
-            group: Group::Encoder,
-            layers: arch.encoder_layers,
-            tokens: b * src,
-            self_matrix: b * heads * src * src,
-            cross: None,
-        });
-    }
-    if arch.decoder_layers > 0 {
-        let (len, cross) = if arch.encoder_layers > 0 {
-            (tgt, Some((b * src, b * heads * tgt * src)))
-        } else {
-            (src, None)
-        };
-        stacks.push(Stack {
-            group: Group::Decoder,
-            layers: arch.decoder_layers,
-            tokens: b * len,
-            self_matrix: b * heads * len * len,
-            cross,
-        });
-    }
+    let stacks = stacks(arch, b, src, tgt);
     let mut out = ActivationBytes::default();
     // The graph exists from the first trainable tensor on: stacks before it save nothing.
     let mut live = trains_in(arch, setup, Group::Embeddings);
@@ -210,22 +186,58 @@ pub fn activations(arch: &Arch, setup: &Setup, fw: &Framework) -> ActivationByte
     // autocast weight copies: every linear weight used in a live block is cast to 16 bit once
     // per forward and kept by autograd for backward (frozen ones too: the input gradient needs it).
     if w.amp {
-        let linear: u64 = arch
-            .tensors
-            .iter()
-            // 4-bit linears dequantize per call instead (their matmul is not autocast-cached)
-            .filter(|t| t.is_linear() || t.role == Role::LmHead || tied_head(arch, setup, t))
-            .filter(|t| !quantized(setup, t))
-            .map(|t| t.elements())
-            .sum();
-        out.autocast_weights = 2 * linear;
-        if setup.grad_ckpt {
-            // With checkpointing the forward runs without saving, but autocast still caches the
-            // casts of trainable leaf weights until the autocast region ends (after the forward).
-            out.autocast_weights = 2 * trainable_linear(arch, setup);
-        }
+        out.autocast_weights = autocast_weight_bytes(arch, setup);
     }
     out
+}
+
+/// The encoder and decoder stacks a micro-batch of `b` rows runs through (`src` tokens in,
+/// `tgt` decoder tokens for seq2seq).
+fn stacks(arch: &Arch, b: u64, src: u64, tgt: u64) -> Vec<Stack> {
+    let heads = arch.heads;
+    let mut stacks = Vec::new();
+    if arch.encoder_layers > 0 {
+        stacks.push(Stack {
+            group: Group::Encoder,
+            layers: arch.encoder_layers,
+            tokens: b * src,
+            self_matrix: b * heads * src * src,
+            cross: None,
+        });
+    }
+    if arch.decoder_layers > 0 {
+        let (len, cross) = if arch.encoder_layers > 0 {
+            (tgt, Some((b * src, b * heads * tgt * src)))
+        } else {
+            (src, None)
+        };
+        stacks.push(Stack {
+            group: Group::Decoder,
+            layers: arch.decoder_layers,
+            tokens: b * len,
+            self_matrix: b * heads * len * len,
+            cross,
+        });
+    }
+    stacks
+}
+
+/// autocast's 16-bit copies of the linear weights, alive from forward to backward.
+fn autocast_weight_bytes(arch: &Arch, setup: &Setup) -> u64 {
+    if setup.grad_ckpt {
+        // With checkpointing the forward runs without saving, but autocast still caches the
+        // casts of trainable leaf weights until the autocast region ends (after the forward).
+        return 2 * trainable_linear(arch, setup);
+    }
+    let linear: u64 = arch
+        .tensors
+        .iter()
+        // 4-bit linears dequantize per call instead (their matmul is not autocast-cached)
+        .filter(|t| t.is_linear() || t.role == Role::LmHead || tied_head(arch, setup, t))
+        .filter(|t| !quantized(setup, t))
+        .map(|t| t.elements())
+        .sum();
+    2 * linear
 }
 
 /// A tied LM head multiplies by the embedding matrix: autocast casts it like a linear weight.
