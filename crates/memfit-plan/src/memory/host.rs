@@ -4,7 +4,7 @@ use super::activations::activations;
 use super::framework::{self, Framework, MIB};
 use super::gpu::optimizer_step_transient;
 use super::setup::{DatasetMode, Device, Runtime, Setup};
-use super::states::model_states;
+use super::states::{StateBytes, model_states};
 use super::{Component, HostEstimate, Scaling};
 use crate::Task;
 use crate::arch::Arch;
@@ -39,7 +39,6 @@ pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
     let ranks = setup.gpus.max(1);
     let st = model_states(arch, setup);
     let wb = setup.precision.weight_bytes();
-    let p = arch.params_total();
     let runtime = match (setup.runtime, setup.device) {
         (Runtime::Pytorch, Device::Cuda) => framework::PYTORCH_CUDA_RUNTIME_RSS,
         (Runtime::Pytorch, Device::Cpu) => framework::PYTORCH_CPU_RUNTIME_RSS,
@@ -57,32 +56,7 @@ pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
         format!("{} process baseline × {ranks} rank(s)", setup.runtime),
     );
     if setup.device == Device::Cpu {
-        let act = activations(arch, setup, fw);
-        let states = st.gpu_weights + st.gpu_grads + st.gpu_optimizer + st.gpu_paged;
-        let step = optimizer_step_transient(arch, setup, fw);
-        l.add(
-            "model states",
-            states,
-            neither,
-            "weights + gradients + optimizer states in RAM (--device cpu)",
-        );
-        // the step's temporaries appear after the activations are freed: count the larger
-        let (name, bytes, scales, note) = if act.total() >= step {
-            (
-                "activations",
-                act.total(),
-                Scaling::BatchAndSequence,
-                "saved tensors, logits and temporaries in RAM (--device cpu)",
-            )
-        } else {
-            (
-                "optimizer step temporaries",
-                step,
-                neither,
-                "copies made by the optimizer step (more than the activations)",
-            )
-        };
-        l.add(name, bytes, scales, note);
+        add_cpu_training(&mut l, arch, setup, fw, &st);
     }
     let offloaded = (st.host_weights + st.host_grads + st.host_optimizer) * ranks;
     l.add(
@@ -92,22 +66,82 @@ pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
         "ZeRO offload: parameter / gradient / optimizer partitions in host memory",
     );
     if setup.runtime == Runtime::Pytorch && setup.zero.stage() == 3 && setup.offload_params {
-        // zero.Init frees full-size parameters after partitioning them, which raises glibc's mmap
-        // threshold to its 32 MiB maximum; the state-dict tensors loaded afterwards that fit
-        // under it come from the heap and stay resident after the state dict is dropped.
-        let residue: u64 = arch
-            .tensors
-            .iter()
-            .filter(|t| t.size() * wb <= GLIBC_MMAP_THRESHOLD_MAX)
-            .map(|t| t.elements() * wb)
-            .sum();
         l.add(
             "load residue (heap)",
-            residue,
+            load_residue(arch, wb),
             neither,
             "state-dict tensors ≤ 32 MiB kept by glibc's heap after loading (zero.Init)",
         );
     }
+    add_data_loading(&mut l, setup, ranks);
+    let train = l.train;
+    let mut c = l.components;
+    // Checkpoint staging: tensors are copied to host one at a time while serialising.
+    let largest = arch.tensors.iter().map(|t| t.size()).max().unwrap_or(0) * wb;
+    c.push(Component::new(
+        "checkpoint staging",
+        largest * ranks,
+        neither,
+        "largest tensor copied to host while a checkpoint is written",
+    ));
+    let load = runtime * ranks + model_load(arch, setup, offloaded, largest);
+    c.push(Component::new(
+        "model load (transient)",
+        load - runtime * ranks,
+        neither,
+        "checkpoint shard (or partition) in RAM while loading, before training",
+    ));
+    c.retain(|x| x.bytes > 0 || x.name == "dataset");
+    HostEstimate {
+        peak_rss_bytes: (train + largest * ranks).max(load),
+        train_rss_bytes: train,
+        components: c,
+    }
+}
+
+/// --device cpu: the model states and the larger of the activations and the step's temporaries.
+fn add_cpu_training(l: &mut Ledger, arch: &Arch, setup: &Setup, fw: &Framework, st: &StateBytes) {
+    let act = activations(arch, setup, fw);
+    let states = st.gpu_weights + st.gpu_grads + st.gpu_optimizer + st.gpu_paged;
+    let step = optimizer_step_transient(arch, setup, fw);
+    l.add(
+        "model states",
+        states,
+        Scaling::Neither,
+        "weights + gradients + optimizer states in RAM (--device cpu)",
+    );
+    // the step's temporaries appear after the activations are freed: count the larger
+    let (name, bytes, scales, note) = if act.total() >= step {
+        (
+            "activations",
+            act.total(),
+            Scaling::BatchAndSequence,
+            "saved tensors, logits and temporaries in RAM (--device cpu)",
+        )
+    } else {
+        (
+            "optimizer step temporaries",
+            step,
+            Scaling::Neither,
+            "copies made by the optimizer step (more than the activations)",
+        )
+    };
+    l.add(name, bytes, scales, note);
+}
+
+/// zero.Init frees full-size parameters after partitioning them, which raises glibc's mmap
+/// threshold to its 32 MiB maximum; the state-dict tensors loaded afterwards that fit under it
+/// come from the heap and stay resident after the state dict is dropped.
+fn load_residue(arch: &Arch, wb: u64) -> u64 {
+    arch.tensors
+        .iter()
+        .filter(|t| t.size() * wb <= GLIBC_MMAP_THRESHOLD_MAX)
+        .map(|t| t.elements() * wb)
+        .sum()
+}
+
+/// The dataset, the loader workers and their pinned batches, on all ranks.
+fn add_data_loading(l: &mut Ledger, setup: &Setup, ranks: u64) {
     let tgt = if setup.task == Task::Seq2seq {
         setup.tgt_seq
     } else {
@@ -149,43 +183,23 @@ pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
             "page-locked copies of batches in flight (power-of-two blocks)",
         );
     }
-    let train = l.train;
-    let mut c = l.components;
-    // Checkpoint staging: tensors are copied to host one at a time while serialising.
-    let largest = arch.tensors.iter().map(|t| t.size()).max().unwrap_or(0) * wb;
-    c.push(Component::new(
-        "checkpoint staging",
-        largest * ranks,
-        neither,
-        "largest tensor copied to host while a checkpoint is written",
-    ));
-    // Loading. transformers loads a checkpoint shard by shard (low_cpu_mem_usage / device_map,
-    // the path for sharded and quantized models; `save_pretrained` writes shards of at most
-    // 5 GB): one shard is in RAM while its tensors move to the device. With ZeRO-3 (zero.Init)
-    // each rank builds only its partition. memfit memory-maps safetensors and converts tensor
-    // by tensor.
-    let shard = (p * wb).min(CHECKPOINT_SHARD_BYTES);
-    let load = runtime * ranks
-        + match (setup.runtime, setup.device) {
-            (Runtime::Pytorch, Device::Cuda) if setup.zero.stage() == 3 => {
-                offloaded + largest * ranks
-            }
-            (Runtime::Pytorch, Device::Cuda) => shard * ranks,
-            // on the CPU the loaded model is the training model: + the shard being read
-            (Runtime::Pytorch, Device::Cpu) => (p * wb + shard) * ranks,
-            (Runtime::Memfit, Device::Cuda) => largest * ranks,
-            (Runtime::Memfit, Device::Cpu) => (p * wb + largest) * ranks,
-        };
-    c.push(Component::new(
-        "model load (transient)",
-        load - runtime * ranks,
-        neither,
-        "checkpoint shard (or partition) in RAM while loading, before training",
-    ));
-    c.retain(|x| x.bytes > 0 || x.name == "dataset");
-    HostEstimate {
-        peak_rss_bytes: (train + largest * ranks).max(load),
-        train_rss_bytes: train,
-        components: c,
+}
+
+/// Host bytes while the model loads, above the runtime, on all ranks. transformers loads a
+/// checkpoint shard by shard (low_cpu_mem_usage / device_map, the path for sharded and quantized
+/// models; `save_pretrained` writes shards of at most 5 GB): one shard is in RAM while its tensors
+/// move to the device. With ZeRO-3 (zero.Init) each rank builds only its partition. memfit
+/// memory-maps safetensors and converts tensor by tensor.
+fn model_load(arch: &Arch, setup: &Setup, offloaded: u64, largest: u64) -> u64 {
+    let ranks = setup.gpus.max(1);
+    let model = arch.params_total() * setup.precision.weight_bytes();
+    let shard = model.min(CHECKPOINT_SHARD_BYTES);
+    match (setup.runtime, setup.device) {
+        (Runtime::Pytorch, Device::Cuda) if setup.zero.stage() == 3 => offloaded + largest * ranks,
+        (Runtime::Pytorch, Device::Cuda) => shard * ranks,
+        // on the CPU the loaded model is the training model: + the shard being read
+        (Runtime::Pytorch, Device::Cpu) => (model + shard) * ranks,
+        (Runtime::Memfit, Device::Cuda) => largest * ranks,
+        (Runtime::Memfit, Device::Cpu) => (model + largest) * ranks,
     }
 }
