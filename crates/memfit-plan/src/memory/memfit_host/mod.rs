@@ -35,7 +35,7 @@ mod decoder;
 mod t5;
 
 use super::setup::{Method, Optimizer, Precision, Setup};
-use super::states::{base_trains, trainable};
+use super::states::{Trainable, base_trains, trainable};
 use super::{Component, HostEstimate, Scaling};
 use crate::arch::{Arch, Family, Group};
 
@@ -116,23 +116,20 @@ fn recomputed_block(bytes: u64, rows: u64) -> (u64, u64) {
     (block, retained)
 }
 
+/// Trained parameters: the base's, or under LoRA the adapters' (f32 A and B).
+fn trained_params(tr: &Trainable) -> u64 {
+    tr.base + tr.adapters
+}
+
 /// The memfit trainer's host peak on the CPU, by component.
 pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
-    let p = arch.params_total();
     let tr = trainable(arch, setup);
-    // trained parameters: the base's, or under LoRA the adapters' (f32 A and B)
-    let pt = tr.base + tr.adapters;
+    let pt = trained_params(&tr);
     let lora = matches!(setup.method, Method::Lora | Method::Qlora);
     // compute dtype of the activations (bf16 or f32)
     let cb = match setup.precision {
         Precision::Bf16 | Precision::Fp16 => 2,
         _ => 4,
-    };
-    let optimizer = match setup.optimizer {
-        Optimizer::Adafactor => 4 * tr.adafactor_elements,
-        Optimizer::Sgd => 4 * pt,
-        // the trainer has AdamW and Adafactor; every other name is planned as AdamW's f32 moments
-        _ => 8 * pt,
     };
     let host_grads = 4 * pt;
     let device_grads = 4 * pt;
@@ -150,13 +147,58 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
     } else {
         host_grads
     };
-    let (blocks, attention, logits) = (m.blocks, m.attention, m.logits);
     let (forward_end, backward_end) = match m.checkpointed {
         Some(moments) => moments,
         None => (
-            blocks + attention + (logits + m.head_grads).max(m.attention_backward) + accumulated,
+            m.blocks
+                + m.attention
+                + (m.logits + m.head_grads).max(m.attention_backward)
+                + accumulated,
             backward_end,
         ),
+    };
+    let mut c = state_components(arch, setup, &tr, lora);
+    let states: u64 = c.iter().map(|x| x.bytes).sum();
+    if setup.grad_ckpt {
+        c.push(Component::new(
+            "activations (checkpointed)",
+            forward_end.max(backward_end),
+            Scaling::BatchAndSequence,
+            "block inputs kept between forward and backward + the worse of the head's loss \
+             (logits, embedding gradient) and one recomputed block beside the host gradients",
+        ));
+    } else if forward_end >= backward_end {
+        c.extend(forward_end_components(&m, accumulated));
+    } else {
+        c.extend(backward_end_components(setup, backward_end, device_grads));
+    }
+    let train = states + forward_end.max(backward_end);
+    let checkpoint = checkpoint_write(arch, &tr, lora);
+    // an evaluation just before the checkpoint re-uploads the device weights (a copy, cached until
+    // the next micro-batch): they are counted (under LoRA only the adapter is written)
+    let checkpoint_peak = states + if lora { 0 } else { cb * arch.params_total() } + checkpoint;
+    c.push(Component::new(
+        "checkpoint write (transient)",
+        checkpoint,
+        Scaling::Neither,
+        "the largest tensor's f32 copy and serialised bytes while a checkpoint is written",
+    ));
+    HostEstimate {
+        peak_rss_bytes: train.max(checkpoint_peak),
+        train_rss_bytes: train,
+        components: c,
+    }
+}
+
+/// The runtime and the model states: master weights, device weights, optimizer states.
+fn state_components(arch: &Arch, setup: &Setup, tr: &Trainable, lora: bool) -> Vec<Component> {
+    let p = arch.params_total();
+    let pt = trained_params(tr);
+    let optimizer = match setup.optimizer {
+        Optimizer::Adafactor => 4 * tr.adafactor_elements,
+        Optimizer::Sgd => 4 * pt,
+        // the trainer has AdamW and Adafactor; every other name is planned as AdamW's f32 moments
+        _ => 8 * pt,
     };
     // Under LoRA the frozen base is held by the model as device tensors in its own dtype; the
     // master weights are the adapters.
@@ -170,7 +212,7 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
         (4 * p, 0)
     };
     let n = Scaling::Neither;
-    let mut c = vec![
+    vec![
         Component::new(
             "runtime",
             fitted::RUNTIME_RSS,
@@ -206,100 +248,89 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
             n,
             format!("{} states, f32, trained parameters only", setup.optimizer),
         ),
-    ];
-    let states: u64 = c.iter().map(|x| x.bytes).sum();
+    ]
+}
+
+/// What a micro-batch holds at the end of its forward pass, when that is the peak.
+fn forward_end_components(m: &Moments, accumulated: u64) -> Vec<Component> {
     let bs = Scaling::BatchAndSequence;
-    if setup.grad_ckpt {
-        c.push(Component::new(
-            "activations (checkpointed)",
-            forward_end.max(backward_end),
-            bs,
-            "block inputs kept between forward and backward + the worse of the head's loss \
-             (logits, embedding gradient) and one recomputed block beside the host gradients",
-        ));
-    } else if forward_end >= backward_end {
-        c.push(Component::new(
+    let mut c = vec![
+        Component::new(
             "activations (blocks)",
-            blocks,
+            m.blocks,
             bs,
             "tensors burn's autodiff keeps per block for the backward pass",
-        ));
-        c.push(Component::new(
+        ),
+        Component::new(
             "attention matrices",
-            attention,
-            Scaling::BatchAndSequence,
+            m.attention,
+            bs,
             "the position biases (+ mask) shared by the blocks, and each softmax row's max and 1/sum (no per-attention q × k matrix: probabilities recomputed in backward)",
-        ));
-        c.push(Component::new(
+        ),
+        Component::new(
             "logits and loss",
-            logits,
+            m.logits,
             bs,
             "target tokens × vocab f32 buffers of the cross-entropy and its first backward op",
-        ));
-        if m.attention_backward > logits + m.head_grads {
-            c.push(Component::new(
-                "attention backward",
-                m.attention_backward - logits - m.head_grads,
-                bs,
-                "the last block's attention backward (recomputed probabilities and their \
-                 cotangent, f32 b × heads × t × t each) beyond the head's logits",
-            ));
-        }
-        if m.head_grads > 0 {
-            c.push(Component::new(
-                "head gradients",
-                m.head_grads,
-                n,
-                "the LM head's weight gradient beside its host accumulator",
-            ));
-        }
-        if accumulated > 0 {
-            c.push(Component::new(
-                "accumulated gradients",
-                accumulated,
-                n,
-                "host f32 gradients of the earlier micro-batches (accum > 1)",
-            ));
-        }
-    } else {
-        if setup.accum > 1 {
-            c.push(Component::new(
-                "device gradients",
-                device_grads,
-                n,
-                "gradients of one backward pass, before they are added to the host accumulators",
-            ));
-        }
+        ),
+    ];
+    if m.attention_backward > m.logits + m.head_grads {
         c.push(Component::new(
-            "accumulated gradients",
-            backward_end - if setup.accum > 1 { device_grads } else { 0 },
-            n,
-            "host f32 gradients, kept until the optimizer step",
+            "attention backward",
+            m.attention_backward - m.logits - m.head_grads,
+            bs,
+            "the last block's attention backward (recomputed probabilities and their \
+             cotangent, f32 b × heads × t × t each) beyond the head's logits",
         ));
     }
-    let train = states + forward_end.max(backward_end);
-    // Writing a checkpoint: safetensors files are written one tensor at a time (a transposed f32
-    // copy for linear weights and its little-endian bytes: 2 × 4 B × the largest tensor), the model
-    // first, then the optimizer states (`tensor_file::write_f32`). The step has dropped the
-    // gradients, but an evaluation just before the checkpoint re-uploads the device weights (a
-    // copy, cached until the next micro-batch): they are counted.
-    // (under LoRA only the adapter is written)
+    if m.head_grads > 0 {
+        c.push(Component::new(
+            "head gradients",
+            m.head_grads,
+            Scaling::Neither,
+            "the LM head's weight gradient beside its host accumulator",
+        ));
+    }
+    if accumulated > 0 {
+        c.push(Component::new(
+            "accumulated gradients",
+            accumulated,
+            Scaling::Neither,
+            "host f32 gradients of the earlier micro-batches (accum > 1)",
+        ));
+    }
+    c
+}
+
+/// The gradients alive at the end of a backward pass, when that is the peak.
+fn backward_end_components(setup: &Setup, backward_end: u64, device_grads: u64) -> Vec<Component> {
+    let mut c = Vec::new();
+    if setup.accum > 1 {
+        c.push(Component::new(
+            "device gradients",
+            device_grads,
+            Scaling::Neither,
+            "gradients of one backward pass, before they are added to the host accumulators",
+        ));
+    }
+    c.push(Component::new(
+        "accumulated gradients",
+        backward_end - if setup.accum > 1 { device_grads } else { 0 },
+        Scaling::Neither,
+        "host f32 gradients, kept until the optimizer step",
+    ));
+    c
+}
+
+/// Writing a checkpoint: safetensors files are written one tensor at a time (a transposed f32
+/// copy for linear weights and its little-endian bytes: 2 × 4 B × the largest tensor), the model
+/// first, then the optimizer states (`tensor_file::write_f32`). The step has dropped the
+/// gradients. Under LoRA only the adapter is written.
+fn checkpoint_write(arch: &Arch, tr: &Trainable, lora: bool) -> u64 {
     let largest = if lora {
         tr.largest_tensor
     } else {
         arch.tensors.iter().map(|t| t.elements()).max().unwrap_or(0)
     };
-    let checkpoint = 2 * 4 * largest;
-    let checkpoint_peak = states + if lora { 0 } else { cb * p } + checkpoint;
-    c.push(Component::new(
-        "checkpoint write (transient)",
-        checkpoint,
-        n,
-        "the largest tensor's f32 copy and serialised bytes while a checkpoint is written",
-    ));
-    HostEstimate {
-        peak_rss_bytes: train.max(checkpoint_peak),
-        train_rss_bytes: train,
-        components: c,
-    }
+    2 * 4 * largest
 }
