@@ -260,35 +260,9 @@ pub fn plan_with(
         }
     }
     let considered = all.len();
-    // fastest first; ties → the setup with fewer parts (no ZeRO, no offload: one GPU's ZeRO-2 ties
-    // with the plain setup), then less GPU memory, then less host memory
-    let parts = |c: &Candidate| {
-        let s = &c.setup;
-        (s.zero != Zero::Z0, s.offload_optimizer, s.offload_params)
-    };
-    all.sort_by(|a, b| {
-        b.tokens_per_s
-            .total_cmp(&a.tokens_per_s)
-            .then(parts(a).cmp(&parts(b)))
-            .then(a.gpu_need().cmp(&b.gpu_need()))
-            .then(a.host_need().cmp(&b.host_need()))
-    });
+    sort_by_preference(&mut all);
     let (fits, misses): (Vec<_>, Vec<_>) = all.into_iter().partition(|c| c.rejected.is_none());
-    let reason = if fits.is_empty() {
-        let leanest = misses
-            .iter()
-            .min_by_key(|c| (c.gpu_need().unwrap_or(0), c.host_need()));
-        Some(match leanest {
-            Some(c) => format!(
-                "nothing fits: the leanest setup ({}) {}",
-                c.summary(),
-                c.rejected.clone().unwrap_or_default()
-            ),
-            None => "nothing fits: no setup could be estimated".to_string(),
-        })
-    } else {
-        None
-    };
+    let reason = fits.is_empty().then(|| nothing_fits(&misses));
     let chosen_speed = fits.first().map_or(f64::INFINITY, |c| c.tokens_per_s);
     let mut fits = fits.into_iter();
     let chosen = fits.next();
@@ -306,6 +280,37 @@ pub fn plan_with(
         considered,
         reason,
     })
+}
+
+/// Fastest first; ties → the setup with fewer parts (no ZeRO, no offload: one GPU's ZeRO-2 ties
+/// with the plain setup), then less GPU memory, then less host memory.
+fn sort_by_preference(candidates: &mut [Candidate]) {
+    let parts = |c: &Candidate| {
+        let s = &c.setup;
+        (s.zero != Zero::Z0, s.offload_optimizer, s.offload_params)
+    };
+    candidates.sort_by(|a, b| {
+        b.tokens_per_s
+            .total_cmp(&a.tokens_per_s)
+            .then(parts(a).cmp(&parts(b)))
+            .then(a.gpu_need().cmp(&b.gpu_need()))
+            .then(a.host_need().cmp(&b.host_need()))
+    });
+}
+
+/// Why a search found no fitting setup: what keeps the leanest of them out.
+fn nothing_fits(misses: &[Candidate]) -> String {
+    let leanest = misses
+        .iter()
+        .min_by_key(|c| (c.gpu_need().unwrap_or(0), c.host_need()));
+    match leanest {
+        Some(c) => format!(
+            "nothing fits: the leanest setup ({}) {}",
+            c.summary(),
+            c.rejected.clone().unwrap_or_default()
+        ),
+        None => "nothing fits: no setup could be estimated".to_string(),
+    }
 }
 
 /// Estimates one fixed setup (a preset's) against the budget, as the search estimates each of
