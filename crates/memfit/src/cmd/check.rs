@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use comfy_table::Table;
-use memfit_sys::probe::{self, Machine};
+use memfit_sys::probe::cgroup::CgroupMemory;
+use memfit_sys::probe::cpu::Cpu;
+use memfit_sys::probe::{self, HostMemory, Machine};
 use memfit_sys::units::human_bytes as h;
 use serde_json::Value;
 
@@ -307,129 +309,9 @@ fn yes_no(flag: bool) -> &'static str {
 fn render(m: &Machine) -> String {
     let mut t = Table::new();
     t.load_style(comfy_table::presets::NOTHING);
-    if let Some(c) = &m.cpu {
-        t.add_row(vec![
-            "CPU".to_owned(),
-            format!(
-                "{}: {} logical / {} physical cores, {} usable; AVX2 {}, AVX-512 {}, AMX {}",
-                c.model,
-                c.logical_cores,
-                c.physical_cores,
-                c.usable_cores,
-                yes_no(c.has("avx2")),
-                yes_no(c.has("avx512f")),
-                yes_no(c.has("amx_tile")),
-            ),
-        ]);
+    for (name, value) in machine_rows(m) {
+        t.add_row(vec![name.to_owned(), value]);
     }
-    if let Some(mem) = &m.memory {
-        t.add_row(vec![
-            "RAM".to_owned(),
-            format!(
-                "{} total, {} available",
-                h(mem.total_bytes),
-                h(mem.available_bytes)
-            ),
-        ]);
-        t.add_row(vec![
-            "Swap".to_owned(),
-            if mem.swap_total_bytes == 0 {
-                "none".to_owned()
-            } else {
-                format!(
-                    "{} total, {} free",
-                    h(mem.swap_total_bytes),
-                    h(mem.swap_free_bytes)
-                )
-            },
-        ]);
-    }
-    let cgroup = match &m.cgroup {
-        None => "no memory cgroup found".to_owned(),
-        Some(cg) => {
-            let version = serde_json::to_value(cg.version).unwrap_or_default();
-            let limit = match (cg.limit_bytes(), &cg.limited_by) {
-                (Some(l), Some(dir)) => format!("limit {} set by {}", h(l), dir.display()),
-                _ => "no limit".to_owned(),
-            };
-            format!(
-                "{} {}: {limit}; {} in use; {} OOM kills",
-                version.as_str().unwrap_or("?"),
-                cg.dir.display(),
-                cg.current_bytes.map_or("?".to_owned(), h),
-                cg.events.oom_kill
-            )
-        }
-    };
-    t.add_row(vec!["cgroup".to_owned(), cgroup]);
-    if let (Some(limit), Some(mem)) = (m.effective_limit_bytes, &m.memory) {
-        t.add_row(vec![
-            "Effective limit".to_owned(),
-            format!(
-                "{} ({} available to a new job now)",
-                h(limit),
-                h(mem.effective_available_bytes)
-            ),
-        ]);
-    }
-    if let Some(p) = &m.pressure {
-        t.add_row(vec![
-            "Memory pressure".to_owned(),
-            format!(
-                "some {:.2}% / full {:.2}% of the last 10 s",
-                p.some.avg10,
-                p.full.map_or(0.0, |f| f.avg10)
-            ),
-        ]);
-    }
-    if let Some(d) = &m.disk {
-        t.add_row(vec![
-            "Disk".to_owned(),
-            format!(
-                "{} free of {} at {}",
-                h(d.free_bytes),
-                h(d.total_bytes),
-                d.path
-            ),
-        ]);
-    }
-    if let Some(s) = &m.shm {
-        t.add_row(vec![
-            "/dev/shm".to_owned(),
-            format!("{} ({} free)", h(s.total_bytes), h(s.free_bytes)),
-        ]);
-    }
-    let gpus = if m.gpus.is_empty() {
-        "none".to_owned()
-    } else {
-        m.gpus
-            .iter()
-            .map(|g| {
-                format!(
-                    "{}: {} free of {}",
-                    g.name,
-                    h(g.free_bytes),
-                    h(g.total_bytes)
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-            + &m.gpu_driver
-                .as_ref()
-                .map(|d| format!("\ndriver {d}"))
-                .unwrap_or_default()
-    };
-    t.add_row(vec!["GPUs".to_owned(), gpus]);
-    let daemons = if m.oom_daemons.is_empty() {
-        "none running".to_owned()
-    } else {
-        m.oom_daemons
-            .iter()
-            .map(|d| format!("{} (pid {})", d.name, d.pid))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    t.add_row(vec!["OOM daemons".to_owned(), daemons]);
     let mut out = format!("{t}\n");
     for (title, items) in [("Not available", &m.missing), ("Warnings", &m.warnings)] {
         if !items.is_empty() {
@@ -440,6 +322,145 @@ fn render(m: &Machine) -> String {
         }
     }
     out
+}
+
+/// The table's rows in order. A probe that found nothing leaves its row out; the cgroup, GPUs
+/// and OOM daemons rows say so instead.
+fn machine_rows(m: &Machine) -> Vec<(&'static str, String)> {
+    let mut rows = Vec::new();
+    if let Some(c) = &m.cpu {
+        rows.push(("CPU", cpu_line(c)));
+    }
+    if let Some(mem) = &m.memory {
+        rows.push(("RAM", ram_line(mem)));
+        rows.push(("Swap", swap_line(mem)));
+    }
+    rows.push(("cgroup", cgroup_line(m.cgroup.as_ref())));
+    if let (Some(limit), Some(mem)) = (m.effective_limit_bytes, &m.memory) {
+        rows.push((
+            "Effective limit",
+            format!(
+                "{} ({} available to a new job now)",
+                h(limit),
+                h(mem.effective_available_bytes)
+            ),
+        ));
+    }
+    if let Some(p) = &m.pressure {
+        rows.push((
+            "Memory pressure",
+            format!(
+                "some {:.2}% / full {:.2}% of the last 10 s",
+                p.some.avg10,
+                p.full.map_or(0.0, |f| f.avg10)
+            ),
+        ));
+    }
+    if let Some(d) = &m.disk {
+        rows.push((
+            "Disk",
+            format!(
+                "{} free of {} at {}",
+                h(d.free_bytes),
+                h(d.total_bytes),
+                d.path
+            ),
+        ));
+    }
+    if let Some(s) = &m.shm {
+        rows.push((
+            "/dev/shm",
+            format!("{} ({} free)", h(s.total_bytes), h(s.free_bytes)),
+        ));
+    }
+    rows.push(("GPUs", gpus_line(m)));
+    rows.push(("OOM daemons", oom_daemons_line(m)));
+    rows
+}
+
+fn cpu_line(c: &Cpu) -> String {
+    format!(
+        "{}: {} logical / {} physical cores, {} usable; AVX2 {}, AVX-512 {}, AMX {}",
+        c.model,
+        c.logical_cores,
+        c.physical_cores,
+        c.usable_cores,
+        yes_no(c.has("avx2")),
+        yes_no(c.has("avx512f")),
+        yes_no(c.has("amx_tile")),
+    )
+}
+
+fn ram_line(mem: &HostMemory) -> String {
+    format!(
+        "{} total, {} available",
+        h(mem.total_bytes),
+        h(mem.available_bytes)
+    )
+}
+
+fn swap_line(mem: &HostMemory) -> String {
+    if mem.swap_total_bytes == 0 {
+        "none".to_owned()
+    } else {
+        format!(
+            "{} total, {} free",
+            h(mem.swap_total_bytes),
+            h(mem.swap_free_bytes)
+        )
+    }
+}
+
+fn cgroup_line(cgroup: Option<&CgroupMemory>) -> String {
+    let Some(cg) = cgroup else {
+        return "no memory cgroup found".to_owned();
+    };
+    let version = serde_json::to_value(cg.version).unwrap_or_default();
+    let limit = match (cg.limit_bytes(), &cg.limited_by) {
+        (Some(l), Some(dir)) => format!("limit {} set by {}", h(l), dir.display()),
+        _ => "no limit".to_owned(),
+    };
+    format!(
+        "{} {}: {limit}; {} in use; {} OOM kills",
+        version.as_str().unwrap_or("?"),
+        cg.dir.display(),
+        cg.current_bytes.map_or("?".to_owned(), h),
+        cg.events.oom_kill
+    )
+}
+
+/// One line per GPU, then the driver version.
+fn gpus_line(m: &Machine) -> String {
+    if m.gpus.is_empty() {
+        return "none".to_owned();
+    }
+    m.gpus
+        .iter()
+        .map(|g| {
+            format!(
+                "{}: {} free of {}",
+                g.name,
+                h(g.free_bytes),
+                h(g.total_bytes)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + &m.gpu_driver
+            .as_ref()
+            .map(|d| format!("\ndriver {d}"))
+            .unwrap_or_default()
+}
+
+fn oom_daemons_line(m: &Machine) -> String {
+    if m.oom_daemons.is_empty() {
+        return "none running".to_owned();
+    }
+    m.oom_daemons
+        .iter()
+        .map(|d| format!("{} (pid {})", d.name, d.pid))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
