@@ -112,41 +112,54 @@ impl Observer for Bar {
 }
 
 pub(super) fn print_summary(s: &Summary, config: &TrainConfig, root: &Path, json: bool) {
+    if json {
+        print_summary_json(s, config, root);
+    } else {
+        print_summary_text(s, config, root);
+    }
+}
+
+/// The summary as one JSON object (`--json`).
+fn print_summary_json(s: &Summary, config: &TrainConfig, root: &Path) {
     let best_dir = root.join("best");
     let score = |name: &str| s.last_eval.as_ref().and_then(|e| e.score(name));
     let headline_after = score(s.headline);
-    if json {
-        let v = serde_json::json!({
-            "finished": s.finish == Finish::Completed && s.unsaved.is_none(),
-            "unsaved": s.unsaved.as_ref().map(ToString::to_string),
-            "steps": s.steps,
-            "total_steps": s.total_steps,
-            "loss_first": s.first_loss,
-            "loss_last": s.last_loss,
-            "task": config.task.name(),
-            "headline": s.headline,
-            "before": s.score_before,
-            "after": headline_after,
-            "bleu4_before": (s.headline == "bleu4").then_some(s.score_before).flatten(),
-            "bleu4_after": score("bleu4"),
-            "bleu4_standard_after": score("bleu4_standard"),
-            "accuracy_after": score("accuracy"),
-            "macro_f1_after": score("macro_f1"),
-            "valid_loss_after": s.last_eval.as_ref().map(|e| e.valid_loss),
-            "classes": s.last_eval.as_ref().map(|e| &e.classes).filter(|c| !c.is_empty()),
-            "peak_rss_bytes": s.peak_rss_bytes,
-            "budget_bytes": config.memory_budget_bytes,
-            "tokens_per_s": s.tokens_per_s(),
-            "seconds": s.seconds,
-            "train_seconds": s.train_seconds,
-            "run_dir": root,
-            "best_dir": best_dir.is_dir().then_some(&best_dir),
-            "best": s.best.as_ref().map(|b| serde_json::json!({"metric": b.metric, "value": b.value, "step": b.step})),
-            "last_checkpoint": s.last_checkpoint,
-        });
-        println!("{v}");
-        return;
-    }
+    let v = serde_json::json!({
+        "finished": s.finish == Finish::Completed && s.unsaved.is_none(),
+        "unsaved": s.unsaved.as_ref().map(ToString::to_string),
+        "steps": s.steps,
+        "total_steps": s.total_steps,
+        "loss_first": s.first_loss,
+        "loss_last": s.last_loss,
+        "task": config.task.name(),
+        "headline": s.headline,
+        "before": s.score_before,
+        "after": headline_after,
+        "bleu4_before": (s.headline == "bleu4").then_some(s.score_before).flatten(),
+        "bleu4_after": score("bleu4"),
+        "bleu4_standard_after": score("bleu4_standard"),
+        "accuracy_after": score("accuracy"),
+        "macro_f1_after": score("macro_f1"),
+        "valid_loss_after": s.last_eval.as_ref().map(|e| e.valid_loss),
+        "classes": s.last_eval.as_ref().map(|e| &e.classes).filter(|c| !c.is_empty()),
+        "peak_rss_bytes": s.peak_rss_bytes,
+        "budget_bytes": config.memory_budget_bytes,
+        "tokens_per_s": s.tokens_per_s(),
+        "seconds": s.seconds,
+        "train_seconds": s.train_seconds,
+        "run_dir": root,
+        "best_dir": best_dir.is_dir().then_some(&best_dir),
+        "best": s.best.as_ref().map(|b| serde_json::json!({"metric": b.metric, "value": b.value, "step": b.step})),
+        "last_checkpoint": s.last_checkpoint,
+    });
+    println!("{v}");
+}
+
+/// The summary as the lines a person reads.
+fn print_summary_text(s: &Summary, config: &TrainConfig, root: &Path) {
+    let best_dir = root.join("best");
+    let score = |name: &str| s.last_eval.as_ref().and_then(|e| e.score(name));
+    let headline_after = score(s.headline);
     let opt = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.4}"));
     let verb = match (s.finish, &s.unsaved) {
         (_, Some(_)) => "ended without saving its model",
