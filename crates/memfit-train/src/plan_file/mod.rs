@@ -259,7 +259,6 @@ pub fn planned_start(
     if let Err(why) = memory::memfit_runtime_modeled(&arch, &base) {
         return Ok(unplanned(config, budget, &why));
     }
-    let effective = base.batch * base.accum;
     // MiB (or less) for a small budget: "0.00 GiB" hid what was given
     let budget_line = format!(
         "budget {} ({})",
@@ -278,53 +277,16 @@ pub fn planned_start(
                 .to_string(),
         );
     }
-    let (planning, peak) = match choice {
-        PolicyChoice::Auto => {
-            let request = search::Request {
-                base: base.clone(),
-                target_batch: effective,
-                // plan below the memory guard's soft limit, where it would halve the micro-batch
-                budget: search::Budget {
-                    gpu_bytes: None,
-                    host_bytes: budget.ram_bytes,
-                    headroom: 1.0 - config.guard_soft_fraction,
-                },
-            };
-            let plan = search::plan_with(&arch, &request, &Framework::default(), &fixed)
-                .map_err(PlanError::Input)?;
-            let Some(chosen) = &plan.chosen else {
-                let why = plan
-                    .reason
-                    .clone()
-                    .unwrap_or_else(|| "no setup agrees with the flags given".into());
-                return Err(PlanError::DoesNotFit(format!(
-                    "{why} — {budget_line}; give a larger --budget-ram, a shorter --seq/--tgt-seq, \
-                     or drop flags that fix the setup"
-                )));
-            };
-            apply(&mut out, &chosen.setup);
-            lines.push(format!(
-                "planned start (auto, {budget_line}): {} (effective batch {effective}) → predicted peak {}",
-                chosen.summary(),
-                gib(chosen.host_need())
-            ));
-            for a in &plan.alternatives {
-                lines.push(format!(
-                    "  alternative: {} → {}",
-                    a.summary(),
-                    gib(a.host_need())
-                ));
-            }
-            let planning = json!({
-                "policy": "auto",
-                "chosen": candidate(chosen),
-                "alternatives": plan.alternatives.iter().map(candidate).collect::<Vec<_>>(),
-                "rejected": plan.rejected.iter().map(candidate).collect::<Vec<_>>(),
-                "considered": plan.considered,
-                "fixed_by_flags": fixed,
-            });
-            (planning, chosen.host_need())
-        }
+    let (setup, planning, peak) = match choice {
+        PolicyChoice::Auto => auto_start(
+            &arch,
+            &base,
+            config,
+            budget,
+            &fixed,
+            &budget_line,
+            &mut lines,
+        )?,
         PolicyChoice::Table(p) => {
             let table = Table {
                 policy: p,
@@ -333,12 +295,10 @@ pub fn planned_start(
                 soft_limit,
                 guard_soft_fraction: config.guard_soft_fraction,
             };
-            let (setup, planning, peak) =
-                table.start(&arch, &base, model_config, &fixed, &mut lines)?;
-            apply(&mut out, &setup);
-            (planning, peak)
+            table.start(&arch, &base, model_config, &fixed, &mut lines)?
         }
     };
+    apply(&mut out, &setup);
     let mut planning = planning;
     planning["budget"] = json!(budget);
     planning["planned_below_bytes"] = json!(soft_limit);
@@ -355,6 +315,63 @@ pub fn planned_start(
         planning,
         lines,
     })
+}
+
+/// The planner's start (`--policy auto`): the fastest setup of the effective batch that the
+/// search finds below the memory guard's soft limit.
+fn auto_start(
+    arch: &Arch,
+    base: &Setup,
+    config: &TrainConfig,
+    budget: &Budget,
+    fixed: &Fixed,
+    budget_line: &str,
+    lines: &mut Vec<String>,
+) -> Result<(Setup, Value, u64), PlanError> {
+    let effective = base.batch * base.accum;
+    let request = search::Request {
+        base: base.clone(),
+        target_batch: effective,
+        // plan below the memory guard's soft limit, where it would halve the micro-batch
+        budget: search::Budget {
+            gpu_bytes: None,
+            host_bytes: budget.ram_bytes,
+            headroom: 1.0 - config.guard_soft_fraction,
+        },
+    };
+    let plan = search::plan_with(arch, &request, &Framework::default(), fixed)
+        .map_err(PlanError::Input)?;
+    let Some(chosen) = &plan.chosen else {
+        let why = plan
+            .reason
+            .clone()
+            .unwrap_or_else(|| "no setup agrees with the flags given".into());
+        return Err(PlanError::DoesNotFit(format!(
+            "{why} — {budget_line}; give a larger --budget-ram, a shorter --seq/--tgt-seq, \
+             or drop flags that fix the setup"
+        )));
+    };
+    lines.push(format!(
+        "planned start (auto, {budget_line}): {} (effective batch {effective}) → predicted peak {}",
+        chosen.summary(),
+        gib(chosen.host_need())
+    ));
+    for a in &plan.alternatives {
+        lines.push(format!(
+            "  alternative: {} → {}",
+            a.summary(),
+            gib(a.host_need())
+        ));
+    }
+    let planning = json!({
+        "policy": "auto",
+        "chosen": candidate(chosen),
+        "alternatives": plan.alternatives.iter().map(candidate).collect::<Vec<_>>(),
+        "rejected": plan.rejected.iter().map(candidate).collect::<Vec<_>>(),
+        "considered": plan.considered,
+        "fixed_by_flags": fixed,
+    });
+    Ok((chosen.setup.clone(), planning, chosen.host_need()))
 }
 
 #[cfg(test)]
