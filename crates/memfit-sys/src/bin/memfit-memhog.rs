@@ -123,22 +123,10 @@ fn report(kind: &str, allocated: usize) -> String {
     )
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let o = match parse(&args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("memfit-memhog: {e}");
-            std::process::exit(2);
-        }
-    };
-    if let Some(r) = &o.resume {
-        if !std::path::Path::new(r).exists() {
-            eprintln!("memfit-memhog: nothing to resume from: {r} is missing");
-            std::process::exit(3);
-        }
-        eprintln!("memfit-memhog: resuming from {r}");
-    }
+/// Flags the signals raise: (stop, shed). SIGUSR1 sheds half the memory under --shed-on-usr1,
+/// SIGTERM is ignored under --ignore-term; the other signals stop. Exits when a handler cannot be
+/// installed.
+fn install_signal_flags(o: &Options) -> (Arc<AtomicBool>, Arc<AtomicBool>) {
     let stop = Arc::new(AtomicBool::new(false));
     let shed = Arc::new(AtomicBool::new(false));
     if o.shed_on_usr1
@@ -170,15 +158,40 @@ fn main() {
             std::process::exit(1);
         }
     }
+    (stop, shed)
+}
+
+/// Starts --children copies of this program with the arguments meant for them.
+fn spawn_children(o: &Options) -> Vec<std::process::Child> {
     let exe = std::env::current_exe().unwrap_or_else(|_| "memfit-memhog".into());
-    let mut kids: Vec<std::process::Child> = (0..o.children)
+    (0..o.children)
         .filter_map(|_| {
             std::process::Command::new(&exe)
                 .args(&o.rest_for_children)
                 .spawn()
                 .ok()
         })
-        .collect();
+        .collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let o = match parse(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("memfit-memhog: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Some(r) = &o.resume {
+        if !std::path::Path::new(r).exists() {
+            eprintln!("memfit-memhog: nothing to resume from: {r} is missing");
+            std::process::exit(3);
+        }
+        eprintln!("memfit-memhog: resuming from {r}");
+    }
+    let (stop, shed) = install_signal_flags(&o);
+    let mut kids = spawn_children(&o);
 
     let mut blocks: Vec<Vec<u8>> = Vec::new();
     let step = o.step_mib << 20;
