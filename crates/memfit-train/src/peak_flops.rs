@@ -141,12 +141,14 @@ mod x86 {
 mod tests {
     use super::*;
 
+    // Only plausibility: the two are timed at different moments, so on a loaded machine either
+    // can come out slower (comparing them here failed under a parallel build).
     #[test]
-    fn the_measured_peaks_are_plausible_and_bf16_is_at_least_f32() {
-        let (f32_peak, how) = peak_flops_per_core(false);
-        // any core of this century: between 1 GFLOP/s and 1 TFLOP/s
-        assert!((1e9..1e12).contains(&f32_peak), "{f32_peak} ({how})");
-        let (bf16_peak, _) = peak_flops_per_core(true);
-        assert!(bf16_peak > 0.8 * f32_peak, "{bf16_peak} vs {f32_peak}");
+    fn the_measured_peaks_are_plausible() {
+        for bf16 in [false, true] {
+            let (peak, how) = peak_flops_per_core(bf16);
+            // any core of this century: between 1 GFLOP/s and 1 TFLOP/s
+            assert!((1e9..1e12).contains(&peak), "{peak} ({how})");
+        }
     }
 }

@@ -18,7 +18,7 @@ use super::{
 };
 use crate::engine::gradient::Gradient;
 use crate::engine::options::Backend;
-use crate::optim::{Optimizer, clip_global_norm, global_norm};
+use crate::optim::{GradientValues, Optimizer, clip_global_norm, global_norm};
 use memfit_nn::ModelError;
 use memfit_nn::layers::grad_sink::GradTarget;
 use memfit_nn::model::{
@@ -99,9 +99,14 @@ impl<M: TrainModel> ModelEngine<M> {
         self.optimizer.step
     }
 
-    /// The gradients accumulated so far (host f32, memfit layout; `None`: frozen or none yet).
-    pub fn accumulated_gradients(&self) -> &[Option<Gradient>] {
-        &self.grads
+    /// The gradients accumulated so far, as dense copies (host f32, memfit layout; `None`: frozen
+    /// or none yet).
+    pub fn accumulated_gradients(&self) -> Vec<Option<Vec<f32>>> {
+        self.grads
+            .iter()
+            .zip(&self.shapes)
+            .map(|(g, shape)| g.as_ref().map(|g| g.to_dense(shape.numel())))
+            .collect()
     }
 
     /// Global norm of the gradients accumulated so far (0 before the first micro-batch).
@@ -217,11 +222,7 @@ impl GradTarget for Accumulators<'_> {
         let g = Gradient::take(grad)?;
         match &mut self.acc[index] {
             // A later part of the same gradient is added without any temporary beyond its own.
-            Some(a) => a
-                .as_mut()
-                .iter_mut()
-                .zip(g.iter())
-                .for_each(|(a, b)| *a += b),
+            Some(a) => a.add_dense(g),
             slot @ None => *slot = Some(g),
         }
         Ok(())
@@ -229,16 +230,16 @@ impl GradTarget for Accumulators<'_> {
 
     fn rows(&mut self, index: usize, ids: &[usize], grad: Tensor<2>) -> Result<(), ModelError> {
         let [_, width] = grad.dims();
-        let len = self.shapes[index].numel();
-        let g = Gradient::take(grad)?;
-        let acc = self.acc[index].get_or_insert_with(|| Gradient::zeros(len));
-        let acc = acc.as_mut();
-        for (&id, row) in ids.iter().zip(g.chunks_exact(width)) {
-            let target = acc.get_mut(id * width..(id + 1) * width).ok_or_else(|| {
-                ModelError::Input(format!("embedding row {id} is outside the table"))
-            })?;
-            target.iter_mut().zip(row).for_each(|(a, b)| *a += b);
+        let rows = self.shapes[index].numel() / width.max(1);
+        if let Some(&id) = ids.iter().find(|&&id| id >= rows) {
+            return Err(ModelError::Input(format!(
+                "embedding row {id} is outside the table ({rows} rows)"
+            )));
         }
+        let g = Gradient::take(grad)?;
+        self.acc[index]
+            .get_or_insert_with(|| Gradient::rows(width))
+            .add_rows(ids, width, g.stored());
         Ok(())
     }
 }
@@ -270,7 +271,7 @@ impl<M: TrainModel> Engine for ModelEngine<M> {
         // Parameters that received no gradient this step (unused) take a zero gradient.
         for (i, g) in self.grads.iter_mut().enumerate() {
             if self.trainable[i] && g.is_none() {
-                *g = Some(Gradient::zeros(self.shapes[i].numel()));
+                *g = Some(Gradient::zero());
             }
         }
         let grad_norm = match max_grad_norm {

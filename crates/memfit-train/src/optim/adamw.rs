@@ -20,12 +20,30 @@ impl Default for AdamWConfig {
     }
 }
 
+/// One step over `w` with its moments `m` and `v`; `g: None` is a zero gradient (rows of a table
+/// no token looked up: their moments decay and the weights still move and decay).
 pub(super) fn update(
     c: &AdamWConfig,
     step: u64,
     lr: f64,
     w: &mut [f32],
-    g: &[f32],
+    g: Option<&[f32]>,
+    m: &mut [f32],
+    v: &mut [f32],
+) {
+    match g {
+        Some(g) => update_with(c, step, lr, w, |i| g[i], m, v),
+        None => update_with(c, step, lr, w, |_| 0.0, m, v),
+    }
+}
+
+#[inline(always)]
+fn update_with(
+    c: &AdamWConfig,
+    step: u64,
+    lr: f64,
+    w: &mut [f32],
+    g: impl Fn(usize) -> f32,
     m: &mut [f32],
     v: &mut [f32],
 ) {
@@ -37,7 +55,7 @@ pub(super) fn update(
     let (b1, b2, eps) = (c.beta1 as f32, c.beta2 as f32, c.eps as f32);
     let inv_bc2_sqrt = (1.0 / bc2_sqrt) as f32;
     for i in 0..w.len() {
-        let gi = g[i];
+        let gi = g(i);
         m[i] = b1 * m[i] + (1.0 - b1) * gi;
         v[i] = b2 * v[i] + (1.0 - b2) * gi * gi;
         let denom = v[i].sqrt() * inv_bc2_sqrt + eps;

@@ -14,6 +14,7 @@ pub use adamw::AdamWConfig;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::Path;
 
 use rayon::prelude::*;
@@ -54,6 +55,35 @@ enum State {
     Full { exp_avg_sq: Vec<f32> },
 }
 
+/// A gradient as the optimizer reads it: dense, or only some parts stored and the rest zero (an
+/// embedding table's looked-up rows).
+pub trait GradientValues: Sync + Send {
+    /// The parameter's `len` elements as consecutive ranges, each with its values or `None` for
+    /// zeros.
+    fn parts(&self, len: usize) -> Vec<(Range<usize>, Option<&[f32]>)>;
+    /// The values stored (every nonzero among them): what norms and clipping read.
+    fn stored(&self) -> &[f32];
+    fn stored_mut(&mut self) -> &mut [f32];
+    /// All `len` values.
+    fn dense(&self, len: usize) -> Cow<'_, [f32]>;
+}
+
+/// A plain vector is a dense gradient.
+impl GradientValues for Vec<f32> {
+    fn parts(&self, len: usize) -> Vec<(Range<usize>, Option<&[f32]>)> {
+        vec![(0..len, Some(self))]
+    }
+    fn stored(&self) -> &[f32] {
+        self
+    }
+    fn stored_mut(&mut self) -> &mut [f32] {
+        self
+    }
+    fn dense(&self, _len: usize) -> Cow<'_, [f32]> {
+        Cow::Borrowed(self)
+    }
+}
+
 /// An optimizer over a fixed list of parameters; frozen ones (`trainable[i] == false`) have no state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Optimizer {
@@ -91,7 +121,7 @@ impl Optimizer {
 
     /// Applies one update. `grads[i]` is `None` for frozen parameters. `lr` is the scheduler's rate
     /// (ignored by Adafactor in relative-step mode, which computes its own).
-    pub fn step<G: AsRef<[f32]> + Sync>(
+    pub fn step<G: GradientValues>(
         &mut self,
         weights: &mut [Vec<f32>],
         grads: &[Option<G>],
@@ -109,7 +139,6 @@ impl Optimizer {
                 let (Some(state), Some(g)) = (state.as_mut(), g.as_ref()) else {
                     return;
                 };
-                let g = g.as_ref();
                 match (config, state) {
                     (
                         OptimizerConfig::AdamW(c),
@@ -117,12 +146,22 @@ impl Optimizer {
                             exp_avg,
                             exp_avg_sq,
                         },
-                    ) => adamw::update(c, step, lr, w, g, exp_avg, exp_avg_sq),
+                    ) => {
+                        // AdamW is elementwise: zero parts update their moments and weights too.
+                        for (range, part) in g.parts(w.len()) {
+                            let (m, v) =
+                                (&mut exp_avg[range.clone()], &mut exp_avg_sq[range.clone()]);
+                            adamw::update(c, step, lr, &mut w[range], part, m, v);
+                        }
+                    }
+                    // Adafactor's factored moments read whole rows and columns.
                     (OptimizerConfig::Adafactor(c), State::Factored { row, col }) => {
-                        adafactor::update_factored(c, step, lr, shape, w, g, row, col)
+                        let g = g.dense(w.len());
+                        adafactor::update_factored(c, step, lr, shape, w, &g, row, col)
                     }
                     (OptimizerConfig::Adafactor(c), State::Full { exp_avg_sq }) => {
-                        adafactor::update_full(c, step, lr, w, g, exp_avg_sq)
+                        let g = g.dense(w.len());
+                        adafactor::update_full(c, step, lr, w, &g, exp_avg_sq)
                     }
                     _ => unreachable!(
                         "state kind follows the optimizer kind (built in `new`/`load`)"
@@ -249,12 +288,12 @@ fn fresh_state(config: &OptimizerConfig, shape: &ParamShape) -> State {
 }
 
 /// Global L2 norm over all gradients (f64 accumulation).
-pub fn global_norm<G: AsRef<[f32]> + Sync>(grads: &[Option<G>]) -> f64 {
+pub fn global_norm<G: GradientValues>(grads: &[Option<G>]) -> f64 {
     grads
         .par_iter()
         .flatten()
         .map(|g| {
-            g.as_ref()
+            g.stored()
                 .iter()
                 .map(|&x| (x as f64) * (x as f64))
                 .sum::<f64>()
@@ -266,10 +305,7 @@ pub fn global_norm<G: AsRef<[f32]> + Sync>(grads: &[Option<G>]) -> f64 {
 /// Scales all gradients so that their global norm is at most `max_norm` (torch's
 /// `clip_grad_norm_`: coefficient `max_norm / (norm + 1e-6)`, applied only when below 1).
 /// Returns the norm before clipping.
-pub fn clip_global_norm<G: AsRef<[f32]> + AsMut<[f32]> + Send + Sync>(
-    grads: &mut [Option<G>],
-    max_norm: f64,
-) -> f64 {
+pub fn clip_global_norm<G: GradientValues>(grads: &mut [Option<G>], max_norm: f64) -> f64 {
     let norm = global_norm(grads);
     // 1e-6: torch.nn.utils.clip_grad_norm_'s epsilon.
     let coef = max_norm / (norm + 1e-6);
@@ -278,14 +314,7 @@ pub fn clip_global_norm<G: AsRef<[f32]> + AsMut<[f32]> + Send + Sync>(
         grads
             .par_iter_mut()
             .flatten()
-            // Zeros stay as they are: an embedding table's gradient is mostly rows no token
-            // touched, whose pages need not be written (made resident) to be scaled.
-            .for_each(|g| {
-                g.as_mut()
-                    .iter_mut()
-                    .filter(|x| **x != 0.0)
-                    .for_each(|x| *x *= c)
-            });
+            .for_each(|g| g.stored_mut().iter_mut().for_each(|x| *x *= c));
     }
     norm
 }
