@@ -19,6 +19,8 @@
 //! only, never over k, so every output element is summed in the same order whatever the thread
 //! count: results do not depend on it.
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod operand;
 mod pack;
 mod product;
@@ -95,10 +97,43 @@ pub fn hardware_bf16() -> bool {
 /// with both operands rounded to bf16 and the products summed in f32: a new contiguous f32
 /// `[.., m, n]` tensor.
 pub fn matmul(a: &FlexTensor, b: &FlexTensor) -> FlexTensor {
-    if hardware_bf16() {
-        matmul_packed(a, b)
-    } else {
-        matmul_rounded_f32(a, b)
+    match Kernel::fastest() {
+        Some(kernel) => matmul_packed(a, b, kernel),
+        None => matmul_rounded_f32(a, b),
+    }
+}
+
+/// The packed kernels: AVX512-BF16's 6 × 64 micro-kernel, or AMX tiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Amx,
+}
+
+impl Kernel {
+    /// AMX where the CPU and the kernel give it, else AVX512-BF16 where the CPU has it.
+    fn fastest() -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        if amx::available() {
+            return Some(Kernel::Amx);
+        }
+        hardware_bf16().then_some(Kernel::Avx512)
+    }
+
+    /// Matrix `i` of `a · b` into `c` (see [`product::product`]).
+    ///
+    /// # Safety
+    /// As [`product::product`], and the kernel's hardware present.
+    unsafe fn product(self, a: &Operand, b: &Operand, i: usize, c: *mut f32, parallel: bool) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match self {
+                Kernel::Avx512 => product(a, b, i, c, parallel),
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Amx => amx::product(a, b, i, c, parallel),
+            }
+        }
     }
 }
 
@@ -108,7 +143,7 @@ fn matmul_rounded_f32(a: &FlexTensor, b: &FlexTensor) -> FlexTensor {
     gemm_f32::matmul(&rounded(a), &rounded(b))
 }
 
-fn matmul_packed(a: &FlexTensor, b: &FlexTensor) -> FlexTensor {
+fn matmul_packed(a: &FlexTensor, b: &FlexTensor, kernel: Kernel) -> FlexTensor {
     let (a, b) = (Operand::of(a), Operand::of(b));
     assert_eq!(a.batch, b.batch, "batch dimensions of a product");
     assert_eq!(a.cols, b.rows, "inner dimensions of a product");
@@ -124,13 +159,15 @@ fn matmul_packed(a: &FlexTensor, b: &FlexTensor) -> FlexTensor {
         // k-block before it reads any (tiles cover the matrix; k > 0).
         if count == 1 || per_matrix >= PARALLEL_MIN {
             for (i, c) in spare.chunks_mut(m * n).enumerate() {
-                unsafe { product(&a, &b, i, c.as_mut_ptr().cast(), true) };
+                unsafe { kernel.product(&a, &b, i, c.as_mut_ptr().cast(), true) };
             }
         } else {
             spare
                 .par_chunks_mut(m * n)
                 .enumerate()
-                .for_each(|(i, c)| unsafe { product(&a, &b, i, c.as_mut_ptr().cast(), false) });
+                .for_each(|(i, c)| unsafe {
+                    kernel.product(&a, &b, i, c.as_mut_ptr().cast(), false)
+                });
         }
         // SAFETY: all count·m·n elements written above.
         unsafe { out.set_len(count * m * n) };

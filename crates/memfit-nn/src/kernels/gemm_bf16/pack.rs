@@ -72,25 +72,33 @@ pub(super) fn pack_a(
         return PairedRows::over(owned, 1, width);
     }
     // SAFETY: as above.
-    unsafe { runs_as_pairs(a, first, (a.row_stride, a.col_stride), kc, &mut owned) };
+    unsafe {
+        runs_as_pairs(
+            a,
+            first,
+            (a.row_stride, a.col_stride),
+            (kc, pairs),
+            &mut owned,
+        )
+    };
     PairedRows::over(owned, pairs, 1)
 }
 
 /// Runs of `kc` values, the j-th from `first + j · x_stride`, `k_stride` apart, as bf16 k-pairs:
-/// run `j` into `dst[j · kc.div_ceil(2)..]`, one line per run until `dst` ends (its last
-/// half-word stays as it is when `kc` is odd).
+/// run `j` into `dst[j · line..]`, one line of `line` ≥ `kc.div_ceil(2)` u32 per run until `dst`
+/// ends (what lies past the run's `kc` halves stays as it is).
 ///
 /// # Safety
 /// The CPU must have AVX512-F and AVX512-BW (the loops are vectorised for them).
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f,avx512bw"))]
-unsafe fn runs_as_pairs(
+pub(super) unsafe fn runs_as_pairs(
     op: &Operand,
     first: usize,
     (x_stride, k_stride): (usize, usize),
-    kc: usize,
+    (kc, line): (usize, usize),
     dst: &mut [u32],
 ) {
-    for (j, line) in dst.chunks_exact_mut(kc.div_ceil(2)).enumerate() {
+    for (j, line) in dst.chunks_exact_mut(line).enumerate() {
         let (start, halves) = (first + j * x_stride, &mut as_halves(line)[..kc]);
         if k_stride == 1 {
             op.run(start, halves);
@@ -115,7 +123,7 @@ fn as_halves(words: &mut [u32]) -> &mut [u16] {
 /// # Safety
 /// The CPU must have AVX512-F and AVX512-BW (the loops are vectorised for them).
 #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f,avx512bw"))]
-unsafe fn interleave_runs(
+pub(super) unsafe fn interleave_runs(
     op: &Operand,
     first: usize,
     (step, kc): (usize, usize),
@@ -131,17 +139,17 @@ unsafe fn interleave_runs(
 }
 
 /// B's columns `cols` of k-block `k0..k0 + kc` packed: per panel of [`NR`] columns, per k-pair,
-/// the pairs of the panel's columns side by side (`[panel][pair][column]`), zero-padded past
-/// `cols` and `kc`; groups of panels over the pool.
+/// the pairs of the panel's columns side by side (`[panel][pair][column]`, `pairs` k-pairs per
+/// panel), zero-padded past `cols` and `kc`; groups of panels over the pool.
 pub(super) fn pack_b(
     b: &Operand,
     i: usize,
     cols: std::ops::Range<usize>,
-    k0: usize,
-    kc: usize,
+    (k0, kc): (usize, usize),
+    pairs: usize,
 ) -> Vec<u32> {
     const GROUP: usize = 4;
-    let pairs = kc.div_ceil(2);
+    debug_assert!(pairs >= kc.div_ceil(2));
     let mut packed = vec![0u32; cols.len().div_ceil(NR) * pairs * NR];
     packed
         .par_chunks_mut(GROUP * pairs * NR)
@@ -163,7 +171,7 @@ pub(super) fn pack_b(
                     let (valid, past) = columns.split_at_mut(width * pairs);
                     let strides = (b.col_stride, b.row_stride);
                     // SAFETY: as in `pack_a`.
-                    unsafe { runs_as_pairs(b, first, strides, kc, valid) };
+                    unsafe { runs_as_pairs(b, first, strides, (kc, pairs), valid) };
                     past.fill(0);
                     transpose_into_panel(&columns, pairs, panel);
                 }
@@ -174,29 +182,32 @@ pub(super) fn pack_b(
 
 /// `columns` (`[NR][pairs]`: each column's k-pairs) written as `panel` (`[pairs][NR]`).
 fn transpose_into_panel(columns: &[u32], pairs: usize, panel: &mut [u32]) {
+    transpose(columns, (NR, pairs), panel);
+}
+
+/// `src` (`[rows][cols]` u32, row-major) written transposed into `dst` (`[cols][rows]`).
+pub(super) fn transpose(src: &[u32], (rows, cols): (usize, usize), dst: &mut [u32]) {
+    assert!(src.len() >= rows * cols && dst.len() >= rows * cols);
     #[cfg(target_arch = "x86_64")]
-    let whole = {
-        let whole = pairs - pairs % 16;
-        for p0 in (0..whole).step_by(16) {
-            for j0 in (0..NR).step_by(16) {
-                // SAFETY: AVX512-F (the packed path's CPU); 16 × 16 inside both buffers.
+    let (whole_r, whole_c) = {
+        let (whole_r, whole_c) = (rows - rows % 16, cols - cols % 16);
+        for r0 in (0..whole_r).step_by(16) {
+            for c0 in (0..whole_c).step_by(16) {
+                // SAFETY: AVX512-F (the packed paths' CPU); 16 × 16 inside both buffers.
                 unsafe {
-                    transpose16::block(
-                        columns.as_ptr().add(j0 * pairs + p0),
-                        pairs,
-                        panel.as_mut_ptr().add(p0 * NR + j0),
-                        NR,
-                    )
+                    let from = src.as_ptr().add(r0 * cols + c0);
+                    transpose16::block(from, cols, dst.as_mut_ptr().add(c0 * rows + r0), rows)
                 };
             }
         }
-        whole
+        (whole_r, whole_c)
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let whole = 0;
-    for p in whole..pairs {
-        for j in 0..NR {
-            panel[p * NR + j] = columns[j * pairs + p];
+    let (whole_r, whole_c) = (0, 0);
+    for r in 0..rows {
+        let first_c = if r < whole_r { whole_c } else { 0 };
+        for c in first_c..cols {
+            dst[c * rows + r] = src[r * cols + c];
         }
     }
 }

@@ -33,7 +33,7 @@ pub(super) unsafe fn product(a: &Operand, b: &Operand, i: usize, c: *mut f32, pa
         };
         for n0 in (0..n).step_by(NC) {
             let nc = NC.min(n - n0);
-            let bp = pack_b(b, i, n0..n0 + nc, k0, kc);
+            let bp = pack_b(b, i, n0..n0 + nc, (k0, kc), pairs);
             let panels = nc.div_ceil(NR);
             // Tasks: (row block, group of column panels); each writes its own C tiles.
             let groups = if parallel {

@@ -55,6 +55,32 @@ fn check(product: FlexTensor, a: &FlexTensor, b: &FlexTensor, what: &str) {
     }
 }
 
+/// The packed kernels this CPU runs.
+fn kernels() -> Vec<Kernel> {
+    let mut kernels = Vec::new();
+    if hardware_bf16() {
+        kernels.push(Kernel::Avx512);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if amx::available() {
+        kernels.push(Kernel::Amx);
+    }
+    kernels
+}
+
+/// `matmul` and every packed kernel against the reference.
+fn check_all(a: &FlexTensor, b: &FlexTensor, what: &str) {
+    check(matmul(a, b), a, b, what);
+    for kernel in kernels() {
+        check(
+            matmul_packed(a, b, kernel),
+            a,
+            b,
+            &format!("{what} ({kernel:?})"),
+        );
+    }
+}
+
 #[test]
 fn bf16_products_of_every_shape_and_layout_match_the_rounded_reference() {
     // edges of the 6 × 64 tile, odd k, several k-blocks (k > 512) and column blocks (n > 1024)
@@ -66,6 +92,9 @@ fn bf16_products_of_every_shape_and_layout_match_the_rounded_reference() {
         (13, 513, 100),
         (3, 40, 1100),
         (100, 1030, 70),
+        // AMX: whole 32 × 32 blocks and 16-pair tiles, and one past each
+        (64, 1024, 128),
+        (33, 97, 33),
     ] {
         for (da, db) in [
             (DType::BF16, DType::F32),
@@ -73,30 +102,29 @@ fn bf16_products_of_every_shape_and_layout_match_the_rounded_reference() {
             (DType::BF16, DType::BF16),
         ] {
             let (a, b) = (tensor(&[m, k], 1, da), tensor(&[k, n], 2, db));
-            check(
-                matmul(&a, &b),
-                &a,
-                &b,
-                &format!("{m}×{k}·{k}×{n} {da:?}·{db:?}"),
-            );
+            check_all(&a, &b, &format!("{m}×{k}·{k}×{n} {da:?}·{db:?}"));
         }
     }
     // transposed operands and a batch of strided heads
     let at = Flex::float_transpose(tensor(&[9, 11], 3, DType::BF16));
     let b = tensor(&[9, 70], 4, DType::F32);
-    check(matmul(&at, &b), &at, &b, "transposed a");
+    check_all(&at, &b, "transposed a");
+    // transposed A over whole 16 × 16 transposes and their edges (AMX packs A's rows)
+    let at = Flex::float_transpose(tensor(&[70, 45], 15, DType::F32));
+    let b = tensor(&[70, 40], 16, DType::BF16);
+    check_all(&at, &b, "transposed a, 45 rows");
     // B transposed: whole 16 × 16 blocks, a partial one and a partial panel
     let a = tensor(&[13, 100], 11, DType::BF16);
     let bt = Flex::float_transpose(tensor(&[70, 100], 12, DType::F32));
-    check(matmul(&a, &bt), &a, &bt, "transposed b");
+    check_all(&a, &bt, "transposed b");
     // neither dimension contiguous: [m, k, 2] and [k, n, 2] seen as [2, m, k] and [2, k, n]
     let strided =
         |shape: [usize; 3], salt| Flex::float_permute(tensor(&shape, salt, DType::F32), &[2, 0, 1]);
     let (a, b) = (strided([7, 35, 2], 13), strided([35, 66, 2], 14));
-    check(matmul(&a, &b), &a, &b, "strided both");
+    check_all(&a, &b, "strided both");
     let q = Flex::float_swap_dims(tensor(&[2, 5, 3, 8], 5, DType::BF16), 1, 2);
     let kt = Flex::float_transpose(tensor(&[2, 3, 7, 8], 6, DType::BF16));
-    check(matmul(&q, &kt), &q, &kt, "batched heads");
+    check_all(&q, &kt, "batched heads");
 }
 
 #[test]
@@ -105,18 +133,20 @@ fn large_products_split_over_the_pool_and_agree_with_one_thread() {
         tensor(&[300, 700], 7, DType::BF16),
         tensor(&[700, 1500], 8, DType::F32),
     );
-    let pooled = matmul(&a, &b);
-    check(pooled.clone(), &a, &b, "pooled");
-    let single = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap()
-        .install(|| matmul(&a, &b));
-    assert_eq!(
-        pooled.as_slice::<f32>().unwrap(),
-        single.as_slice::<f32>().unwrap(),
-        "the thread count changes no sum"
-    );
+    for kernel in kernels() {
+        let pooled = matmul_packed(&a, &b, kernel);
+        check(pooled.clone(), &a, &b, &format!("pooled ({kernel:?})"));
+        let single = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap()
+            .install(|| matmul_packed(&a, &b, kernel));
+        assert_eq!(
+            pooled.as_slice::<f32>().unwrap(),
+            single.as_slice::<f32>().unwrap(),
+            "{kernel:?}: the thread count changes no sum"
+        );
+    }
 }
 
 #[test]
@@ -127,8 +157,13 @@ fn the_fallback_multiplies_the_same_rounded_operands() {
     );
     check(matmul_rounded_f32(&a, &b), &a, &b, "fallback");
     // where this CPU has the instruction, the packed kernel is what `matmul` runs
-    if hardware_bf16() {
-        check(matmul_packed(&a, &b), &a, &b, "packed");
+    for kernel in kernels() {
+        check(
+            matmul_packed(&a, &b, kernel),
+            &a,
+            &b,
+            &format!("{kernel:?}"),
+        );
     }
 }
 
