@@ -134,12 +134,28 @@ fn a_config_without_data_says_so_naming_the_file() {
 #[test]
 fn a_setup_the_memfit_stack_cannot_plan_gets_no_command() {
     let dir = tempfile::tempdir().unwrap();
-    // a decoder LoRA plan: memfit's host model has no decoder terms, and says so
-    let rec = check(dir.path(), "qwen2.5-0.5b", &["--method", "lora"]);
+    // QLoRA: memfit's trainer has no 4-bit base, so its stack plans nothing, and says so
+    let rec = check(dir.path(), "qwen2.5-0.5b", &["--method", "qlora"]);
     let memfit_rec = &rec["memfit"];
     assert_eq!(memfit_rec["fits"], false, "{rec}");
     assert!(memfit_rec.get("commands").is_none(), "{memfit_rec}");
     assert!(!memfit_rec["reason"].as_str().unwrap().is_empty());
+}
+
+#[test]
+fn a_decoder_lora_plan_gets_a_config_that_memfit_train_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    // memfit's host model has decoder/LoRA terms: the plan comes with its memfit train config
+    let rec = check(dir.path(), "qwen2.5-0.5b", &["--method", "lora"]);
+    let memfit_rec = &rec["memfit"];
+    assert_eq!(memfit_rec["fits"], true, "{rec}");
+    assert!(memfit_rec["commands"]["train"].is_string(), "{memfit_rec}");
+    let config = memfit_rec["files"]["memfit_train"].as_str().unwrap();
+    let o = memfit()
+        .args(["train", "--plan-only", "--config", config])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 #[test]

@@ -118,6 +118,11 @@ fn run_plan(
         ("--seq", args.seq.map(|v| v.to_string())),
         ("--target-batch", args.target_batch.map(|v| v.to_string())),
         ("--method", args.method.clone()),
+        // QLoRA is LoRA on an NF4 base (Dettmers et al. 2023); plan asks which quantisation
+        (
+            "--quant",
+            (args.method.as_deref() == Some("qlora")).then(|| "nf4".to_string()),
+        ),
     ] {
         if let Some(v) = value {
             cmd.args([flag, &v]);
