@@ -63,12 +63,9 @@ impl Gradient {
     /// `g`'s buffer when it held only rows).
     pub fn add_dense(&mut self, mut g: Gradient) {
         match (&mut *self, &mut g) {
-            (Gradient::Dense(_), Gradient::Dense(_)) => {
-                let sum = self.stored_mut();
-                sum.iter_mut().zip(g.stored()).for_each(|(a, b)| *a += b);
-            }
+            (Gradient::Dense(_), Gradient::Dense(_)) => add_into(self.stored_mut(), g.stored()),
             (Gradient::Rows(rows), Gradient::Dense(_)) => {
-                rows.add_into(g.stored_mut());
+                rows.add_to_table(g.stored_mut());
                 *self = g;
             }
             (_, Gradient::Rows(_)) => unreachable!("add_dense takes a dense gradient"),
@@ -79,11 +76,8 @@ impl Gradient {
     pub fn add_rows(&mut self, ids: &[usize], width: usize, values: &[f32]) {
         match self {
             Gradient::Dense(_) => {
-                let dense = self.stored_mut();
-                for (&id, row) in ids.iter().zip(values.chunks_exact(width)) {
-                    let target = &mut dense[id * width..(id + 1) * width];
-                    target.iter_mut().zip(row).for_each(|(a, b)| *a += b);
-                }
+                let rows = ids.iter().copied().zip(values.chunks_exact(width));
+                add_rows_into(self.stored_mut(), width, rows);
             }
             Gradient::Rows(rows) => rows.add(ids, values),
         }
@@ -104,20 +98,33 @@ impl RowGradient {
             if slot == next {
                 self.values.extend_from_slice(row);
             } else {
-                let target = &mut self.values[slot * width..(slot + 1) * width];
-                target.iter_mut().zip(row).for_each(|(a, b)| *a += b);
+                add_into(&mut self.values[slot * width..(slot + 1) * width], row);
             }
         }
     }
 
     /// Adds the stored rows into `dense`, the whole table.
-    fn add_into(&self, dense: &mut [f32]) {
+    fn add_to_table(&self, dense: &mut [f32]) {
         let width = self.width;
-        for (&id, &slot) in &self.slots {
-            let target = &mut dense[id * width..(id + 1) * width];
-            let row = &self.values[slot * width..(slot + 1) * width];
-            target.iter_mut().zip(row).for_each(|(a, b)| *a += b);
-        }
+        let rows =
+            (self.slots.iter()).map(|(&id, &slot)| (id, &self.values[slot * width..][..width]));
+        add_rows_into(dense, width, rows);
+    }
+}
+
+/// `dst += src`, element by element.
+fn add_into(dst: &mut [f32], src: &[f32]) {
+    dst.iter_mut().zip(src).for_each(|(a, b)| *a += b);
+}
+
+/// Adds each `(id, row)` to row `id` of the table `dense` (rows of `width`).
+fn add_rows_into<'a>(
+    dense: &mut [f32],
+    width: usize,
+    rows: impl Iterator<Item = (usize, &'a [f32])>,
+) {
+    for (id, row) in rows {
+        add_into(&mut dense[id * width..(id + 1) * width], row);
     }
 }
 
@@ -165,7 +172,7 @@ impl GradientValues for Gradient {
             Gradient::Dense(_) => Cow::Borrowed(self.stored()),
             Gradient::Rows(rows) => {
                 let mut dense = vec![0.0; len];
-                rows.add_into(&mut dense);
+                rows.add_to_table(&mut dense);
                 Cow::Owned(dense)
             }
         }
@@ -238,14 +245,13 @@ mod tests {
                     .collect();
                 let mut rows = Gradient::rows(3);
                 rows.add_rows(&ids, 3, &values);
-                let mut dense = vec![rows.to_dense(15)];
+                let mut dense = vec![Some(rows.to_dense(15))];
                 let mut rows = vec![Some(rows)];
-                let mut dense_opt: Vec<Option<Vec<f32>>> = vec![dense.pop()];
                 let n1 = clip_global_norm(&mut rows, 0.5);
-                let n2 = clip_global_norm(&mut dense_opt, 0.5);
+                let n2 = clip_global_norm(&mut dense, 0.5);
                 assert_eq!(n1.to_bits(), n2.to_bits());
                 opt_rows.step(&mut w_rows, &rows, 1e-2);
-                opt_dense.step(&mut w_dense, &dense_opt, 1e-2);
+                opt_dense.step(&mut w_dense, &dense, 1e-2);
                 assert_eq!(w_rows, w_dense, "{} step {step}", config.name());
             }
             assert_eq!(opt_rows, opt_dense);

@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 use super::operand::Operand;
 use super::pack::{interleave_runs, pack_b, runs_as_pairs, transpose};
-use super::{KC, NC, NR};
+use super::{KC, MC, NC, NR, packed_row_blocks};
 
 /// Rows of the C block (two tiles).
 const BLOCK_ROWS: usize = 32;
@@ -25,8 +25,8 @@ const BLOCK_ROWS: usize = 32;
 const BLOCK_COLS: usize = 32;
 /// k-pairs per tile.
 const TILE_PAIRS: usize = 16;
-/// Rows of A packed per task: a multiple of [`BLOCK_ROWS`].
-const MC: usize = 96;
+// A's row blocks (one task each) hold whole C blocks.
+const _: () = assert!(MC.is_multiple_of(BLOCK_ROWS));
 
 /// Whether this CPU and kernel run AMX bf16 (CPUID leaf 7: AMX-BF16 and AMX-TILE, with the
 /// AVX-512 the packing needs), and Linux granted the tile state; asked once.
@@ -69,17 +69,11 @@ fn request_tile_state() -> bool {
 /// first k-block stores) and not accessed elsewhere during the call.
 pub(super) unsafe fn product(a: &Operand, b: &Operand, i: usize, c: *mut f32, parallel: bool) {
     let (m, n, k) = (a.rows, b.cols, a.cols);
-    let row_blocks: Vec<std::ops::Range<usize>> =
-        (0..m).step_by(MC).map(|r| r..(r + MC).min(m)).collect();
     for k0 in (0..k).step_by(KC) {
         let kc = KC.min(k - k0);
         let pairs = kc.div_ceil(2).next_multiple_of(TILE_PAIRS);
-        let pack = |rows: &std::ops::Range<usize>| pack_a_rows(a, i, rows.clone(), (k0, kc), pairs);
-        let a_blocks: Vec<Vec<u32>> = if parallel {
-            row_blocks.par_iter().map(pack).collect()
-        } else {
-            row_blocks.iter().map(pack).collect()
-        };
+        let (row_blocks, a_blocks) =
+            packed_row_blocks(m, parallel, |rows| pack_a_rows(a, i, rows, (k0, kc), pairs));
         for n0 in (0..n).step_by(NC) {
             let nc = NC.min(n - n0);
             let bp = pack_b(b, i, n0..n0 + nc, (k0, kc), pairs);

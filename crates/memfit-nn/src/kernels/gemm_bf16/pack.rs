@@ -173,16 +173,12 @@ pub(super) fn pack_b(
                     // SAFETY: as in `pack_a`.
                     unsafe { runs_as_pairs(b, first, strides, (kc, pairs), valid) };
                     past.fill(0);
-                    transpose_into_panel(&columns, pairs, panel);
+                    // `columns` is `[NR][pairs]`, the panel `[pairs][NR]`
+                    transpose(&columns, (NR, pairs), panel);
                 }
             }
         });
     packed
-}
-
-/// `columns` (`[NR][pairs]`: each column's k-pairs) written as `panel` (`[pairs][NR]`).
-fn transpose_into_panel(columns: &[u32], pairs: usize, panel: &mut [u32]) {
-    transpose(columns, (NR, pairs), panel);
 }
 
 /// `src` (`[rows][cols]` u32, row-major) written transposed into `dst` (`[cols][rows]`).

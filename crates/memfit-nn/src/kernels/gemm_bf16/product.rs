@@ -4,8 +4,8 @@
 use rayon::prelude::*;
 
 use super::operand::Operand;
-use super::pack::{PairedRows, pack_a, pack_b};
-use super::{KC, MC, MR, NC, NR};
+use super::pack::{pack_a, pack_b};
+use super::{KC, MR, NC, NR, packed_row_blocks};
 
 /// Matrix `i` of `a · b` into `c` (`m × n`, row-major), over the rayon pool when `parallel`.
 ///
@@ -18,19 +18,8 @@ pub(super) unsafe fn product(a: &Operand, b: &Operand, i: usize, c: *mut f32, pa
         let kc = KC.min(k - k0);
         let pairs = kc.div_ceil(2);
         // A for this k-block, one block per task of MC rows
-        let row_blocks: Vec<std::ops::Range<usize>> =
-            (0..m).step_by(MC).map(|r| r..(r + MC).min(m)).collect();
-        let a_blocks: Vec<PairedRows> = if parallel {
-            row_blocks
-                .par_iter()
-                .map(|rows| pack_a(a, i, rows.clone(), k0, kc))
-                .collect()
-        } else {
-            row_blocks
-                .iter()
-                .map(|rows| pack_a(a, i, rows.clone(), k0, kc))
-                .collect()
-        };
+        let (row_blocks, a_blocks) =
+            packed_row_blocks(m, parallel, |rows| pack_a(a, i, rows, k0, kc));
         for n0 in (0..n).step_by(NC) {
             let nc = NC.min(n - n0);
             let bp = pack_b(b, i, n0..n0 + nc, (k0, kc), pairs);
