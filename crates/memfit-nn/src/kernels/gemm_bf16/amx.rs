@@ -16,16 +16,22 @@ use std::arch::asm;
 use rayon::prelude::*;
 
 use super::operand::Operand;
-use super::pack::{interleave_runs, pack_b, runs_as_pairs, transpose};
-use super::{KC, MC, NC, NR, packed_row_blocks};
+use super::pack::{Aligned, interleave_runs, pack_b, runs_as_pairs, transpose};
+use super::packed_row_blocks;
 
 /// Rows of the C block (two tiles).
 const BLOCK_ROWS: usize = 32;
-/// Columns of the C block (two tiles); [`NR`] is a multiple.
+/// Columns of the C block (two tiles), the width of B's panels.
 const BLOCK_COLS: usize = 32;
 /// k-pairs per tile.
 const TILE_PAIRS: usize = 16;
-// A's row blocks (one task each) hold whole C blocks.
+/// k-values per packed block: C stays in tiles over a whole k-block, so one block covers the usual
+/// hidden sizes (a block more costs a reload of C).
+const KC: usize = 2048;
+/// Rows of A per task: whole C blocks.
+const MC: usize = 96;
+/// Columns of B packed at once.
+const NC: usize = 1024;
 const _: () = assert!(MC.is_multiple_of(BLOCK_ROWS));
 
 /// Whether this CPU and kernel run AMX bf16 (CPUID leaf 7: AMX-BF16 and AMX-TILE, with the
@@ -72,11 +78,12 @@ pub(super) unsafe fn product(a: &Operand, b: &Operand, i: usize, c: *mut f32, pa
     for k0 in (0..k).step_by(KC) {
         let kc = KC.min(k - k0);
         let pairs = kc.div_ceil(2).next_multiple_of(TILE_PAIRS);
-        let (row_blocks, a_blocks) =
-            packed_row_blocks(m, parallel, |rows| pack_a_rows(a, i, rows, (k0, kc), pairs));
+        let (row_blocks, a_blocks) = packed_row_blocks(m, MC, parallel, |rows| {
+            pack_a_tiles(a, i, rows, (k0, kc), pairs)
+        });
         for n0 in (0..n).step_by(NC) {
             let nc = NC.min(n - n0);
-            let bp = pack_b(b, i, n0..n0 + nc, (k0, kc), pairs);
+            let bp = pack_b(b, i, n0..n0 + nc, (k0, kc), (pairs, BLOCK_COLS));
             let blocks = nc.div_ceil(BLOCK_COLS);
             let tasks: Vec<(usize, usize)> = (0..row_blocks.len())
                 .flat_map(|rb| (0..blocks).map(move |cb| (rb, cb)))
@@ -87,16 +94,15 @@ pub(super) unsafe fn product(a: &Operand, b: &Operand, i: usize, c: *mut f32, pa
                 let _tiles = TileConfig::load();
                 for &(rb, cb) in tasks {
                     let (rows, col0) = (&row_blocks[rb], n0 + cb * BLOCK_COLS);
-                    let panel = &bp[(cb * BLOCK_COLS / NR) * pairs * NR..];
-                    let b_cols = (cb * BLOCK_COLS) % NR;
+                    let panel = &bp[cb * pairs * BLOCK_COLS..][..pairs * BLOCK_COLS];
                     for r0 in (0..rows.len()).step_by(BLOCK_ROWS) {
-                        let a_rows = &a_blocks[rb][r0 * pairs..];
+                        let a_rows = &a_blocks[rb][r0 * pairs..][..BLOCK_ROWS * pairs];
                         let size = (BLOCK_ROWS.min(rows.len() - r0), BLOCK_COLS.min(n - col0));
                         // SAFETY: tasks write disjoint blocks of `c`, each inside it; A and B
-                        // hold whole padded tiles (`pack_a_rows`, `pack_b`); tiles configured.
+                        // hold whole padded tiles (`pack_a_tiles`, `pack_b`); tiles configured.
                         unsafe {
                             let at = (c_addr as *mut f32).add((rows.start + r0) * n + col0);
-                            block(a_rows, (panel, b_cols), pairs, (at, n), size, first);
+                            block(a_rows, panel, pairs, (at, n), size, first);
                         }
                     }
                 }
@@ -114,31 +120,49 @@ pub(super) unsafe fn product(a: &Operand, b: &Operand, i: usize, c: *mut f32, pa
     }
 }
 
-/// A's rows `rows` of k-block `k0..k0 + kc` as contiguous bf16 k-pairs, `pairs` per row and the
-/// rows padded to a whole [`BLOCK_ROWS`], zeros past `kc` and the last row.
-fn pack_a_rows(
+/// A's rows `rows` of k-block `k0..k0 + kc` as tiles: per block of [`BLOCK_ROWS`] rows, per
+/// [`TILE_PAIRS`] k-pairs, the block's rows' 16 pairs one after another (`[block][step][row]
+/// [pair]`), so that each tile the kernel loads is 1 KiB of contiguous memory; zeros past `kc` and
+/// the last row.
+fn pack_a_tiles(
     a: &Operand,
     i: usize,
     rows: std::ops::Range<usize>,
     (k0, kc): (usize, usize),
     pairs: usize,
-) -> Vec<u32> {
+) -> Aligned {
     let height = rows.len().next_multiple_of(BLOCK_ROWS);
-    let mut packed = vec![0u32; height * pairs];
+    let mut packed = Aligned::zeroed(height * pairs);
     let first = a.offsets[i] + rows.start * a.row_stride + k0 * a.col_stride;
-    let valid = &mut packed[..rows.len() * pairs];
+    // where row r's step t lies (a block of rows holds BLOCK_ROWS · pairs u32)
+    let tile_row = |r: usize, t: usize| {
+        r / BLOCK_ROWS * BLOCK_ROWS * pairs + (t * BLOCK_ROWS + r % BLOCK_ROWS) * TILE_PAIRS
+    };
     if a.col_stride != 1 && a.row_stride == 1 {
         // A transposed (a weight gradient's activations): each k is a run of rows; interleave
-        // the pairs as [pair][row], then transpose to [row][pair]
+        // the pairs as [pair][row], then transpose each 16 pairs × 32 rows
         let width = rows.len();
         let mut by_pair = vec![0u32; pairs * width];
         // SAFETY: `available` found AVX-512 (BW included).
         unsafe { interleave_runs(a, first, (a.col_stride, kc), width, &mut by_pair, width) };
-        transpose(&by_pair, (pairs, width), valid);
+        for r0 in (0..width).step_by(BLOCK_ROWS) {
+            let block_rows = BLOCK_ROWS.min(width - r0);
+            for t in 0..pairs / TILE_PAIRS {
+                let src = &by_pair[t * TILE_PAIRS * width + r0..];
+                let dst = &mut packed[tile_row(r0, t)..];
+                transpose((src, width), (TILE_PAIRS, block_rows), (dst, TILE_PAIRS));
+            }
+        }
     } else {
-        let strides = (a.row_stride, a.col_stride);
-        // SAFETY: as above.
-        unsafe { runs_as_pairs(a, first, strides, (kc, pairs), valid) };
+        let mut line = vec![0u32; pairs];
+        for r in 0..rows.len() {
+            let strides = (a.row_stride, a.col_stride);
+            // SAFETY: as above.
+            unsafe { runs_as_pairs(a, first + r * a.row_stride, strides, (kc, pairs), &mut line) };
+            for (t, step) in line.chunks_exact(TILE_PAIRS).enumerate() {
+                packed[tile_row(r, t)..][..TILE_PAIRS].copy_from_slice(step);
+            }
+        }
     }
     packed
 }
@@ -180,37 +204,52 @@ impl Drop for TileConfig {
 }
 
 /// One C block of `size` (≤ 32 × 32) at `c` (row stride `ldc`): `c (+)= A · B` over `pairs`
-/// k-pairs, A's 32 rows packed at `a` (`pairs` u32 each), B the panel's columns from `b_cols` on
-/// (`NR` u32 per pair). Stored when `first`, added otherwise.
+/// k-pairs, A's 32 rows as [`pack_a_tiles`] lays them, B a panel of [`BLOCK_COLS`] columns
+/// ([`pack_b`]). Stored when `first`, added otherwise.
 ///
 /// # Safety
-/// Tiles configured ([`TileConfig`]); `a` holds 32 rows and the panel `pairs` rows of whole
-/// tiles; `c` valid for `size` (read too unless `first`).
+/// Tiles configured ([`TileConfig`]); `a` and `panel` hold `pairs` (a multiple of 16) k-pairs of
+/// 32 rows and 32 columns; `c` valid for `size` (read too unless `first`).
 unsafe fn block(
     a: &[u32],
-    (panel, b_cols): (&[u32], usize),
+    panel: &[u32],
     pairs: usize,
     (c, ldc): (*mut f32, usize),
     size: (usize, usize),
     first: bool,
 ) {
-    assert!(a.len() >= BLOCK_ROWS * pairs && panel.len() >= pairs * NR);
-    let whole = size == (BLOCK_ROWS, BLOCK_COLS);
-    // an edge block is computed whole in a buffer, its valid part moved to C
-    let mut edge = [0.0f32; BLOCK_ROWS * BLOCK_COLS];
-    let (out, ld) = if whole {
+    assert!(a.len() >= BLOCK_ROWS * pairs && panel.len() >= pairs * BLOCK_COLS);
+    // Tiles move 64-byte rows: a row split over two cache lines costs several times as much, so a
+    // block whose rows are not aligned (as output buffers are not), or an edge block, goes
+    // through an aligned buffer, its valid part moved to C
+    #[repr(C, align(64))]
+    struct Block([f32; BLOCK_ROWS * BLOCK_COLS]);
+    let direct = size == (BLOCK_ROWS, BLOCK_COLS)
+        && (c as usize).is_multiple_of(64)
+        && ldc.is_multiple_of(16);
+    // uninitialised: the first k-block's stores write it whole, later ones read only what C
+    // had (rows and columns past `size` are computed and dropped)
+    let mut buffer = std::mem::MaybeUninit::<Block>::uninit();
+    let (out, ld) = if direct {
         (c, ldc)
     } else {
+        let buffer = buffer.as_mut_ptr().cast::<f32>();
         if !first {
             for r in 0..size.0 {
-                // SAFETY: row r's `size.1` values lie inside C.
-                let row = unsafe { std::slice::from_raw_parts(c.add(r * ldc), size.1) };
-                edge[r * BLOCK_COLS..][..size.1].copy_from_slice(row);
+                // SAFETY: row r's `size.1` values lie inside C and inside the buffer.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        c.add(r * ldc),
+                        buffer.add(r * BLOCK_COLS),
+                        size.1,
+                    )
+                };
             }
         }
-        (edge.as_mut_ptr(), BLOCK_COLS)
+        (buffer, BLOCK_COLS)
     };
-    let (c_stride, a_stride, b_stride) = (4 * ld, 4 * pairs, 4 * NR);
+    // A's tiles are 16 rows of 64 contiguous bytes; B's rows hold two tiles' columns
+    let (c_stride, a_stride, b_stride) = (4 * ld, 4 * TILE_PAIRS, 4 * BLOCK_COLS);
     // SAFETY (the asm blocks): the tiles read 16 rows of 64 bytes at the given strides, inside
     // `a`, `panel` and the C block (checked above and by the caller); tmm0–7 belong to this
     // function between ldtilecfg and tilerelease.
@@ -231,12 +270,14 @@ unsafe fn block(
                  options(nostack, readonly));
         }
         for t in 0..pairs / TILE_PAIRS {
-            let a0 = a.as_ptr().add(t * TILE_PAIRS);
-            let a1 = a0.add(16 * pairs);
-            let b0 = panel.as_ptr().add(t * TILE_PAIRS * NR + b_cols);
-            asm!("tileloadd tmm4, [{a0} + {sa}*1]", "tileloadd tmm5, [{a1} + {sa}*1]",
-                 "tileloadd tmm6, [{b0} + {sb}*1]", "tileloadd tmm7, [{b0} + {sb}*1 + 64]",
-                 "tdpbf16ps tmm0, tmm4, tmm6", "tdpbf16ps tmm1, tmm4, tmm7",
+            let a0 = a.as_ptr().add(t * BLOCK_ROWS * TILE_PAIRS);
+            let a1 = a0.add(16 * TILE_PAIRS);
+            let b0 = panel.as_ptr().add(t * TILE_PAIRS * BLOCK_COLS);
+            asm!("tileloadd tmm4, [{a0} + {sa}*1]", "tileloadd tmm6, [{b0} + {sb}*1]",
+                 "tdpbf16ps tmm0, tmm4, tmm6",
+                 "tileloadd tmm7, [{b0} + {sb}*1 + 64]",
+                 "tdpbf16ps tmm1, tmm4, tmm7",
+                 "tileloadd tmm5, [{a1} + {sa}*1]",
                  "tdpbf16ps tmm2, tmm5, tmm6", "tdpbf16ps tmm3, tmm5, tmm7",
                  a0 = in(reg) a0, a1 = in(reg) a1, b0 = in(reg) b0,
                  sa = in(reg) a_stride, sb = in(reg) b_stride, options(nostack, readonly));
@@ -245,11 +286,12 @@ unsafe fn block(
              "tilestored [{c1} + {s}*1], tmm2", "tilestored [{c1} + {s}*1 + 64], tmm3",
              c0 = in(reg) out, c1 = in(reg) c1, s = in(reg) c_stride, options(nostack));
     }
-    if !whole {
+    if !direct {
         for r in 0..size.0 {
-            // SAFETY: row r's `size.1` values lie inside C.
-            let row = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), size.1) };
-            row.copy_from_slice(&edge[r * BLOCK_COLS..][..size.1]);
+            // SAFETY: row r's `size.1` values lie inside C and were stored in the buffer above.
+            unsafe {
+                std::ptr::copy_nonoverlapping(out.add(r * BLOCK_COLS), c.add(r * ldc), size.1)
+            };
         }
     }
 }

@@ -137,15 +137,18 @@ impl Kernel {
     }
 }
 
-/// A's `m` rows in blocks of [`MC`] (one task each), and `pack` applied to every block, over the
+/// A's `m` rows in blocks of `height` (one task each), and `pack` applied to every block, over the
 /// rayon pool when `parallel`: what each kernel does with A at the start of a k-block.
 fn packed_row_blocks<T: Send>(
     m: usize,
+    height: usize,
     parallel: bool,
     pack: impl Fn(std::ops::Range<usize>) -> T + Sync,
 ) -> (Vec<std::ops::Range<usize>>, Vec<T>) {
-    let blocks: Vec<std::ops::Range<usize>> =
-        (0..m).step_by(MC).map(|r| r..(r + MC).min(m)).collect();
+    let blocks: Vec<std::ops::Range<usize>> = (0..m)
+        .step_by(height)
+        .map(|r| r..(r + height).min(m))
+        .collect();
     let packed = if parallel {
         blocks.par_iter().map(|rows| pack(rows.clone())).collect()
     } else {

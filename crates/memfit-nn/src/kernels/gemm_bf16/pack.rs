@@ -3,8 +3,8 @@
 
 use rayon::prelude::*;
 
+use super::MR;
 use super::operand::{Operand, Storage};
-use super::{MR, NR};
 
 /// One k-block of A's rows as the kernel reads them: row `r`'s k-pair `p` (counted from the
 /// block's first row and first k) is the u32 at byte `addr + r · row_step + p · pair_step`, the
@@ -138,7 +138,7 @@ pub(super) unsafe fn interleave_runs(
     }
 }
 
-/// B's columns `cols` of k-block `k0..k0 + kc` packed: per panel of [`NR`] columns, per k-pair,
+/// B's columns `cols` of k-block `k0..k0 + kc` packed: per panel of `width` columns, per k-pair,
 /// the pairs of the panel's columns side by side (`[panel][pair][column]`, `pairs` k-pairs per
 /// panel), zero-padded past `cols` and `kc`; groups of panels over the pool.
 pub(super) fn pack_b(
@@ -146,44 +146,82 @@ pub(super) fn pack_b(
     i: usize,
     cols: std::ops::Range<usize>,
     (k0, kc): (usize, usize),
-    pairs: usize,
-) -> Vec<u32> {
+    (pairs, width): (usize, usize),
+) -> Aligned {
     const GROUP: usize = 4;
     debug_assert!(pairs >= kc.div_ceil(2));
-    let mut packed = vec![0u32; cols.len().div_ceil(NR) * pairs * NR];
+    let panel_len = pairs * width;
+    let mut packed = Aligned::zeroed(cols.len().div_ceil(width) * panel_len);
     packed
-        .par_chunks_mut(GROUP * pairs * NR)
+        .par_chunks_mut(GROUP * panel_len)
         .enumerate()
         .for_each(|(g, group)| {
-            let mut columns = vec![0u32; if b.col_stride != 1 { NR * pairs } else { 0 }];
-            for (q, panel) in group.chunks_exact_mut(pairs * NR).enumerate() {
-                let c0 = cols.start + (g * GROUP + q) * NR;
-                let width = NR.min(cols.end - c0);
+            let mut columns = vec![0u32; if b.col_stride != 1 { panel_len } else { 0 }];
+            for (q, panel) in group.chunks_exact_mut(panel_len).enumerate() {
+                let c0 = cols.start + (g * GROUP + q) * width;
+                let valid = width.min(cols.end - c0);
                 let first = b.offsets[i] + k0 * b.row_stride + c0 * b.col_stride;
                 if b.col_stride == 1 {
                     // each k a run of columns
                     let k_runs = (b.row_stride, kc);
                     // SAFETY: as in `pack_a`.
-                    unsafe { interleave_runs(b, first, k_runs, width, panel, NR) };
+                    unsafe { interleave_runs(b, first, k_runs, valid, panel, width) };
                 } else {
                     // each column's k-pairs in order (one run when B is transposed), then the
                     // panel transposed
-                    let (valid, past) = columns.split_at_mut(width * pairs);
+                    let (valid, past) = columns.split_at_mut(valid * pairs);
                     let strides = (b.col_stride, b.row_stride);
                     // SAFETY: as in `pack_a`.
                     unsafe { runs_as_pairs(b, first, strides, (kc, pairs), valid) };
                     past.fill(0);
-                    // `columns` is `[NR][pairs]`, the panel `[pairs][NR]`
-                    transpose(&columns, (NR, pairs), panel);
+                    // `columns` is `[width][pairs]`, the panel `[pairs][width]`
+                    transpose((&columns, pairs), (width, pairs), (panel, width));
                 }
             }
         });
     packed
 }
 
-/// `src` (`[rows][cols]` u32, row-major) written transposed into `dst` (`[cols][rows]`).
-pub(super) fn transpose(src: &[u32], (rows, cols): (usize, usize), dst: &mut [u32]) {
-    assert!(src.len() >= rows * cols && dst.len() >= rows * cols);
+/// A zeroed u32 buffer that starts on a 64-byte boundary: AMX loads tile rows of 64 bytes, and
+/// a row split over two cache lines costs several times as much (allocators align to 16).
+pub(super) struct Aligned {
+    words: Vec<u32>,
+    start: usize,
+    len: usize,
+}
+
+impl Aligned {
+    pub(super) fn zeroed(len: usize) -> Self {
+        let words = vec![0u32; len + 15];
+        let start = (64 - words.as_ptr() as usize % 64) % 64 / 4;
+        Self { words, start, len }
+    }
+}
+
+impl std::ops::Deref for Aligned {
+    type Target = [u32];
+    fn deref(&self) -> &[u32] {
+        &self.words[self.start..self.start + self.len]
+    }
+}
+
+impl std::ops::DerefMut for Aligned {
+    fn deref_mut(&mut self) -> &mut [u32] {
+        &mut self.words[self.start..self.start + self.len]
+    }
+}
+
+/// `src` (`[rows][cols]` u32, row stride `lds`) written transposed into `dst` (`[cols][rows]`,
+/// row stride `ldd`).
+pub(super) fn transpose(
+    (src, lds): (&[u32], usize),
+    (rows, cols): (usize, usize),
+    (dst, ldd): (&mut [u32], usize),
+) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(src.len() >= (rows - 1) * lds + cols && dst.len() >= (cols - 1) * ldd + rows);
     #[cfg(target_arch = "x86_64")]
     let (whole_r, whole_c) = {
         let (whole_r, whole_c) = (rows - rows % 16, cols - cols % 16);
@@ -191,8 +229,8 @@ pub(super) fn transpose(src: &[u32], (rows, cols): (usize, usize), dst: &mut [u3
             for c0 in (0..whole_c).step_by(16) {
                 // SAFETY: AVX512-F (the packed paths' CPU); 16 × 16 inside both buffers.
                 unsafe {
-                    let from = src.as_ptr().add(r0 * cols + c0);
-                    transpose16::block(from, cols, dst.as_mut_ptr().add(c0 * rows + r0), rows)
+                    let from = src.as_ptr().add(r0 * lds + c0);
+                    transpose16::block(from, lds, dst.as_mut_ptr().add(c0 * ldd + r0), ldd)
                 };
             }
         }
@@ -203,7 +241,7 @@ pub(super) fn transpose(src: &[u32], (rows, cols): (usize, usize), dst: &mut [u3
     for r in 0..rows {
         let first_c = if r < whole_r { whole_c } else { 0 };
         for c in first_c..cols {
-            dst[c * rows + r] = src[r * cols + c];
+            dst[c * ldd + r] = src[r * lds + c];
         }
     }
 }

@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use super::operand::Operand;
 use super::pack::{pack_a, pack_b};
-use super::{KC, MR, NC, NR, packed_row_blocks};
+use super::{KC, MC, MR, NC, NR, packed_row_blocks};
 
 /// Matrix `i` of `a · b` into `c` (`m × n`, row-major), over the rayon pool when `parallel`.
 ///
@@ -19,10 +19,10 @@ pub(super) unsafe fn product(a: &Operand, b: &Operand, i: usize, c: *mut f32, pa
         let pairs = kc.div_ceil(2);
         // A for this k-block, one block per task of MC rows
         let (row_blocks, a_blocks) =
-            packed_row_blocks(m, parallel, |rows| pack_a(a, i, rows, k0, kc));
+            packed_row_blocks(m, MC, parallel, |rows| pack_a(a, i, rows, k0, kc));
         for n0 in (0..n).step_by(NC) {
             let nc = NC.min(n - n0);
-            let bp = pack_b(b, i, n0..n0 + nc, (k0, kc), pairs);
+            let bp = pack_b(b, i, n0..n0 + nc, (k0, kc), (pairs, NR));
             let panels = nc.div_ceil(NR);
             // Tasks: (row block, group of column panels); each writes its own C tiles.
             let groups = if parallel {
