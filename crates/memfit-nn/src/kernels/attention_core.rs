@@ -127,12 +127,13 @@ impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
                     let d_dropped = products.matmul(&grad, &Flex::float_transpose(v.clone()));
                     let d_scores = softmax_dropout_backward(&probs, d_dropped, s.seed, s.p);
                     if let Some(node) = q_node {
-                        let dq = products.matmul(&d_scores, &k);
-                        grads.register::<Flex>(node.id, cast(dq, dtypes[0]));
+                        let dq = products.matmul_into(&d_scores, &k, None, dtypes[0]);
+                        grads.register::<Flex>(node.id, dq);
                     }
                     if let Some(node) = k_node {
-                        let dk = products.matmul(&Flex::float_transpose(d_scores.clone()), &q);
-                        grads.register::<Flex>(node.id, cast(dk, dtypes[1]));
+                        let d_scores_t = Flex::float_transpose(d_scores.clone());
+                        let dk = products.matmul_into(&d_scores_t, &q, None, dtypes[1]);
+                        grads.register::<Flex>(node.id, dk);
                     }
                     if let Some(node) = bias_node {
                         let shape = bias.layout().shape().clone();
@@ -143,8 +144,9 @@ impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
                 if let Some(node) = v_node {
                     // dv = dropout(probs)ᵀ · g, the probabilities dropped out in their own buffer.
                     drop_and_scale(probs.storage_mut::<f32>(), s.seed, s.p);
-                    let dv = products.matmul(&Flex::float_transpose(probs), &grad);
-                    grads.register::<Flex>(node.id, cast(dv, dtypes[2]));
+                    let probs_t = Flex::float_transpose(probs);
+                    let dv = products.matmul_into(&probs_t, &grad, None, dtypes[2]);
+                    grads.register::<Flex>(node.id, dv);
                 }
             }
         }
@@ -172,7 +174,7 @@ fn forward(inputs: [FlexTensor; 4], seed: u64, p: f64) -> (FlexTensor, RowStats)
     let products = Products::for_activations(q.dtype());
     let (mut probs, rows) = softmax_rows(scores(products, &q, &k, &bias));
     drop_and_scale(probs.storage_mut::<f32>(), seed, p);
-    (cast(products.matmul(&probs, &v), v.dtype()), rows)
+    (products.matmul_into(&probs, &v, None, v.dtype()), rows)
 }
 
 /// `q·kᵀ + bias`, `[b, h, tq, tk]`.

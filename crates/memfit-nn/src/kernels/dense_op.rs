@@ -108,14 +108,8 @@ fn forward(
     input: Input,
     products: Products,
 ) -> FlexTensor {
-    let out = products.matmul(&activated(x, input), w);
     let bias = values(b);
-    let n = bias.len();
-    let out = map_in_place(out, |v| {
-        v.chunks_exact_mut(n)
-            .for_each(|row| row.iter_mut().zip(bias.iter()).for_each(|(o, b)| *o += b));
-    });
-    cast(out, x.dtype())
+    products.matmul_into(&activated(x, input), w, Some(&bias), x.dtype())
 }
 
 /// The bias gradient: the column sums of `grad` `[m, n]`, as `[1, n]` in `dtype`.
@@ -163,20 +157,22 @@ impl<C: CheckpointStrategy> DenseOp for Autodiff<Flex, C> {
                         .expect("the dense op was told its weight trains no gradient");
                     // the activation again, freed as soon as the product is done
                     let act = activated(x, input);
-                    let dw = products.matmul(&Flex::float_transpose(act), &grad);
-                    grads.register::<Flex>(node.id, cast(dw, w.dtype()));
+                    let dw =
+                        products.matmul_into(&Flex::float_transpose(act), &grad, None, w.dtype());
+                    grads.register::<Flex>(node.id, dw);
                 }
                 if let Some(node) = x_node {
                     let dtype = grad.dtype();
-                    let dact = products.matmul(&grad, &Flex::float_transpose(w));
+                    let wt = Flex::float_transpose(w);
                     let dx = match (input, &x) {
                         (Input::Gelu, Some(x)) => {
                             let x = values(x);
-                            map_in_place(dact, |g| gelu::times_gelu_grad(&x, g))
+                            let dact = products.matmul(&grad, &wt);
+                            cast(map_in_place(dact, |g| gelu::times_gelu_grad(&x, g)), dtype)
                         }
-                        _ => dact,
+                        _ => products.matmul_into(&grad, &wt, None, dtype),
                     };
-                    grads.register::<Flex>(node.id, cast(dx, dtype));
+                    grads.register::<Flex>(node.id, dx);
                 }
             }
         }

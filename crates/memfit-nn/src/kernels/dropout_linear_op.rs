@@ -63,7 +63,7 @@ fn dropped(x: &FlexTensor, seed: u64, p: f64) -> FlexTensor {
 }
 
 fn forward(x: &FlexTensor, a: &FlexTensor, seed: u64, p: f64, products: Products) -> FlexTensor {
-    cast(products.matmul(&dropped(x, seed, p), a), x.dtype())
+    products.matmul_into(&dropped(x, seed, p), a, None, x.dtype())
 }
 
 impl DropoutLinearOp for Flex {
@@ -101,7 +101,7 @@ impl Backward<Flex, 2> for DropoutLinear {
         let DropoutLinear { seed, p, products } = self;
         if let Some(node) = a_node {
             let xd = Flex::float_transpose(dropped(&x, seed, p));
-            grads.register::<Flex>(node.id, cast(products.matmul(&xd, &grad), a.dtype()));
+            grads.register::<Flex>(node.id, products.matmul_into(&xd, &grad, None, a.dtype()));
         }
         if let Some(node) = x_node {
             let dxd = cast(

@@ -18,7 +18,7 @@ use burn::prelude::*;
 use burn_flex::FlexTensor;
 
 use crate::kernels::flex_op::record;
-use crate::kernels::flex_values::{cast, is_flex_float};
+use crate::kernels::flex_values::is_flex_float;
 pub use crate::kernels::gemm_bf16::Products;
 
 #[backend_extension(Flex, Autodiff)]
@@ -79,7 +79,7 @@ impl LinearOp for Flex {
 /// `x · w`, the result in x's dtype.
 fn forward(x: FlexTensor, w: FlexTensor, products: Products) -> FlexTensor {
     let dtype = x.dtype();
-    cast(products.matmul(&x, &w), dtype)
+    products.matmul_into(&x, &w, None, dtype)
 }
 
 impl<C: CheckpointStrategy> LinearOp for Autodiff<Flex, C> {
@@ -109,13 +109,15 @@ impl<C: CheckpointStrategy> LinearOp for Autodiff<Flex, C> {
                 if let Some(node) = w_node {
                     let x = x.expect("the linear op was told its weight trains no gradient");
                     let dw_dtype = w.dtype();
-                    let dw = products.matmul(&Flex::float_transpose(x), &grad);
-                    grads.register::<Flex>(node.id, cast(dw, dw_dtype));
+                    let xt = Flex::float_transpose(x);
+                    let dw = products.matmul_into(&xt, &grad, None, dw_dtype);
+                    grads.register::<Flex>(node.id, dw);
                 }
                 if let Some(node) = x_node {
                     let dx_dtype = grad.dtype();
-                    let dx = products.matmul(&grad, &Flex::float_transpose(w));
-                    grads.register::<Flex>(node.id, cast(dx, dx_dtype));
+                    let wt = Flex::float_transpose(w);
+                    let dx = products.matmul_into(&grad, &wt, None, dx_dtype);
+                    grads.register::<Flex>(node.id, dx);
                 }
             }
         }

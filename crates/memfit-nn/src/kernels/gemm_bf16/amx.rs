@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 use super::operand::Operand;
 use super::pack::{Aligned, interleave_runs, pack_b, runs_as_pairs, transpose};
-use super::packed_row_blocks;
+use super::{Dst, packed_row_blocks};
 
 /// Rows of the C block (two tiles).
 const BLOCK_ROWS: usize = 32;
@@ -27,7 +27,7 @@ const BLOCK_COLS: usize = 32;
 const TILE_PAIRS: usize = 16;
 /// k-values per packed block: C stays in tiles over a whole k-block, so one block covers the usual
 /// hidden sizes (a block more costs a reload of C).
-const KC: usize = 2048;
+pub(super) const KC: usize = 2048;
 /// Rows of A per task: whole C blocks.
 const MC: usize = 96;
 /// Columns of B packed at once.
@@ -71,10 +71,15 @@ fn request_tile_state() -> bool {
 /// Matrix `i` of `a · b` into `c` (`m × n`, row-major), over the rayon pool when `parallel`.
 ///
 /// # Safety
-/// [`available`] must hold; `c` must be valid for writing `m · n` f32 (uninitialised allowed: the
-/// first k-block stores) and not accessed elsewhere during the call.
-pub(super) unsafe fn product(a: &Operand, b: &Operand, i: usize, c: *mut f32, parallel: bool) {
+/// [`available`] must hold; `c` must be valid for writing `m · n` values (uninitialised allowed:
+/// the first k-block stores) and not accessed elsewhere during the call; `c` is plain f32 unless
+/// `k` ≤ [`KC`] (one k-block: sums are finished as they are stored).
+pub(super) unsafe fn product(a: &Operand, b: &Operand, i: usize, c: Dst, parallel: bool) {
     let (m, n, k) = (a.rows, b.cols, a.cols);
+    assert!(
+        k <= KC || c.is_plain(),
+        "a product of several k-blocks stores plain f32"
+    );
     for k0 in (0..k).step_by(KC) {
         let kc = KC.min(k - k0);
         let pairs = kc.div_ceil(2).next_multiple_of(TILE_PAIRS);
@@ -88,7 +93,6 @@ pub(super) unsafe fn product(a: &Operand, b: &Operand, i: usize, c: *mut f32, pa
             let tasks: Vec<(usize, usize)> = (0..row_blocks.len())
                 .flat_map(|rb| (0..blocks).map(move |cb| (rb, cb)))
                 .collect();
-            let c_addr = c as usize;
             let first = k0 == 0;
             let run = |tasks: &[(usize, usize)]| {
                 let _tiles = TileConfig::load();
@@ -101,7 +105,7 @@ pub(super) unsafe fn product(a: &Operand, b: &Operand, i: usize, c: *mut f32, pa
                         // SAFETY: tasks write disjoint blocks of `c`, each inside it; A and B
                         // hold whole padded tiles (`pack_a_tiles`, `pack_b`); tiles configured.
                         unsafe {
-                            let at = (c_addr as *mut f32).add((rows.start + r0) * n + col0);
+                            let at = c.at((rows.start + r0) * n + col0, col0);
                             block(a_rows, panel, pairs, (at, n), size, first);
                         }
                     }
@@ -205,38 +209,40 @@ impl Drop for TileConfig {
 
 /// One C block of `size` (≤ 32 × 32) at `c` (row stride `ldc`): `c (+)= A · B` over `pairs`
 /// k-pairs, A's 32 rows as [`pack_a_tiles`] lays them, B a panel of [`BLOCK_COLS`] columns
-/// ([`pack_b`]). Stored when `first`, added otherwise.
+/// ([`pack_b`]). Stored (and finished as `c` says) when `first`, added otherwise.
 ///
 /// # Safety
 /// Tiles configured ([`TileConfig`]); `a` and `panel` hold `pairs` (a multiple of 16) k-pairs of
-/// 32 rows and 32 columns; `c` valid for `size` (read too unless `first`).
+/// 32 rows and 32 columns; `c` valid for `size` (plain f32, and read too, unless `first`).
 unsafe fn block(
     a: &[u32],
     panel: &[u32],
     pairs: usize,
-    (c, ldc): (*mut f32, usize),
+    (c, ldc): (Dst, usize),
     size: (usize, usize),
     first: bool,
 ) {
     assert!(a.len() >= BLOCK_ROWS * pairs && panel.len() >= pairs * BLOCK_COLS);
     // Tiles move 64-byte rows: a row split over two cache lines costs several times as much, so a
-    // block whose rows are not aligned (as output buffers are not), or an edge block, goes
-    // through an aligned buffer, its valid part moved to C
+    // block whose rows are not aligned (as output buffers are not), an edge block or one to
+    // finish goes through an aligned buffer, its valid part moved to C
     #[repr(C, align(64))]
     struct Block([f32; BLOCK_ROWS * BLOCK_COLS]);
-    let direct = size == (BLOCK_ROWS, BLOCK_COLS)
-        && (c as usize).is_multiple_of(64)
+    let direct = c.is_plain()
+        && size == (BLOCK_ROWS, BLOCK_COLS)
+        && c.addr.is_multiple_of(64)
         && ldc.is_multiple_of(16);
     // uninitialised: the first k-block's stores write it whole, later ones read only what C
     // had (rows and columns past `size` are computed and dropped)
     let mut buffer = std::mem::MaybeUninit::<Block>::uninit();
     let (out, ld) = if direct {
-        (c, ldc)
+        (c.addr as *mut f32, ldc)
     } else {
         let buffer = buffer.as_mut_ptr().cast::<f32>();
         if !first {
+            let c = c.addr as *const f32;
             for r in 0..size.0 {
-                // SAFETY: row r's `size.1` values lie inside C and inside the buffer.
+                // SAFETY: row r's `size.1` values lie inside C (plain f32) and the buffer.
                 unsafe {
                     std::ptr::copy_nonoverlapping(
                         c.add(r * ldc),
@@ -287,11 +293,7 @@ unsafe fn block(
              c0 = in(reg) out, c1 = in(reg) c1, s = in(reg) c_stride, options(nostack));
     }
     if !direct {
-        for r in 0..size.0 {
-            // SAFETY: row r's `size.1` values lie inside C and were stored in the buffer above.
-            unsafe {
-                std::ptr::copy_nonoverlapping(out.add(r * BLOCK_COLS), c.add(r * ldc), size.1)
-            };
-        }
+        // SAFETY: the buffer's `size` was stored above; C is valid for it.
+        unsafe { c.store(out, BLOCK_COLS, ldc, size) };
     }
 }

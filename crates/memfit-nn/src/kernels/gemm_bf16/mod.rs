@@ -25,11 +25,11 @@ mod operand;
 mod pack;
 mod product;
 
-use burn::tensor::{DType, TensorData};
+use burn::tensor::{DType, TensorData, bf16};
 use burn_flex::FlexTensor;
 use rayon::prelude::*;
 
-use crate::kernels::flex_values::{cast, in_f32};
+use crate::kernels::flex_values::{bf16_bits, cast, in_f32, map_in_place};
 use crate::kernels::gemm_f32;
 use operand::Operand;
 use product::product;
@@ -73,6 +73,51 @@ impl Products {
             Products::Bf16 => matmul(a, b),
         }
     }
+
+    /// `a · b + bias` (a row of `n` added to every row, when given) as a new contiguous tensor in
+    /// `dtype` (f32 or bf16): what a layer's forward stores. The AMX kernel adds and rounds as
+    /// it stores each block; elsewhere the f32 product is finished in one more pass.
+    pub fn matmul_into(
+        self,
+        a: &FlexTensor,
+        b: &FlexTensor,
+        bias: Option<&[f32]>,
+        dtype: DType,
+    ) -> FlexTensor {
+        #[cfg(target_arch = "x86_64")]
+        if self == Products::Bf16 && Kernel::fastest() == Some(Kernel::Amx) {
+            return matmul_packed(a, b, Kernel::Amx, Finish { bias, dtype });
+        }
+        Finish { bias, dtype }.apply(self.matmul(a, b))
+    }
+}
+
+/// What a product does to its f32 sums before they are stored: a bias row added, the values
+/// rounded to `dtype`.
+#[derive(Clone, Copy)]
+struct Finish<'a> {
+    bias: Option<&'a [f32]>,
+    dtype: DType,
+}
+
+impl Finish<'_> {
+    /// Nothing: f32 sums stored as they are.
+    const NONE: Self = Finish {
+        bias: None,
+        dtype: DType::F32,
+    };
+
+    /// Applied to a finished f32 product.
+    fn apply(self, out: FlexTensor) -> FlexTensor {
+        let out = match self.bias {
+            Some(bias) => map_in_place(out, |v| {
+                v.chunks_exact_mut(bias.len())
+                    .for_each(|row| row.iter_mut().zip(bias).for_each(|(o, b)| *o += b))
+            }),
+            None => out,
+        };
+        cast(out, self.dtype)
+    }
 }
 
 /// Whether this CPU runs the bf16 kernel (AVX512-F, -BW and -BF16, detected once).
@@ -98,7 +143,7 @@ pub fn hardware_bf16() -> bool {
 /// `[.., m, n]` tensor.
 pub fn matmul(a: &FlexTensor, b: &FlexTensor) -> FlexTensor {
     match Kernel::fastest() {
-        Some(kernel) => matmul_packed(a, b, kernel),
+        Some(kernel) => matmul_packed(a, b, kernel, Finish::NONE),
         None => matmul_rounded_f32(a, b),
     }
 }
@@ -124,14 +169,110 @@ impl Kernel {
     /// Matrix `i` of `a · b` into `c` (see [`product::product`]).
     ///
     /// # Safety
-    /// As [`product::product`], and the kernel's hardware present.
-    unsafe fn product(self, a: &Operand, b: &Operand, i: usize, c: *mut f32, parallel: bool) {
+    /// As [`product::product`], and the kernel's hardware present; only AMX finishes (`c`
+    /// plain f32 for the others).
+    unsafe fn product(self, a: &Operand, b: &Operand, i: usize, c: Dst, parallel: bool) {
         // SAFETY: the caller's contract.
         unsafe {
             match self {
-                Kernel::Avx512 => product(a, b, i, c, parallel),
+                Kernel::Avx512 => {
+                    assert!(c.is_plain(), "the AVX-512 kernel stores plain f32");
+                    product(a, b, i, c.addr as *mut f32, parallel)
+                }
                 #[cfg(target_arch = "x86_64")]
                 Kernel::Amx => amx::product(a, b, i, c, parallel),
+            }
+        }
+    }
+}
+
+/// Where a kernel stores a matrix's sums: its address, whether as bf16 (rounded as
+/// [`bf16_bits`](crate::kernels::flex_values::bf16_bits) does), and a bias row added first.
+#[derive(Clone, Copy)]
+struct Dst<'a> {
+    addr: usize,
+    bf16: bool,
+    bias: Option<&'a [f32]>,
+}
+
+impl<'a> Dst<'a> {
+    fn f32(out: &mut [std::mem::MaybeUninit<f32>]) -> Self {
+        Dst {
+            addr: out.as_mut_ptr() as usize,
+            bf16: false,
+            bias: None,
+        }
+    }
+
+    fn bf16(out: &mut [std::mem::MaybeUninit<bf16>], bias: Option<&'a [f32]>) -> Self {
+        Dst {
+            addr: out.as_mut_ptr() as usize,
+            bf16: true,
+            bias,
+        }
+    }
+
+    fn with(self, bias: Option<&'a [f32]>) -> Self {
+        Dst { bias, ..self }
+    }
+
+    /// f32 sums stored as they are.
+    fn is_plain(&self) -> bool {
+        !self.bf16 && self.bias.is_none()
+    }
+
+    /// The element size in bytes.
+    fn size(&self) -> usize {
+        if self.bf16 { 2 } else { 4 }
+    }
+
+    /// Matrix `i` of those `len` values long.
+    fn matrix(self, i: usize, len: usize) -> Self {
+        Dst {
+            addr: self.addr + i * len * self.size(),
+            ..self
+        }
+    }
+
+    /// The place `offset` values on, in column `col` (where the bias row starts).
+    fn at(self, offset: usize, col: usize) -> Self {
+        Dst {
+            addr: self.addr + offset * self.size(),
+            bias: self.bias.map(|b| &b[col..]),
+            ..self
+        }
+    }
+
+    /// `size` rows × columns of f32 sums from `src` (row stride `lds`) finished and stored here
+    /// (row stride `ld`).
+    ///
+    /// # Safety
+    /// `src` readable and this place writable for `size` at their strides; the bias (when
+    /// given) holds `size.1` values; the CPU has AVX512-F and -BW (the loops are vectorised
+    /// for them).
+    #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f,avx512bw"))]
+    unsafe fn store(self, src: *const f32, lds: usize, ld: usize, (rows, cols): (usize, usize)) {
+        // -0.0: the sum that leaves every value as it is (-0.0 included)
+        let zeros = [-0.0f32; 64];
+        let bias = match self.bias {
+            Some(b) => &b[..cols],
+            None => &zeros[..cols.min(64)],
+        };
+        assert_eq!(bias.len(), cols, "blocks are at most 64 columns wide");
+        for r in 0..rows {
+            // SAFETY (the slices): the caller's contract.
+            let row = unsafe { std::slice::from_raw_parts(src.add(r * lds), cols) };
+            let sums = row.iter().zip(bias).map(|(v, b)| v + b);
+            if self.bf16 {
+                let at = unsafe { (self.addr as *mut u16).add(r * ld) };
+                let dst = unsafe { std::slice::from_raw_parts_mut(at, cols) };
+                dst.iter_mut()
+                    .zip(sums)
+                    .for_each(|(d, v)| *d = bf16_bits(v));
+            } else {
+                let at = unsafe { (self.addr as *mut f32).add(r * ld) };
+                let dst = unsafe { std::slice::from_raw_parts_mut(at, cols) };
+                dst.iter_mut().zip(sums).for_each(|(d, v)| *d = v);
             }
         }
     }
@@ -163,39 +304,77 @@ fn matmul_rounded_f32(a: &FlexTensor, b: &FlexTensor) -> FlexTensor {
     gemm_f32::matmul(&rounded(a), &rounded(b))
 }
 
-fn matmul_packed(a: &FlexTensor, b: &FlexTensor, kernel: Kernel) -> FlexTensor {
+/// `a · b` by `kernel`, finished as `finish` says: by the AMX kernel itself when the product is
+/// one k-block, else in a pass over the f32 result.
+fn matmul_packed(a: &FlexTensor, b: &FlexTensor, kernel: Kernel, finish: Finish) -> FlexTensor {
     let (a, b) = (Operand::of(a), Operand::of(b));
     assert_eq!(a.batch, b.batch, "batch dimensions of a product");
     assert_eq!(a.cols, b.rows, "inner dimensions of a product");
     let (m, n, k) = (a.rows, b.cols, a.cols);
-    let count: usize = a.batch.iter().product();
-    let out = if k == 0 || m == 0 || n == 0 {
-        vec![0.0f32; count * m * n]
-    } else {
-        let mut out = Vec::<f32>::with_capacity(count * m * n);
-        let spare = &mut out.spare_capacity_mut()[..count * m * n];
-        let per_matrix = m.saturating_mul(n).saturating_mul(k);
-        // SAFETY (both branches): `product` writes every element of its matrix in its first
-        // k-block before it reads any (tiles cover the matrix; k > 0).
-        if count == 1 || per_matrix >= PARALLEL_MIN {
-            for (i, c) in spare.chunks_mut(m * n).enumerate() {
-                unsafe { kernel.product(&a, &b, i, c.as_mut_ptr().cast(), true) };
-            }
-        } else {
-            spare
-                .par_chunks_mut(m * n)
-                .enumerate()
-                .for_each(|(i, c)| unsafe {
-                    kernel.product(&a, &b, i, c.as_mut_ptr().cast(), false)
-                });
-        }
-        // SAFETY: all count·m·n elements written above.
-        unsafe { out.set_len(count * m * n) };
-        out
-    };
+    if let Some(bias) = finish.bias {
+        assert_eq!(bias.len(), n, "a bias row of the product's width");
+    }
+    #[cfg(target_arch = "x86_64")]
+    let fused = kernel == Kernel::Amx && k <= amx::KC && k > 0;
+    #[cfg(not(target_arch = "x86_64"))]
+    let fused = false;
     let mut shape = a.batch.clone();
     shape.extend([m, n]);
-    FlexTensor::from_data(TensorData::new(out, shape))
+    let count: usize = a.batch.iter().product();
+    let len = count * m * n;
+    if !fused {
+        let out = if k == 0 || m == 0 || n == 0 {
+            vec![0.0f32; len]
+        } else {
+            fill(len, |spare| products(&a, &b, kernel, Dst::f32(spare)))
+        };
+        return finish.apply(FlexTensor::from_data(TensorData::new(out, shape)));
+    }
+    match finish.dtype {
+        DType::BF16 => {
+            let out: Vec<bf16> = fill(len, |spare| {
+                products(&a, &b, kernel, Dst::bf16(spare, finish.bias))
+            });
+            FlexTensor::from_data(TensorData::new(out, shape))
+        }
+        _ => {
+            let out = fill(len, |spare| {
+                products(&a, &b, kernel, Dst::f32(spare).with(finish.bias))
+            });
+            cast(
+                FlexTensor::from_data(TensorData::new(out, shape)),
+                finish.dtype,
+            )
+        }
+    }
+}
+
+/// A vector of `len` values that `write` fills whole.
+fn fill<T>(len: usize, write: impl FnOnce(&mut [std::mem::MaybeUninit<T>])) -> Vec<T> {
+    let mut out = Vec::<T>::with_capacity(len);
+    write(&mut out.spare_capacity_mut()[..len]);
+    // SAFETY: `write` initialises every element (its contract with the callers here).
+    unsafe { out.set_len(len) };
+    out
+}
+
+/// Every matrix of `a · b` into `dst` (count · m · n values): one matrix at a time over the pool,
+/// or one matrix per task when they are small.
+fn products(a: &Operand, b: &Operand, kernel: Kernel, dst: Dst) {
+    let (m, n, k) = (a.rows, b.cols, a.cols);
+    let count: usize = a.batch.iter().product();
+    let per_matrix = m.saturating_mul(n).saturating_mul(k);
+    // SAFETY (both branches): each matrix's values lie in its own part of `dst`, which `product`
+    // writes whole in its first k-block before it reads any (tiles cover the matrix; k > 0).
+    if count == 1 || per_matrix >= PARALLEL_MIN {
+        for i in 0..count {
+            unsafe { kernel.product(a, b, i, dst.matrix(i, m * n), true) };
+        }
+    } else {
+        (0..count)
+            .into_par_iter()
+            .for_each(|i| unsafe { kernel.product(a, b, i, dst.matrix(i, m * n), false) });
+    }
 }
 
 #[cfg(test)]

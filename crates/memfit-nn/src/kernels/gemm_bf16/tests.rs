@@ -73,7 +73,7 @@ fn check_all(a: &FlexTensor, b: &FlexTensor, what: &str) {
     check(matmul(a, b), a, b, what);
     for kernel in kernels() {
         check(
-            matmul_packed(a, b, kernel),
+            matmul_packed(a, b, kernel, Finish::NONE),
             a,
             b,
             &format!("{what} ({kernel:?})"),
@@ -92,9 +92,10 @@ fn bf16_products_of_every_shape_and_layout_match_the_rounded_reference() {
         (13, 513, 100),
         (3, 40, 1100),
         (100, 1030, 70),
-        // AMX: whole 32 × 32 blocks and 16-pair tiles, and one past each
+        // AMX: whole 32 × 32 blocks and 16-pair tiles, and one past each; two of its k-blocks
         (64, 1024, 128),
         (33, 97, 33),
+        (40, 2100, 40),
     ] {
         for (da, db) in [
             (DType::BF16, DType::F32),
@@ -128,19 +129,58 @@ fn bf16_products_of_every_shape_and_layout_match_the_rounded_reference() {
 }
 
 #[test]
+fn finished_products_equal_the_product_finished_after() {
+    // one k-block (AMX finishes as it stores: edge blocks, a batch) and two (finished after)
+    let bias: Vec<f32> = pattern(70, 21);
+    let cases = [
+        (
+            tensor(&[45, 96], 17, DType::BF16),
+            tensor(&[96, 70], 18, DType::F32),
+        ),
+        (
+            tensor(&[3, 33, 40], 19, DType::BF16),
+            tensor(&[3, 40, 70], 20, DType::BF16),
+        ),
+        (
+            tensor(&[40, 2100], 22, DType::BF16),
+            tensor(&[2100, 70], 23, DType::F32),
+        ),
+    ];
+    for (a, b) in &cases {
+        for products in [Products::F32, Products::Bf16] {
+            for bias in [None, Some(&bias[..])] {
+                for dtype in [DType::F32, DType::BF16] {
+                    let fused = products.matmul_into(a, b, bias, dtype);
+                    let after = Finish { bias, dtype }.apply(products.matmul(a, b));
+                    assert_eq!(fused.dtype(), dtype);
+                    assert_eq!(fused.layout().shape(), after.layout().shape());
+                    assert_eq!(
+                        fused.bytes(),
+                        after.bytes(),
+                        "{products:?} {:?} bias {} into {dtype:?}",
+                        a.layout().shape(),
+                        bias.is_some()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn large_products_split_over_the_pool_and_agree_with_one_thread() {
     let (a, b) = (
         tensor(&[300, 700], 7, DType::BF16),
         tensor(&[700, 1500], 8, DType::F32),
     );
     for kernel in kernels() {
-        let pooled = matmul_packed(&a, &b, kernel);
+        let pooled = matmul_packed(&a, &b, kernel, Finish::NONE);
         check(pooled.clone(), &a, &b, &format!("pooled ({kernel:?})"));
         let single = rayon::ThreadPoolBuilder::new()
             .num_threads(1)
             .build()
             .unwrap()
-            .install(|| matmul_packed(&a, &b, kernel));
+            .install(|| matmul_packed(&a, &b, kernel, Finish::NONE));
         assert_eq!(
             pooled.as_slice::<f32>().unwrap(),
             single.as_slice::<f32>().unwrap(),
@@ -159,7 +199,7 @@ fn the_fallback_multiplies_the_same_rounded_operands() {
     // where this CPU has the instruction, the packed kernel is what `matmul` runs
     for kernel in kernels() {
         check(
-            matmul_packed(&a, &b, kernel),
+            matmul_packed(&a, &b, kernel, Finish::NONE),
             &a,
             &b,
             &format!("{kernel:?}"),
