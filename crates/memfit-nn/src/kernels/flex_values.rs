@@ -21,13 +21,10 @@ pub fn values(t: &FlexTensor) -> Cow<'_, [f32]> {
             Some(v) => Cow::Borrowed(v),
             None => Cow::Owned(t.to_contiguous().as_slice::<f32>().unwrap().to_vec()),
         },
-        DType::BF16 => {
-            let widen = |v: &[bf16]| v.iter().map(|x| x.to_f32()).collect();
-            Cow::Owned(match t.as_slice::<bf16>() {
-                Some(v) => widen(v),
-                None => widen(t.to_contiguous().as_slice::<bf16>().unwrap()),
-            })
-        }
+        DType::BF16 => Cow::Owned(match t.as_slice::<bf16>() {
+            Some(v) => widened(v),
+            None => widened(t.to_contiguous().as_slice::<bf16>().unwrap()),
+        }),
         other => panic!("the hand-written ops take f32 or bf16 tensors, not {other:?}"),
     }
 }
@@ -47,11 +44,50 @@ fn narrowed(values: &[f32], shape: Shape, dtype: DType) -> FlexTensor {
         DType::BF16,
         "the hand-written ops store f32 or bf16, not {dtype:?}"
     );
-    let narrow: Vec<bf16> = values
-        .iter()
-        .map(|&x| bf16::from_bits(bf16_bits(x)))
-        .collect();
-    FlexTensor::from_data(TensorData::new(narrow, shape))
+    FlexTensor::from_data(TensorData::new(rounded(values), shape))
+}
+
+/// bf16 values as f32 (exact). The conversions run over every activation of bf16 training:
+/// compiled for AVX-512 where the CPU has it (x86-64's baseline build has SSE2 only).
+fn widened(values: &[bf16]) -> Vec<f32> {
+    #[inline(always)]
+    fn widen(values: &[bf16]) -> Vec<f32> {
+        values
+            .iter()
+            .map(|x| f32::from_bits((x.to_bits() as u32) << 16))
+            .collect()
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512bw") {
+        #[target_feature(enable = "avx512f,avx512bw")]
+        fn avx512(values: &[bf16]) -> Vec<f32> {
+            widen(values)
+        }
+        // SAFETY: the CPU has AVX512-BW (and so -F), checked above.
+        return unsafe { avx512(values) };
+    }
+    widen(values)
+}
+
+/// f32 values rounded to bf16 ([`bf16_bits`]), compiled for AVX-512 as [`widened`] is.
+fn rounded(values: &[f32]) -> Vec<bf16> {
+    #[inline(always)]
+    fn round(values: &[f32]) -> Vec<bf16> {
+        values
+            .iter()
+            .map(|&x| bf16::from_bits(bf16_bits(x)))
+            .collect()
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512bw") {
+        #[target_feature(enable = "avx512f,avx512bw")]
+        fn avx512(values: &[f32]) -> Vec<bf16> {
+            round(values)
+        }
+        // SAFETY: the CPU has AVX512-BW (and so -F), checked above.
+        return unsafe { avx512(values) };
+    }
+    round(values)
 }
 
 /// `x` rounded to bf16 bits (to nearest, ties to even; NaN stays a quiet NaN), branch-free so that
