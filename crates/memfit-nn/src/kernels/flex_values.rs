@@ -8,6 +8,8 @@ use burn::prelude::*;
 use burn::tensor::{DType, TensorData, bf16};
 use burn_flex::FlexTensor;
 
+use crate::kernels::vectorised::with_avx512;
+
 /// Whether `t` is a flex tensor stored as f32 or bf16: where the hand-written ops run.
 pub fn is_flex_float<const D: usize>(t: &Tensor<D>) -> bool {
     t.device() == Device::flex() && matches!(t.dtype(), DType::F32 | DType::BF16)
@@ -47,47 +49,25 @@ fn narrowed(values: &[f32], shape: Shape, dtype: DType) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(rounded(values), shape))
 }
 
-/// bf16 values as f32 (exact). The conversions run over every activation of bf16 training:
-/// compiled for AVX-512 where the CPU has it (x86-64's baseline build has SSE2 only).
+/// bf16 values as f32 (exact), vectorised: these conversions run over every activation of bf16
+/// training.
 fn widened(values: &[bf16]) -> Vec<f32> {
-    #[inline(always)]
-    fn widen(values: &[bf16]) -> Vec<f32> {
+    with_avx512(|| {
         values
             .iter()
             .map(|x| f32::from_bits((x.to_bits() as u32) << 16))
             .collect()
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512bw") {
-        #[target_feature(enable = "avx512f,avx512bw")]
-        fn avx512(values: &[bf16]) -> Vec<f32> {
-            widen(values)
-        }
-        // SAFETY: the CPU has AVX512-BW (and so -F), checked above.
-        return unsafe { avx512(values) };
-    }
-    widen(values)
+    })
 }
 
-/// f32 values rounded to bf16 ([`bf16_bits`]), compiled for AVX-512 as [`widened`] is.
+/// f32 values rounded to bf16 ([`bf16_bits`]), vectorised as [`widened`] is.
 fn rounded(values: &[f32]) -> Vec<bf16> {
-    #[inline(always)]
-    fn round(values: &[f32]) -> Vec<bf16> {
+    with_avx512(|| {
         values
             .iter()
             .map(|&x| bf16::from_bits(bf16_bits(x)))
             .collect()
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512bw") {
-        #[target_feature(enable = "avx512f,avx512bw")]
-        fn avx512(values: &[f32]) -> Vec<bf16> {
-            round(values)
-        }
-        // SAFETY: the CPU has AVX512-BW (and so -F), checked above.
-        return unsafe { avx512(values) };
-    }
-    round(values)
+    })
 }
 
 /// `x` rounded to bf16 bits (to nearest, ties to even; NaN stays a quiet NaN), branch-free so that

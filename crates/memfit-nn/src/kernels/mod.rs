@@ -20,4 +20,5 @@ pub mod linear_op;
 pub mod swiglu_op;
 #[cfg(test)]
 pub(crate) mod test_tensors;
+pub mod vectorised;
 pub mod xent;

@@ -1,5 +1,7 @@
 //! AdamW with decoupled weight decay, as `torch.optim.AdamW` computes it (Loshchilov & Hutter 2019).
 
+use memfit_nn::kernels::vectorised::with_avx512;
+
 /// Defaults are torch's: betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdamWConfig {
@@ -31,10 +33,10 @@ pub(super) fn update(
     m: &mut [f32],
     v: &mut [f32],
 ) {
-    match g {
-        Some(g) => update_with(c, step, lr, w, |i| g[i], m, v),
-        None => update_with(c, step, lr, w, |_| 0.0, m, v),
-    }
+    with_avx512(|| match g {
+        Some(g) => update_with(c, step, lr, w, g.iter().copied(), m, v),
+        None => update_with(c, step, lr, w, std::iter::repeat(0.0), m, v),
+    })
 }
 
 #[inline(always)]
@@ -43,7 +45,7 @@ fn update_with(
     step: u64,
     lr: f64,
     w: &mut [f32],
-    g: impl Fn(usize) -> f32,
+    g: impl Iterator<Item = f32>,
     m: &mut [f32],
     v: &mut [f32],
 ) {
@@ -54,11 +56,10 @@ fn update_with(
     let decay = (1.0 - lr * c.weight_decay) as f32;
     let (b1, b2, eps) = (c.beta1 as f32, c.beta2 as f32, c.eps as f32);
     let inv_bc2_sqrt = (1.0 / bc2_sqrt) as f32;
-    for i in 0..w.len() {
-        let gi = g(i);
-        m[i] = b1 * m[i] + (1.0 - b1) * gi;
-        v[i] = b2 * v[i] + (1.0 - b2) * gi * gi;
-        let denom = v[i].sqrt() * inv_bc2_sqrt + eps;
-        w[i] = w[i] * decay - step_size * m[i] / denom;
+    for (((w, m), v), g) in w.iter_mut().zip(m).zip(v).zip(g) {
+        *m = b1 * *m + (1.0 - b1) * g;
+        *v = b2 * *v + (1.0 - b2) * g * g;
+        let denom = v.sqrt() * inv_bc2_sqrt + eps;
+        *w = *w * decay - step_size * *m / denom;
     }
 }
