@@ -20,7 +20,7 @@ use burn::tensor::DType;
 use burn_flex::FlexTensor;
 
 use crate::kernels::flex_op::record;
-use crate::kernels::flex_values::{cast, from_values, is_flex_float, map_in_place, values};
+use crate::kernels::flex_values::{from_values, is_flex_float, map_chunks, map_in_place, values};
 use crate::kernels::gelu;
 pub use crate::kernels::gemm_bf16::Products;
 
@@ -86,10 +86,7 @@ impl DenseOp for Flex {
 
 /// `x`'s GELU, in x's dtype.
 fn gelu_of(x: &FlexTensor) -> FlexTensor {
-    let v = values(x);
-    let mut out = vec![0.0f32; v.len()];
-    gelu::gelu(&v, &mut out);
-    from_values(out, x.layout().shape().clone(), x.dtype())
+    map_chunks([x], x.dtype(), |[x], out| gelu::gelu(x, out))
 }
 
 /// The layer's input to the product: x, or its GELU.
@@ -166,9 +163,16 @@ impl<C: CheckpointStrategy> DenseOp for Autodiff<Flex, C> {
                     let wt = Flex::float_transpose(w);
                     let dx = match (input, &x) {
                         (Input::Gelu, Some(x)) => {
-                            let x = values(x);
                             let dact = products.matmul(&grad, &wt);
-                            cast(map_in_place(dact, |g| gelu::times_gelu_grad(&x, g)), dtype)
+                            if dtype == DType::F32 && x.dtype() == DType::F32 {
+                                // in dact's own buffer
+                                map_in_place(dact, |g| gelu::times_gelu_grad(&values(x), g))
+                            } else {
+                                map_chunks([x, &dact], dtype, |[x, dact], dx| {
+                                    dx.copy_from_slice(dact);
+                                    gelu::times_gelu_grad(x, dx)
+                                })
+                            }
                         }
                         _ => products.matmul_into(&grad, &wt, None, dtype),
                     };

@@ -121,6 +121,61 @@ pub fn map_in_place(t: FlexTensor, f: impl FnOnce(&mut [f32])) -> FlexTensor {
     }
 }
 
+/// A new tensor of the inputs' shape in `dtype` (f32 or bf16) whose values `f` computes from
+/// theirs, a chunk at a time: `f(inputs' chunks, out chunk)`. bf16 inputs are widened and the
+/// output rounded one L1-sized chunk at a time, so no whole f32 copy of any of them is made.
+pub fn map_chunks<const N: usize>(
+    inputs: [&FlexTensor; N],
+    dtype: DType,
+    f: impl Fn([&[f32]; N], &mut [f32]),
+) -> FlexTensor {
+    const CHUNK: usize = 2048;
+    let shape = inputs[0].layout().shape().clone();
+    let contiguous: [FlexTensor; N] = inputs.map(|t| {
+        assert_eq!(t.layout().shape(), &shape, "inputs of one shape");
+        if t.is_contiguous() {
+            t.clone()
+        } else {
+            t.to_contiguous()
+        }
+    });
+    let len = shape.num_elements();
+    let mut out_f32 = vec![0.0f32; if dtype == DType::F32 { len } else { 0 }];
+    let mut out_bf16 = Vec::<bf16>::with_capacity(if dtype == DType::F32 { 0 } else { len });
+    with_avx512(|| {
+        let mut widened = [[0.0f32; CHUNK]; N];
+        let mut rounded = [0.0f32; CHUNK];
+        for start in (0..len).step_by(CHUNK) {
+            let n = CHUNK.min(len - start);
+            for (t, buf) in contiguous.iter().zip(widened.iter_mut()) {
+                if let Some(v) = t.as_slice::<bf16>() {
+                    let v = &v[start..start + n];
+                    buf[..n]
+                        .iter_mut()
+                        .zip(v)
+                        .for_each(|(w, x)| *w = f32::from_bits((x.to_bits() as u32) << 16));
+                }
+            }
+            let chunks: [&[f32]; N] =
+                std::array::from_fn(|i| match contiguous[i].as_slice::<f32>() {
+                    Some(v) => &v[start..start + n],
+                    None => &widened[i][..n],
+                });
+            if dtype == DType::F32 {
+                f(chunks, &mut out_f32[start..start + n]);
+            } else {
+                f(chunks, &mut rounded[..n]);
+                out_bf16.extend(rounded[..n].iter().map(|&x| bf16::from_bits(bf16_bits(x))));
+            }
+        }
+    });
+    match dtype {
+        DType::F32 => FlexTensor::from_data(TensorData::new(out_f32, shape)),
+        DType::BF16 => FlexTensor::from_data(TensorData::new(out_bf16, shape)),
+        other => panic!("the hand-written ops store f32 or bf16, not {other:?}"),
+    }
+}
+
 /// An f32 tensor's values as contiguous data to write to (no copy when `t` is contiguous and not
 /// shared).
 pub fn into_values(t: FlexTensor) -> TensorData {
