@@ -245,4 +245,38 @@ mod tests {
         assert_eq!(&*values(&out), &[2.5, -2.0]);
         assert_eq!(cast(out, DType::F32).dtype(), DType::F32);
     }
+
+    #[test]
+    fn chunked_maps_equal_the_whole_tensor_computed_at_once() {
+        // more than one chunk and a partial one; a transposed (non-contiguous) input
+        let n = 2 * 2048 + 77;
+        let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+        let shape = Shape::new([n / 3, 3]);
+        let transposed = FlexTensor::from_data(TensorData::new(b.clone(), Shape::new([3, n / 3])))
+            .transpose(0, 1);
+        for (da, dout) in [
+            (DType::F32, DType::F32),
+            (DType::BF16, DType::BF16),
+            (DType::BF16, DType::F32),
+        ] {
+            let x = from_values(a.clone(), shape.clone(), da);
+            let y = cast(transposed.clone(), da);
+            let out = map_chunks([&x, &y], dout, |[x, y], o| {
+                o.iter_mut()
+                    .zip(x)
+                    .zip(y)
+                    .for_each(|((o, x), y)| *o = x * y + 1.0)
+            });
+            let y_rows = y.to_contiguous();
+            let (xv, yv) = (values(&x), values(&y_rows));
+            let expected: Vec<f32> = xv.iter().zip(yv.iter()).map(|(x, y)| x * y + 1.0).collect();
+            assert_eq!(out.dtype(), dout);
+            assert_eq!(out.layout().shape(), &shape);
+            assert_eq!(
+                &*values(&out),
+                &*values(&from_values(expected, shape.clone(), dout))
+            );
+        }
+    }
 }
