@@ -25,6 +25,8 @@ const BLOCK_ROWS: usize = 32;
 const BLOCK_COLS: usize = 32;
 /// k-pairs per tile.
 const TILE_PAIRS: usize = 16;
+/// k-pairs per chunk of [`column_block`]: the panel's chunk (8 KiB) stays in L1.
+const CHUNK_PAIRS: usize = 64;
 /// k-values per packed block: C stays in tiles over a whole k-block, so one block covers the usual
 /// hidden sizes (a block more costs a reload of C).
 pub(super) const KC: usize = 2048;
@@ -96,18 +98,32 @@ pub(super) unsafe fn product(a: &Operand, b: &Operand, i: usize, c: Dst, paralle
             let first = k0 == 0;
             let run = |tasks: &[(usize, usize)]| {
                 let _tiles = TileConfig::load();
+                let mut sums = Aligned::zeroed(MC * BLOCK_COLS);
                 for &(rb, cb) in tasks {
-                    let (rows, col0) = (&row_blocks[rb], n0 + cb * BLOCK_COLS);
+                    let (rows, col0) = (row_blocks[rb].clone(), n0 + cb * BLOCK_COLS);
                     let panel = &bp[cb * pairs * BLOCK_COLS..][..pairs * BLOCK_COLS];
-                    for r0 in (0..rows.len()).step_by(BLOCK_ROWS) {
-                        let a_rows = &a_blocks[rb][r0 * pairs..][..BLOCK_ROWS * pairs];
-                        let size = (BLOCK_ROWS.min(rows.len() - r0), BLOCK_COLS.min(n - col0));
-                        // SAFETY: tasks write disjoint blocks of `c`, each inside it; A and B
-                        // hold whole padded tiles (`pack_a_tiles`, `pack_b`); tiles configured.
-                        unsafe {
-                            let at = c.at((rows.start + r0) * n + col0, col0);
-                            block(a_rows, panel, pairs, (at, n), size, first);
+                    let at = c.at(rows.start * n + col0, col0);
+                    let size = (rows.len(), BLOCK_COLS.min(n - col0));
+                    // SAFETY: tasks write disjoint blocks of `c`, each inside it (`at`, `size`);
+                    // A and B hold whole padded tiles (`pack_a_tiles`, `pack_b`); tiles
+                    // configured.
+                    unsafe {
+                        if !first {
+                            // a later k-block adds to the sums so far (plain f32)
+                            let from = at.addr as *const f32;
+                            for (r, row) in
+                                sums.chunks_exact_mut(BLOCK_COLS).take(size.0).enumerate()
+                            {
+                                let sums_so_far =
+                                    std::slice::from_raw_parts(from.add(r * n), size.1);
+                                row[..size.1]
+                                    .iter_mut()
+                                    .zip(sums_so_far)
+                                    .for_each(|(s, v)| *s = v.to_bits());
+                            }
                         }
+                        column_block(&a_blocks[rb], panel, pairs, &mut sums, first);
+                        at.store(sums.as_ptr().cast(), BLOCK_COLS, n, size);
                     }
                 }
             };
@@ -207,60 +223,49 @@ impl Drop for TileConfig {
     }
 }
 
-/// One C block of `size` (≤ 32 × 32) at `c` (row stride `ldc`): `c (+)= A · B` over `pairs`
-/// k-pairs, A's 32 rows as [`pack_a_tiles`] lays them, B a panel of [`BLOCK_COLS`] columns
-/// ([`pack_b`]). Stored (and finished as `c` says) when `first`, added otherwise.
+/// A row block's C over one column block, `sums` (`[row][BLOCK_COLS]` f32, rows a multiple of
+/// 32): `sums (+)= A · B` over `pairs` k-pairs, A as [`pack_a_tiles`] lays it out, B a panel of
+/// [`BLOCK_COLS`] columns ([`pack_b`]); stored when `first`, added otherwise. The k-pairs go in
+/// chunks, each chunk over every 32-row block: the panel's chunk stays in L1 for all of them and
+/// the sums in between, so only A streams from L2 (a 32 × 32 block over the whole k would stream
+/// both, and ran at a third of the tile unit's rate).
 ///
 /// # Safety
-/// Tiles configured ([`TileConfig`]); `a` and `panel` hold `pairs` (a multiple of 16) k-pairs of
-/// 32 rows and 32 columns; `c` valid for `size` (plain f32, and read too, unless `first`).
-unsafe fn block(
-    a: &[u32],
-    panel: &[u32],
-    pairs: usize,
-    (c, ldc): (Dst, usize),
-    size: (usize, usize),
-    first: bool,
-) {
-    assert!(a.len() >= BLOCK_ROWS * pairs && panel.len() >= pairs * BLOCK_COLS);
-    // Tiles move 64-byte rows: a row split over two cache lines costs several times as much, so a
-    // block whose rows are not aligned (as output buffers are not), an edge block or one to
-    // finish goes through an aligned buffer, its valid part moved to C
-    #[repr(C, align(64))]
-    struct Block([f32; BLOCK_ROWS * BLOCK_COLS]);
-    let direct = c.is_plain()
-        && size == (BLOCK_ROWS, BLOCK_COLS)
-        && c.addr.is_multiple_of(64)
-        && ldc.is_multiple_of(16);
-    // uninitialised: the first k-block's stores write it whole, later ones read only what C
-    // had (rows and columns past `size` are computed and dropped)
-    let mut buffer = std::mem::MaybeUninit::<Block>::uninit();
-    let (out, ld) = if direct {
-        (c.addr as *mut f32, ldc)
-    } else {
-        let buffer = buffer.as_mut_ptr().cast::<f32>();
-        if !first {
-            let c = c.addr as *const f32;
-            for r in 0..size.0 {
-                // SAFETY: row r's `size.1` values lie inside C (plain f32) and the buffer.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        c.add(r * ldc),
-                        buffer.add(r * BLOCK_COLS),
-                        size.1,
-                    )
-                };
-            }
+/// Tiles configured ([`TileConfig`]); `a` holds `sums.len() / BLOCK_COLS` rows and the panel
+/// `pairs` (a multiple of 16) k-pairs.
+unsafe fn column_block(a: &[u32], panel: &[u32], pairs: usize, sums: &mut [u32], first: bool) {
+    let rows = a.len() / pairs;
+    assert!(panel.len() >= pairs * BLOCK_COLS && sums.len() >= rows * BLOCK_COLS);
+    for p0 in (0..pairs).step_by(CHUNK_PAIRS) {
+        let chunk = CHUNK_PAIRS.min(pairs - p0);
+        let b = &panel[p0 * BLOCK_COLS..];
+        for r0 in (0..rows).step_by(BLOCK_ROWS) {
+            // A's block r0 holds its steps one after another (`pack_a_tiles`)
+            let a = &a[r0 * pairs + p0 * BLOCK_ROWS..];
+            let c = &mut sums[r0 * BLOCK_COLS..];
+            // SAFETY: the chunk's tiles lie inside `a` and `b`; `c` is 64-byte aligned (an
+            // `Aligned` buffer, blocks 4 KiB apart); tiles configured.
+            unsafe { block(a, b, chunk, c.as_mut_ptr().cast(), first && p0 == 0) };
         }
-        (buffer, BLOCK_COLS)
-    };
+    }
+}
+
+/// One 32 × 32 block of f32 sums at `c` (64-byte aligned, rows of 32): `c (+)= A · B` over
+/// `pairs` k-pairs, A's 32 rows and B's 32 columns one tile-step (16 pairs) after another;
+/// stored when `first`, added otherwise.
+///
+/// # Safety
+/// Tiles configured ([`TileConfig`]); `a` and `b` hold `pairs` (a multiple of 16) k-pairs of
+/// 32 rows and 32 columns at their steps; `c` aligned and valid for 32 × 32 f32.
+unsafe fn block(a: &[u32], b: &[u32], pairs: usize, c: *mut f32, first: bool) {
+    assert!(a.len() >= BLOCK_ROWS * pairs && b.len() >= pairs * BLOCK_COLS);
     // A's tiles are 16 rows of 64 contiguous bytes; B's rows hold two tiles' columns
-    let (c_stride, a_stride, b_stride) = (4 * ld, 4 * TILE_PAIRS, 4 * BLOCK_COLS);
+    let (c_stride, a_stride, b_stride) = (4 * BLOCK_COLS, 4 * TILE_PAIRS, 4 * BLOCK_COLS);
     // SAFETY (the asm blocks): the tiles read 16 rows of 64 bytes at the given strides, inside
-    // `a`, `panel` and the C block (checked above and by the caller); tmm0–7 belong to this
+    // `a`, `b` and the C block (checked above and by the caller); tmm0–7 belong to this
     // function between ldtilecfg and tilerelease.
     unsafe {
-        let c1 = out.add(16 * ld);
+        let c1 = c.add(16 * BLOCK_COLS);
         if first {
             asm!(
                 "tilezero tmm0",
@@ -272,13 +277,13 @@ unsafe fn block(
         } else {
             asm!("tileloadd tmm0, [{c0} + {s}*1]", "tileloadd tmm1, [{c0} + {s}*1 + 64]",
                  "tileloadd tmm2, [{c1} + {s}*1]", "tileloadd tmm3, [{c1} + {s}*1 + 64]",
-                 c0 = in(reg) out, c1 = in(reg) c1, s = in(reg) c_stride,
+                 c0 = in(reg) c, c1 = in(reg) c1, s = in(reg) c_stride,
                  options(nostack, readonly));
         }
         for t in 0..pairs / TILE_PAIRS {
             let a0 = a.as_ptr().add(t * BLOCK_ROWS * TILE_PAIRS);
             let a1 = a0.add(16 * TILE_PAIRS);
-            let b0 = panel.as_ptr().add(t * TILE_PAIRS * BLOCK_COLS);
+            let b0 = b.as_ptr().add(t * TILE_PAIRS * BLOCK_COLS);
             asm!("tileloadd tmm4, [{a0} + {sa}*1]", "tileloadd tmm6, [{b0} + {sb}*1]",
                  "tdpbf16ps tmm0, tmm4, tmm6",
                  "tileloadd tmm7, [{b0} + {sb}*1 + 64]",
@@ -290,10 +295,6 @@ unsafe fn block(
         }
         asm!("tilestored [{c0} + {s}*1], tmm0", "tilestored [{c0} + {s}*1 + 64], tmm1",
              "tilestored [{c1} + {s}*1], tmm2", "tilestored [{c1} + {s}*1 + 64], tmm3",
-             c0 = in(reg) out, c1 = in(reg) c1, s = in(reg) c_stride, options(nostack));
-    }
-    if !direct {
-        // SAFETY: the buffer's `size` was stored above; C is valid for it.
-        unsafe { c.store(out, BLOCK_COLS, ldc, size) };
+             c0 = in(reg) c, c1 = in(reg) c1, s = in(reg) c_stride, options(nostack));
     }
 }

@@ -148,38 +148,94 @@ pub(super) fn pack_b(
     (k0, kc): (usize, usize),
     (pairs, width): (usize, usize),
 ) -> Aligned {
-    const GROUP: usize = 4;
     debug_assert!(pairs >= kc.div_ceil(2));
     let panel_len = pairs * width;
     let mut packed = Aligned::zeroed(cols.len().div_ceil(width) * panel_len);
+    let first = b.offsets[i] + k0 * b.row_stride + cols.start * b.col_stride;
+    if b.col_stride == 1 {
+        // row-major B: each k-pair's two rows read across all the columns, long runs that the
+        // prefetchers follow (a panel's 32 columns a row apart were read at a third of the
+        // rate), dealt to the panels; tasks over ranges of k-pairs
+        let out = Panels {
+            addr: packed.as_mut_ptr() as usize,
+            panel_len,
+            width,
+        };
+        let ranges: Vec<std::ops::Range<usize>> = (0..kc.div_ceil(2))
+            .step_by(PAIRS_PER_TASK)
+            .map(|p| p..(p + PAIRS_PER_TASK).min(kc.div_ceil(2)))
+            .collect();
+        // SAFETY: the CPU has AVX-512 (as in `pack_a`); each task writes its own k-pairs of
+        // every panel, inside `packed`.
+        ranges
+            .par_iter()
+            .for_each(|ps| unsafe { deal_rows(b, first, (ps.clone(), kc), cols.len(), out) });
+        return packed;
+    }
     packed
-        .par_chunks_mut(GROUP * panel_len)
+        .par_chunks_mut(GROUP_PANELS * panel_len)
         .enumerate()
-        .for_each(|(g, group)| {
-            let mut columns = vec![0u32; if b.col_stride != 1 { panel_len } else { 0 }];
-            for (q, panel) in group.chunks_exact_mut(panel_len).enumerate() {
-                let c0 = cols.start + (g * GROUP + q) * width;
-                let valid = width.min(cols.end - c0);
-                let first = b.offsets[i] + k0 * b.row_stride + c0 * b.col_stride;
-                if b.col_stride == 1 {
-                    // each k a run of columns
-                    let k_runs = (b.row_stride, kc);
-                    // SAFETY: as in `pack_a`.
-                    unsafe { interleave_runs(b, first, k_runs, valid, panel, width) };
-                } else {
-                    // each column's k-pairs in order (one run when B is transposed), then the
-                    // panel transposed
-                    let (valid, past) = columns.split_at_mut(valid * pairs);
-                    let strides = (b.col_stride, b.row_stride);
-                    // SAFETY: as in `pack_a`.
-                    unsafe { runs_as_pairs(b, first, strides, (kc, pairs), valid) };
-                    past.fill(0);
-                    // `columns` is `[width][pairs]`, the panel `[pairs][width]`
-                    transpose((&columns, pairs), (width, pairs), (panel, width));
-                }
+        .for_each(|(g, panels)| {
+            let mut by_column = vec![0u32; panel_len];
+            for (q, panel) in panels.chunks_exact_mut(panel_len).enumerate() {
+                let c0 = (g * GROUP_PANELS + q) * width;
+                let valid = width.min(cols.len() - c0);
+                // each column's k-pairs in order (one run when B is transposed), then the
+                // panel transposed
+                let (valid, past) = by_column.split_at_mut(valid * pairs);
+                let strides = (b.col_stride, b.row_stride);
+                let at = first + c0 * b.col_stride;
+                // SAFETY: as in `pack_a`.
+                unsafe { runs_as_pairs(b, at, strides, (kc, pairs), valid) };
+                past.fill(0);
+                // `by_column` is `[width][pairs]`, the panel `[pairs][width]`
+                transpose((&by_column, pairs), (width, pairs), (panel, width));
             }
         });
     packed
+}
+
+/// k-pairs of row-major B per packing task.
+const PAIRS_PER_TASK: usize = 32;
+/// Panels of transposed B per packing task.
+const GROUP_PANELS: usize = 4;
+
+/// Where packed panels lie: `[panel][pair][column]`, `panel_len` u32 a panel, `width` columns.
+#[derive(Clone, Copy)]
+struct Panels {
+    addr: usize,
+    panel_len: usize,
+    width: usize,
+}
+
+/// Row-major B's k-pairs `ps` (of a block of `kc` k-values from `first`), each pair's two rows
+/// read over `columns` columns and dealt to `out`'s panels.
+///
+/// # Safety
+/// The CPU must have AVX512-F and AVX512-BW (the loops are vectorised for them); `out` holds
+/// `columns.div_ceil(width)` panels with these pairs, written by nothing else meanwhile.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f,avx512bw"))]
+unsafe fn deal_rows(
+    b: &Operand,
+    first: usize,
+    (ps, kc): (std::ops::Range<usize>, usize),
+    columns: usize,
+    out: Panels,
+) {
+    let mut pair_row = vec![0u32; columns];
+    for p in ps {
+        let lo = first + 2 * p * b.row_stride;
+        let hi = (2 * p + 1 < kc).then_some(lo + b.row_stride);
+        b.interleave(lo, hi, &mut pair_row);
+        for (q, from) in pair_row.chunks(out.width).enumerate() {
+            // SAFETY: pair p of panel q lies inside `out` (the caller's contract).
+            let to = unsafe {
+                let at = (out.addr as *mut u32).add(q * out.panel_len + p * out.width);
+                std::slice::from_raw_parts_mut(at, from.len())
+            };
+            to.iter_mut().zip(from).for_each(|(t, f)| *t = *f);
+        }
+    }
 }
 
 /// A zeroed u32 buffer that starts on a 64-byte boundary: AMX loads tile rows of 64 bytes, and
