@@ -18,7 +18,7 @@ use super::{
 };
 use crate::engine::gradient::Gradient;
 use crate::engine::options::Backend;
-use crate::optim::{GradientValues, Optimizer, clip_global_norm, global_norm};
+use crate::optim::{GradientValues, Optimizer, clip_coefficient, global_norm};
 use memfit_nn::ModelError;
 use memfit_nn::layers::grad_sink::GradTarget;
 use memfit_nn::model::{
@@ -274,12 +274,11 @@ impl<M: TrainModel> Engine for ModelEngine<M> {
                 *g = Some(Gradient::zero());
             }
         }
-        let grad_norm = match max_grad_norm {
-            Some(max) => clip_global_norm(&mut self.grads, max),
-            None => global_norm(&self.grads),
-        };
+        let grad_norm = global_norm(&self.grads);
+        // clipping scales the gradients as the optimizer reads them
+        let scale = max_grad_norm.map_or(1.0, |max| clip_coefficient(grad_norm, max));
         self.optimizer
-            .step(self.model.params_mut(), &self.grads, lr);
+            .step_scaled(self.model.params_mut(), &self.grads, lr, scale);
         self.grads.iter_mut().for_each(|g| *g = None);
         self.invalidate();
         Ok(StepStats { grad_norm })

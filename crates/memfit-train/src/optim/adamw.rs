@@ -22,19 +22,19 @@ impl Default for AdamWConfig {
     }
 }
 
-/// One step over `w` with its moments `m` and `v`; `g: None` is a zero gradient (rows of a table
-/// no token looked up: their moments decay and the weights still move and decay).
+/// One step over `w` with its moments `m` and `v`, the gradient `g` times `scale`; `g: None` is
+/// a zero gradient (rows of a table no token looked up: their moments decay and the weights still
+/// move and decay).
 pub(super) fn update(
     c: &AdamWConfig,
-    step: u64,
-    lr: f64,
+    (step, lr): (u64, f64),
     w: &mut [f32],
-    g: Option<&[f32]>,
+    (g, scale): (Option<&[f32]>, f32),
     m: &mut [f32],
     v: &mut [f32],
 ) {
     with_avx512(|| match g {
-        Some(g) => update_with(c, step, lr, w, g.iter().copied(), m, v),
+        Some(g) => update_with(c, step, lr, w, g.iter().map(|x| x * scale), m, v),
         None => update_with(c, step, lr, w, std::iter::repeat(0.0), m, v),
     })
 }

@@ -128,6 +128,19 @@ impl Optimizer {
         grads: &[Option<G>],
         lr: f64,
     ) {
+        self.step_scaled(weights, grads, lr, 1.0)
+    }
+
+    /// [`step`](Self::step) with every gradient value multiplied by `grad_scale` first (in f32,
+    /// as scaling the gradients in place would): clipping's coefficient
+    /// ([`clip_coefficient`]) without a pass of its own over the gradients.
+    pub fn step_scaled<G: GradientValues>(
+        &mut self,
+        weights: &mut [Vec<f32>],
+        grads: &[Option<G>],
+        lr: f64,
+        grad_scale: f32,
+    ) {
         self.step += 1;
         let step = self.step;
         let config = &self.config;
@@ -152,16 +165,16 @@ impl Optimizer {
                         for (range, part) in g.parts(w.len()) {
                             let (m, v) =
                                 (&mut exp_avg[range.clone()], &mut exp_avg_sq[range.clone()]);
-                            adamw::update(c, step, lr, &mut w[range], part, m, v);
+                            adamw::update(c, (step, lr), &mut w[range], (part, grad_scale), m, v);
                         }
                     }
                     // Adafactor's factored moments read whole rows and columns.
                     (OptimizerConfig::Adafactor(c), State::Factored { row, col }) => {
-                        let g = g.dense(w.len());
+                        let g = scaled(g.dense(w.len()), grad_scale);
                         adafactor::update_factored(c, step, lr, shape, w, &g, row, col)
                     }
                     (OptimizerConfig::Adafactor(c), State::Full { exp_avg_sq }) => {
-                        let g = g.dense(w.len());
+                        let g = scaled(g.dense(w.len()), grad_scale);
                         adafactor::update_full(c, step, lr, w, &g, exp_avg_sq)
                     }
                     _ => unreachable!(
@@ -319,15 +332,31 @@ fn sum_of_squares(v: &[f32]) -> f64 {
     })
 }
 
-/// Scales all gradients so that their global norm is at most `max_norm` (torch's
-/// `clip_grad_norm_`: coefficient `max_norm / (norm + 1e-6)`, applied only when below 1).
-/// Returns the norm before clipping.
-pub fn clip_global_norm<G: GradientValues>(grads: &mut [Option<G>], max_norm: f64) -> f64 {
-    let norm = global_norm(grads);
+/// Gradient values times `scale` (themselves when it is 1).
+fn scaled(g: Cow<'_, [f32]>, scale: f32) -> Cow<'_, [f32]> {
+    if scale == 1.0 {
+        return g;
+    }
+    Cow::Owned(with_avx512(|| g.iter().map(|x| x * scale).collect()))
+}
+
+/// What clipping to `max_norm` multiplies gradients of global norm `norm` by (torch's
+/// `clip_grad_norm_`: `max_norm / (norm + 1e-6)`, applied only when below 1), as f32.
+pub fn clip_coefficient(norm: f64, max_norm: f64) -> f32 {
     // 1e-6: torch.nn.utils.clip_grad_norm_'s epsilon.
     let coef = max_norm / (norm + 1e-6);
-    if coef < 1.0 {
-        let c = coef as f32;
+    if coef < 1.0 { coef as f32 } else { 1.0 }
+}
+
+/// Scales all gradients so that their global norm is at most `max_norm` in place (the trainer
+/// passes [`clip_coefficient`] to [`Optimizer::step_scaled`] instead: the tests' reference) (torch's
+/// `clip_grad_norm_`: coefficient `max_norm / (norm + 1e-6)`, applied only when below 1).
+/// Returns the norm before clipping.
+#[cfg(test)]
+pub(crate) fn clip_global_norm<G: GradientValues>(grads: &mut [Option<G>], max_norm: f64) -> f64 {
+    let norm = global_norm(grads);
+    let c = clip_coefficient(norm, max_norm);
+    if c < 1.0 {
         grads
             .par_iter_mut()
             .flatten()
@@ -358,6 +387,40 @@ mod tests {
 #[cfg(test)]
 mod step_tests {
     use super::*;
+
+    #[test]
+    fn clipping_as_the_optimizer_reads_equals_clipping_in_place() {
+        let grads = vec![
+            Some(vec![3.0f32, -1.5, 0.25]),
+            None,
+            Some(vec![4.0f32, 1e-3]),
+        ];
+        for config in [
+            OptimizerConfig::AdamW(AdamWConfig::default()),
+            OptimizerConfig::Adafactor(AdafactorConfig::default()),
+        ] {
+            let shapes = vec![
+                shape("a", &[3], false),
+                shape("b", &[1], false),
+                shape("c", &[2], false),
+            ];
+            let start = vec![vec![0.5f32, -0.25, 1.0], vec![2.0], vec![-1.0, 0.125]];
+            let (mut fused, mut in_place) = (start.clone(), start);
+            let mut opt_a = Optimizer::new(config.clone(), shapes.clone(), &[true, false, true]);
+            let mut opt_b = Optimizer::new(config, shapes, &[true, false, true]);
+            let norm = global_norm(&grads);
+            opt_a.step_scaled(&mut fused, &grads, 0.1, clip_coefficient(norm, 1.0));
+            let mut clipped = grads.clone();
+            assert_eq!(clip_global_norm(&mut clipped, 1.0), norm);
+            opt_b.step(&mut in_place, &clipped, 0.1);
+            assert_eq!(fused, in_place, "bit for bit");
+        }
+        assert_eq!(
+            clip_coefficient(0.5, 1.0),
+            1.0,
+            "no clipping below the bound"
+        );
+    }
 
     fn shape(name: &str, hf: &[usize], transposed: bool) -> ParamShape {
         let (rows, cols) = match hf {

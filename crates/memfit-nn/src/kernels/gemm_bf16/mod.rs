@@ -259,22 +259,41 @@ impl<'a> Dst<'a> {
             None => &zeros[..cols.min(64)],
         };
         assert_eq!(bias.len(), cols, "blocks are at most 64 columns wide");
+        // whole 32-column rows (the AMX blocks) with the width known to the compiler: each row
+        // two vectors, no loop
+        let whole = cols == 32;
         for r in 0..rows {
             // SAFETY (the slices): the caller's contract.
             let row = unsafe { std::slice::from_raw_parts(src.add(r * lds), cols) };
-            let sums = row.iter().zip(bias).map(|(v, b)| v + b);
             if self.bf16 {
                 let at = unsafe { (self.addr as *mut u16).add(r * ld) };
                 let dst = unsafe { std::slice::from_raw_parts_mut(at, cols) };
-                dst.iter_mut()
-                    .zip(sums)
-                    .for_each(|(d, v)| *d = bf16_bits(v));
+                if whole {
+                    finish_row::<32, _>(row, bias, dst, bf16_bits);
+                } else {
+                    finish_row::<0, _>(row, bias, dst, bf16_bits);
+                }
             } else {
                 let at = unsafe { (self.addr as *mut f32).add(r * ld) };
                 let dst = unsafe { std::slice::from_raw_parts_mut(at, cols) };
-                dst.iter_mut().zip(sums).for_each(|(d, v)| *d = v);
+                if whole {
+                    finish_row::<32, _>(row, bias, dst, |v| v);
+                } else {
+                    finish_row::<0, _>(row, bias, dst, |v| v);
+                }
             }
         }
+    }
+}
+
+/// `dst[j] = to(row[j] + bias[j])`, over `W` values when `W` > 0 (a width the compiler unrolls),
+/// else over the slices' length.
+#[inline(always)]
+fn finish_row<const W: usize, T>(row: &[f32], bias: &[f32], dst: &mut [T], to: impl Fn(f32) -> T) {
+    let n = if W > 0 { W } else { dst.len() };
+    let (row, bias, dst) = (&row[..n], &bias[..n], &mut dst[..n]);
+    for ((d, v), b) in dst.iter_mut().zip(row).zip(bias) {
+        *d = to(v + b);
     }
 }
 
