@@ -259,41 +259,90 @@ impl<'a> Dst<'a> {
             None => &zeros[..cols.min(64)],
         };
         assert_eq!(bias.len(), cols, "blocks are at most 64 columns wide");
-        // whole 32-column rows (the AMX blocks) with the width known to the compiler: each row
-        // two vectors, no loop
-        let whole = cols == 32;
         for r in 0..rows {
-            // SAFETY (the slices): the caller's contract.
+            // SAFETY (the slices and the row functions): the caller's contract.
             let row = unsafe { std::slice::from_raw_parts(src.add(r * lds), cols) };
+            #[cfg(target_arch = "x86_64")]
+            if cols == 32 {
+                // whole rows of the AMX blocks: two vectors each
+                let at = self.addr + r * ld * self.size();
+                unsafe {
+                    if self.bf16 {
+                        whole_row::bf16(row, bias, at as *mut u16)
+                    } else {
+                        whole_row::f32(row, bias, at as *mut f32)
+                    }
+                }
+                continue;
+            }
             if self.bf16 {
                 let at = unsafe { (self.addr as *mut u16).add(r * ld) };
                 let dst = unsafe { std::slice::from_raw_parts_mut(at, cols) };
-                if whole {
-                    finish_row::<32, _>(row, bias, dst, bf16_bits);
-                } else {
-                    finish_row::<0, _>(row, bias, dst, bf16_bits);
-                }
+                dst.iter_mut()
+                    .zip(row.iter().zip(bias))
+                    .for_each(|(d, (v, b))| *d = bf16_bits(v + b));
             } else {
                 let at = unsafe { (self.addr as *mut f32).add(r * ld) };
                 let dst = unsafe { std::slice::from_raw_parts_mut(at, cols) };
-                if whole {
-                    finish_row::<32, _>(row, bias, dst, |v| v);
-                } else {
-                    finish_row::<0, _>(row, bias, dst, |v| v);
-                }
+                dst.iter_mut()
+                    .zip(row.iter().zip(bias))
+                    .for_each(|(d, (v, b))| *d = v + b);
             }
         }
     }
 }
 
-/// `dst[j] = to(row[j] + bias[j])`, over `W` values when `W` > 0 (a width the compiler unrolls),
-/// else over the slices' length.
-#[inline(always)]
-fn finish_row<const W: usize, T>(row: &[f32], bias: &[f32], dst: &mut [T], to: impl Fn(f32) -> T) {
-    let n = if W > 0 { W } else { dst.len() };
-    let (row, bias, dst) = (&row[..n], &bias[..n], &mut dst[..n]);
-    for ((d, v), b) in dst.iter_mut().zip(row).zip(bias) {
-        *d = to(v + b);
+/// Rows of 32 sums finished and stored with AVX-512 (the loops above did not vectorise when the
+/// width was a constant).
+#[cfg(target_arch = "x86_64")]
+mod whole_row {
+    use std::arch::x86_64::*;
+
+    /// `dst[j] = row[j] + bias[j]` for j < 32.
+    ///
+    /// # Safety
+    /// AVX512-F; `row` and `bias` hold 32 values, `dst` is valid for writing 32 f32.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn f32(row: &[f32], bias: &[f32], dst: *mut f32) {
+        assert!(row.len() >= 32 && bias.len() >= 32);
+        // SAFETY: in bounds (asserted; the caller's contract); unaligned loads and stores.
+        unsafe {
+            for h in [0, 16] {
+                let v = _mm512_add_ps(
+                    _mm512_loadu_ps(row.as_ptr().add(h)),
+                    _mm512_loadu_ps(bias.as_ptr().add(h)),
+                );
+                _mm512_storeu_ps(dst.add(h), v);
+            }
+        }
+    }
+
+    /// `dst[j] = bf16(row[j] + bias[j])` for j < 32, rounded as
+    /// [`bf16_bits`](crate::kernels::flex_values::bf16_bits) rounds: to nearest, ties to even,
+    /// NaN a quiet NaN.
+    ///
+    /// # Safety
+    /// AVX512-F and -BW; `row` and `bias` hold 32 values, `dst` is valid for writing 32 u16.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn bf16(row: &[f32], bias: &[f32], dst: *mut u16) {
+        assert!(row.len() >= 32 && bias.len() >= 32);
+        // SAFETY: in bounds (asserted; the caller's contract); unaligned loads and stores.
+        unsafe {
+            for h in [0, 16] {
+                let v = _mm512_add_ps(
+                    _mm512_loadu_ps(row.as_ptr().add(h)),
+                    _mm512_loadu_ps(bias.as_ptr().add(h)),
+                );
+                let bits = _mm512_castps_si512(v);
+                let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
+                let bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF));
+                let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, bias));
+                let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(0x40));
+                let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+                let out = _mm512_mask_blend_epi32(nan, rounded, quiet);
+                _mm256_storeu_si256(dst.add(h).cast(), _mm512_cvtepi32_epi16(out));
+            }
+        }
     }
 }
 

@@ -215,3 +215,35 @@ fn an_empty_inner_dimension_gives_zeros() {
     );
     assert_eq!(matmul(&a, &b).as_slice::<f32>().unwrap(), &[0.0; 12]);
 }
+
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn whole_rows_round_as_bf16_bits_does() {
+    if !(std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw"))
+    {
+        return;
+    }
+    // ties both ways, NaN, infinities, a denormal, -0.0, the largest finite value
+    let specials = [
+        1.0 + 1.0 / 256.0,
+        1.0 + 3.0 / 256.0,
+        f32::NAN,
+        -f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1.0e-40,
+        -0.0,
+        f32::MAX,
+        -2.5,
+    ];
+    let row: Vec<f32> = (0..32)
+        .map(|j| specials.get(j).copied().unwrap_or(j as f32 / 3.0))
+        .collect();
+    let bias = [-0.0f32; 32];
+    let mut out = [0u16; 32];
+    // SAFETY: the CPU has AVX512-F and -BW (checked above); 32 values each.
+    unsafe { super::whole_row::bf16(&row, &bias, out.as_mut_ptr()) };
+    let expected: Vec<u16> = row.iter().map(|&x| bf16_bits(x)).collect();
+    assert_eq!(out.to_vec(), expected);
+}
