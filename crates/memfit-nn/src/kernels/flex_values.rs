@@ -107,15 +107,16 @@ pub fn in_f32(t: FlexTensor) -> FlexTensor {
 /// `f` applied to `t`'s values, the result in `t`'s dtype: in `t`'s own buffer when it is
 /// contiguous unshared f32, through an f32 copy when it is bf16.
 pub fn map_in_place(t: FlexTensor, f: impl FnOnce(&mut [f32])) -> FlexTensor {
+    // `f`'s loops compiled for AVX-512 where the CPU has it
     match t.dtype() {
         DType::F32 => {
             let mut data = into_values(t);
-            f(data.as_mut_slice::<f32>().expect("f32"));
+            with_avx512(|| f(data.as_mut_slice::<f32>().expect("f32")));
             FlexTensor::from_data(data)
         }
         _ => {
             let mut v = values(&t).into_owned();
-            f(&mut v);
+            with_avx512(|| f(&mut v));
             tensor_like(v, &t)
         }
     }
