@@ -176,10 +176,16 @@ pub(super) fn pack_b(
         .par_chunks_mut(GROUP_PANELS * panel_len)
         .enumerate()
         .for_each(|(g, panels)| {
-            let mut by_column = vec![0u32; panel_len];
+            let mut by_column = vec![0u32; if b.row_stride == 1 { 0 } else { panel_len }];
             for (q, panel) in panels.chunks_exact_mut(panel_len).enumerate() {
                 let c0 = (g * GROUP_PANELS + q) * width;
                 let valid = width.min(cols.len() - c0);
+                if b.row_stride == 1 {
+                    // SAFETY: as in `pack_a`.
+                    let at = first + c0 * b.col_stride;
+                    unsafe { transpose_columns(b, at, (kc, valid), panel, width) };
+                    continue;
+                }
                 // each column's k-pairs in order (one run when B is transposed), then the
                 // panel transposed
                 let (valid, past) = by_column.split_at_mut(valid * pairs);
@@ -193,6 +199,43 @@ pub(super) fn pack_b(
             }
         });
     packed
+}
+
+/// A panel of transposed B (each column a run of k-values from `first + c · col_stride`):
+/// 16 columns × 16 k-pairs at a time converted into an L1 buffer and transposed into `panel`
+/// (`[pair][width]`), zeros past `kc` and past the `valid` columns; not the whole panel
+/// converted first and transposed after, a round trip through L2.
+///
+/// # Safety
+/// The CPU must have AVX512-F and AVX512-BW (the loops are vectorised for them).
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f,avx512bw"))]
+unsafe fn transpose_columns(
+    b: &Operand,
+    first: usize,
+    (kc, valid): (usize, usize),
+    panel: &mut [u32],
+    width: usize,
+) {
+    const SIDE: usize = 16;
+    debug_assert!(width.is_multiple_of(SIDE));
+    let pairs = panel.len() / width;
+    let mut square = [0u32; SIDE * SIDE];
+    for p0 in (0..kc.div_ceil(2)).step_by(SIDE) {
+        let (values, rows) = ((kc - 2 * p0).min(2 * SIDE), SIDE.min(pairs - p0));
+        for c0 in (0..valid).step_by(SIDE) {
+            let halves = as_halves(&mut square);
+            for (c, line) in halves.chunks_exact_mut(2 * SIDE).enumerate() {
+                let (run, past) = line.split_at_mut(if c0 + c < valid { values } else { 0 });
+                if !run.is_empty() {
+                    b.run(first + (c0 + c) * b.col_stride + 2 * p0, run);
+                }
+                past.fill(0);
+            }
+            // `square` is [column][pair], the panel [pair][column]
+            let to = &mut panel[p0 * width + c0..];
+            transpose((&square, SIDE), (SIDE, rows), (to, width));
+        }
+    }
 }
 
 /// k-pairs of row-major B per packing task.

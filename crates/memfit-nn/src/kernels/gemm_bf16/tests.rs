@@ -118,6 +118,10 @@ fn bf16_products_of_every_shape_and_layout_match_the_rounded_reference() {
     let a = tensor(&[13, 100], 11, DType::BF16);
     let bt = Flex::float_transpose(tensor(&[70, 100], 12, DType::F32));
     check_all(&a, &bt, "transposed b");
+    // B transposed with odd k past one 16 × 16 square, bf16 columns, a partial panel
+    let a = tensor(&[5, 37], 24, DType::F32);
+    let bt = Flex::float_transpose(tensor(&[45, 37], 25, DType::BF16));
+    check_all(&a, &bt, "transposed b, odd k");
     // neither dimension contiguous: [m, k, 2] and [k, n, 2] seen as [2, m, k] and [2, k, n]
     let strided =
         |shape: [usize; 3], salt| Flex::float_permute(tensor(&shape, salt, DType::F32), &[2, 0, 1]);
