@@ -12,6 +12,12 @@ const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
 /// erf(x) by A&S 7.1.26: `1 − (a1·t + … + a5·t⁵)·e^(−x²)` with `t = 1 / (1 + p·|x|)`, odd.
 #[inline(always)]
 pub fn erf_f32(x: f32) -> f32 {
+    erf_given_exp(x, exp_f32(-x * x))
+}
+
+/// erf(x) by A&S 7.1.26 with `e^(−x²)` given (GELU's derivative needs that value too).
+#[inline(always)]
+fn erf_given_exp(x: f32, exp_minus_x2: f32) -> f32 {
     const P: f32 = 0.327_591_1;
     const A: [f32; 5] = [
         0.254_829_6,
@@ -23,7 +29,7 @@ pub fn erf_f32(x: f32) -> f32 {
     let ax = x.abs();
     let t = 1.0 / (1.0 + P * ax);
     let poly = t * (A[0] + t * (A[1] + t * (A[2] + t * (A[3] + t * A[4]))));
-    let y = 1.0 - poly * exp_f32(-ax * ax);
+    let y = 1.0 - poly * exp_minus_x2;
     y.copysign(x)
 }
 
@@ -39,10 +45,13 @@ pub fn gelu_f32(x: f32) -> f32 {
     x * cdf(x)
 }
 
-/// d GELU / dx at one value.
+/// d GELU / dx at one value: Φ(x) + x·φ(x), where φ(x)·√(2π) = e^(−x²/2) is also the
+/// exponential in Φ's erf(x/√2), computed once.
 #[inline(always)]
 pub fn gelu_grad_f32(x: f32) -> f32 {
-    cdf(x) + x * FRAC_1_SQRT_2PI * exp_f32(-0.5 * x * x)
+    let z = x * FRAC_1_SQRT_2;
+    let e = exp_f32(-z * z);
+    0.5 * (1.0 + erf_given_exp(z, e)) + x * FRAC_1_SQRT_2PI * e
 }
 
 /// `out[i] = gelu(x[i])`.
