@@ -187,6 +187,40 @@ fn pack_a_tiles(
     packed
 }
 
+/// `iterations` rounds of four independent `tdpbf16ps` (16 × 16 × 32 products each, into
+/// tmm0–3 from zeroed tmm4–7): the tile unit's peak, what MFU divides by. Returns the FLOPs done.
+///
+/// # Safety
+/// [`available`] must hold.
+pub(super) unsafe fn dot_products(iterations: u64) -> f64 {
+    let _tiles = TileConfig::load();
+    // SAFETY: tiles configured; tmm0–7 belong to this function until `_tiles` drops.
+    unsafe {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "tilezero tmm4",
+            "tilezero tmm5",
+            "tilezero tmm6",
+            "tilezero tmm7",
+            options(nostack, nomem)
+        );
+        for _ in 0..iterations {
+            asm!(
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                options(nostack, nomem)
+            );
+        }
+    }
+    // per instruction 16 × 16 outputs of 32 products and 32 additions
+    iterations as f64 * 4.0 * (16 * 16 * 32 * 2) as f64
+}
+
 /// The tile configuration (every tile 16 rows of 64 bytes), loaded for this thread while the
 /// value lives; the tile state is released after.
 struct TileConfig;

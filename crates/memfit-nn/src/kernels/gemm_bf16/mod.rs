@@ -138,6 +138,25 @@ pub fn hardware_bf16() -> bool {
     }
 }
 
+/// Whether the products run on AMX tiles (Intel Xeon since Sapphire Rapids, granted by Linux).
+pub fn uses_amx() -> bool {
+    Kernel::fastest().is_some_and(|k| k != Kernel::Avx512)
+}
+
+/// FLOPs of `iterations` rounds of the AMX dot-product instruction on registers (see
+/// [`uses_amx`]): what a peak-rate measurement times.
+///
+/// # Panics
+/// Where [`uses_amx`] does not hold.
+pub fn amx_dot_products(iterations: u64) -> f64 {
+    assert!(uses_amx(), "AMX dot products where the CPU has no AMX");
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `uses_amx` found the tile unit available.
+    return unsafe { amx::dot_products(iterations) };
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("{iterations}")
+}
+
 /// `a · b` over the last two dimensions (a `[.., m, k]`, b `[.., k, n]`, f32 or bf16, any strides)
 /// with both operands rounded to bf16 and the products summed in f32: a new contiguous f32
 /// `[.., m, n]` tensor.
