@@ -159,18 +159,27 @@ fn pack_a_tiles(
         r / BLOCK_ROWS * BLOCK_ROWS * pairs + (t * BLOCK_ROWS + r % BLOCK_ROWS) * TILE_PAIRS
     };
     if a.col_stride != 1 && a.row_stride == 1 {
-        // A transposed (a weight gradient's activations): each k is a run of rows; interleave
-        // the pairs as [pair][row], then transpose each 16 pairs × 32 rows
-        let width = rows.len();
-        let mut by_pair = vec![0u32; pairs * width];
-        // SAFETY: `available` found AVX-512 (BW included).
-        unsafe { interleave_runs(a, first, (a.col_stride, kc), width, &mut by_pair, width) };
-        for r0 in (0..width).step_by(BLOCK_ROWS) {
-            let block_rows = BLOCK_ROWS.min(width - r0);
-            for t in 0..pairs / TILE_PAIRS {
-                let src = &by_pair[t * TILE_PAIRS * width + r0..];
+        // A transposed (a weight gradient's activations): each k is a run of rows; per 16 pairs
+        // of a block's rows, interleave them as [pair][row] into an L1 square, then transpose it
+        // into the block's tile
+        let mut square = [0u32; TILE_PAIRS * BLOCK_ROWS];
+        for r0 in (0..rows.len()).step_by(BLOCK_ROWS) {
+            let block_rows = BLOCK_ROWS.min(rows.len() - r0);
+            for t in 0..kc.div_ceil(2 * TILE_PAIRS) {
+                let values = (kc - 2 * TILE_PAIRS * t).min(2 * TILE_PAIRS);
+                if values < 2 * TILE_PAIRS || block_rows < BLOCK_ROWS {
+                    square.fill(0);
+                }
+                let at = first + 2 * TILE_PAIRS * t * a.col_stride + r0;
+                let runs = (a.col_stride, values);
+                // SAFETY: `available` found AVX-512 (BW included).
+                unsafe { interleave_runs(a, at, runs, block_rows, &mut square, BLOCK_ROWS) };
                 let dst = &mut packed[tile_row(r0, t)..];
-                transpose((src, width), (TILE_PAIRS, block_rows), (dst, TILE_PAIRS));
+                transpose(
+                    (&square, BLOCK_ROWS),
+                    (TILE_PAIRS, block_rows),
+                    (dst, TILE_PAIRS),
+                );
             }
         }
     } else {
