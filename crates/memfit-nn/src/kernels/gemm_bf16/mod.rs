@@ -1,14 +1,16 @@
 //! Matrix products with bf16 operands and f32 accumulation — what PyTorch's bf16 autocast computes —
-//! on AVX512-BF16 (`vdpbf16ps`: per f32 lane, two bf16 products added to the lane, twice the work
-//! of an f32 FMA per instruction).
+//! on AMX tiles where the CPU has them (`amx.rs`), else on AVX512-BF16 (`vdpbf16ps`: per f32 lane,
+//! two bf16 products added to the lane, twice the work of an f32 FMA per instruction).
 //!
 //! Operands may be f32 or bf16 flex tensors (any strides, batched like
 //! [`gemm_f32::matmul`](crate::kernels::gemm_f32::matmul)); they are rounded to bf16 (to nearest
-//! even) as they are packed, and the result is a new contiguous f32 tensor. Where the CPU lacks
-//! AVX512-BF16, the same rounded operands are multiplied by the f32 `gemm` crate: the products are
-//! the same (a product of two bf16 values is exact in f32), the summation order differs.
+//! even) as they are packed, and the result is a new contiguous f32 tensor
+//! ([`Products::matmul_into`]: a bias row added and the result in bf16, which the AMX kernel does
+//! as it stores). Where the CPU lacks AVX512-BF16, the same rounded operands are multiplied by the
+//! f32 `gemm` crate: the products are the same (a product of two bf16 values is exact in f32), the
+//! summation order differs.
 //!
-//! The kernel is the usual packed GEMM (Goto/BLIS): for each block of 512 k-values, B is packed in
+//! The AVX512-BF16 kernel is the usual packed GEMM (Goto/BLIS): for each block of 512 k-values, B is packed in
 //! panels of [`NR`] columns holding each column's k-pair side by side, and A's rows are read as one
 //! u32 per k-pair — in place when they are bf16 rows (the activations of the forward pass), else
 //! converted row by row, or k-pair by k-pair when A is transposed (the weight gradients). A 6 × 64
