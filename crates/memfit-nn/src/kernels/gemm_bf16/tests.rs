@@ -1,4 +1,5 @@
 use super::*;
+use crate::kernels::flex_values::bf16_bits;
 use crate::kernels::test_tensors::pattern;
 use burn::backend::Flex;
 use burn::backend::ops::FloatTensorOps;
@@ -247,7 +248,7 @@ fn whole_rows_round_as_bf16_bits_does() {
     let bias = [-0.0f32; 32];
     let mut out = [0u16; 32];
     // SAFETY: the CPU has AVX512-F and -BW (checked above); 32 values each.
-    unsafe { super::whole_row::bf16(&row, &bias, out.as_mut_ptr()) };
+    unsafe { super::finish::whole_row::bf16(&row, &bias, out.as_mut_ptr()) };
     let expected: Vec<u16> = row.iter().map(|&x| bf16_bits(x)).collect();
     assert_eq!(out.to_vec(), expected);
 }
