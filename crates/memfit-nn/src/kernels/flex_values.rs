@@ -52,22 +52,24 @@ fn narrowed(values: &[f32], shape: Shape, dtype: DType) -> FlexTensor {
 /// bf16 values as f32 (exact), vectorised: these conversions run over every activation of bf16
 /// training.
 fn widened(values: &[bf16]) -> Vec<f32> {
-    with_avx512(|| {
-        values
-            .iter()
-            .map(|x| f32::from_bits((x.to_bits() as u32) << 16))
-            .collect()
-    })
+    with_avx512(|| values.iter().map(|&x| widen(x)).collect())
 }
 
 /// f32 values rounded to bf16 ([`bf16_bits`]), vectorised as [`widened`] is.
 fn rounded(values: &[f32]) -> Vec<bf16> {
-    with_avx512(|| {
-        values
-            .iter()
-            .map(|&x| bf16::from_bits(bf16_bits(x)))
-            .collect()
-    })
+    with_avx512(|| values.iter().map(|&x| round(x)).collect())
+}
+
+/// One bf16 value as f32 (exact; written on the bits so that loops vectorise).
+#[inline(always)]
+fn widen(x: bf16) -> f32 {
+    f32::from_bits((x.to_bits() as u32) << 16)
+}
+
+/// One f32 value rounded to bf16 ([`bf16_bits`]).
+#[inline(always)]
+fn round(x: f32) -> bf16 {
+    bf16::from_bits(bf16_bits(x))
 }
 
 /// `x` rounded to bf16 bits (to nearest, ties to even; NaN stays a quiet NaN), branch-free so that
@@ -151,10 +153,7 @@ pub fn map_chunks<const N: usize>(
             for (t, buf) in contiguous.iter().zip(widened.iter_mut()) {
                 if let Some(v) = t.as_slice::<bf16>() {
                     let v = &v[start..start + n];
-                    buf[..n]
-                        .iter_mut()
-                        .zip(v)
-                        .for_each(|(w, x)| *w = f32::from_bits((x.to_bits() as u32) << 16));
+                    buf[..n].iter_mut().zip(v).for_each(|(w, &x)| *w = widen(x));
                 }
             }
             let chunks: [&[f32]; N] =
@@ -166,7 +165,7 @@ pub fn map_chunks<const N: usize>(
                 f(chunks, &mut out_f32[start..start + n]);
             } else {
                 f(chunks, &mut rounded[..n]);
-                out_bf16.extend(rounded[..n].iter().map(|&x| bf16::from_bits(bf16_bits(x))));
+                out_bf16.extend(rounded[..n].iter().map(|&x| round(x)));
             }
         }
     });

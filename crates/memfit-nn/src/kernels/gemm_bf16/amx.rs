@@ -113,18 +113,8 @@ pub(super) unsafe fn product(a: &Operand, b: &Operand, i: usize, c: Dst, paralle
                     // configured.
                     unsafe {
                         if !first {
-                            // a later k-block adds to the sums so far (plain f32)
-                            let from = at.addr as *const f32;
-                            for (r, row) in
-                                sums.chunks_exact_mut(BLOCK_COLS).take(size.0).enumerate()
-                            {
-                                let sums_so_far =
-                                    std::slice::from_raw_parts(from.add(r * n), size.1);
-                                row[..size.1]
-                                    .iter_mut()
-                                    .zip(sums_so_far)
-                                    .for_each(|(s, v)| *s = v.to_bits());
-                            }
+                            // a later k-block adds to the sums so far
+                            load_sums((at, n), size, &mut sums);
                         }
                         column_block(&a_blocks[rb], panel, pairs, &mut sums, first);
                         at.store(sums.as_ptr().cast(), BLOCK_COLS, n, size);
@@ -141,6 +131,23 @@ pub(super) unsafe fn product(a: &Operand, b: &Operand, i: usize, c: Dst, paralle
                 run(&tasks);
             }
         }
+    }
+}
+
+/// The `size` sums stored at `c` (plain f32, row stride `ld`) into `sums` (`[row][BLOCK_COLS]`).
+///
+/// # Safety
+/// `c` readable for `size` at its stride.
+unsafe fn load_sums((c, ld): (Dst, usize), (rows, cols): (usize, usize), sums: &mut [u32]) {
+    debug_assert!(c.is_plain());
+    let from = c.addr as *const f32;
+    for (r, row) in sums.chunks_exact_mut(BLOCK_COLS).take(rows).enumerate() {
+        // SAFETY: the caller's contract.
+        let stored = unsafe { std::slice::from_raw_parts(from.add(r * ld), cols) };
+        row[..cols]
+            .iter_mut()
+            .zip(stored)
+            .for_each(|(s, v)| *s = v.to_bits());
     }
 }
 

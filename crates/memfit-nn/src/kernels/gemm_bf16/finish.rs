@@ -45,11 +45,11 @@ pub(super) struct Dst<'a> {
 }
 
 impl<'a> Dst<'a> {
-    pub(super) fn f32(out: &mut [std::mem::MaybeUninit<f32>]) -> Self {
+    pub(super) fn f32(out: &mut [std::mem::MaybeUninit<f32>], bias: Option<&'a [f32]>) -> Self {
         Dst {
             addr: out.as_mut_ptr() as usize,
             bf16: false,
-            bias: None,
+            bias,
         }
     }
 
@@ -59,10 +59,6 @@ impl<'a> Dst<'a> {
             bf16: true,
             bias,
         }
-    }
-
-    pub(super) fn with(self, bias: Option<&'a [f32]>) -> Self {
-        Dst { bias, ..self }
     }
 
     /// f32 sums stored as they are.
@@ -153,6 +149,22 @@ impl<'a> Dst<'a> {
 pub(super) mod whole_row {
     use std::arch::x86_64::*;
 
+    /// `row[h..h + 16] + bias[h..h + 16]`.
+    ///
+    /// # Safety
+    /// AVX512-F; both hold `h + 16` values.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn sums(row: &[f32], bias: &[f32], h: usize) -> __m512 {
+        // SAFETY: the caller's contract; unaligned loads.
+        unsafe {
+            _mm512_add_ps(
+                _mm512_loadu_ps(row.as_ptr().add(h)),
+                _mm512_loadu_ps(bias.as_ptr().add(h)),
+            )
+        }
+    }
+
     /// `dst[j] = row[j] + bias[j]` for j < 32.
     ///
     /// # Safety
@@ -163,10 +175,7 @@ pub(super) mod whole_row {
         // SAFETY: in bounds (asserted; the caller's contract); unaligned loads and stores.
         unsafe {
             for h in [0, 16] {
-                let v = _mm512_add_ps(
-                    _mm512_loadu_ps(row.as_ptr().add(h)),
-                    _mm512_loadu_ps(bias.as_ptr().add(h)),
-                );
+                let v = sums(row, bias, h);
                 _mm512_storeu_ps(dst.add(h), v);
             }
         }
@@ -184,10 +193,7 @@ pub(super) mod whole_row {
         // SAFETY: in bounds (asserted; the caller's contract); unaligned loads and stores.
         unsafe {
             for h in [0, 16] {
-                let v = _mm512_add_ps(
-                    _mm512_loadu_ps(row.as_ptr().add(h)),
-                    _mm512_loadu_ps(bias.as_ptr().add(h)),
-                );
+                let v = sums(row, bias, h);
                 let bits = _mm512_castps_si512(v);
                 let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
                 let bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF));

@@ -229,7 +229,7 @@ fn matmul_packed(a: &FlexTensor, b: &FlexTensor, kernel: Kernel, finish: Finish)
         let out = if k == 0 || m == 0 || n == 0 {
             vec![0.0f32; len]
         } else {
-            fill(len, |spare| products(&a, &b, kernel, Dst::f32(spare)))
+            fill(len, |spare| products(&a, &b, kernel, Dst::f32(spare, None)))
         };
         return finish.apply(FlexTensor::from_data(TensorData::new(out, shape)));
     }
@@ -242,7 +242,7 @@ fn matmul_packed(a: &FlexTensor, b: &FlexTensor, kernel: Kernel, finish: Finish)
         }
         _ => {
             let out = fill(len, |spare| {
-                products(&a, &b, kernel, Dst::f32(spare).with(finish.bias))
+                products(&a, &b, kernel, Dst::f32(spare, finish.bias))
             });
             cast(
                 FlexTensor::from_data(TensorData::new(out, shape)),
