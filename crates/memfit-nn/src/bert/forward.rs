@@ -271,19 +271,20 @@ impl<'a> BertForward<'a> {
         x.reshape([b, t, h, dh]).swap_dims(1, 2)
     }
 
-    /// Self-attention of `x` `[b, t, d]` through the output projection; `bias` `[b, 1, 1, t]` is
-    /// the padding mask.
+    /// Self-attention of `x` `[b, t, d]` through the output projection, for the queries of the
+    /// first `rows` positions (`[b, rows, d]`); `bias` `[b, 1, 1, t]` is the padding mask.
     fn attention(
         &self,
         x: Tensor<3>,
+        rows: usize,
         l: &EncoderLayer,
         bias: &Tensor<4>,
         drop: &mut Dropout,
     ) -> Tensor<3> {
-        let [b, t, d] = x.dims();
+        let [b, _, d] = x.dims();
         // BertSelfAttention: scores · head_dim^-½, applied to q (a power of two for the usual sizes).
         let scale = (self.cfg.head_dim() as f64).powf(-0.5);
-        let q = self.heads(self.dense(x.clone(), &l.query)) * scale;
+        let q = self.heads(self.dense(first_rows(x.clone(), rows), &l.query)) * scale;
         let k = self.heads(self.dense(x.clone(), &l.key));
         let v = self.heads(self.dense(x, &l.value));
         let ctx = if attention_core::supported(&q) {
@@ -293,10 +294,22 @@ impl<'a> BertForward<'a> {
             let scores = q.matmul(k.swap_dims(2, 3)) + bias.clone();
             drop.apply(softmax(scores, 3)).matmul(v)
         };
-        self.dense(ctx.swap_dims(1, 2).reshape([b, t, d]), &l.attn_out)
+        self.dense(ctx.swap_dims(1, 2).reshape([b, rows, d]), &l.attn_out)
     }
 
-    /// Encoder layer `i` applied to `x` `[b, t, d]`.
+    /// How many positions of its input encoder layer `i` computes outputs for: every one, but in
+    /// the last layer only the first, the one token the head reads — a position's output depends
+    /// on the other positions only through keys and values, so the logits are those of the whole
+    /// layer, for 2 of its 12 `d²` products per token.
+    pub fn rows_out(&self, i: usize, len: usize) -> usize {
+        if i + 1 == self.layout.layers.len() {
+            1
+        } else {
+            len
+        }
+    }
+
+    /// Encoder layer `i` applied to `x` `[b, t, d]`: its output `[b, rows_out, d]`.
     pub fn layer(
         &self,
         i: usize,
@@ -305,8 +318,9 @@ impl<'a> BertForward<'a> {
         drop: &mut Dropouts,
     ) -> Tensor<3> {
         let l = &self.layout.layers[i];
-        let a = self.attention(x.clone(), l, bias, &mut drop.attention);
-        let h = self.layer_norm(x + drop.hidden.apply(a), &l.attn_norm);
+        let rows = self.rows_out(i, x.dims()[1]);
+        let a = self.attention(x.clone(), rows, l, bias, &mut drop.attention);
+        let h = self.layer_norm(first_rows(x, rows) + drop.hidden.apply(a), &l.attn_norm);
         let pre = self.dense(h.clone(), &l.intermediate);
         // exact GELU (BERT's "gelu") is fused into the output layer; other activations apply alone
         let f = match self.cfg.hidden_act {
@@ -322,7 +336,8 @@ impl<'a> BertForward<'a> {
         padding_mask(x.mask, x.batch, x.len, &self.device(), self.dtype)
     }
 
-    /// The last layer's output `[b, t, d]` (`last_hidden_state`).
+    /// The last layer's output at the first position `[b, 1, d]` (`last_hidden_state[:, :1]`: all
+    /// the head reads, see [`Self::rows_out`]).
     pub fn encode(&self, x: &ClsInputs, drop: &mut Dropouts) -> Result<Tensor<3>, ModelError> {
         self.check(x)?;
         let bias = self.attention_bias(x);
@@ -333,7 +348,8 @@ impl<'a> BertForward<'a> {
         Ok(h)
     }
 
-    /// The head over the first token of `hidden` `[b, t, d]`: logits `[b, num_labels]`.
+    /// The head over the first token of `hidden` `[b, t, d]` (any `t` ≥ 1): logits
+    /// `[b, num_labels]`.
     pub fn classify(&self, hidden: Tensor<3>, drop: &mut Dropouts) -> Tensor<2> {
         let [b, _, d] = hidden.dims();
         let first = hidden.narrow(1, 0, 1).reshape([b, d]);
@@ -380,6 +396,15 @@ impl<'a> BertForward<'a> {
         let logits = self.logits(x, drop)?;
         let loss = masked_cross_entropy(logits.clone(), labels, &vec![true; x.batch]);
         Ok((loss, logits))
+    }
+}
+
+/// `x` `[b, t, d]` narrowed to its first `rows` positions (`x` itself when that is all of them).
+fn first_rows(x: Tensor<3>, rows: usize) -> Tensor<3> {
+    if rows == x.dims()[1] {
+        x
+    } else {
+        x.narrow(1, 0, rows)
     }
 }
 
