@@ -29,13 +29,20 @@ fn layer_elements(arch: &Arch, cb: u64) -> u64 {
     6 * d + f + norm_inputs
 }
 
-/// Bytes per token of the stack outside the layers: the word embeddings' leaf rows (f32, the
-/// table's dtype), the embedding LayerNorm's f32 output (its sum is f32 in both precisions), and
-/// in f32 the last layer's output, kept by its norm.
-fn stack_bytes(arch: &Arch, cb: u64) -> u64 {
+/// The last layer computes only the first position, the one the head reads: per token it keeps
+/// its input and k and v (3d elements); everything after attention (q, context, h, the
+/// pre-activation, the norms' tensors and, in f32, its output) is one row per sequence.
+fn last_layer_bytes(arch: &Arch, cb: u64, batch: u64, seq: u64) -> u64 {
     let d = arch.hidden;
-    let last_output = if cb == 4 { 4 * d } else { 0 };
-    4 * d + 4 * d + last_output
+    let output = if cb == 4 { d } else { 0 };
+    let per_sequence = cb * (layer_elements(arch, cb) - 3 * d + output);
+    batch * (seq * cb * 3 * d + per_sequence)
+}
+
+/// Bytes per token of the stack outside the layers: the word embeddings' leaf rows (f32, the
+/// table's dtype) and the embedding LayerNorm's f32 output (its sum is f32 in both precisions).
+fn stack_bytes(arch: &Arch) -> u64 {
+    8 * arch.hidden
 }
 
 /// A BERT micro-batch's activations. Frozen groups are counted as trained (the grid measures
@@ -44,7 +51,13 @@ pub(super) fn activations(arch: &Arch, setup: &Setup, cb: u64, accumulated: u64)
     let (b, s, h) = (setup.batch, setup.seq, arch.heads);
     let layers = arch.encoder_layers;
     let tokens = b * s;
-    let saved = tokens * (layers * cb * layer_elements(arch, cb) + stack_bytes(arch, cb));
+    let full_layers = layers.saturating_sub(1);
+    let last = if layers > 0 {
+        last_layer_bytes(arch, cb, b, s)
+    } else {
+        0
+    };
+    let saved = tokens * (full_layers * cb * layer_elements(arch, cb) + stack_bytes(arch)) + last;
     let blocks = (fitted::BLOCK_SCALE * saved as f64) as u64;
     // Backward of the last attention, while nearly every activation is alive, rebuilds its
     // probabilities and the scores' gradient as f32 `[b, h, s, s]` matrices
@@ -52,15 +65,18 @@ pub(super) fn activations(arch: &Arch, setup: &Setup, cb: u64, accumulated: u64)
     // third, the scores' gradient rounded to bf16 and widened back for the product
     // (gemm_bf16.rs's fallback where the CPU has no AVX512-BF16).
     let matrices = if cb == 4 { 2 } else { 3 };
-    let attention = attention_bytes(layers * b * h * s) + matrices * 4 * b * h * s * s;
+    // (the last layer's attention has one query row: its backward comes first and is small, so
+    // the worst one is the layer before's, with the last layer's tensors already freed)
+    let attention = attention_bytes(b * h * (full_layers * s + 1)) + matrices * 4 * b * h * s * s;
     let labels = match arch.head {
         Head::Classifier { labels } => labels,
         _ => 2,
     };
     let logits = head_logits(b, labels, arch.hidden);
     let checkpointed = setup.grad_ckpt.then(|| {
-        // the forward keeps each layer's input and the last output, in the activation dtype
-        let boundaries = cb * tokens * arch.hidden * (layers + 1);
+        // the forward keeps each layer's input and the last output (its first position), in the
+        // activation dtype
+        let boundaries = cb * arch.hidden * (tokens * layers + b);
         let (block, retained) = recomputed_block(tokens * cb * layer_elements(arch, cb), b * h * s);
         let trained = 4 * super::trainable(arch, setup).base;
         let head = boundaries + logits + accumulated + retained;
