@@ -42,7 +42,7 @@ impl Default for AdafactorConfig {
 }
 
 fn rms(v: &[f32]) -> f64 {
-    (v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>() / v.len().max(1) as f64).sqrt()
+    (super::sum_of_squares(v) / v.len().max(1) as f64).sqrt()
 }
 
 /// `Adafactor._get_lr`.
