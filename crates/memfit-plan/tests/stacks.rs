@@ -211,3 +211,38 @@ fn torchao_01_quantization_floor_on_reserved() {
     s.stack = Stack::HfTrainer;
     assert!(reserved(&s, &old) < weights + 68 * largest);
 }
+
+/// Hidden size of the models whose load-time blocks set the peak.
+const WIDE: u64 = 2048;
+
+/// The quantization blocks of a smaller weight built before a larger one stay cached beside the
+/// larger one's (a cudaMalloc segment never grows into another): the attention's pair (64 bytes
+/// per element) is added when the MLP weights, built after it, are larger — and not when they
+/// are smaller, where the MLP's requests fit in the attention's cached blocks.
+#[test]
+fn torchao_01_keeps_each_larger_size_class_of_blocks() {
+    let reserved_over_floor = |intermediate: u64| {
+        // wide enough that the load's blocks, not training, set the peak
+        let v = json!({"model_type": "llama", "hidden_size": WIDE, "intermediate_size": intermediate,
+            "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 2,
+            "vocab_size": 1000, "tie_word_embeddings": false});
+        let a = arch::parse_config("t.json", &v.to_string(), "t").unwrap();
+        let mut s = lora(&a, Stack::Torchtune);
+        (s.method, s.quant) = (Method::Qlora, Some(Quant::Nf4));
+        (s.batch, s.seq) = (1, 8);
+        let fw = Framework::TORCH_2_BNB_LT_044;
+        let gpu = memory::estimate(&a, &s, &fw).unwrap().gpu.unwrap();
+        let (attention, mlp) = (WIDE * WIDE, WIDE * intermediate);
+        let floor = component(&a, &s, "weights") + 68 * attention.max(mlp);
+        (gpu.peak_reserved_bytes - floor, attention)
+    };
+    // MLP weights larger than the attention's: the attention's pair stays (up to 2 MiB rounding)
+    let (over, attention) = reserved_over_floor(5504);
+    assert!(
+        over >= 64 * attention && over < 64 * attention + (2 << 20),
+        "{over}"
+    );
+    // smaller: nothing beyond the floor but the segments' rounding
+    let (over, _) = reserved_over_floor(1024);
+    assert!(over < 2 << 20, "smaller MLP: {over}");
+}

@@ -5,7 +5,7 @@ use super::framework::{self, Framework};
 use super::setup::{Method, Optimizer, Setup};
 use super::states::{self, StateBytes, Trainable, model_states, trainable};
 use super::{Component, GpuEstimate, Scaling};
-use crate::arch::Arch;
+use crate::arch::{Arch, Role};
 
 /// Temporaries of one optimizer step (on the GPU; none when the optimizer is offloaded).
 pub fn optimizer_step_transient(arch: &Arch, setup: &Setup, fw: &Framework) -> u64 {
@@ -56,23 +56,41 @@ pub fn optimizer_step_transient(arch: &Arch, setup: &Setup, fw: &Framework) -> u
 /// allocator keeps those blocks reserved for the rest of the run (nothing calls
 /// `empty_cache`; torchtune's `memory_stats_log` resets the peak counters after model init,
 /// which leaves reserved memory where it is), so training's peak reserved is at least this.
-/// 0 for every other setup.
+/// A smaller weight quantized before a larger one leaves its own pair of `16 × n` blocks cached
+/// beside: a block of a cudaMalloc segment never grows into another segment, so the larger
+/// request gets new segments (Llama-2-7B: the attention's 2 × 512 MiB, built first, then the
+/// MLP's 2 × 1376 MiB). 0 for every other setup.
 pub fn nf4_load_reserved(arch: &Arch, setup: &Setup, fw: &Framework, resident: u64) -> u64 {
     if setup.method != Method::Qlora || !fw.nf4_quantize_whole || !setup.stack.profile().torchao_nf4
     {
         return 0;
     }
-    let largest = arch
+    let sizes = nf4_sizes_in_build_order(arch, setup);
+    let Some(&largest) = sizes.iter().max() else {
+        return 0;
+    };
+    // each size larger than all before it opened segments of its own; the earlier ones stay
+    let mut record = 0;
+    let mut earlier_pairs = 0;
+    for &n in &sizes {
+        if n > record {
+            earlier_pairs += 64 * record;
+            record = n;
+        }
+    }
+    resident + 68 * largest + earlier_pairs
+}
+
+/// The sizes of the quantized weights in the order a decoder layer builds them: attention
+/// (q, k, v, o) before the MLP (gate, up, down), as every builder of a block does.
+fn nf4_sizes_in_build_order(arch: &Arch, setup: &Setup) -> Vec<u64> {
+    let mut tensors: Vec<_> = arch
         .tensors
         .iter()
         .filter(|t| states::quantized(setup, t))
-        .map(|t| t.size())
-        .max()
-        .unwrap_or(0);
-    if largest == 0 {
-        return 0;
-    }
-    resident + 68 * largest
+        .collect();
+    tensors.sort_by_key(|t| !matches!(t.role, Role::Q | Role::K | Role::V | Role::O | Role::Qkv));
+    tensors.iter().map(|t| t.size()).collect()
 }
 
 /// Rounds a live-set total the way the caching allocator's segments do (2 MiB granularity).

@@ -141,17 +141,26 @@ pub fn accuracy_markdown(
 
 /// Where the model is weakest: the patterns of the rows above.
 const WEAKEST: &str = "\n## Where the model is weakest\n\n\
-- torchtune's April 2024 rows (`T2`, `T3`, `T5`, and `T1` less so): 16–37% low on peak *reserved*\n\
-\x20 memory. `T1` (QLoRA) was 46% low until the model counted what torchao 0.1 did at load:\n\
-\x20 it quantized each weight to NF4 in one piece (two bf16 tensors of 16 × the weight's elements for\n\
-\x20 the nearest-level search), about 2.9 GB for a Llama-2-7B MLP weight, which the caching allocator\n\
-\x20 keeps reserved through training. The LoRA rows still miss 2.7 GB on one GPU (`T3`) and 7.3 GB\n\
-\x20 under FSDP (`T2`), and `T1` 2.2 GB; the activations and states counted for them (torchtune's\n\
-\x20 modules saved tensor by tensor: fp32 RMS-norm inputs, new rotated q/k, SDPA, the fp32 logits its\n\
-\x20 decoder returned then) do not reach it, and no mechanism in the recipes of that commit explains\n\
-\x20 the rest. Candidates, not confirmed: the caching allocator's reserved pool growing over an epoch\n\
-\x20 of batches padded to varying lengths (the rows are `max_memory_reserved` on 24 GB GPUs), or a\n\
-\x20 longer sequence than the dataset's default 512 in the runs behind the table. The full\n\
+- torchtune's April 2024 rows (`T2`, `T3`, `T5`, and `T1` less so): 13–37% low on peak *reserved*\n\
+\x20 memory. `T1` (QLoRA) was 46% low until the model counted what torchao 0.1 did at load: it\n\
+\x20 quantized each weight to NF4 in one piece (two bf16 tensors of 16 × the weight's elements for the\n\
+\x20 nearest-level search), and the caching allocator keeps those blocks reserved through training —\n\
+\x20 the attention weights' pair (2 × 512 MiB, built first) beside the MLP weights' (2 × 1376 MiB),\n\
+\x20 since a request never grows into another segment (−25% → −13%). torchtune's QLoRA tutorial at\n\
+\x20 that commit logs 9.13 GB reserved after model init and 9.29 GB in training: `T1`'s peak is set\n\
+\x20 at load, and the 1.2 GB still missing is likely the pool growing further as persistent NF4 weights\n\
+\x20 are carved from the cached blocks (not modelled). The LoRA rows miss 2.7 GB on one GPU (`T3`) and\n\
+\x20 7.3 GB under FSDP (`T2`). Checked at that commit and ruled out: a longer sequence (alpaca\n\
+\x20 truncates at 512, `padded_collate` pads to the batch's longest), a causal mask or KV cache\n\
+\x20 (training calls SDPA with `is_causal`), LoRA dropout (`lora_llama2_7b` passes 0.05 to a\n\
+\x20 self-attention builder that never hands it to `LoRALinear`: 0, as the rows record), a second\n\
+\x20 copy of the checkpoint on the GPU. The same `T3` configuration is 15.57 GB reserved in that\n\
+\x20 tutorial (the estimate is 7% under it) and 17.18 GB in the README three days later (gradient\n\
+\x20 accumulation 1 → 64): the source spreads 10% on one setup. `T2`'s recipe predates\n\
+\x20 `TORCH_NCCL_AVOID_RECORD_STREAMS` (#843, a week later: \"reduce GPU memory usage from 78G instead\n\
+\x20 of 23G\", memory of non-zero ranks not released during model init with `sync_module_states`);\n\
+\x20 whether the table's figure includes that phase is not known. Candidates, not confirmed: that,\n\
+\x20 and the reserved pool growing over an epoch of batches padded to varying lengths. The full\n\
 \x20 fine-tuning row with the step inside backward (`T4`) is within 5%.\n\
 - Answer.AI's FSDP+QLoRA note (`F`): within 10% for most rows; `F1` and `F3` (batch 1, 512 tokens)\n\
 \x20 are 17–19% low on reserved (their allocated peak `F3-ALLOC` is +3%: the pool, not the live\n\
@@ -175,7 +184,13 @@ const WEAKEST: &str = "\n## Where the model is weakest\n\n\
 - The `GB` rows of the PEFT table carry a ±5% unit ambiguity (validation/README.md); the `P` rows\n\
 \x20 include PEFT's evaluation (generation, batch 50) in their peak reserved.\n\
 - One MoE row only (`S1`, grade C): no other published measurement with a complete setup was found\n\
-\x20 for mixtral, qwen2_moe or qwen3_moe on one GPU or under a sharding the columns express.\n\
+\x20 for mixtral, qwen2_moe or qwen3_moe on one GPU or under a sharding the columns express. Searched\n\
+\x20 again 2026-11-26: ms-swift's Mixtral-8x22B ZeRO-3 script's \"4 * 41GB\" header is a copy of a\n\
+\x20 MiniCPM-MoE script's made 13 minutes before (its 281 GB of bf16 weights cannot fit in 4 × 41 GB);\n\
+\x20 Megatron-SWIFT's Qwen3-30B-A3B comparison (16 × A800, 8K) gives only ZeRO-2 \"OOM\" and ZeRO-3\n\
+\x20 \"16 * 80GiB\" (a whole card, the command unpublished); Unsloth's figures use its own kernels,\n\
+\x20 Qwen1.5-MoE's QLoRA a GPTQ base; LLaMA-Factory's table is an estimate; LitGPT and torchtune\n\
+\x20 publish no MoE memory. `S1`'s \"42GB\" is not such a copy (no other script of its commit has it).\n\
 \n\
 What the stacks fixed (before: 37.7% p90, worst −71.6%, 11 rows beyond 35%): LitGPT's FSDP\n\
 rows (`M18`–`M27`) were 21–72% low because Fabric's `no_backward_sync` keeps each block's whole\n\

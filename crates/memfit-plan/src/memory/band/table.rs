@@ -37,7 +37,7 @@ pub const BANDS: &[Band] = &[
     Band {
         class: "qlora",
         rows: 24,
-        p90_abs_error: 0.164,
+        p90_abs_error: 0.160,
     },
     Band {
         class: "qlora+sharded",
