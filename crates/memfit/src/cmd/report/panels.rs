@@ -135,7 +135,9 @@ fn loss_panel(metrics: &[Value]) -> Panel {
             label: "loss".into(),
             points,
             color: LOSS_RED,
-            stroke: Stroke::Solid(2),
+            // thin: a wider polyline's sharp turns (a noisy loss has thousands) overshoot their
+            // points, drawing a loss below zero
+            stroke: Stroke::Solid(1),
         }],
     }
 }
