@@ -298,9 +298,9 @@ impl<'a> BertForward<'a> {
     }
 
     /// How many positions of its input encoder layer `i` computes outputs for: every one, but in
-    /// the last layer only the first, the one token the head reads — a position's output depends
+    /// the last layer only the first, the one token the head reads. A position's output depends
     /// on the other positions only through keys and values, so the logits are those of the whole
-    /// layer, for 2 of its 12 `d²` products per token.
+    /// layer, which then costs per token only its key and value products (2 of its 12 `d²`).
     pub fn rows_out(&self, i: usize, len: usize) -> usize {
         if i + 1 == self.layout.layers.len() {
             1
