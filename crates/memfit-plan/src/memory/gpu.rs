@@ -65,18 +65,17 @@ pub fn nf4_load_reserved(arch: &Arch, setup: &Setup, fw: &Framework, resident: u
     {
         return 0;
     }
-    let sizes = nf4_sizes_in_build_order(arch, setup);
-    let Some(&largest) = sizes.iter().max() else {
-        return 0;
-    };
     // each size larger than all before it opened segments of its own; the earlier ones stay
-    let mut record = 0;
+    let mut largest = 0;
     let mut earlier_pairs = 0;
-    for &n in &sizes {
-        if n > record {
-            earlier_pairs += 64 * record;
-            record = n;
+    for n in nf4_sizes_in_build_order(arch, setup) {
+        if n > largest {
+            earlier_pairs += 64 * largest;
+            largest = n;
         }
+    }
+    if largest == 0 {
+        return 0;
     }
     resident + 68 * largest + earlier_pairs
 }

@@ -51,12 +51,10 @@ pub(super) fn activations(arch: &Arch, setup: &Setup, cb: u64, accumulated: u64)
     let (b, s, h) = (setup.batch, setup.seq, arch.heads);
     let layers = arch.encoder_layers;
     let tokens = b * s;
-    let full_layers = layers.saturating_sub(1);
-    let last = if layers > 0 {
-        last_layer_bytes(arch, cb, b, s)
-    } else {
-        0
-    };
+    // the last layer (if any) computes one row a sequence; the others every token
+    let last_layers = layers.min(1);
+    let full_layers = layers - last_layers;
+    let last = last_layers * last_layer_bytes(arch, cb, b, s);
     let saved = tokens * (full_layers * cb * layer_elements(arch, cb) + stack_bytes(arch)) + last;
     let blocks = (fitted::BLOCK_SCALE * saved as f64) as u64;
     // Backward of the last attention, while nearly every activation is alive, rebuilds its
@@ -67,7 +65,8 @@ pub(super) fn activations(arch: &Arch, setup: &Setup, cb: u64, accumulated: u64)
     let matrices = if cb == 4 { 2 } else { 3 };
     // (the last layer's attention has one query row: its backward comes first and is small, so
     // the worst one is the layer before's, with the last layer's tensors already freed)
-    let attention = attention_bytes(b * h * (full_layers * s + 1)) + matrices * 4 * b * h * s * s;
+    let rows = b * h * (full_layers * s + last_layers);
+    let attention = attention_bytes(rows) + matrices * 4 * b * h * s * s;
     let labels = match arch.head {
         Head::Classifier { labels } => labels,
         _ => 2,
