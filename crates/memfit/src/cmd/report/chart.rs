@@ -131,8 +131,10 @@ where
         .points
         .split(|p| !p.1.is_finite())
         .filter(|g| !g.is_empty());
-    for (i, segment) in segments.enumerate() {
-        let pts = segment.iter().copied();
+    let runs: Vec<_> = segments
+        .flat_map(|segment| strokes(chart, segment, width))
+        .collect();
+    for (i, pts) in runs.into_iter().enumerate() {
         let drawn = if dashed {
             chart.draw_series(DashedLineSeries::new(pts, 10, 6, style))
         } else {
@@ -149,6 +151,43 @@ where
         }
     }
     Ok(())
+}
+
+/// `points` as the runs of a line `width` pixels wide. plotters widens a path by joining its
+/// segments' offset edges; where the path turns back by more than a right angle (a drop to a
+/// lower value and a one-pixel rise in the same column, as RSS does after a resume), the inner
+/// edges meet far from the line and the PNG showed a spike up the whole panel. So a wide line is
+/// split there into runs that start at the turning point; a 1-pixel line is drawn segment by
+/// segment and needs no split.
+fn strokes<DB: DrawingBackend>(
+    chart: &Chart<'_, DB>,
+    points: &[(f64, f64)],
+    width: u32,
+) -> Vec<Vec<(f64, f64)>> {
+    let mut runs = vec![Vec::new()];
+    let mut last: Option<((i32, i32), (i32, i32))> = None; // pixel and direction into it
+    for &p in points {
+        let pixel = chart.backend_coord(&p);
+        let Some((at, into)) = last else {
+            last = Some((pixel, (0, 0)));
+            runs[0].push(p);
+            continue;
+        };
+        if pixel == at {
+            continue;
+        }
+        let out = (pixel.0 - at.0, pixel.1 - at.1);
+        let turns_back = into.0 * out.0 + into.1 * out.1 < 0;
+        let run = runs.last_mut().expect("runs starts with one");
+        if width > 1 && turns_back {
+            let start = *run.last().expect("a run holds the turning point");
+            runs.push(vec![start, p]);
+        } else {
+            run.push(p);
+        }
+        last = Some((pixel, out));
+    }
+    runs
 }
 
 /// Tick labels with as many decimals as the axis' span needs (about 6 ticks), scientific for small
@@ -231,5 +270,51 @@ mod tests {
             title_dark > 300,
             "title text drawn: {title_dark} dark pixels"
         );
+    }
+
+    /// A wide line that drops, then rises a pixel in the same column (RSS after a resume), is
+    /// drawn in two runs meeting at the turn, and nothing of it leaves the band of its values;
+    /// drawn whole, the turn's inner edges met far above it.
+    #[test]
+    fn a_wide_line_turning_back_draws_no_spike() {
+        let (w, h) = (200u32, 200u32);
+        let series = [
+            (10.0, 40.0),
+            (100.0, 40.0),
+            (101.0, 150.0),
+            (101.3, 148.0),
+            (190.0, 148.0),
+        ];
+        let mut pixels = vec![255u8; (w * h * 3) as usize];
+        {
+            let root = BitMapBackend::with_buffer(&mut pixels, (w, h)).into_drawing_area();
+            let mut chart = ChartBuilder::on(&root)
+                .build_cartesian_2d(0.0..200.0, 0.0..200.0)
+                .unwrap();
+            let runs = strokes(&chart, &series, 6);
+            assert_eq!(runs.len(), 2, "{runs:?}");
+            assert_eq!(
+                runs[1][0],
+                (101.0, 150.0),
+                "the second run starts at the turn"
+            );
+            assert_eq!(
+                strokes(&chart, &series, 1).len(),
+                1,
+                "a thin line is not split"
+            );
+            let style = PEAK_ORANGE.stroke_width(6);
+            for run in runs {
+                chart.draw_series(LineSeries::new(run, style)).unwrap();
+            }
+        }
+        // values 40..150 lie on pixel rows 50..160 (y grows downwards); a half-width of margin
+        let outside = pixels
+            .chunks(3 * w as usize)
+            .enumerate()
+            .filter(|(row, _)| !(46..=164).contains(row))
+            .map(|(_, line)| count(line, PEAK_ORANGE))
+            .sum::<usize>();
+        assert_eq!(outside, 0, "orange pixels outside the values' band");
     }
 }

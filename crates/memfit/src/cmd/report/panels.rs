@@ -135,8 +135,7 @@ fn loss_panel(metrics: &[Value]) -> Panel {
             label: "loss".into(),
             points,
             color: LOSS_RED,
-            // thin: a wider polyline's sharp turns (a noisy loss has thousands) overshoot their
-            // points, drawing a loss below zero
+            // thin: a noisy loss of thousands of steps reads better 1 pixel wide
             stroke: Stroke::Solid(1),
         }],
     }
