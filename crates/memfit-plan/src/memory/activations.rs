@@ -40,6 +40,9 @@ pub struct ActivationBytes {
     pub autocast_weights: u64,
     /// The largest seq² temporary a block frees during its forward (reserved, not allocated).
     pub stranded_per_block: u64,
+    /// The 16-bit logits' block, freed before the loss backward and too small for its fp32
+    /// gradients (reserved, not allocated).
+    pub stranded_logits: u64,
 }
 
 impl ActivationBytes {
@@ -182,7 +185,10 @@ pub fn activations(arch: &Arch, setup: &Setup, fw: &Framework) -> ActivationByte
     } + 3 * 8 * b * (src + tgt);
     let logits = logits_and_loss(arch, setup, w, fw);
     out.logits = logits.forward;
-    out.transient = logits.backward.max(largest_block_transient);
+    // the loss backward runs after the forward-only logits are gone
+    let loss_backward = logits.backward.saturating_sub(logits.freed_before_backward);
+    out.transient = loss_backward.max(largest_block_transient);
+    out.stranded_logits = logits.stranded;
     // autocast weight copies: every linear weight used in a live block is cast to 16 bit once
     // per forward and kept by autograd for backward (frozen ones too: the input gradient needs it).
     if w.amp {

@@ -4,7 +4,7 @@
 use super::activations::{Stack, Widths};
 use super::ffn::{self, Ffn};
 use super::framework::Framework;
-use super::setup::{Attention, Method, Setup};
+use super::setup::{Attention, Method, Setup, Stack as TrainingStack};
 use super::stack::Profile;
 use super::states::{adapter_elements, base_trains, quantized};
 use crate::arch::{Arch, Family, Group, Role};
@@ -34,6 +34,12 @@ pub(super) struct Ctx<'a> {
     pub all_linears_save: bool,
     pub norm_trains: bool,
     pub profile: Profile,
+    /// SDPA falls back to its math kernel (`Framework::sdpa_gqa_unrepeated`): transformers'
+    /// attention code, grouped-query heads, fp32 inputs.
+    pub sdpa_math: bool,
+    /// Each adapter reads its own fp32 copy of its input (`Framework::peft_fp32_adapters`, a
+    /// 16-bit base without autocast, PEFT's LoRA).
+    pub fp32_adapter_inputs: bool,
 }
 
 impl<'a> Ctx<'a> {
@@ -49,6 +55,13 @@ impl<'a> Ctx<'a> {
         let all_linears_save = bnb_saves || (setup.zero.stage() == 3 && !setup.zero.is_fsdp());
         let norm_trains = setup.method == Method::Full
             || (setup.method == Method::Freeze && !setup.freeze.iter().any(|g| g.group() == group));
+        let transformers_code = !profile.litgpt_code && setup.stack != TrainingStack::Torchtune;
+        let sdpa_math = setup.attention == Attention::Sdpa
+            && fw.sdpa_gqa_unrepeated
+            && w.c == 4
+            && arch.kv_heads < arch.heads
+            && transformers_code;
+        let fp32_adapter_inputs = fw.peft_fp32_adapters && transformers_code && !w.amp && w.c == 2;
         Ctx {
             arch,
             setup,
@@ -57,6 +70,8 @@ impl<'a> Ctx<'a> {
             all_linears_save,
             norm_trains,
             profile,
+            sdpa_math,
+            fp32_adapter_inputs,
         }
     }
 
@@ -109,8 +124,9 @@ impl<'a> Ctx<'a> {
         let n_train = roles.iter().filter(|r| self.trains(**r)).count() as u64;
         let n_lora = roles.iter().filter(|r| self.lora(**r)).count() as u64;
         let dropout = self.profile.lora_dropout;
+        let own_copy = self.fp32_adapter_inputs;
         // readers that save the input tensor itself (or its autocast copy)
-        let readers = n_train + if dropout { 0 } else { n_lora };
+        let readers = n_train + if dropout || own_copy { 0 } else { n_lora };
         let mut bytes = 0;
         if readers > 0 {
             bytes += if w.amp && x_bytes == 4 {
@@ -119,9 +135,18 @@ impl<'a> Ctx<'a> {
                 tokens * in_features * x_bytes
             };
         }
+        let adapter_x = if own_copy {
+            4
+        } else if w.amp {
+            2
+        } else {
+            x_bytes
+        };
         if dropout {
             // lora_dropout output (cast to 16 bit under amp) + its 1-byte mask, per adapter
-            bytes += n_lora * tokens * in_features * (if w.amp { 2 } else { x_bytes } + 1);
+            bytes += n_lora * tokens * in_features * (adapter_x + 1);
+        } else if own_copy {
+            bytes += n_lora * tokens * in_features * adapter_x;
         }
         bytes
     }
@@ -280,7 +305,8 @@ pub(super) fn attention_core(cx: &Ctx, tq: u64, tk: u64, matrix: u64) -> (u64, u
     // LitGPT computes softcapped attention (gemma2) by hand whatever the setting
     // (`litgpt/model.py` `scaled_dot_product_attention`)
     let eager = cx.setup.attention == Attention::Eager
-        || (cx.profile.litgpt_code && arch.block.attn_softcap);
+        || (cx.profile.litgpt_code && arch.block.attn_softcap)
+        || cx.sdpa_math;
     // gpt-j's eager attention upcasts q and k to fp32 before QKᵀ (modeling_gptj.py `_attn`)
     let qk_b = if eager && arch.family == Family::GptJ {
         4

@@ -33,6 +33,18 @@ pub struct Framework {
     /// pinned in April 2024: `torchao==0.1`); "perform in chunks" (pytorch/ao#196, 2024-05-01,
     /// released in 0.2.0) bounds it at 1024² elements. See `gpu::nf4_load_reserved`.
     pub nf4_quantize_whole: bool,
+    /// transformers hands grouped-query keys and values to SDPA unrepeated (`enable_gqa=True`)
+    /// when there is no attention mask (transformers 5, `integrations/sdpa_attention.py`
+    /// `use_gqa_in_sdpa`; needs PyTorch ≥ 2.5). With fp32 inputs flash attention is out and
+    /// PyTorch's memory-efficient kernel takes no `enable_gqa`, so SDPA runs its math kernel,
+    /// which saves the fp32 probabilities (measured: `H13`, validation/measured_here.csv).
+    pub sdpa_gqa_unrepeated: bool,
+    /// PEFT keeps LoRA weights in fp32 on a 16-bit base (`get_peft_model(...,
+    /// autocast_adapter_dtype=True)`, the default since PEFT 0.12, July 2024) and casts each
+    /// adapter's input to that dtype (`peft/tuners/lora/layer.py` `Linear.forward`:
+    /// `_cast_input_dtype(x, lora_A.weight.dtype)`): without autocast an adapted linear's LoRA
+    /// dropout output is fp32 (measured: `H1`, `H18`, validation/measured_here.csv).
+    pub peft_fp32_adapters: bool,
 }
 
 impl Framework {
@@ -45,6 +57,8 @@ impl Framework {
         causal_loss_upcast: true,
         bnb_saves_input: false,
         nf4_quantize_whole: false,
+        sdpa_gqa_unrepeated: true,
+        peft_fp32_adapters: true,
     };
 
     /// PyTorch 2.1–2.3 with bitsandbytes < 0.44 (2023 to mid-2024): as [`Framework::TORCH_2`] but
@@ -53,6 +67,8 @@ impl Framework {
     pub const TORCH_2_BNB_LT_044: Framework = Framework {
         bnb_saves_input: true,
         nf4_quantize_whole: true,
+        sdpa_gqa_unrepeated: false,
+        peft_fp32_adapters: false,
         ..Framework::TORCH_2
     };
 
@@ -66,6 +82,8 @@ impl Framework {
             causal_loss_upcast: false,
             bnb_saves_input: true,
             nf4_quantize_whole: true,
+            sdpa_gqa_unrepeated: false,
+            peft_fp32_adapters: false,
         }
     }
 }

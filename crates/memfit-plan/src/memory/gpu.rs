@@ -253,11 +253,12 @@ fn zero3_live_parameter_bytes(arch: &Arch, setup: &Setup) -> u64 {
 /// for its own seq² temporaries, so reserved exceeds allocated by about one score-sized block
 /// per layer at the end of the forward pass (c10 CUDACachingAllocator block splitting).
 fn stranded_bytes(arch: &Arch, setup: &Setup, act: &ActivationBytes) -> u64 {
-    if setup.grad_ckpt {
+    let blocks = if setup.grad_ckpt {
         act.stranded_per_block
     } else {
         act.stranded_per_block * arch.layers_total()
-    }
+    };
+    blocks + act.stranded_logits
 }
 
 /// Lines for the persistent model states and ZeRO-3's gathered parameters.

@@ -15,6 +15,12 @@ pub(super) struct LogitsBytes {
     pub forward: u64,
     /// Created by the loss backward while the forward's tensors are still alive.
     pub backward: u64,
+    /// Part of `forward` that nothing saved for backward: freed when the forward pass returns,
+    /// before the loss backward creates `backward`.
+    pub freed_before_backward: u64,
+    /// Part of `freed_before_backward` the caching allocator keeps reserved but cannot hand to
+    /// the loss backward's larger fp32 gradients.
+    pub stranded: u64,
 }
 
 /// Logits of `tokens × classes` elements and the cross-entropy over them.
@@ -59,6 +65,8 @@ pub(super) fn logits_and_loss(
             return LogitsBytes {
                 forward: lv * 2 * w.c,
                 backward: lv * w.c + chunk * w.c + head_dequant,
+                freed_before_backward: 0,
+                stranded: 0,
             };
         }
         Loss::ChunkedUpcast { chunks } => {
@@ -69,6 +77,8 @@ pub(super) fn logits_and_loss(
             return LogitsBytes {
                 forward: lv * (4 + softcap),
                 backward: lv * w.c + chunk * (4 + 4) + head_dequant,
+                freed_before_backward: 0,
+                stranded: 0,
             };
         }
         Loss::Plain => {
@@ -78,6 +88,8 @@ pub(super) fn logits_and_loss(
             return LogitsBytes {
                 forward: lv * (4 + 4),
                 backward: lv * (4 + 4),
+                freed_before_backward: 0,
+                stranded: 0,
             };
         }
         Loss::Whole => {}
@@ -85,11 +97,20 @@ pub(super) fn logits_and_loss(
     if setup.task == Task::CausalLm && fw.causal_loss_upcast {
         // ForCausalLMLoss: `logits.float()` (a copy unless they are fp32 already), the fp32
         // log-softmax output cross-entropy saves; labels are shifted, the logits are not. Its
-        // backward: the fp32 gradients of the log-softmax output and of the upcast logits.
+        // backward: the fp32 gradients of the log-softmax output and of the upcast logits. The
+        // logits and their upcast copy are saved by nothing (the head saves its input, the cast
+        // and log-softmax need no input for backward) and die with the model's output: measured
+        // on an H200, the allocated bytes after forward are the blocks' plus the fp32 log-softmax
+        // output alone, and the loss backward's peak is that plus two fp32 gradients
+        // (validation/measured_here.csv, `H14`, `H19`).
         let upcast = if w.c < 4 { 4 } else { 0 };
         return LogitsBytes {
             forward: lv * (w.c + softcap + upcast + 4),
             backward: lv * (4 + 4),
+            freed_before_backward: lv * (w.c + upcast),
+            // the fp32 copy's block takes the first fp32 gradient; the 16-bit logits' block is
+            // half the size of either, so the second gradient needs a new one
+            stranded: if upcast > 0 { lv * w.c } else { 0 },
         };
     }
     // Models of 2022: a causal LM shifts a contiguous copy of the logits in their dtype; the
@@ -100,5 +121,7 @@ pub(super) fn logits_and_loss(
         forward: lv * (w.c + softcap + shift + log_softmax),
         // gradient of the log-softmax output + gradient of the logits
         backward: lv * (log_softmax + w.c),
+        freed_before_backward: 0,
+        stranded: 0,
     }
 }

@@ -122,7 +122,11 @@ pub fn optimizer_state_bytes(setup: &Setup, tr: &Trainable) -> u64 {
         Optimizer::AdamW | Optimizer::PagedAdamW32bit => 2 * state * n,
         // transformers.Adafactor (beta1=None): row + column second-moment factors only.
         Optimizer::Adafactor => state * tr.adafactor_elements,
-        Optimizer::Sgd => state * n,
+        // torch.optim.SGD's default momentum=0 creates no momentum buffer, and the Trainer's
+        // `sgd` passes momentum only from `optim_args` (transformers `trainer_optimizer.py`
+        // `_get_sgd`); measured: `H5` (validation/measured_here.csv) holds weights and
+        // gradients alone.
+        Optimizer::Sgd => 0,
         // bnb blockwise 8-bit: 2 × 1 byte + 2 fp32 absmax per 2048-element block; tensors under
         // 4096 elements keep 2 × fp32 (bitsandbytes optim/optimizer.py, min_8bit_size).
         Optimizer::AdamW8bit | Optimizer::PagedAdamW8bit => {

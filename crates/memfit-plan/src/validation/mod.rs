@@ -178,6 +178,10 @@ pub const SOURCES: &[(char, &str)] = &[
     ('P', "huggingface/peft"),
     ('T', "pytorch/torchtune"),
     ('S', "modelscope/ms-swift"),
+    (
+        'H',
+        "memfit, measured on a lent GPU (validation/measured_here.csv)",
+    ),
 ];
 
 /// The project of a row id (its first letter).

@@ -316,10 +316,7 @@ pub fn run(args: Args) -> Outcome {
     let report = Report::new(points, lines, s.at, maxes);
     let written = write_profiles(&s, &report, maxes, host_limit)?;
     if args.json {
-        eprintln!(
-            "memfit calibrate: host: {}",
-            linearity_text(&report.host, report.points.len())
-        );
+        eprint!("{}", linearity_lines(&report));
         println!("{}", serde_json::to_string(&report)?);
     } else {
         print!("{}", render(&s, &report, host_limit, gpu_limit, maxes));
@@ -412,6 +409,16 @@ fn line_text(l: &Line) -> String {
         "peak = {fixed} + {} × batch",
         h(l.per_sample.max(0.0) as u64)
     )
+}
+
+/// What `--json` says on stderr about each fit: the host's, and the GPU's when measured.
+fn linearity_lines(r: &cal::Report) -> String {
+    let n = r.points.len();
+    let mut out = format!("memfit calibrate: host: {}\n", linearity_text(&r.host, n));
+    if let Some(g) = &r.gpu {
+        out += &format!("memfit calibrate: gpu: {}\n", linearity_text(g, n));
+    }
+    out
 }
 
 fn linearity_text(l: &Line, points: usize) -> String {
@@ -523,4 +530,28 @@ fn render(
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The GPU points of an H200 trial (README, Benchmarks): `--json` says the GPU line bent.
+    #[test]
+    fn json_mode_reports_the_gpu_fit_too() {
+        let gib = |g: f64| (g * (1u64 << 30) as f64) as u64;
+        let points: Vec<cal::Point> = [(1, 12.07), (2, 15.16), (4, 23.21)]
+            .into_iter()
+            .map(|(batch, g)| cal::Point {
+                batch,
+                peak_rss_bytes: gib(1.01),
+                peak_gpu_bytes: Some(gib(g)),
+            })
+            .collect();
+        let lines = cal::fit_points(&points).unwrap();
+        let maxes = (lines.0.max_batch(u64::MAX), None);
+        let text = linearity_lines(&cal::Report::new(points, lines, None, maxes));
+        assert!(text.contains("host: linear"), "{text}");
+        assert!(text.contains("gpu: NOT LINEAR: bent upward"), "{text}");
+    }
 }

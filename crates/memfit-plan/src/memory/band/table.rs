@@ -27,12 +27,12 @@ pub const BANDS: &[Band] = &[
     Band {
         class: "lora+sharded",
         rows: 17,
-        p90_abs_error: 0.169,
+        p90_abs_error: 0.175,
     },
     Band {
         class: "lora+sharded+offload",
         rows: 1,
-        p90_abs_error: 0.019,
+        p90_abs_error: 0.127,
     },
     Band {
         class: "qlora",
@@ -42,16 +42,16 @@ pub const BANDS: &[Band] = &[
     Band {
         class: "qlora+sharded",
         rows: 5,
-        p90_abs_error: 0.186,
+        p90_abs_error: 0.183,
     },
     Band {
         class: "qlora+sharded+offload",
         rows: 3,
-        p90_abs_error: 0.225,
+        p90_abs_error: 0.094,
     },
     Band {
         class: "any",
         rows: 98,
-        p90_abs_error: 0.165,
+        p90_abs_error: 0.160,
     },
 ];
