@@ -8,6 +8,8 @@ PEFT LoRA or trains every weight, runs `--steps` steps of forward (loss inside t
 HF Trainer does), backward, `torch.optim.AdamW` (its default multi-tensor path) or SGD, and
 `zero_grad(set_to_none=True)`, then reports torch's peak allocated and reserved bytes and the
 device's used memory (`torch.cuda.mem_get_info`, the process's CUDA context included).
+Each row prints one JSON line, with the last step in phases: bytes allocated when it starts and
+after each block's forward, and each phase's peak (validation/measured_here_runs.jsonl keeps them).
 `--write FILE` writes the CSV back with `measured_value` (peak allocated, MiB), the GPU and the
 versions filled in; a row that runs out of memory gets `oom`.
 

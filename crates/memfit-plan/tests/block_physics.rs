@@ -167,3 +167,76 @@ fn router_logits_for_the_aux_loss() {
     let (with, without) = (fp32(&cfg(true)), fp32(&cfg(false)));
     assert_eq!(with.blocks - without.blocks, 2 * 2 * T * 8 * 4);
 }
+
+/// The logits and their fp32 copy are saved by nothing: the loss backward runs beside the fp32
+/// log-softmax alone, so its two fp32 gradients add 8 B per element only beyond the 6 B the
+/// forward freed (bf16 logits + fp32 copy), and the freed 16-bit block stays reserved.
+#[test]
+fn loss_backward_runs_after_the_forward_only_logits_are_freed() {
+    let a = arch(
+        json!({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
+        "vocab_size": 50000, "tie_word_embeddings": true}),
+    );
+    let x = act(&a, Precision::Bf16, &Framework::TORCH_2);
+    let lv = T * 50000;
+    assert_eq!(x.logits, lv * (2 + 4 + 4));
+    assert_eq!(x.transient, lv * (4 + 4) - lv * (2 + 4));
+    assert_eq!(x.stranded_logits, lv * 2);
+}
+
+fn with_setup(a: &Arch, precision: Precision, edit: impl Fn(&mut Setup)) -> ActivationBytes {
+    let mut s = Setup::new(a);
+    (s.batch, s.seq, s.precision) = (B, SEQ, precision);
+    edit(&mut s);
+    activations(a, &s, &Framework::TORCH_2)
+}
+
+/// Grouped-query attention in fp32 under SDPA: transformers passes k and v unrepeated, SDPA
+/// falls back to its math kernel, which saves the fp32 probabilities of every head; bf16 runs
+/// flash attention and saves none, and so does fp32 multi-head attention.
+#[test]
+fn fp32_grouped_query_sdpa_saves_the_probabilities() {
+    let cfg = |kv: u64| {
+        arch(
+            json!({"model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+            "num_attention_heads": 4, "num_key_value_heads": kv, "num_hidden_layers": 2,
+            "vocab_size": 1000}),
+        )
+    };
+    let sdpa =
+        |a: &Arch, p| with_setup(a, p, |s| s.attention = memfit_plan::memory::Attention::Sdpa);
+    assert_eq!(
+        sdpa(&cfg(2), Precision::Fp32).attention_matrices,
+        2 * B * 4 * SEQ * SEQ * 4
+    );
+    assert_eq!(sdpa(&cfg(2), Precision::Bf16).attention_matrices, 0);
+    assert_eq!(sdpa(&cfg(4), Precision::Fp32).attention_matrices, 0);
+}
+
+/// PEFT's adapters are fp32 on a bf16 base: each adapted linear's dropout output is an fp32 copy
+/// of its input (4 B + the 1-byte mask), not a bf16 one as before PEFT 0.12.
+#[test]
+fn peft_adapters_on_a_bf16_base_save_fp32_inputs() {
+    use memfit_plan::memory::{LoraTarget, Method, Stack};
+    let a = arch(
+        json!({"model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 1,
+        "vocab_size": 1000}),
+    );
+    let lora = |stack: Stack| {
+        with_setup(&a, Precision::Bf16, |s| {
+            s.method = Method::Lora;
+            s.lora_targets = vec![LoraTarget::Q, LoraTarget::V];
+            s.stack = stack;
+        })
+    };
+    let plain_bf16 = lora(Stack::HfTrainer).blocks;
+    let mut older = Setup::new(&a);
+    (older.batch, older.seq, older.precision) = (B, SEQ, Precision::Bf16);
+    older.method = Method::Lora;
+    older.lora_targets = vec![LoraTarget::Q, LoraTarget::V];
+    let before_peft_012 = activations(&a, &older, &Framework::TORCH_2_BNB_LT_044).blocks;
+    // two adapters reading the 128-wide normed input: 4 − 2 more bytes each per token
+    assert_eq!(plain_bf16 - before_peft_012, 2 * T * 128 * 2);
+}

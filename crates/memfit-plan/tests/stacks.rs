@@ -246,3 +246,17 @@ fn torchao_01_keeps_each_larger_size_class_of_blocks() {
     let (over, _) = reserved_over_floor(1024);
     assert!(over < 2 << 20, "smaller MLP: {over}");
 }
+
+/// torch.optim.SGD (and the Trainer's `sgd`) keeps no momentum buffer by default: its states are
+/// nothing, where AdamW's are two moments.
+#[test]
+fn sgd_keeps_no_optimizer_state() {
+    use memfit_plan::memory::{Optimizer, states};
+    let a = memfit_plan::arch::preset("qwen2.5-0.5b").unwrap();
+    let mut s = memfit_plan::memory::Setup::new(&a);
+    let tr = states::trainable(&a, &s);
+    s.optimizer = Optimizer::Sgd;
+    assert_eq!(states::optimizer_state_bytes(&s, &tr), 0);
+    s.optimizer = Optimizer::AdamW;
+    assert_eq!(states::optimizer_state_bytes(&s, &tr), 2 * 4 * tr.total());
+}
