@@ -195,7 +195,8 @@ fn loaded_weights_match_constants() {
         let text = std::fs::read_to_string(d.join("models").join(file)).unwrap();
         let a = arch::parse_config(file, &text, file).unwrap();
         let setup = memory::Setup::new(&a);
-        let weights = memory::states::model_states(&a, &setup).gpu_weights as f64;
+        let weights = memory::states::model_states(&a, &setup, &memory::Framework::default())
+            .gpu_weights as f64;
         let predicted = if r["metric"] == "NV" {
             weights + context
         } else {

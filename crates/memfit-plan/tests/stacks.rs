@@ -260,3 +260,26 @@ fn sgd_keeps_no_optimizer_state() {
     s.optimizer = Optimizer::AdamW;
     assert_eq!(states::optimizer_state_bytes(&s, &tr), 2 * 4 * tr.total());
 }
+
+/// PEFT ≥ 0.12 keeps LoRA weights in fp32 on a bf16 base: weights, gradients and AdamW's two
+/// moments of the adapters take 4 B where they took 2; LitGPT's adapters follow the base.
+#[test]
+fn peft_adapters_are_fp32_on_a_bf16_base() {
+    use memfit_plan::memory::{Framework, Method, Precision, Setup, Stack, states};
+    let a = memfit_plan::arch::preset("qwen2.5-0.5b").unwrap();
+    let mut s = Setup::new(&a);
+    (s.method, s.precision) = (Method::Lora, Precision::Bf16);
+    let adapters = states::trainable(&a, &s).adapters;
+    assert!(adapters > 0);
+    let total = |s: &Setup, fw: &Framework| {
+        let st = states::model_states(&a, s, fw);
+        st.gpu_weights + st.gpu_grads + st.gpu_optimizer
+    };
+    let (now, before) = (Framework::TORCH_2, Framework::TORCH_2_BNB_LT_044);
+    assert_eq!(
+        total(&s, &now) - total(&s, &before),
+        adapters * (2 + 2 + 2 * 2)
+    );
+    s.stack = Stack::Litgpt;
+    assert_eq!(total(&s, &now), total(&s, &before));
+}

@@ -61,7 +61,7 @@ impl<'a> Ctx<'a> {
             && w.c == 4
             && arch.kv_heads < arch.heads
             && transformers_code;
-        let fp32_adapter_inputs = fw.peft_fp32_adapters && transformers_code && !w.amp && w.c == 2;
+        let fp32_adapter_inputs = super::states::fp32_adapters(setup, fw);
         Ctx {
             arch,
             setup,

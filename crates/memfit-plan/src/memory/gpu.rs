@@ -99,7 +99,7 @@ fn round_segments(bytes: u64) -> u64 {
 
 /// GPU peak of one rank, by component.
 pub fn gpu(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
-    let st = model_states(arch, setup);
+    let st = model_states(arch, setup, fw);
     let act = activations(arch, setup, fw);
     let peak = peak(arch, setup, fw, &st, &act);
     let nvml_used = fw.cuda_context_bytes + peak.reserved + peak.nccl + st.gpu_paged;

@@ -37,7 +37,7 @@ pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
         return super::memfit_host::host(arch, setup);
     }
     let ranks = setup.gpus.max(1);
-    let st = model_states(arch, setup);
+    let st = model_states(arch, setup, fw);
     let wb = setup.precision.weight_bytes();
     let runtime = match (setup.runtime, setup.device) {
         (Runtime::Pytorch, Device::Cuda) => framework::PYTORCH_CUDA_RUNTIME_RSS,

@@ -1,7 +1,8 @@
 //! Model states: weights, gradients, optimizer states and master weights, by dtype and by what is
 //! trainable, sharded by ZeRO/FSDP and optionally offloaded to host memory.
 
-use super::setup::{Method, Optimizer, Quant, Setup};
+use super::framework::Framework;
+use super::setup::{Method, Optimizer, Quant, Setup, Stack};
 use crate::arch::{Arch, Group, ParamTensor, Role};
 
 /// What is trainable, in elements.
@@ -195,8 +196,20 @@ pub struct StateBytes {
     pub host_optimizer: u64,
 }
 
+/// PEFT's LoRA weights are fp32 on a 16-bit base without autocast
+/// (`Framework::peft_fp32_adapters`); LitGPT's and torchtune's follow the base.
+pub fn fp32_adapters(setup: &Setup, fw: &Framework) -> bool {
+    let profile = setup.stack.profile();
+    fw.peft_fp32_adapters
+        && !profile.litgpt_code
+        && setup.stack != Stack::Torchtune
+        && matches!(setup.method, Method::Lora | Method::Qlora)
+        && setup.precision.weight_bytes() == 2
+        && !setup.precision.is_amp()
+}
+
 /// Model states per rank.
-pub fn model_states(arch: &Arch, setup: &Setup) -> StateBytes {
+pub fn model_states(arch: &Arch, setup: &Setup, fw: &Framework) -> StateBytes {
     let tr = trainable(arch, setup);
     let world = setup.world();
     let stage = setup.zero.stage();
@@ -214,11 +227,22 @@ pub fn model_states(arch: &Arch, setup: &Setup) -> StateBytes {
     if mixed_zero {
         weights = weights * 2 / 4;
     }
-    let grads = tr.total() * grad_b;
+    let mut grads = tr.total() * grad_b;
     // fp32 master weights + fp32 gradient partition (the optimizer's view) under ZeRO mixed precision:
     // DeepSpeed counts 16 B/param = master 4 + momentum 4 + variance 4 + fp32 grad 4.
     let master = if mixed_zero { 4 * tr.total() * 2 } else { 0 };
-    let optim = optimizer_state_bytes(setup, &tr) + master;
+    let mut optim = optimizer_state_bytes(setup, &tr) + master;
+    if fp32_adapters(setup, fw) {
+        // the adapters' weights, gradients and (torch optimizers') states in fp32, not 16 bit
+        weights += tr.adapters * (4 - wb);
+        grads += tr.adapters * (4 - grad_b);
+        if matches!(
+            setup.optimizer,
+            Optimizer::AdamW | Optimizer::PagedAdamW32bit
+        ) {
+            optim += 2 * tr.adapters * (4 - wb);
+        }
+    }
     let paged = matches!(
         setup.optimizer,
         Optimizer::PagedAdamW8bit | Optimizer::PagedAdamW32bit
@@ -391,13 +415,21 @@ mod tests {
         let arch = preset("t5-3b").unwrap();
         let p = arch.params_total();
         for gpus in [1, 2, 4, 8] {
-            let s = model_states(&arch, &setup(&arch, Zero::Z2, gpus, false, false));
+            let s = model_states(
+                &arch,
+                &setup(&arch, Zero::Z2, gpus, false, false),
+                &Framework::default(),
+            );
             assert_eq!(
                 gpu_total(&s),
                 ds_zero2(p, gpus, 1, false, BUFFER).1,
                 "gpus {gpus}"
             );
-            let s = model_states(&arch, &setup(&arch, Zero::Z2, gpus, true, false));
+            let s = model_states(
+                &arch,
+                &setup(&arch, Zero::Z2, gpus, true, false),
+                &Framework::default(),
+            );
             let (cpu, gpu) = ds_zero2(p, gpus, 1, true, BUFFER);
             assert_eq!(gpu_total(&s), gpu, "offload, gpus {gpus}");
             // per node: every rank's optimizer partition (16 B/param over the node)
@@ -418,13 +450,13 @@ mod tests {
         for (gpus, nodes) in [(1, 1), (2, 1), (8, 1), (4, 2)] {
             let mut base = setup(&arch, Zero::Z3, gpus, false, false);
             base.nodes = nodes;
-            let s = model_states(&arch, &base);
+            let s = model_states(&arch, &base, &Framework::default());
             let (_, gpu) = ds_zero3(p, largest, gpus, nodes, false, false, BUFFER);
             assert_eq!(gpu_total(&s), gpu, "{gpus}x{nodes}");
 
             let mut off = base.clone();
             off.offload_optimizer = true;
-            let s = model_states(&arch, &off);
+            let s = model_states(&arch, &off, &Framework::default());
             let (cpu, gpu) = ds_zero3(p, largest, gpus, nodes, true, false, BUFFER);
             assert_eq!(gpu_total(&s), gpu, "offload opt {gpus}x{nodes}");
             let host = ((s.host_optimizer + s.host_weights + s.host_grads) * gpus) as f64 * BUFFER;
@@ -434,7 +466,7 @@ mod tests {
             );
 
             off.offload_params = true;
-            let s = model_states(&arch, &off);
+            let s = model_states(&arch, &off, &Framework::default());
             let (cpu, gpu) = ds_zero3(p, largest, gpus, nodes, true, true, BUFFER);
             assert_eq!(gpu_total(&s), gpu, "offload all {gpus}x{nodes}");
             let host = ((s.host_optimizer + s.host_weights + s.host_grads) * gpus) as f64 * BUFFER;
