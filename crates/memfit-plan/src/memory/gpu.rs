@@ -336,7 +336,7 @@ fn activation_components(setup: &Setup, act: &ActivationBytes) -> Vec<Component>
             "logits + loss",
             act.logits,
             bs,
-            "logits, shifted copy, log-softmax",
+            "logits, the loss's copy of them (fp32 or shifted), log-softmax, at the end of forward",
         ),
         Component::new(
             "autocast weight copies",
@@ -348,7 +348,7 @@ fn activation_components(setup: &Setup, act: &ActivationBytes) -> Vec<Component>
             "backward temporaries",
             act.transient,
             bs,
-            "loss gradient or one block's gradient tensors",
+            "loss gradients beyond the logits forward freed, or one block's gradient tensors",
         ),
     ]
 }
