@@ -30,24 +30,20 @@ import time
 
 MIB = 1 << 20
 
-# Module names of the adapted linears (validation/README.md `lora_targets`), per model_type
-# where transformers names them differently from llama's q_proj/k_proj/v_proj/o_proj.
-TARGETS = {
-    "q": {}, "k": {}, "v": {},
-    "o": {"gptj": "out_proj", "opt": "out_proj", "gpt_neox": "dense"},
-    "qkv": {"phi3": "qkv_proj", "gpt_neox": "query_key_value"},
-    "gate": {}, "up": {}, "down": {},
-}
-DEFAULT_NAME = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "qkv": "qkv_proj",
-                "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
+# Module names of the adapted linears (validation/README.md `lora_targets`): llama's, and per
+# model_type where transformers names them differently.
+NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "qkv": "qkv_proj",
+         "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
+RENAMED = {"o": {"gptj": "out_proj", "opt": "out_proj", "gpt_neox": "dense"},
+           "qkv": {"gpt_neox": "query_key_value"}}
 
 
 def target_modules(targets, model_type):
     names = []
     for t in targets.split(","):
-        if t not in TARGETS:
-            sys.exit(f"lora_targets: {t!r} is not one of {', '.join(TARGETS)}")
-        names.append(TARGETS[t].get(model_type, DEFAULT_NAME[t]))
+        if t not in NAMES:
+            sys.exit(f"lora_targets: {t!r} is not one of {', '.join(NAMES)}")
+        names.append(RENAMED.get(t, {}).get(model_type, NAMES[t]))
     return names
 
 

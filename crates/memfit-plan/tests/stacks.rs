@@ -256,9 +256,12 @@ fn sgd_keeps_no_optimizer_state() {
     let mut s = memfit_plan::memory::Setup::new(&a);
     let tr = states::trainable(&a, &s);
     s.optimizer = Optimizer::Sgd;
-    assert_eq!(states::optimizer_state_bytes(&s, &tr), 0);
+    assert_eq!(states::optimizer_state_bytes(&s, &tr, 4), 0);
     s.optimizer = Optimizer::AdamW;
-    assert_eq!(states::optimizer_state_bytes(&s, &tr), 2 * 4 * tr.total());
+    assert_eq!(
+        states::optimizer_state_bytes(&s, &tr, 4),
+        2 * 4 * tr.total()
+    );
 }
 
 /// PEFT ≥ 0.12 keeps LoRA weights in fp32 on a bf16 base: weights, gradients and AdamW's two

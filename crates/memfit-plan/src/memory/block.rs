@@ -4,7 +4,7 @@
 use super::activations::{Stack, Widths};
 use super::ffn::{self, Ffn};
 use super::framework::Framework;
-use super::setup::{Attention, Method, Setup, Stack as TrainingStack};
+use super::setup::{Attention, Method, Setup};
 use super::stack::Profile;
 use super::states::{adapter_elements, base_trains, quantized};
 use crate::arch::{Arch, Family, Group, Role};
@@ -55,12 +55,11 @@ impl<'a> Ctx<'a> {
         let all_linears_save = bnb_saves || (setup.zero.stage() == 3 && !setup.zero.is_fsdp());
         let norm_trains = setup.method == Method::Full
             || (setup.method == Method::Freeze && !setup.freeze.iter().any(|g| g.group() == group));
-        let transformers_code = !profile.litgpt_code && setup.stack != TrainingStack::Torchtune;
         let sdpa_math = setup.attention == Attention::Sdpa
             && fw.sdpa_gqa_unrepeated
             && w.c == 4
             && arch.kv_heads < arch.heads
-            && transformers_code;
+            && setup.stack.runs_transformers_code();
         let fp32_adapter_inputs = super::states::fp32_adapters(setup, fw);
         Ctx {
             arch,
@@ -124,6 +123,7 @@ impl<'a> Ctx<'a> {
         let n_train = roles.iter().filter(|r| self.trains(**r)).count() as u64;
         let n_lora = roles.iter().filter(|r| self.lora(**r)).count() as u64;
         let dropout = self.profile.lora_dropout;
+        // PEFT's fp32 adapters each save their own fp32 copy, dropped out or not
         let own_copy = self.fp32_adapter_inputs;
         // readers that save the input tensor itself (or its autocast copy)
         let readers = n_train + if dropout || own_copy { 0 } else { n_lora };
@@ -135,18 +135,17 @@ impl<'a> Ctx<'a> {
                 tokens * in_features * x_bytes
             };
         }
-        let adapter_x = if own_copy {
-            4
-        } else if w.amp {
-            2
-        } else {
-            x_bytes
-        };
-        if dropout {
-            // lora_dropout output (cast to 16 bit under amp) + its 1-byte mask, per adapter
-            bytes += n_lora * tokens * in_features * (adapter_x + 1);
-        } else if own_copy {
-            bytes += n_lora * tokens * in_features * adapter_x;
+        if dropout || own_copy {
+            // per adapter: its input (an fp32 copy, a 16-bit cast under amp, or the lora_dropout
+            // output in the input's dtype) + the dropout's 1-byte mask
+            let x = if own_copy {
+                4
+            } else if w.amp {
+                2
+            } else {
+                x_bytes
+            };
+            bytes += n_lora * tokens * in_features * (x + u64::from(dropout));
         }
         bytes
     }

@@ -9,7 +9,7 @@ use crate::Task;
 use crate::arch::Arch;
 
 /// Bytes of the logits and loss of one micro-batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(super) struct LogitsBytes {
     /// Alive at the end of the forward pass: the logits and what the loss saved.
     pub forward: u64,
@@ -65,8 +65,7 @@ pub(super) fn logits_and_loss(
             return LogitsBytes {
                 forward: lv * 2 * w.c,
                 backward: lv * w.c + chunk * w.c + head_dequant,
-                freed_before_backward: 0,
-                stranded: 0,
+                ..LogitsBytes::default()
             };
         }
         Loss::ChunkedUpcast { chunks } => {
@@ -77,8 +76,7 @@ pub(super) fn logits_and_loss(
             return LogitsBytes {
                 forward: lv * (4 + softcap),
                 backward: lv * w.c + chunk * (4 + 4) + head_dequant,
-                freed_before_backward: 0,
-                stranded: 0,
+                ..LogitsBytes::default()
             };
         }
         Loss::Plain => {
@@ -88,8 +86,7 @@ pub(super) fn logits_and_loss(
             return LogitsBytes {
                 forward: lv * (4 + 4),
                 backward: lv * (4 + 4),
-                freed_before_backward: 0,
-                stranded: 0,
+                ..LogitsBytes::default()
             };
         }
         Loss::Whole => {}
@@ -121,7 +118,6 @@ pub(super) fn logits_and_loss(
         forward: lv * (w.c + softcap + shift + log_softmax),
         // gradient of the log-softmax output + gradient of the logits
         backward: lv * (log_softmax + w.c),
-        freed_before_backward: 0,
-        stranded: 0,
+        ..LogitsBytes::default()
     }
 }

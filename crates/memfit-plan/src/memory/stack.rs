@@ -99,6 +99,12 @@ pub struct Profile {
 }
 
 impl Stack {
+    /// The model runs as transformers' modeling code (and PEFT's LoRA): not LitGPT's or
+    /// torchtune's own modules.
+    pub fn runs_transformers_code(self) -> bool {
+        !self.profile().litgpt_code && self != Stack::Torchtune
+    }
+
     /// The profile of a stack.
     pub fn profile(self) -> Profile {
         let transformers = Profile {

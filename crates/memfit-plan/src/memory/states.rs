@@ -2,7 +2,7 @@
 //! trainable, sharded by ZeRO/FSDP and optionally offloaded to host memory.
 
 use super::framework::Framework;
-use super::setup::{Method, Optimizer, Quant, Setup, Stack};
+use super::setup::{Method, Optimizer, Quant, Setup};
 use crate::arch::{Arch, Group, ParamTensor, Role};
 
 /// What is trainable, in elements.
@@ -110,8 +110,9 @@ pub fn base_weight_micro_bytes(setup: &Setup, t: &ParamTensor) -> u64 {
     }
 }
 
-/// Optimizer state bytes for the trainable parameters (not including master weights).
-pub fn optimizer_state_bytes(setup: &Setup, tr: &Trainable) -> u64 {
+/// Optimizer state bytes for the trainable parameters (not including master weights), the LoRA
+/// adapters' weights being `adapter_bytes` wide ([`fp32_adapters`]: 4, else the precision's).
+pub fn optimizer_state_bytes(setup: &Setup, tr: &Trainable, adapter_bytes: u64) -> u64 {
     let n = tr.total();
     // States follow the parameter dtype in torch optimizers (pure bf16 keeps bf16 states).
     let state = if setup.precision.weight_bytes() == 2 && !uses_master(setup) {
@@ -119,8 +120,11 @@ pub fn optimizer_state_bytes(setup: &Setup, tr: &Trainable) -> u64 {
     } else {
         4
     };
+    let adapter_state = state.max(adapter_bytes);
     match setup.optimizer {
-        Optimizer::AdamW | Optimizer::PagedAdamW32bit => 2 * state * n,
+        Optimizer::AdamW | Optimizer::PagedAdamW32bit => {
+            2 * (state * tr.base + adapter_state * tr.adapters)
+        }
         // transformers.Adafactor (beta1=None): row + column second-moment factors only.
         Optimizer::Adafactor => state * tr.adafactor_elements,
         // torch.optim.SGD's default momentum=0 creates no momentum buffer, and the Trainer's
@@ -199,10 +203,8 @@ pub struct StateBytes {
 /// PEFT's LoRA weights are fp32 on a 16-bit base without autocast
 /// (`Framework::peft_fp32_adapters`); LitGPT's and torchtune's follow the base.
 pub fn fp32_adapters(setup: &Setup, fw: &Framework) -> bool {
-    let profile = setup.stack.profile();
     fw.peft_fp32_adapters
-        && !profile.litgpt_code
-        && setup.stack != Stack::Torchtune
+        && setup.stack.runs_transformers_code()
         && matches!(setup.method, Method::Lora | Method::Qlora)
         && setup.precision.weight_bytes() == 2
         && !setup.precision.is_amp()
@@ -220,29 +222,21 @@ pub fn model_states(arch: &Arch, setup: &Setup, fw: &Framework) -> StateBytes {
         .map(|t| t.elements() * base_weight_micro_bytes(setup, t) / 1_000_000)
         .sum();
     let wb = setup.precision.weight_bytes();
-    weights += tr.adapters * wb;
+    // PEFT's adapters on a 16-bit base are fp32: their weights, gradients and states too
+    let fp32_lora = fp32_adapters(setup, fw);
+    let adapter_b = if fp32_lora { 4 } else { wb };
+    weights += tr.adapters * adapter_b;
     let mixed_zero = uses_master(setup);
     // With ZeRO mixed precision DeepSpeed holds 16-bit model weights and 16-bit gradients.
     let (param_b, grad_b) = if mixed_zero { (2, 2) } else { (wb, wb) };
     if mixed_zero {
         weights = weights * 2 / 4;
     }
-    let mut grads = tr.total() * grad_b;
+    let grads = tr.base * grad_b + tr.adapters * if fp32_lora { 4 } else { grad_b };
     // fp32 master weights + fp32 gradient partition (the optimizer's view) under ZeRO mixed precision:
     // DeepSpeed counts 16 B/param = master 4 + momentum 4 + variance 4 + fp32 grad 4.
     let master = if mixed_zero { 4 * tr.total() * 2 } else { 0 };
-    let mut optim = optimizer_state_bytes(setup, &tr) + master;
-    if fp32_adapters(setup, fw) {
-        // the adapters' weights, gradients and (torch optimizers') states in fp32, not 16 bit
-        weights += tr.adapters * (4 - wb);
-        grads += tr.adapters * (4 - grad_b);
-        if matches!(
-            setup.optimizer,
-            Optimizer::AdamW | Optimizer::PagedAdamW32bit
-        ) {
-            optim += 2 * tr.adapters * (4 - wb);
-        }
-    }
+    let optim = optimizer_state_bytes(setup, &tr, adapter_b) + master;
     let paged = matches!(
         setup.optimizer,
         Optimizer::PagedAdamW8bit | Optimizer::PagedAdamW32bit

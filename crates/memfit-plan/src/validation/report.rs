@@ -33,6 +33,10 @@ pub fn markdown_table(all: &[Compared], loso: &[Compared]) -> String {
     s
 }
 
+/// The head of a table of [`summary_row`]s.
+const SUMMARY_HEADER: &str = "| rows | n | median abs error | p90 abs error | worst | beyond 35% |\n\
+                              | --- | ---: | ---: | ---: | --- | ---: |\n";
+
 fn summary_row(label: &str, s: &Summary) -> String {
     let worst = s.worst.as_ref().map_or(String::from("-"), |(id, e)| {
         format!("{id} {:+.1}%", 100.0 * e)
@@ -50,10 +54,7 @@ fn summary_row(label: &str, s: &Summary) -> String {
 fn summaries(all: &[Compared], loso: &[Compared]) -> String {
     let mut s = String::new();
     for (mode, rows) in [(Mode::AllSources, all), (Mode::LeaveOneSourceOut, loso)] {
-        s += &format!(
-            "\n### {}\n\n| rows | n | median abs error | p90 abs error | worst | beyond 35% |\n| --- | ---: | ---: | ---: | --- | ---: |\n",
-            mode.label()
-        );
+        s += &format!("\n### {}\n\n{SUMMARY_HEADER}", mode.label());
         let every: Vec<&Compared> = rows.iter().collect();
         s += &summary_row("every row", &stats::summarize(&every));
         let gpu: Vec<&Compared> = rows.iter().filter(|r| r.is_gpu()).collect();
@@ -239,9 +240,9 @@ fn measured_here_section(here: &[Compared]) -> String {
          before any block is recomputed. Counting those moments apart takes these rows to p90 3.1%\n\
          but the `F` rows to −32%: Answer.AI's `train.py` keeps `output` (its fp32 logits) until\n\
          after the optimizer step, a property of the training loop that no column records yet (its\n\
-         rows say `hf-trainer`), so it waits for a stack of its own.\n\n\
-         | rows | n | median abs error | p90 abs error | worst | beyond 35% |\n| --- | ---: | ---: | ---: | --- | ---: |\n",
+         rows say `hf-trainer`), so it waits for a stack of its own.\n\n",
     );
+    s += SUMMARY_HEADER;
     let rows: Vec<&Compared> = here.iter().collect();
     s += &summary_row("measured here", &stats::summarize(&rows));
     s += "\n| row | class | metric | measured (MiB) | predicted (MiB) | error |\n\
