@@ -61,9 +61,10 @@ fn median_error_and_grade_a_rows() {
     }
 }
 
-/// The rows measured on a lent GPU (seen before the model changes they led to): MoE (every expert's weights, gradients and states; routed
-/// activations), the new model types, fp32, bf16 and amp, LoRA and full, with and without
-/// checkpointing — each within 15% of its allocated peak.
+/// The rows measured on a lent GPU (seen before the model changes they led to): MoE (every
+/// expert's weights, gradients and states; routed activations), the new model types, fp32, bf16
+/// and amp, LoRA and full, with and without checkpointing — each within 15% of its allocated
+/// peak.
 #[test]
 fn measured_here_rows_within_15_percent() {
     let rows = measured_here();
