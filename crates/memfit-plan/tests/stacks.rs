@@ -109,6 +109,53 @@ fn fsdp_gradients_follow_the_stack() {
     );
 }
 
+/// FSDP's backward prefetch fetches the unit before the computed one in forward order: with the
+/// adapters as units of their own (torchtune, PEFT) that is an adapter, so one block is allocated
+/// gathered where mixed units (Lightning) hold two; the gather stream's pool keeps the second
+/// block's segment reserved either way.
+#[test]
+fn fsdp_gathers_one_block_when_adapters_are_units_of_their_own() {
+    // blocks of 25 MB, well above the allocator's 2 MiB rounding
+    let v = json!({"model_type": "llama", "hidden_size": 1024, "intermediate_size": 2752,
+        "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": LAYERS,
+        "vocab_size": VOCAB, "tie_word_embeddings": false});
+    let a = arch::parse_config("t.json", &v.to_string(), "t").unwrap();
+    let block = a.params_in(arch::Group::Decoder) / LAYERS;
+    let root = a.params_in(arch::Group::Embeddings) + a.params_in(arch::Group::Head);
+    let run = |stack, method, gpus| {
+        let mut s = lora(&a, stack);
+        (s.method, s.gpus) = (method, gpus);
+        if gpus > 1 {
+            s.zero = Zero::FsdpFull;
+        }
+        let gpu = memory::estimate(&a, &s, &Framework::default())
+            .unwrap()
+            .gpu
+            .unwrap();
+        let live = component(&a, &s, "zero-3 live parameters");
+        (live, gpu.peak_reserved_bytes - gpu.peak_allocated_bytes)
+    };
+    let (own_units, sharded_slack) = run(Stack::Torchtune, Method::Lora, 2);
+    let (_, one_gpu_slack) = run(Stack::Torchtune, Method::Lora, 1);
+    assert_eq!(own_units, 2 * (block + root));
+    assert_eq!(
+        run(Stack::Lightning, Method::Lora, 2).0,
+        2 * (2 * block + root)
+    );
+    assert_eq!(
+        run(Stack::Torchtune, Method::Full, 2).0,
+        2 * (2 * block + root)
+    );
+    // the same activations and loss on one GPU: the difference is the pool's second block,
+    // within the 2 MiB rounding of reserved segments
+    let pool = sharded_slack as i64 - one_gpu_slack as i64;
+    assert!(
+        (pool - 2 * block as i64).abs() <= 2 << 20,
+        "pool {pool}, block {}",
+        2 * block
+    );
+}
+
 /// torchtune's full fine-tuning on one GPU steps inside backward: no gradient persists; with
 /// accumulation the recipe refuses it, and the gradients are back.
 #[test]

@@ -128,6 +128,8 @@ struct GpuPeak {
     reserved: u64,
     /// the NF4 quantization at load, not training, sets the reserved peak
     reserved_at_nf4_load: bool,
+    /// reserved by FSDP's gather-stream pool beyond the blocks allocated at the peak
+    gather_pool: u64,
     nccl: u64,
 }
 
@@ -182,7 +184,8 @@ fn peak(
     } else {
         0
     };
-    let training_reserved = allocated + stranded;
+    let gather_pool = fsdp_gather_pool_bytes(arch, setup);
+    let training_reserved = allocated + stranded + gather_pool;
     let load_reserved = nf4_load_reserved(arch, setup, fw, st.gpu_weights);
     GpuPeak {
         grads,
@@ -193,6 +196,7 @@ fn peak(
         allocated,
         reserved: round_segments(training_reserved.max(load_reserved)),
         reserved_at_nf4_load: load_reserved > training_reserved,
+        gather_pool,
         nccl: if setup.world() > 1 {
             framework::NCCL_BUFFERS
         } else {
@@ -234,18 +238,41 @@ fn zero_bucket_bytes(arch: &Arch, setup: &Setup, grad_b: u64) -> u64 {
 /// ZeRO-3: DeepSpeed's own estimate keeps the largest layer gathered (`gpu_gathered`); in a
 /// step, parameters fetched for forward stay resident while they will be reused within
 /// stage3_max_reuse_distance (1e9 by default) up to stage3_max_live_parameters (1e9):
-/// DeepSpeed holds min(1e9, all parameters) gathered. FSDP frees each unit after use and
-/// prefetches the next: two blocks.
+/// DeepSpeed holds min(1e9, all parameters) gathered. FSDP frees each unit after use:
+/// `fsdp_gathered_blocks` of them at once, and the root unit (embeddings, head), which the root
+/// does not reshard after forward (torch fsdp/_runtime_utils.py `_post_forward_reshard`).
 fn zero3_live_parameter_bytes(arch: &Arch, setup: &Setup) -> u64 {
     let param_b = working_dtype_bytes(setup);
     match (setup.zero.stage(), setup.zero.is_fsdp()) {
         (3, false) => framework::ZERO3_MAX_LIVE_PARAMETERS.min(arch.params_total()) * param_b,
-        // FSDP: the unit being computed and the one prefetched, and the root unit (embeddings,
-        // head), which the root does not reshard after forward
-        // (torch fsdp/_runtime_utils.py `_post_forward_reshard`: "Do not free the root's parameters")
-        (3, true) => (2 * block_params(arch) + root_params(arch)) * param_b,
+        (3, true) => {
+            (fsdp_gathered_blocks(setup) * block_params(arch) + root_params(arch)) * param_b
+        }
         _ => 0,
     }
+}
+
+/// Blocks FSDP holds gathered at once in backward: the one computed and the one
+/// `BackwardPrefetch.BACKWARD_PRE` fetches, the unit before it in forward order
+/// (fsdp/_exec_order_utils.py `get_handle_to_backward_prefetch`). Where LoRA adapters are units
+/// of their own (PEFT's and torchtune's wrapping policies) that unit is the previous block's last
+/// adapter, so one block is gathered; the next comes when the gradient reaches it, as the computed
+/// one is resharded (replayed with torch 2.2.2, scripts/replay_torchtune_fsdp_cpu.py).
+fn fsdp_gathered_blocks(setup: &Setup) -> u64 {
+    let adapters_own_units = matches!(setup.method, Method::Lora | Method::Qlora)
+        && !setup.stack.profile().fsdp_mixed_units;
+    if adapters_own_units { 1 } else { 2 }
+}
+
+/// FSDP gathers on a stream of its own, and the caching allocator serves a stream's freed blocks
+/// only to that stream (c10 CUDACachingAllocator: a block belongs to the stream it was allocated
+/// on): the next block's gather cannot reuse the one still in use, so the gather pool keeps two
+/// blocks' segments reserved even where only one is allocated at the peak.
+fn fsdp_gather_pool_bytes(arch: &Arch, setup: &Setup) -> u64 {
+    if !(setup.zero.stage() == 3 && setup.zero.is_fsdp()) {
+        return 0;
+    }
+    (2 - fsdp_gathered_blocks(setup)) * block_params(arch) * working_dtype_bytes(setup)
 }
 
 /// Eager attention leaves, per block, the freed score temporary whose segment the block's
@@ -289,7 +316,11 @@ fn state_components(setup: &Setup, st: &StateBytes, peak: &GpuPeak) -> Vec<Compo
             "zero-3 live parameters",
             peak.live_params,
             Scaling::Neither,
-            "gathered parameters kept for reuse (stage3_max_live_parameters)",
+            if setup.zero.is_fsdp() {
+                "FSDP: the blocks gathered in backward and the root unit (embeddings, head)"
+            } else {
+                "gathered parameters kept for reuse (stage3_max_live_parameters)"
+            },
         ),
         Component::new(
             "zero-3 gathered layer",
@@ -390,6 +421,8 @@ fn overhead_components(fw: &Framework, peak: &GpuPeak) -> Vec<Component> {
             Scaling::Neither,
             if peak.reserved_at_nf4_load {
                 "reserved − allocated: blocks cached from quantizing the weights to NF4 at load (torchao 0.1)"
+            } else if peak.gather_pool > 0 {
+                "reserved − allocated: a second block in FSDP's gather-stream pool, seq² temporaries stranded, 2 MiB segments"
             } else {
                 "reserved − allocated: seq² temporaries stranded by block splitting, 2 MiB segments"
             },

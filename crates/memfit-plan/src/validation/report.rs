@@ -159,11 +159,26 @@ const WEAKEST: &str = "\n## Where the model is weakest\n\n\
 \x20 self-attention builder that never hands it to `LoRALinear`: 0, as the rows record), a second\n\
 \x20 copy of the checkpoint on the GPU. The same `T3` configuration is 15.57 GB reserved in that\n\
 \x20 tutorial (the estimate is 7% under it) and 17.18 GB in the README three days later (gradient\n\
-\x20 accumulation 1 → 64): the source spreads 10% on one setup. `T2`'s recipe predates\n\
-\x20 `TORCH_NCCL_AVOID_RECORD_STREAMS` (#843, a week later: \"reduce GPU memory usage from 78G instead\n\
-\x20 of 23G\", memory of non-zero ranks not released during model init with `sync_module_states`);\n\
-\x20 whether the table's figure includes that phase is not known. Candidates, not confirmed: that,\n\
-\x20 and the reserved pool growing over an epoch of batches padded to varying lengths. The full\n\
+\x20 accumulation 1 → 64): the source spreads 10% on one setup. `T2` is not the tensors: its step,\n\
+\x20 replayed on the CPU with the row's own torch (2.2.2) and torchtune code\n\
+\x20 (`scripts/replay_torchtune_fsdp_cpu.py`: the recipe's FSDP wrapping and step, 2 ranks over gloo,\n\
+\x20 Llama-2-7B's width with 3 and 6 blocks), peaks at 2,589 and 3,580 MiB allocated on rank 0 where\n\
+\x20 the estimate says 2,704 and 3,694: the same 330 MiB per block (193 of weight shard, 137 of\n\
+\x20 activations). The replay also showed FSDP's backward prefetch fetching an adapter unit, not the\n\
+\x20 next block, under this wrapping: the estimate held two blocks gathered and was 500 MiB high at\n\
+\x20 both until it counted one (with the gather stream's pool keeping the second reserved;\n\
+\x20 `F3-ALLOC`/`F4-ALLOC` moved from +1.6%/+5.6% to −2.9%/+1.5%). At 32 blocks the replay's tensors\n\
+\x20 reach about 11.9 GiB, the estimate's allocated 12.0 GiB; the row reports 19.5 GiB reserved. The one\n\
+\x20 tensor-lifetime mechanism that would fit — frozen units left gathered through backward, about 19 GiB\n\
+\x20 at its end — does not happen in torch 2.2.2: FSDP1 reshards them from a hook on their inputs (at\n\
+\x20 most two gathered at once in the same replay). So the 7.3 GB are the CUDA caching allocator's\n\
+\x20 pool, which a CPU cannot show: FSDP1 gathers on a stream of its own (a stream's cached blocks serve\n\
+\x20 only that stream), and the recipe predates `TORCH_NCCL_AVOID_RECORD_STREAMS` (#843, a week later),\n\
+\x20 so NCCL's `recordStream` holds each collective's blocks until the allocator sees the transfer\n\
+\x20 finish. The figure is rank 0's training phase (logged on rank 0 only, peak reset by\n\
+\x20 `cleanup_before_training`), not the init of the other ranks that #843 measured. Measuring that pool\n\
+\x20 needs two GPUs with torch 2.2.2; the machines lent to this project have one. The pool growing over\n\
+\x20 an epoch of batches padded to varying lengths is a candidate for `T3` too. The full\n\
 \x20 fine-tuning row with the step inside backward (`T4`) is within 5%.\n\
 - Answer.AI's FSDP+QLoRA note (`F`): within 10% for most rows; `F1` and `F3` (batch 1, 512 tokens)\n\
 \x20 are 17–18% low on reserved (their allocated peak `F3-ALLOC` is +2%: the pool, not the live\n\
