@@ -16,7 +16,9 @@ GPU; both ranks seed the same weights instead) and gradient accumulation is 2, n
 gradients are a few MiB). The bytes come from the profiler's memory events of the CPU allocator,
 summed in time order from the third micro-batch on (the weights and optimizer states exist by
 then and are added as `persistent_bytes`). It also counts the blocks holding gathered parameters
-whenever the gradient reaches a block's output (`most_blocks_gathered_in_backward`).
+whenever the gradient reaches a block's output (`most_blocks_gathered_in_backward`). The figures of
+2026-11-27 (2588.8 and 3579.5 MiB at 3 and 6 blocks) are held against the estimate by
+`torchtune_fsdp_lora_replay_allocated` in crates/memfit-plan/tests/stacks.rs.
 
 Setup (about 4 GB of wheels; torch 2.2.2 is the row's version):
     python3 -m venv /tmp/t222 && /tmp/t222/bin/pip install torch==2.2.2 omegaconf sentencepiece \
