@@ -181,7 +181,7 @@ const WEAKEST: &str = "\n## Where the model is weakest\n\n\
 \x20 an epoch of batches padded to varying lengths is a candidate for `T3` too. The full\n\
 \x20 fine-tuning row with the step inside backward (`T4`) is within 5%.\n\
 - Answer.AI's FSDP+QLoRA note (`F`): within 10% for most rows; `F1` and `F3` (batch 1, 512 tokens)\n\
-\x20 are 17–18% low on reserved (their allocated peak `F3-ALLOC` is +2%: the pool, not the live\n\
+\x20 are 17–18% low on reserved (their allocated peak `F3-ALLOC` is −3%: the pool, not the live\n\
 \x20 tensors, is what is missed). The largest QLoRA batches (`F6` batch 10, `F12` batch 12 with CPU\n\
 \x20 offload) were 19–23% high until the logits and their fp32 copy were freed before the loss\n\
 \x20 backward (measured on a GPU, below): now +7% and +9%, while the LoRA rows at batch 6 and 10\n\
