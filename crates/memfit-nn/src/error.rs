@@ -10,4 +10,7 @@ pub enum ModelError {
     Format(String),
     #[error("bad input: {0}")]
     Input(String),
+    /// The device had no memory left for an allocation (a smaller micro-batch may fit).
+    #[error("out of device memory: {0}")]
+    OutOfMemory(String),
 }

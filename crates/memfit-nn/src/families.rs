@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use burn::prelude::Device;
 use serde_json::Value;
 
 use crate::ModelError;
@@ -48,13 +49,13 @@ pub enum Training {
 
 /// The causal LM of `config` (`source` names it in errors), trained as `training` says: drawn from
 /// `seed`, or, with `init`, the weights of that directory (a transformers model; under LoRA its
-/// base, with fresh adapters drawn from `seed`).
+/// base, with fresh adapters drawn from `seed`). A LoRA base is held on `device`.
 pub fn causal_lm(
     config: &Value,
     source: &str,
     init: Option<&Path>,
     training: &Training,
-    seed: u64,
+    (seed, device): (u64, Device),
 ) -> Result<
     (
         impl CausalGenerate<Batch = CausalLmBatch> + use<>,
@@ -75,7 +76,8 @@ pub fn causal_lm(
             BasePrecision::F32
         }),
     }
-    .with_seed(seed);
+    .with_seed(seed)
+    .on(device);
     match init {
         Some(dir) => {
             let (model, report) = DecoderModel::load(dir, &options)?;

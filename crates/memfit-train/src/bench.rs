@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::config::TaskKind;
+use crate::device::ChosenDevice;
 use crate::engine::{
     CausalLmBatch, ClassificationBatch, Engine, EngineOptions, ModelEngine, Precision,
     Seq2SeqBatch, TokenRows, set_threads,
@@ -61,6 +62,8 @@ pub struct BenchSetup {
     pub training: Training,
     /// Causal LM: the share of each row that is prompt (masked out of the loss).
     pub prompt_frac: f64,
+    /// What it computes on (`--device`).
+    pub device: ChosenDevice,
 }
 
 impl BenchSetup {
@@ -122,6 +125,15 @@ pub struct BenchReport {
     pub setup: Value,
     /// Every step's wall time, seconds.
     pub step_seconds: Vec<f64>,
+    /// Every step's mean loss (what device parity compares).
+    pub losses: Vec<f64>,
+    /// The device (`cpu`, `cuda:0`) and the training state's placement.
+    pub device: String,
+    pub placement: String,
+    /// burn's memory pool on a GPU after the last step: bytes in use and reserved (`None` on the
+    /// CPU).
+    pub gpu_pool_in_use_bytes: Option<u64>,
+    pub gpu_pool_reserved_bytes: Option<u64>,
     pub params_total: u64,
     /// Model FLOPs of one optimizer step (forward + backward matmuls; no recomputation).
     pub model_flops_per_step: f64,
@@ -381,13 +393,20 @@ pub fn run(
         precision: setup.precision,
         grad_ckpt: setup.grad_ckpt,
         freeze: setup.freeze.clone(),
-        ..Default::default()
+        backend: setup.device.backend,
+        placement: setup.device.placement,
     };
     let (config, name) = (&setup.model_config, setup.model_name.as_str());
     let (b, src, tgt) = (setup.batch, setup.src_len, setup.tgt_len);
     match task {
         TaskKind::CausalLm => {
-            let (model, _) = families::causal_lm(config, name, None, &setup.training, setup.seed)?;
+            let (model, _) = families::causal_lm(
+                config,
+                name,
+                None,
+                &setup.training,
+                (setup.seed, setup.device.backend.device()),
+            )?;
             let engine = ModelEngine::new(model, options)?;
             let prompt = (setup.src_len as f64 * setup.prompt_frac) as usize;
             run_steps(engine, setup, on_step, |rng| {
@@ -453,6 +472,11 @@ fn run_steps<M: TrainModel>(
     }
     let sec = median(&seconds[WARMUP_STEPS..]);
     let cpu_sec = median(&cpu[WARMUP_STEPS..]);
+    let pool = setup
+        .device
+        .is_gpu()
+        .then(|| setup.device.backend.device().memory_pool_usage())
+        .flatten();
     let peak = Some(
         crate::peak_flops::peak_flops_per_core(bf16_peak)
             .0
@@ -473,11 +497,17 @@ fn run_steps<M: TrainModel>(
             "seq": setup.src_len, "tgt_seq": setup.tgt_len, "accum": setup.accum,
             "grad_ckpt": setup.grad_ckpt, "precision": setup.precision.name(),
             "optimizer": setup.optimizer, "lr": setup.lr(), "max_grad_norm": MAX_GRAD_NORM,
-            "seed": setup.seed, "backend": "flex", "freeze": setup.freeze,
+            "seed": setup.seed, "backend": format!("{:?}", setup.device.backend),
+            "freeze": setup.freeze,
             "training": format!("{:?}", setup.training),
         }),
         params_total: engine.param_counts().total,
         step_seconds: seconds,
+        device: setup.device.label.clone(),
+        placement: setup.device.placement.name().into(),
+        gpu_pool_in_use_bytes: pool.as_ref().map(|p| p.bytes_in_use),
+        gpu_pool_reserved_bytes: pool.as_ref().map(|p| p.bytes_reserved),
+        losses,
         model_flops_per_step: model_flops,
         cpu_peak_flops_per_core: peak,
         cpu_peak_basis: basis.to_string(),

@@ -3,12 +3,13 @@
 //! `memfit_nn::families`; the loop only sees the `Engine` trait.
 
 use crate::config::{OptimizerKind, TrainConfig};
+use crate::device::ChosenDevice;
 use crate::engine::{self, EngineOptions};
 use crate::optim::{AdafactorConfig, AdafactorLr, AdamWConfig, OptimizerConfig};
 use memfit_nn::ModelError;
 
-/// The engine options a config asks for.
-pub fn engine_options(config: &TrainConfig) -> EngineOptions {
+/// The engine options a config asks for, computing on `device`.
+pub fn engine_options(config: &TrainConfig, device: &ChosenDevice) -> EngineOptions {
     let optimizer = match config.optimizer {
         OptimizerKind::Adamw => OptimizerConfig::AdamW(AdamWConfig::default()),
         OptimizerKind::Adafactor => OptimizerConfig::Adafactor(AdafactorConfig {
@@ -25,7 +26,8 @@ pub fn engine_options(config: &TrainConfig) -> EngineOptions {
         optimizer,
         precision: config.precision,
         grad_ckpt: config.grad_ckpt,
-        ..EngineOptions::default()
+        backend: device.backend,
+        placement: device.placement,
     }
 }
 

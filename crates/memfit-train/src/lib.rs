@@ -38,6 +38,7 @@ pub mod batches;
 pub mod checkpoint;
 pub mod config;
 pub mod demo;
+pub mod device;
 pub mod engine_setup;
 pub mod eval;
 pub mod malloc_tuning;

@@ -91,7 +91,11 @@ impl Observer for WriteBudgetAt {
 
 fn run(root: &Path, config: &TrainConfig, guarded: bool) -> (Vec<serde_json::Value>, Option<u64>) {
     let (model, _) = families::seq2seq(&model_json(), "demo", None, config.seed).unwrap();
-    let mut engine = ModelEngine::new(model, engine_setup::engine_options(config)).unwrap();
+    let mut engine = ModelEngine::new(
+        model,
+        engine_setup::engine_options(config, &memfit_train::device::ChosenDevice::cpu("test")),
+    )
+    .unwrap();
     let guard = guarded.then(|| {
         MemoryGuard::start(GuardSettings::for_run(config, root), ProcessMemory::new()).unwrap()
     });

@@ -156,12 +156,12 @@ fn a_failed_write_leaves_the_previous_checkpoint_intact() {
     .unwrap();
     let mut engine = LinearEngine::new();
     let mut state = state_at(4);
-    cp.save_step(&engine, &state).unwrap();
+    cp.save_step(&mut engine, &state).unwrap();
     let good = fs::read(ckpts.join("step-4/model.safetensors")).unwrap();
     // The same step written again (a resumed run re-saving it) fails half-way.
     engine.w[0] += 1.0;
     engine.fail_save = true;
-    assert!(cp.save_step(&engine, &state).is_err());
+    assert!(cp.save_step(&mut engine, &state).is_err());
     assert_eq!(
         fs::read(ckpts.join("step-4/model.safetensors")).unwrap(),
         good
@@ -173,7 +173,7 @@ fn a_failed_write_leaves_the_previous_checkpoint_intact() {
     );
     // A later step fails too: the older one stays the newest complete checkpoint.
     state.step = 5;
-    assert!(cp.save_step(&engine, &state).is_err());
+    assert!(cp.save_step(&mut engine, &state).is_err());
     assert_eq!(checkpoint_steps(&ckpts).last().unwrap().0, 4);
 }
 
@@ -216,7 +216,8 @@ fn tokenizer_files_are_written_into_checkpoints() {
         1,
     )
     .unwrap();
-    cp.save_step(&LinearEngine::new(), &state_at(1)).unwrap();
+    cp.save_step(&mut LinearEngine::new(), &state_at(1))
+        .unwrap();
     assert_eq!(
         fs::read(dir.path().join("c/step-1/tokenizer.json")).unwrap(),
         b"{\"fake\": true}"

@@ -414,3 +414,80 @@ fn soft_at_a_micro_batch_of_one_is_treated_as_hard() {
     assert_eq!(stop["reason"], "memory_soft_limit_at_micro_batch_1");
     assert!(events(&root, "downgrade").is_empty());
 }
+
+/// A device out of memory (injected: the engine refuses micro-batches of more than 1 row) halves
+/// the micro-batch and redoes the step, with the last completed step checkpointed first; the
+/// effective batch and every step's loss stay those of a run that started at micro-batch 1.
+#[test]
+fn a_device_out_of_memory_halves_the_micro_batch_and_redoes_the_step() {
+    let f = fixture(CALM);
+    let cfg = config(4, 2);
+    let want = reference(f.dir.path(), &config(1, 8));
+    let mut engine = quiet_engine();
+    engine.device_rows = Some(1);
+    let mut obs = watch();
+    let s = go(&f.root, &cfg, &mut engine, false, None, &mut obs);
+    assert_eq!(s.finish, Finish::Completed);
+    let got = read_jsonl(&f.root.join("metrics.jsonl"));
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        let (a, b) = (g["loss"].as_f64().unwrap(), w["loss"].as_f64().unwrap());
+        assert!(
+            (a - b).abs() <= TOL * b.abs(),
+            "step {}: {a} vs {b}",
+            g["step"]
+        );
+        assert_eq!(g["micro_batch"], 1);
+    }
+    let downgrades = events(&f.root, "downgrade");
+    assert_eq!(downgrades.len(), 2, "4 → 2 → 1: {downgrades:?}");
+    for (d, (old, new)) in downgrades.iter().zip([(4, 2), (2, 1)]) {
+        assert_eq!(d["reason"], "device_out_of_memory");
+        assert_eq!(
+            (d["old_micro_batch"].as_u64(), d["new_micro_batch"].as_u64()),
+            (Some(old), Some(new))
+        );
+        assert_eq!(d["effective_batch"], 8);
+        // the last completed step (here the start) was checkpointed before the step was redone
+        let ckpt = d["checkpoint"].as_str().expect("a checkpoint");
+        assert!(Path::new(ckpt).ends_with("step-0"), "{ckpt}");
+    }
+    assert!(
+        obs.messages.iter().any(|m| m.contains("ran out of memory")),
+        "{:?}",
+        obs.messages
+    );
+}
+
+/// Out of device memory at micro-batch 1: checkpointed, stopped resumable (exit 75's event), and a
+/// resume on a device with room continues exactly.
+#[test]
+fn out_of_device_memory_at_micro_batch_1_stops_resumable() {
+    let f = fixture(CALM);
+    let cfg = config(1, 8);
+    let want = reference(f.dir.path(), &cfg);
+    let mut first = quiet_engine();
+    first.device_rows = Some(0);
+    let s = go(&f.root, &cfg, &mut first, false, None, &mut watch());
+    assert_eq!(s.finish, Finish::Stopped);
+    let stop = events(&f.root, "stop");
+    assert_eq!(stop.len(), 1);
+    assert_eq!(stop[0]["reason"], "device_out_of_memory");
+    assert_eq!(stop[0]["exit"], 75);
+    assert!(
+        f.root.join("checkpoints/step-0").is_dir(),
+        "the start was checkpointed"
+    );
+    let s = go(&f.root, &cfg, &mut quiet_engine(), true, None, &mut watch());
+    assert_eq!(s.finish, Finish::Completed);
+    let got = read_jsonl(&f.root.join("metrics.jsonl"));
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        let (a, b) = (g["loss"].as_f64().unwrap(), w["loss"].as_f64().unwrap());
+        assert!(
+            (a - b).abs() <= TOL * b.abs(),
+            "step {}: {a} vs {b}",
+            g["step"]
+        );
+    }
+}

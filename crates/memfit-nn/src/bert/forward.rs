@@ -8,8 +8,9 @@
 //! head_dim^-½ with the padding mask added; LayerNorm with mean and bias, computed in f32 as
 //! PyTorch's autocast does (the fused kernel on flex); the head reads the first token ([CLS] / <s>).
 
+use crate::layers::activation::gelu_exact;
 use burn::prelude::*;
-use burn::tensor::activation::{gelu, softmax};
+use burn::tensor::activation::softmax;
 use burn::tensor::{DType, TensorData};
 
 use crate::ModelError;
@@ -243,7 +244,7 @@ impl<'a> BertForward<'a> {
         }
         let x = match input {
             Input::Plain => x,
-            Input::Gelu => gelu(x),
+            Input::Gelu => gelu_exact(x),
         };
         linear_op::layer(x, w, self.products()) + bias.cast(self.dtype)
     }

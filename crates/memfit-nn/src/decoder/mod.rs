@@ -128,6 +128,11 @@ impl DecoderOptions {
         Self { seed, ..self }
     }
 
+    /// The frozen base on `device` (the engine's).
+    pub fn on(self, device: Device) -> Self {
+        Self { device, ..self }
+    }
+
     fn check(&self) -> Result<(), ModelError> {
         match (&self.method, self.base_precision) {
             (Method::Full, BasePrecision::Bf16) => Err(ModelError::Input(

@@ -12,7 +12,7 @@ use burn::tensor::{DType, FloatDType, TensorData};
 
 use crate::kernels::gemm_bf16::Products;
 use crate::kernels::linear_op::product;
-use crate::kernels::xent::nll_and_grad_in_place;
+use crate::kernels::xent::{nll_and_grad_in_place, nll_and_grad_on_device};
 use crate::layers::grad_sink::GradSink;
 use crate::layers::segments::pull;
 
@@ -56,7 +56,10 @@ impl LmHead {
 
 /// What one sweep over the chunks gives back.
 struct Swept {
+    /// The summed NLL: on the host (flex's fused sweep), and on the device (elsewhere: nothing is
+    /// read back per chunk).
     nll: f64,
+    nll_on_device: Option<Tensor<1>>,
     count: usize,
     /// Per chunk, the rows' cotangent (when gradients were wanted).
     cotangent: Vec<Tensor<2>>,
@@ -65,8 +68,7 @@ struct Swept {
 /// Runs the head over `flat` `[n, d]` (untracked) in chunks: the NLL of the masked targets and,
 /// when `grads`, the weight's gradient (to `sink`) and the rows' cotangent for `loss · loss_scale`.
 ///
-/// Per chunk: the logits (one GEMM), the loss and its logit gradient in one fused sweep over them
-/// ([`nll_and_grad_in_place`]), then the weight's and the rows' gradients (two GEMMs). The weight
+/// Per chunk: the logits (one GEMM), the loss and its logit gradient ([`loss_and_logit_grad`]), then the weight's and the rows' gradients (two GEMMs). The weight
 /// gradient is produced in the weight's own layout, so a tied head's `[vocab, d]` gradient is not
 /// a transposed view to copy.
 fn sweep<E>(
@@ -78,9 +80,7 @@ fn sweep<E>(
 ) -> Result<Swept, E> {
     let [n, d] = flat.dims();
     let vocab = head.vocab();
-    let device = flat.device();
     let count = inputs.label_mask.iter().filter(|m| **m).count();
-    let grad_scale = (inputs.loss_scale / count.max(1) as f64) as f32;
     let weight_grad_wanted = grads && head.weight.is_require_grad();
     let products = head.products;
     // The products read the weight in their dtype: convert it once, not in every chunk.
@@ -91,6 +91,7 @@ fn sweep<E>(
     let rows_per_chunk = (inputs.chunk_logits / vocab.max(1)).clamp(1, n.max(1));
     let mut out = Swept {
         nll: 0.0,
+        nll_on_device: None,
         count,
         cotangent: Vec::with_capacity(n.div_ceil(rows_per_chunk)),
     };
@@ -116,20 +117,10 @@ fn sweep<E>(
         } else {
             product(x.clone(), weight.clone(), products)
         };
-        let dtype = logits.dtype();
-        // Worked on in the tensor's own buffer: no copy out and back.
-        let mut values = logits.cast(FloatDType::F32).into_data();
-        out.nll += nll_and_grad_in_place(
-            values.as_mut_slice().expect("f32 logits"),
-            vocab,
-            &inputs.labels[start..end],
-            &inputs.label_mask[start..end],
-            grad_scale,
-        );
-        if !grads {
+        let Some(grad_logits) = loss_and_logit_grad(logits, &mut out, inputs, start..end, grads)
+        else {
             continue;
-        }
-        let grad_logits = Tensor::<2>::from_data(values, (&device, dtype));
+        };
         if weight_grad_wanted {
             let grad_weight = if head.tied {
                 product(grad_logits.clone().transpose(), x, products)
@@ -152,12 +143,43 @@ fn sweep<E>(
     Ok(out)
 }
 
+/// Adds a chunk's NLL to `out` and returns the gradient of its logits (`None` when no gradient is
+/// wanted). On flex, one fused sweep over the logits' own buffer ([`nll_and_grad_in_place`]);
+/// elsewhere the same in tensor ops on the device ([`nll_and_grad_on_device`]).
+fn loss_and_logit_grad(
+    logits: Tensor<2>,
+    out: &mut Swept,
+    inputs: HeadInputs,
+    rows: std::ops::Range<usize>,
+    grads: bool,
+) -> Option<Tensor<2>> {
+    let (dtype, device) = (logits.dtype(), logits.device());
+    let vocab = logits.dims()[1];
+    let grad_scale = (inputs.loss_scale / out.count.max(1) as f64) as f32;
+    let (labels, mask) = (&inputs.labels[rows.clone()], &inputs.label_mask[rows]);
+    if device != Device::flex() {
+        let (nll, grad) = nll_and_grad_on_device(logits.cast(DType::F32), labels, mask, grad_scale);
+        out.nll_on_device = Some(match out.nll_on_device.take() {
+            Some(sum) => sum + nll,
+            None => nll,
+        });
+        return grads.then(|| grad.cast(dtype));
+    }
+    // Worked on in the tensor's own buffer: no copy out and back.
+    let mut values = logits.cast(FloatDType::F32).into_data();
+    let slice = values.as_mut_slice().expect("f32 logits");
+    out.nll += nll_and_grad_in_place(slice, vocab, labels, mask, grad_scale);
+    grads.then(|| Tensor::<2>::from_data(values, (&device, dtype)))
+}
+
 /// The mean loss as a one-element tensor on `device`.
-fn mean_loss(nll: f64, count: usize, device: &Device) -> Tensor<1> {
-    Tensor::from_data(
-        TensorData::new(vec![(nll / count.max(1) as f64) as f32], [1]),
-        device,
-    )
+fn mean_loss(swept: &Swept, device: &Device) -> Tensor<1> {
+    let n = swept.count.max(1) as f64;
+    let host = Tensor::from_data(TensorData::new(vec![(swept.nll / n) as f32], [1]), device);
+    match &swept.nll_on_device {
+        Some(sum) => host + sum.clone().div_scalar(n as f32),
+        None => host,
+    }
 }
 
 /// The loss over model output `hidden` `[b, t, d]` (values only; untracked) and the cotangent of
@@ -172,10 +194,11 @@ pub fn head_loss_and_cotangent<E>(
     let [b, t, d] = hidden.dims();
     let (dtype, device) = (hidden.dtype(), hidden.device());
     let swept = sweep(head, hidden.reshape([b * t, d]), inputs, true, sink)?;
+    let loss = mean_loss(&swept, &device);
     let cotangent = Tensor::cat(swept.cotangent, 0)
         .reshape([b, t, d])
         .cast(dtype);
-    Ok((mean_loss(swept.nll, swept.count, &device), cotangent))
+    Ok((loss, cotangent))
 }
 
 /// The mean loss of the masked targets over model output `hidden` `[b, t, d]`, without gradients,
@@ -198,7 +221,7 @@ pub fn head_loss(head: &LmHead, hidden: Tensor<3>, inputs: HeadInputs) -> Tensor
     let device = hidden.device();
     let flat = hidden.inner().reshape([b * t, d]);
     let Ok(swept) = sweep(head, flat, inputs, false, &mut Nowhere);
-    mean_loss(swept.nll, swept.count, &device)
+    mean_loss(&swept, &device)
 }
 
 /// The loss of the targets over the tracked model output `out` `[b, t, d]`, back-propagated

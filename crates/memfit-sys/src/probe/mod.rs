@@ -5,6 +5,7 @@
 
 pub mod cgroup;
 pub mod cpu;
+pub mod cuda;
 pub mod daemons;
 pub mod disk;
 pub mod gpu;

@@ -94,7 +94,7 @@ impl Checkpointer {
     /// `checkpoints/step-N/`, then retention.
     pub fn save_step<E: Engine>(
         &mut self,
-        engine: &E,
+        engine: &mut E,
         state: &TrainerState,
     ) -> Result<SaveOutcome, CheckpointError> {
         let outcome = self.write_dir(&self.step_dir(state.step), engine, state)?;
@@ -107,7 +107,7 @@ impl Checkpointer {
     /// `best/`, replacing the previous best only once the new one is complete.
     pub fn save_best<E: Engine>(
         &mut self,
-        engine: &E,
+        engine: &mut E,
         state: &TrainerState,
     ) -> Result<SaveOutcome, CheckpointError> {
         let best = self.best_dir.clone();
@@ -117,7 +117,7 @@ impl Checkpointer {
     fn write_dir<E: Engine>(
         &mut self,
         target: &Path,
-        engine: &E,
+        engine: &mut E,
         state: &TrainerState,
     ) -> Result<SaveOutcome, CheckpointError> {
         let parent = target.parent().unwrap_or(Path::new("."));
@@ -172,7 +172,7 @@ impl Checkpointer {
     fn fill<E: Engine>(
         &self,
         tmp: &Path,
-        engine: &E,
+        engine: &mut E,
         state: &TrainerState,
     ) -> Result<(), CheckpointError> {
         fs::create_dir_all(tmp).map_err(io(tmp))?;

@@ -9,13 +9,16 @@
 //! What a task needs on top of training is a capability trait: [`Generate`] (seq2seq),
 //! [`Classify`] (sequence classification), [`Continue`] (causal-LM generation).
 
+mod device_state;
 mod gradient;
 pub use gradient::Gradient;
+mod host_state;
 mod model_engine;
 mod options;
+mod out_of_memory;
 
 pub use model_engine::ModelEngine;
-pub use options::{Backend, EngineOptions, Precision, set_threads};
+pub use options::{Backend, EngineOptions, Placement, Precision, set_threads};
 
 pub use memfit_nn::batch::{CausalLmBatch, ClassificationBatch, Seq2SeqBatch, TokenRows};
 pub use memfit_nn::decoding::GenerateConfig;
@@ -53,6 +56,16 @@ pub trait Engine {
         seed: u64,
     ) -> Result<f32, Self::Error>;
 
+    /// Drops the gradients accumulated so far: a step abandoned part-way (the device ran out of
+    /// memory) is redone from its first micro-batch.
+    fn discard_gradients(&mut self);
+
+    /// Whether `error` is the device running out of memory: the loop then redoes the step at half
+    /// the micro-batch, or stops resumable at micro-batch 1.
+    fn is_out_of_memory(_error: &Self::Error) -> bool {
+        false
+    }
+
     /// Clips the accumulated gradients to `max_grad_norm` by global norm (if `Some`), applies one
     /// optimizer update at learning rate `lr`, and clears the accumulated gradients.
     fn step(&mut self, lr: f64, max_grad_norm: Option<f64>) -> Result<StepStats, Self::Error>;
@@ -63,8 +76,9 @@ pub trait Engine {
     fn param_counts(&self) -> ParamCounts;
 
     /// Writes the model's directory (what its family is loaded from) and `optimizer.safetensors`
-    /// into `dir`, which exists and is empty. The caller makes the write atomic.
-    fn save(&self, dir: &Path) -> Result<(), Self::Error>;
+    /// into `dir`, which exists and is empty. The caller makes the write atomic. `&mut`: a
+    /// device-placed engine first brings its weights back to the host.
+    fn save(&mut self, dir: &Path) -> Result<(), Self::Error>;
 
     /// Loads model weights and, if `with_optimizer`, the optimizer state from a directory written
     /// by `save`.

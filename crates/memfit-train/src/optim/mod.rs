@@ -8,9 +8,11 @@
 
 mod adafactor;
 mod adamw;
+mod device;
 
 pub use adafactor::{AdafactorConfig, AdafactorLr};
 pub use adamw::AdamWConfig;
+pub use device::DeviceOptimizer;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -106,6 +108,11 @@ fn state_tensor<'a>(param: &str, suffix: &str, dims: Vec<usize>, v: &'a [f32]) -
 }
 
 impl Optimizer {
+    /// How many parameters it steps or holds frozen.
+    pub fn param_count(&self) -> usize {
+        self.shapes.len()
+    }
+
     pub fn new(config: OptimizerConfig, shapes: Vec<ParamShape>, trainable: &[bool]) -> Self {
         let states = shapes
             .iter()

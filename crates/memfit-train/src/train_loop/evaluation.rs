@@ -121,7 +121,7 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         };
         let previous = s.p.best.replace(candidate);
         let state = self.state(s);
-        match self.checkpointer.save_best(&*self.engine, &state)? {
+        match self.checkpointer.save_best(&mut *self.engine, &state)? {
             SaveOutcome::Saved { path, bytes } => {
                 self.run.event(
                     s.p.step,

@@ -16,6 +16,9 @@ use std::path::Path;
 /// ([`alloc_reserve`]).
 pub const ALLOCATION_FAILURE: &str = "allocation_failure";
 
+/// The `downgrade` and `stop` events' reason when the device (a GPU) ran out of memory.
+pub const DEVICE_OUT_OF_MEMORY: &str = "device_out_of_memory";
+
 /// The `stop` event's reason for a stop for memory: a failed allocation first, else the guard's
 /// verdict (soft only when the micro-batch cannot be halved any more).
 fn memory_stop_reason(allocation_failed: bool, verdict: Verdict) -> &'static str {
@@ -120,6 +123,58 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         self.stop_for_memory(s, status.as_ref(), Some((done, of)), reason)
     }
 
+    /// The device ran out of memory in a step at micro-batch > 1: the last completed step is
+    /// checkpointed and the step is redone at half the micro-batch (the effective batch kept).
+    pub(super) fn downgrade_for_device_memory(
+        &mut self,
+        s: &mut State,
+        message: &str,
+    ) -> Result<(), LoopError> {
+        let old_micro = s.p.micro;
+        s.p.micro = batches::halve(old_micro);
+        s.l.saved_step = None; // the micro-batch changed: the state to record is new
+        let checkpoint = self.save_once(s)?;
+        let effective = batches::effective_batch(self.config.batch, self.config.accum);
+        let (old_accum, new_accum) = (
+            batches::accum_for(effective, old_micro),
+            batches::accum_for(effective, s.p.micro),
+        );
+        self.run.event(
+            s.p.step,
+            "downgrade",
+            json!({
+                "reason": DEVICE_OUT_OF_MEMORY,
+                "old_micro_batch": old_micro,
+                "new_micro_batch": s.p.micro,
+                "old_accum": old_accum,
+                "new_accum": new_accum,
+                "effective_batch": effective,
+                "checkpoint": checkpoint,
+                "message": message,
+            }),
+        )?;
+        self.observer.on_message(&format!(
+            "the device ran out of memory in step {}; micro-batch {old_micro} × {old_accum} → {} × {new_accum} (effective batch {effective}), step {} redone",
+            s.p.step + 1,
+            s.p.micro,
+            s.p.step + 1
+        ));
+        Ok(())
+    }
+
+    /// The device ran out of memory at micro-batch 1: the last completed step is checkpointed and
+    /// the run stops resumable (exit 75).
+    pub(super) fn stop_for_device_memory(
+        &mut self,
+        s: &mut State,
+        done: usize,
+        of: u64,
+    ) -> Result<(), LoopError> {
+        s.l.saved_step = None;
+        self.save_once(s)?;
+        self.stop_for_memory(s, None, Some((done, of)), DEVICE_OUT_OF_MEMORY)
+    }
+
     /// Takes the guard's step-boundary reading and records budget changes.
     fn guard_boundary(&mut self, guard: &MemoryGuard, step: u64) -> Result<GuardStatus, LoopError> {
         let status = guard.check_now();
@@ -221,7 +276,9 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
                 "resume_micro_batch": p.micro,
             }),
         )?;
-        let what = if reason == ALLOCATION_FAILURE {
+        let what = if reason == DEVICE_OUT_OF_MEMORY {
+            "the device ran out of memory at micro-batch 1".to_string()
+        } else if reason == ALLOCATION_FAILURE {
             format!(
                 "an allocation failed at {} (the memory reserve was given back for it)",
                 human_bytes(metrics::rss().current)

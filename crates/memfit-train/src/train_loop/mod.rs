@@ -312,6 +312,10 @@ impl<'a, E: Engine, T: Task<E>> Trainer<'a, E, T> {
                     self.stop_mid_step_for_memory(s, done, of)?;
                     return Ok(Finish::Stopped);
                 }
+                StepOutcome::DeviceMemory { done, of } => {
+                    self.stop_for_device_memory(s, done, of)?;
+                    return Ok(Finish::Stopped);
+                }
             };
             if self.eval_due(s, epoch_end) && !self.evaluate_due(s)? {
                 return self.stop_on_signal(s, None);

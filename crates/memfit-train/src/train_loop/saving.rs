@@ -17,7 +17,7 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
             return Ok(s.l.last_checkpoint.clone());
         }
         let state = self.state(s);
-        match self.checkpointer.save_step(&*self.engine, &state)? {
+        match self.checkpointer.save_step(&mut *self.engine, &state)? {
             SaveOutcome::Saved { path, bytes } => {
                 self.run.event(
                     s.p.step,

@@ -17,6 +17,23 @@ pub(super) enum StepOutcome {
     Signal { done: usize, of: u64 },
     /// Cut short for memory (hard limit or a failed allocation); nothing moved on.
     Memory { done: usize, of: u64 },
+    /// The device ran out of memory at micro-batch 1; nothing moved on.
+    DeviceMemory { done: usize, of: u64 },
+}
+
+/// How the micro-batches of one step went.
+enum Accumulated {
+    All {
+        loss_sum: f64,
+        tokens: u64,
+    },
+    /// Stopped before micro-batch `done` (a stop request or host memory).
+    Cut(StepOutcome),
+    /// Micro-batch `done` ran the device out of memory.
+    OutOfMemory {
+        done: usize,
+        message: String,
+    },
 }
 
 impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
@@ -28,32 +45,22 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         let step_rows = sampler.next_batch();
         let (epoch, epoch_end) = (sampler.cursor().epoch, sampler.epoch_finished());
         let t0 = Instant::now();
-        let micro_batches = self.collate_step(&step_rows, s.p.micro)?;
-        let weights: Vec<usize> = micro_batches
-            .iter()
-            .map(|b| self.task.loss_weight(b))
-            .collect();
-        let scales = task::shares(&weights);
-        let k = micro_batches.len() as u64;
-        let (mut loss_sum, mut tokens) = (0.0f64, 0u64);
-        for (i, (batch, scale)) in micro_batches.iter().zip(&scales).enumerate() {
-            if self.memory_exhausted() {
-                return Ok(StepOutcome::Memory { done: i, of: k });
+        // The step's rows are fixed; a device out of memory cuts them finer and starts over.
+        let (loss_sum, tokens, k) = loop {
+            let micro_batches = self.collate_step(&step_rows, s.p.micro)?;
+            let of = micro_batches.len() as u64;
+            match self.accumulate_step(&micro_batches, s)? {
+                Accumulated::All { loss_sum, tokens } => break (loss_sum, tokens, of),
+                Accumulated::Cut(outcome) => return Ok(outcome),
+                Accumulated::OutOfMemory { done, message } => {
+                    self.engine.discard_gradients();
+                    if s.p.micro == 1 {
+                        return Ok(StepOutcome::DeviceMemory { done, of });
+                    }
+                    self.downgrade_for_device_memory(s, &message)?;
+                }
             }
-            if self.stop.is_requested() {
-                return Ok(StepOutcome::Signal { done: i, of: k });
-            }
-            tokens += self.task.tokens(batch);
-            let seed = micro_batch_seed(self.config.seed, s.p.step, i as u64);
-            let loss = self
-                .engine
-                .accumulate(batch, *scale as f32, seed)
-                .map_err(|e| LoopError::Engine {
-                    step: s.p.step + 1,
-                    message: e.to_string(),
-                })?;
-            loss_sum += f64::from(loss) * scale;
-        }
+        };
         let lr = s.schedule.lr_at(s.p.step);
         let stats = self
             .engine
@@ -102,6 +109,46 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         self.observer.on_step(&m);
         self.warn_over_budget(s, rss.peak)?;
         Ok(StepOutcome::Done { epoch_end })
+    }
+
+    /// Forward and backward of every micro-batch of a step, unless a stop, host memory or the
+    /// device's memory cuts it short.
+    fn accumulate_step(
+        &mut self,
+        micro_batches: &[E::Batch],
+        s: &State,
+    ) -> Result<Accumulated, LoopError> {
+        let weights: Vec<usize> = micro_batches
+            .iter()
+            .map(|b| self.task.loss_weight(b))
+            .collect();
+        let scales = task::shares(&weights);
+        let of = micro_batches.len() as u64;
+        let (mut loss_sum, mut tokens) = (0.0f64, 0u64);
+        for (i, (batch, scale)) in micro_batches.iter().zip(&scales).enumerate() {
+            if self.memory_exhausted() {
+                return Ok(Accumulated::Cut(StepOutcome::Memory { done: i, of }));
+            }
+            if self.stop.is_requested() {
+                return Ok(Accumulated::Cut(StepOutcome::Signal { done: i, of }));
+            }
+            tokens += self.task.tokens(batch);
+            let seed = micro_batch_seed(self.config.seed, s.p.step, i as u64);
+            match self.engine.accumulate(batch, *scale as f32, seed) {
+                Ok(loss) => loss_sum += f64::from(loss) * scale,
+                Err(e) if E::is_out_of_memory(&e) => {
+                    let message = e.to_string();
+                    return Ok(Accumulated::OutOfMemory { done: i, message });
+                }
+                Err(e) => {
+                    return Err(LoopError::Engine {
+                        step: s.p.step + 1,
+                        message: e.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(Accumulated::All { loss_sum, tokens })
     }
 
     /// The step's rows as padded micro-batches of `micro` rows.

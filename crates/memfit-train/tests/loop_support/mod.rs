@@ -44,9 +44,14 @@ pub struct LinearEngine {
     /// Run a closure during the engine call with this (1-based) number in `log` (at the end of the
     /// call; for `generate`, before its first row, which then sees a stop requested by the closure).
     pub on_call: RefCell<Option<(usize, Hook)>>,
+    /// A micro-batch of more rows than this fails as a device out of memory would.
+    pub device_rows: Option<usize>,
 }
 
 pub const VOCAB: usize = 32;
+
+/// How the mock's injected device out-of-memory error starts.
+pub const OUT_OF_MEMORY: &str = "out of device memory";
 
 /// A closure run at a chosen engine call.
 pub type Hook = Box<dyn FnMut()>;
@@ -66,6 +71,7 @@ impl LinearEngine {
             noise: true,
             log: RefCell::new(Vec::new()),
             on_call: RefCell::new(None),
+            device_rows: None,
         }
     }
 
@@ -139,6 +145,14 @@ impl Engine for LinearEngine {
         loss_scale: f32,
         seed: u64,
     ) -> Result<f32, MockError> {
+        if let Some(limit) = self.device_rows.filter(|&n| b.source.batch > n) {
+            // half the gradient added, as a micro-batch that failed mid-way
+            self.grad[0] += 1.0;
+            return Err(MockError(format!(
+                "{OUT_OF_MEMORY}: {} rows, room for {limit}",
+                b.source.batch
+            )));
+        }
         let (loss, grads) = self.loss_and_grad(b, Some(seed));
         for (i, g) in grads {
             self.grad[i] += g * loss_scale;
@@ -156,6 +170,14 @@ impl Engine for LinearEngine {
         }
         self.called("accumulate");
         Ok(loss)
+    }
+
+    fn discard_gradients(&mut self) {
+        self.grad.iter_mut().for_each(|g| *g = 0.0);
+    }
+
+    fn is_out_of_memory(error: &MockError) -> bool {
+        error.0.starts_with(OUT_OF_MEMORY)
     }
 
     fn step(&mut self, lr: f64, max_grad_norm: Option<f64>) -> Result<StepStats, MockError> {
@@ -194,7 +216,7 @@ impl Engine for LinearEngine {
         }
     }
 
-    fn save(&self, dir: &Path) -> Result<(), MockError> {
+    fn save(&mut self, dir: &Path) -> Result<(), MockError> {
         let err = |e: std::io::Error| MockError(e.to_string());
         assert_eq!(
             std::fs::read_dir(dir).unwrap().count(),

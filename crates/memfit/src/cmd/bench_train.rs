@@ -2,6 +2,7 @@
 //! or classification (BERT family) (DESIGN.md §3). All logic is in `memfit_train::bench`; this
 //! parses, calls it, prints.
 
+use memfit_train::device::DeviceRequest;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -59,6 +60,9 @@ pub struct Args {
     /// Compute threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// What to compute on: auto, cpu, cuda, cuda:N (as `memfit train --device`).
+    #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<DeviceRequest>())]
+    device: DeviceRequest,
     /// Per-block gradient checkpointing (recompute each block in backward).
     #[arg(long)]
     grad_ckpt: bool,
@@ -81,6 +85,8 @@ pub struct Args {
 pub fn run(args: Args) -> Outcome {
     // a training step reuses what the last one freed (memfit_train::malloc_tuning)
     memfit_train::malloc_tuning::keep_freed_memory();
+    let device =
+        memfit_train::device::resolve(args.device).map_err(|e| bad_input(e.to_string()))?;
     let config =
         bench::resolve_model(&args.model).map_err(|e| bad_input(format!("--model: {e}")))?;
     let threads = args
@@ -118,6 +124,7 @@ pub fn run(args: Args) -> Outcome {
             _ => Training::Full,
         },
         prompt_frac: args.prompt_frac,
+        device,
     };
     let task = setup.task().map_err(|e| bad_input(e.to_string()))?;
     if let Some(asked) = args.task.as_deref().filter(|t| *t != task.name()) {

@@ -10,6 +10,7 @@ use memfit_sys::probe::cgroup::CgroupMemory;
 use memfit_sys::probe::cpu::Cpu;
 use memfit_sys::probe::{self, HostMemory, Machine};
 use memfit_sys::units::human_bytes as h;
+use memfit_train::device::{GpuTraining, gpu_training};
 use serde_json::Value;
 
 use crate::exit::{Outcome, bad_input, does_not_fit};
@@ -60,8 +61,14 @@ pub fn run(args: Args) -> Outcome {
     };
     if args.json {
         let mut v = serde_json::to_value(&machine)?;
-        if let (Some(rec), Value::Object(map)) = (&recommendation, &mut v) {
-            map.insert("recommendation".into(), rec.clone());
+        if let Value::Object(map) = &mut v {
+            map.insert(
+                "memfit_train_gpu".into(),
+                gpu_training_json(&gpu_training()),
+            );
+            if let Some(rec) = &recommendation {
+                map.insert("recommendation".into(), rec.clone());
+            }
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -379,6 +386,7 @@ fn machine_rows(m: &Machine) -> Vec<(&'static str, String)> {
         ));
     }
     rows.push(("GPUs", gpus_line(m)));
+    rows.push(("memfit train on GPU", gpu_training_line(&gpu_training())));
     rows.push(("OOM daemons", oom_daemons_line(m)));
     rows
 }
@@ -455,6 +463,24 @@ fn gpus_line(m: &Machine) -> String {
             .as_ref()
             .map(|d| format!("\ndriver {d}"))
             .unwrap_or_default()
+}
+
+/// `memfit_train_gpu` of `--json`: `{"ready": bool, "devices": [names], "detail": "…"}`.
+fn gpu_training_json(t: &GpuTraining) -> Value {
+    let (ready, detail) = match &t.ready {
+        Ok(with) => (true, with),
+        Err(why) => (false, why),
+    };
+    serde_json::json!({"ready": ready, "devices": t.devices, "detail": detail})
+}
+
+/// Whether this binary can train on the GPUs it sees, and with what (or why not).
+fn gpu_training_line(t: &GpuTraining) -> String {
+    match (&t.ready, t.devices.is_empty()) {
+        (Ok(with), _) => format!("yes: cuda:0..cuda:{} ({with})", t.devices.len() - 1),
+        (Err(why), true) => format!("no GPU: {why}"),
+        (Err(why), false) => format!("no: {why}"),
+    }
 }
 
 fn oom_daemons_line(m: &Machine) -> String {

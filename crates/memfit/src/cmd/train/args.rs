@@ -4,6 +4,7 @@
 use super::absolute;
 use crate::exit::bad_input;
 use memfit_train::config::{BestMetric, ConfigLayer, Method, OptimizerKind, Precision, TaskKind};
+use memfit_train::device::DeviceRequest;
 use memfit_train::schedule::ScheduleKind;
 use std::path::PathBuf;
 
@@ -57,6 +58,10 @@ pub struct Args {
     pub epochs: Option<u32>,
     #[arg(long)]
     pub seed: Option<u64>,
+    /// What to compute on: auto (a CUDA GPU when this binary has CUDA and one can run, else the
+    /// CPU; the start line says which and why), cpu, cuda, cuda:N.
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    pub device: DeviceRequest,
     /// Compute threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -157,6 +162,10 @@ pub struct Args {
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_device(s: &str) -> Result<DeviceRequest, String> {
+    s.parse()
 }
 
 /// `fp32` / `bf16` as typed (clap has checked the value).

@@ -111,6 +111,13 @@ where
     );
     eprintln!("{params_line}");
     s.run.log(&params_line)?;
+    let device_line = format!(
+        "device {}, training state on the {}",
+        start.setup.device.describe(),
+        start.setup.device.placement.name()
+    );
+    eprintln!("{device_line}");
+    s.run.log(&device_line)?;
     let guard = start_guard(&mut s)?;
     let mut observer = Bar::new(args.json);
     let summary = Trainer {

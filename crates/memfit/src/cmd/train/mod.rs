@@ -89,8 +89,11 @@ fn seq2seq(args: &Args, start: Start) -> Outcome {
     if let (Some(report), Some(dir)) = (&loaded, &init) {
         eprintln!("{}", init_line(dir, report));
     }
-    let engine =
-        ModelEngine::new(model, engine_setup::engine_options(config)).map_err(model_error)?;
+    let engine = ModelEngine::new(
+        model,
+        engine_setup::engine_options(config, &prepared.setup.device),
+    )
+    .map_err(model_error)?;
     let task = Seq2SeqTask {
         collate: Collate {
             max_src: config.seq,
@@ -134,8 +137,11 @@ fn classification(args: &Args, start: Start) -> Outcome {
     if let (Some(report), Some(dir)) = (&loaded, &init) {
         eprintln!("{}", init_line(dir, report));
     }
-    let engine =
-        ModelEngine::new(model, engine_setup::engine_options(config)).map_err(model_error)?;
+    let engine = ModelEngine::new(
+        model,
+        engine_setup::engine_options(config, &prepared.setup.device),
+    )
+    .map_err(model_error)?;
     let model_labels = memfit_train::engine::Classify::labels(&engine);
     let source = match &init {
         Some(dir) => format!("--init {}", dir.display()),
@@ -206,14 +212,17 @@ fn causal_lm(args: &Args, start: Start) -> Outcome {
         &config.model,
         init.as_deref(),
         &training,
-        config.seed,
+        (config.seed, prepared.setup.device.backend.device()),
     )
     .map_err(model_error)?;
     if let (Some(report), Some(dir), Mode::New) = (&loaded, &init, &prepared.setup.mode) {
         eprintln!("{}", init_line(dir, report));
     }
-    let engine =
-        ModelEngine::new(model, engine_setup::engine_options(config)).map_err(model_error)?;
+    let engine = ModelEngine::new(
+        model,
+        engine_setup::engine_options(config, &prepared.setup.device),
+    )
+    .map_err(model_error)?;
     let task = CausalLmTask {
         collate: LmCollate {
             max_len: config.seq,

@@ -7,6 +7,7 @@ use super::args::Args;
 use super::{budget, default_out};
 use crate::exit::bad_input;
 use memfit_train::config::{ConfigLayer, TaskKind, TrainConfig};
+use memfit_train::device::ChosenDevice;
 use memfit_train::plan_file::Budget;
 use memfit_train::{demo, model_spec, presets};
 use serde_json::Value;
@@ -32,6 +33,8 @@ pub struct Setup {
     pub plan_lines: Vec<String>,
     /// Where a resumed demo run's model config is.
     pub demo_config: Option<PathBuf>,
+    /// What the run computes on (`--device`, settled before anything is created).
+    pub device: ChosenDevice,
 }
 
 /// The machine's effective available memory, probed at most once.
@@ -54,6 +57,8 @@ impl Available {
 
 impl Setup {
     pub fn resolve(args: &Args) -> anyhow::Result<Self> {
+        let device =
+            memfit_train::device::resolve(args.device).map_err(|e| bad_input(e.to_string()))?;
         let available = Available::new();
         let gpu = budget::gpu_budget(args)?;
         let ram = args
@@ -63,14 +68,19 @@ impl Setup {
             .transpose()?;
         let flags = args.layer(ram.as_ref().map(|b| b.ram_bytes), gpu)?;
         match &args.resume {
-            Some(dir) => resume(args, dir, flags),
-            None => new_run(args, flags, ram, gpu, &available),
+            Some(dir) => resume(args, dir, flags, device),
+            None => new_run(args, flags, (ram, gpu), &available, device),
         }
     }
 }
 
 /// A resumed run: its config.toml with the flags over it, its first planned start.
-fn resume(args: &Args, dir: &std::path::Path, flags: ConfigLayer) -> anyhow::Result<Setup> {
+fn resume(
+    args: &Args,
+    dir: &std::path::Path,
+    flags: ConfigLayer,
+    device: ChosenDevice,
+) -> anyhow::Result<Setup> {
     let path = dir.join("config.toml");
     let text = std::fs::read_to_string(&path).map_err(|e| {
         let why = memfit_train::run_dir::RunDirError::not_a_run(dir, &e);
@@ -100,6 +110,7 @@ fn resume(args: &Args, dir: &std::path::Path, flags: ConfigLayer) -> anyhow::Res
         planning,
         plan_lines: Vec::new(),
         demo_config: demo.is_file().then_some(demo),
+        device,
     })
 }
 
@@ -107,9 +118,9 @@ fn resume(args: &Args, dir: &std::path::Path, flags: ConfigLayer) -> anyhow::Res
 fn new_run(
     args: &Args,
     flags: ConfigLayer,
-    ram: Option<Budget>,
-    gpu: Option<u64>,
+    (ram, gpu): (Option<Budget>, Option<u64>),
     available: &Available,
+    device: ChosenDevice,
 ) -> anyhow::Result<Setup> {
     let file = match &args.config {
         Some(path) => Some(ConfigLayer::from_file(path).map_err(|e| bad_input(e.to_string()))?),
@@ -149,6 +160,7 @@ fn new_run(
         planning: Some(start.planning),
         plan_lines: start.lines,
         demo_config: None,
+        device,
     })
 }
 

@@ -1,0 +1,221 @@
+//! The training state placed on the device ([`Placement::Device`](super::Placement::Device)): f32
+//! master weights of the trained parameters, their accumulated gradients and the optimizer state
+//! are tensors on the engine's device; the weights a pass computes with are cast from the masters
+//! once per optimizer step. Per step only a few scalars leave the device (the loss, the gradient
+//! norm); the host copies of the weights are refreshed only when a checkpoint is written.
+
+use burn::prelude::*;
+use burn::tensor::{DType, FloatDType, IndexingUpdateOp, TensorData};
+
+use crate::optim::{DeviceOptimizer, Optimizer, clip_coefficient};
+use memfit_nn::ModelError;
+use memfit_nn::layers::grad_sink::GradTarget;
+use memfit_nn::layers::host::to_f32_vec;
+use memfit_nn::model::ParamShape;
+
+pub(super) struct DeviceState {
+    device: Device,
+    /// The dtype a pass computes with (bf16 weights off flex under `--precision bf16`).
+    compute_dtype: DType,
+    /// f32 masters of the trained parameters (`None`: frozen).
+    masters: Vec<Option<Tensor<2>>>,
+    /// The frozen weights, uploaded once at `compute_dtype` (no f32 copy of a frozen base).
+    frozen: Vec<Option<Tensor<2>>>,
+    /// The weights a pass reads: the masters cast to `compute_dtype`, and the frozen ones.
+    compute: Vec<Tensor<2>>,
+    /// Accumulated f32 gradients (`None`: frozen, or none yet this step).
+    grads: Vec<Option<Tensor<2>>>,
+    optimizer: DeviceOptimizer,
+    /// The host's weights lag the masters (an optimizer step since the last download).
+    host_stale: bool,
+}
+
+impl DeviceState {
+    /// Uploads `params` (host masters) and the optimizer's state to `device`.
+    pub(super) fn new(
+        params: &[Vec<f32>],
+        shapes: &[ParamShape],
+        trainable: &[bool],
+        optimizer: &Optimizer,
+        (device, compute_dtype): (Device, DType),
+    ) -> Self {
+        let masters: Vec<Option<Tensor<2>>> = params
+            .iter()
+            .zip(shapes)
+            .zip(trainable)
+            .map(|((w, s), &t)| t.then(|| upload(w, s.dims, &device, DType::F32)))
+            .collect();
+        let frozen = params
+            .iter()
+            .zip(shapes)
+            .zip(trainable)
+            .map(|((w, s), &t)| (!t).then(|| upload(w, s.dims, &device, compute_dtype)))
+            .collect();
+        let mut state = Self {
+            optimizer: DeviceOptimizer::from_host(optimizer, &device),
+            grads: vec![None; params.len()],
+            device,
+            compute_dtype,
+            masters,
+            frozen,
+            compute: Vec::new(),
+            host_stale: false,
+        };
+        state.recast();
+        state
+    }
+
+    pub(super) fn weights(&self) -> Vec<Tensor<2>> {
+        self.compute.clone()
+    }
+
+    pub(super) fn optimizer_step(&self) -> u64 {
+        self.optimizer.step
+    }
+
+    pub(super) fn accumulators<'a>(
+        &'a mut self,
+        shapes: &'a [ParamShape],
+    ) -> DeviceAccumulators<'a> {
+        DeviceAccumulators {
+            acc: &mut self.grads,
+            shapes,
+            device: &self.device,
+        }
+    }
+
+    /// Global L2 norm of the accumulated gradients: one scalar read back.
+    pub(super) fn grad_norm(&self) -> Result<f64, ModelError> {
+        let squares: Vec<Tensor<1>> = (self.grads.iter().flatten())
+            .map(|g| (g.clone() * g.clone()).sum())
+            .collect();
+        if squares.is_empty() {
+            return Ok(0.0);
+        }
+        let total = memfit_nn::layers::host::scalar(Tensor::cat(squares, 0).sum())?;
+        Ok(f64::from(total).sqrt())
+    }
+
+    /// Clips, updates the masters, clears the gradients and recasts the compute weights.
+    pub(super) fn step(
+        &mut self,
+        shapes: &[ParamShape],
+        lr: f64,
+        max_grad_norm: Option<f64>,
+    ) -> Result<f64, ModelError> {
+        // A trained parameter that received no gradient this step (unused) takes a zero gradient.
+        for ((g, m), s) in self.grads.iter_mut().zip(&self.masters).zip(shapes) {
+            if m.is_some() && g.is_none() {
+                *g = Some(Tensor::zeros(s.dims, (&self.device, DType::F32)));
+            }
+        }
+        let grad_norm = self.grad_norm()?;
+        let scale = max_grad_norm.map_or(1.0, |max| clip_coefficient(grad_norm, max));
+        // The old compute copies go first, so that fp32's (the masters themselves) do not pin the
+        // old masters while the update writes the new ones.
+        self.compute.clear();
+        self.optimizer
+            .step_scaled(&mut self.masters, &self.grads, lr, scale);
+        self.clear_gradients();
+        self.recast();
+        self.host_stale = true;
+        Ok(grad_norm)
+    }
+
+    /// The compute weights from the masters (cast) and the frozen weights.
+    fn recast(&mut self) {
+        let dtype = self.compute_dtype;
+        self.compute = (self.masters.iter().zip(&self.frozen))
+            .map(|(m, f)| match (m, f) {
+                (Some(m), _) => m.clone().cast(dtype),
+                (None, Some(f)) => f.clone(),
+                (None, None) => unreachable!("a parameter is trained or frozen"),
+            })
+            .collect();
+    }
+
+    /// Copies the masters into the host's weights, if an optimizer step moved them since the last
+    /// time.
+    pub(super) fn sync_host(&mut self, params: &mut [Vec<f32>]) -> Result<(), ModelError> {
+        if !self.host_stale {
+            return Ok(());
+        }
+        for (w, m) in params.iter_mut().zip(&self.masters) {
+            if let Some(m) = m {
+                *w = to_f32_vec(m.clone())?;
+            }
+        }
+        self.host_stale = false;
+        Ok(())
+    }
+
+    pub(super) fn optimizer_to_host(&self) -> Result<Optimizer, ModelError> {
+        self.optimizer.to_host()
+    }
+
+    pub(super) fn clear_gradients(&mut self) {
+        self.grads.iter_mut().for_each(|g| *g = None);
+    }
+
+    /// The gradients accumulated so far, on the host (for checks).
+    pub(super) fn gradients_on_host(&self) -> Vec<Option<Vec<f32>>> {
+        (self.grads.iter())
+            .map(|g| g.as_ref().and_then(|g| to_f32_vec(g.clone()).ok()))
+            .collect()
+    }
+}
+
+fn upload(values: &[f32], dims: [usize; 2], device: &Device, dtype: DType) -> Tensor<2> {
+    let t = Tensor::from_data(TensorData::new(values.to_vec(), dims), (device, DType::F32));
+    if dtype == DType::F32 {
+        t
+    } else {
+        t.cast(dtype)
+    }
+}
+
+/// The device accumulators a micro-batch's gradients are added to, one per parameter.
+pub(super) struct DeviceAccumulators<'a> {
+    acc: &'a mut [Option<Tensor<2>>],
+    shapes: &'a [ParamShape],
+    device: &'a Device,
+}
+
+impl GradTarget for DeviceAccumulators<'_> {
+    fn parameter(&mut self, index: usize, grad: Tensor<2>) -> Result<(), ModelError> {
+        let dims = self.shapes[index].dims;
+        if grad.dims() != dims {
+            return Err(ModelError::Input(format!(
+                "gradient of {} has shape {:?}, the parameter {dims:?}",
+                self.shapes[index].name,
+                grad.dims()
+            )));
+        }
+        let g = grad.cast(FloatDType::F32);
+        let slot = &mut self.acc[index];
+        *slot = Some(match slot.take() {
+            Some(a) => a + g,
+            None => g,
+        });
+        Ok(())
+    }
+
+    fn rows(&mut self, index: usize, ids: &[usize], grad: Tensor<2>) -> Result<(), ModelError> {
+        let [rows, width] = self.shapes[index].dims;
+        if let Some(&id) = ids.iter().find(|&&id| id >= rows) {
+            return Err(ModelError::Input(format!(
+                "embedding row {id} is outside the table ({rows} rows)"
+            )));
+        }
+        let ids: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+        let n = ids.len();
+        let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [n]), self.device);
+        let g = grad.cast(FloatDType::F32).reshape([n, width]);
+        let slot = &mut self.acc[index];
+        let table = slot
+            .take()
+            .unwrap_or_else(|| Tensor::zeros([rows, width], (self.device, DType::F32)));
+        *slot = Some(table.select_assign(0, ids, g, IndexingUpdateOp::Add));
+        Ok(())
+    }
+}

@@ -1,0 +1,48 @@
+//! Telling a device out-of-memory failure from any other panic. burn's tensor ops have no error
+//! path: cubecl's allocator reports `OutOfMemory` (cubecl-runtime's `IoError` / `LaunchError`)
+//! and the op panics with that error's text. The engine catches the panic of a micro-batch and,
+//! when its message is this one, hands the loop [`memfit_nn::ModelError::OutOfMemory`].
+
+use std::any::Any;
+
+/// The texts cubecl 0.11's out-of-memory errors print (`IoError::OutOfMemory`: "out of device
+/// memory allocating …"; `LaunchError::OutOfMemory`: "An out-of-memory error happened …"), and the
+/// CUDA driver's `CUDA_ERROR_OUT_OF_MEMORY`.
+const MARKERS: [&str; 3] = [
+    "out of device memory",
+    "out-of-memory",
+    "CUDA_ERROR_OUT_OF_MEMORY",
+];
+
+/// The panic's message when it reports the device out of memory.
+pub(super) fn message(payload: &Box<dyn Any + Send>) -> Option<String> {
+    let text = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())?;
+    MARKERS
+        .iter()
+        .any(|m| text.contains(m))
+        .then(|| text.lines().next().unwrap_or(text).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_memory_panics_are_told_from_others() {
+        let oom: Box<dyn Any + Send> =
+            Box::new("out of device memory allocating 1073741824 bytes\nbacktrace".to_string());
+        assert_eq!(
+            message(&oom).as_deref(),
+            Some("out of device memory allocating 1073741824 bytes")
+        );
+        let launch: Box<dyn Any + Send> = Box::new("An out-of-memory error happened during launch");
+        assert!(message(&launch).is_some());
+        let other: Box<dyn Any + Send> = Box::new("index out of bounds".to_string());
+        assert_eq!(message(&other), None);
+        let not_text: Box<dyn Any + Send> = Box::new(42u32);
+        assert_eq!(message(&not_text), None);
+    }
+}

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# memfit train on a GPU, checked in one call of under 9 minutes on a machine with PyTorch,
+# transformers and PEFT but no Rust and no network (docs/gpu.md). It takes the binary that
+# scripts/gpu/build.sh packed into .gpu/ and writes into $OUT:
+#   parity.jsonl  the same 20 steps on the GPU and on the CPU, fp32 and bf16, three families
+#   speed.jsonl   memfit and PyTorch on the same card, bf16, the issue's three shapes
+#   memory.jsonl  memfit's pool and NVML peaks, three sizes per family
+#   resume.jsonl  a run killed by SIGTERM and resumed, beside the same run uninterrupted
+#   gpu.md        the tables (scripts/gpu/tables.py), accept.log everything printed
+# MEMFIT_ACCEPT_DEVICE=cpu runs the same steps on the CPU (a dry run of the script itself).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/memfit-accept}
+mkdir -p "$OUT"
+DEVICE=${MEMFIT_ACCEPT_DEVICE:-cuda}
+PY=${PY:-python3}
+BIN=${MEMFIT_BIN:-/tmp/memfit}
+BASE=.gpu/pytorch
+# The issue's shapes (bf16 speed beside PyTorch) and the memory table's; a CPU dry run takes tiny ones.
+SPEED_T5="--model t5-small --batch 32 --seq 128"
+TORCH_T5="--vocab 32128 --d-model 512 --d-ff 2048 --layers 6 --heads 8 --batch 32 --seq 128"
+SPEED_BERT="--model bert-base-chinese --batch 32 --seq 128"
+TORCH_BERT="--hidden 768 --layers 12 --heads 12 --batch 32 --seq 128"
+SPEED_LORA="--model qwen2.5-0.5b --method lora --lora-r 16 --batch 8 --seq 512"
+TORCH_LORA="--batch 8 --seq 512"
+MEMORY_RUNS=("--model tiny --batch 8 --seq 128" "--model tiny --batch 32 --seq 128"
+    "--model t5-small --batch 16 --seq 256"
+    "--model bert-small --batch 16 --seq 128" "--model bert-small --batch 64 --seq 128"
+    "--model bert-base-chinese --batch 16 --seq 256"
+    "--model qwen2-small --method lora --batch 4 --seq 256"
+    "--model qwen2-small --method lora --batch 8 --seq 512"
+    "--model qwen2.5-0.5b --method lora --batch 4 --seq 512")
+STEPS="--steps 12"
+if [ "$DEVICE" = cpu ]; then
+    SPEED_T5="--model tiny --batch 2 --seq 16"; TORCH_T5="--batch 2 --seq 16"
+    SPEED_BERT="--model bert-small --batch 2 --seq 16"; TORCH_BERT="--batch 2 --seq 16"
+    SPEED_LORA="--model qwen2-small --method lora --batch 1 --seq 16"; TORCH_LORA="--batch 1 --seq 16 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 1000"
+    MEMORY_RUNS=("--model tiny --batch 2 --seq 16" "--model bert-small --batch 2 --seq 16")
+    STEPS="--steps 5"
+fi
+LOG="$OUT/accept.log"
+: > "$LOG"
+log() { echo "[$(date +%T)] $*" | tee -a "$LOG" >&2; }
+
+if [ ! -x "$BIN" ]; then
+    xz -dc .gpu/memfit.xz > "$BIN" && chmod +x "$BIN" || { log "no .gpu/memfit.xz: run scripts/gpu/build.sh"; exit 2; }
+fi
+
+# Peak device memory in use while a command runs (nvidia-smi every 50 ms, less what was in use
+# before), appended to the command's JSON line: the same measure for memfit and PyTorch.
+measured() {
+    local out=$1; shift
+    local poll="$OUT/.poll" idle=0
+    if command -v nvidia-smi >/dev/null && [ "$DEVICE" != cpu ]; then
+        idle=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | head -1)
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 50 > "$poll" &
+    else
+        : > "$poll"; sleep 0 &
+    fi
+    local poller=$! start=$SECONDS
+    local line
+    line=$(timeout "${STEP_TIMEOUT:-150}" "$@" 2>>"$LOG" | tail -1)
+    local rc=$?
+    kill $poller 2>/dev/null; wait $poller 2>/dev/null
+    local peak
+    peak=$(sort -n "$poll" | tail -1)
+    $PY - "$line" "${peak:-0}" "$idle" "$rc" "$((SECONDS - start))" "$*" >> "$out" <<'PYEOF'
+import json, sys
+line, peak, idle, rc, secs, cmd = sys.argv[1:]
+try:
+    rec = json.loads(line)
+except ValueError:
+    rec = {"error": line[-500:]}
+rec.update(nvml_peak_mib=int(peak) - int(idle), exit=int(rc), wall_s=int(secs), command=cmd)
+print(json.dumps(rec))
+PYEOF
+    log "rc=$rc ($((SECONDS - start)) s): $*"
+}
+
+log "card: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo none)"
+"$BIN" check --json > "$OUT/check.json" 2>>"$LOG"
+
+# 1. Parity: 20 steps on the device and on the CPU from the same weights and tokens.
+: > "$OUT/parity.jsonl"
+for family in "t5|--model tiny --batch 8 --seq 64" \
+              "bert|--model bert-small --batch 8 --seq 64" \
+              "lora|--model qwen2-small --method lora --batch 4 --seq 64"; do
+    name=${family%%|*}; args=${family#*|}
+    for precision in fp32 bf16; do
+        for device in "$DEVICE" cpu; do
+            # shellcheck disable=SC2086
+            measured "$OUT/parity.jsonl" "$BIN" bench train $args --steps 20 --precision $precision \
+                --device $device --json
+        done
+    done
+done
+
+# 2. Speed and memory beside PyTorch on the same card, bf16 (the issue's three shapes).
+: > "$OUT/speed.jsonl"
+for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
+    # shellcheck disable=SC2086
+    measured "$OUT/speed.jsonl" "$BIN" bench train $shape --precision bf16 --device "$DEVICE" $STEPS --json
+done
+if $PY -c "import torch, transformers, peft" 2>/dev/null; then
+    # shellcheck disable=SC2086
+    {
+        measured "$OUT/speed.jsonl" $PY $BASE/bench_t5.py $TORCH_T5 --bf16 --device "$DEVICE" --data random $STEPS
+        measured "$OUT/speed.jsonl" $PY $BASE/bench_bert_cls.py $TORCH_BERT --bf16 --device "$DEVICE" --data random $STEPS
+        measured "$OUT/speed.jsonl" $PY $BASE/bench_causal_lora.py $TORCH_LORA --bf16 --device "$DEVICE" $STEPS
+    }
+else
+    log "PyTorch, transformers or PEFT missing: no baseline rows"
+fi
+
+# 3. Memory at three sizes per family (fp32, 6 steps).
+: > "$OUT/memory.jsonl"
+for run in "${MEMORY_RUNS[@]}"; do
+    # shellcheck disable=SC2086
+    measured "$OUT/memory.jsonl" "$BIN" bench train $run --steps 6 --device "$DEVICE" --json
+done
+
+# 4. A run stopped by SIGTERM and resumed, beside the same run uninterrupted (same data order,
+# same losses to 1e-4 relative).
+: > "$OUT/resume.jsonl"
+runs=$(mktemp -d)
+"$BIN" train --demo classification --device "$DEVICE" --out "$runs/whole" --max-steps 120 \
+    --save-steps 40 --json > "$runs/whole.json" 2>>"$LOG"
+"$BIN" train --demo classification --device "$DEVICE" --out "$runs/cut" --max-steps 120 \
+    --save-steps 40 --json > /dev/null 2>>"$LOG" &
+pid=$!
+for _ in $(seq 1 300); do
+    [ -n "$(ls -d "$runs"/cut/checkpoints/step-* 2>/dev/null)" ] && break
+    sleep 0.1
+done
+kill -TERM $pid; wait $pid; stopped=$?
+"$BIN" train --resume "$runs/cut" --device "$DEVICE" --json > "$runs/cut.json" 2>>"$LOG"
+resumed=$?
+$PY - "$runs" "$stopped" "$resumed" >> "$OUT/resume.jsonl" <<'PYEOF'
+import json, sys
+runs, stopped, resumed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def losses(run):
+    out = {}
+    for line in open(f"{runs}/{run}/metrics.jsonl"):
+        m = json.loads(line)
+        out[m["step"]] = m["loss"]
+    return out
+whole, cut = losses("whole"), losses("cut")
+worst = max((abs(cut[s] - whole[s]) / max(abs(whole[s]), 1e-12) for s in whole if s in cut), default=None)
+print(json.dumps({"stopped_exit": stopped, "resumed_exit": resumed, "steps_whole": len(whole),
+                  "steps_resumed": len(cut), "worst_rel_loss_diff": worst}))
+PYEOF
+log "resume: $(tail -1 "$OUT/resume.jsonl")"
+
+$PY scripts/gpu/tables.py "$OUT" > "$OUT/gpu.md" 2>>"$LOG"
+rm -f "$OUT/.poll"
+cat "$OUT/gpu.md"

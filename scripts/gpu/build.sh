@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Builds the release memfit with burn's CUDA backend and packs it for a GPU machine that has no Rust
+# toolchain and no network (docs/gpu.md): .gpu/memfit.xz (stripped, xz), with the PyTorch baselines
+# scripts/gpu/accept.sh measures beside it. Then, from the device tool:
+#   run(command="bash scripts/gpu/accept.sh", carry=[".gpu"], timeout_s=560)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+target=${CARGO_TARGET_DIR:-target}
+cargo build --release -p memfit --features cuda
+mkdir -p .gpu/pytorch
+strip -o .gpu/memfit "$target/release/memfit"
+xz -T0 -6 -f .gpu/memfit
+baselines=${MEMFIT_PYTORCH_BENCH:-../shared/bench/pytorch}
+cp "$baselines"/bench_t5.py "$baselines"/bench_bert_cls.py "$baselines"/bench_causal_lora.py \
+    "$baselines"/benchcommon.py .gpu/pytorch/
+du -sh .gpu .gpu/memfit.xz

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""The tables of docs/gpu.md from what scripts/gpu/accept.sh wrote into one folder (stdlib only).
+
+usage: tables.py OUT_DIR > gpu.md
+"""
+import json
+import os
+import sys
+import time
+
+# Dense bf16 tensor-core peaks (NVIDIA's data sheets, SXM parts): what MFU is reported against.
+BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+# Parity bounds of issue 27: relative loss difference over 20 steps.
+PARITY_TOL = {"fp32": 1e-4, "bf16": 1e-2}
+
+
+def rows(folder, name):
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return []
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def card(folder):
+    check = os.path.join(folder, "check.json")
+    try:
+        gpus = json.load(open(check)).get("gpus") or []
+    except (OSError, ValueError):
+        gpus = []
+    return gpus[0].get("name", "?") if gpus else "no GPU"
+
+
+def peak_for(name):
+    return next((v for k, v in BF16_PEAK.items() if k in name), None)
+
+
+def parity(records):
+    print("## Parity: the same 20 steps on the GPU and on the CPU\n")
+    print("| model | precision | loss first → last (GPU) | (CPU) | worst step rel. diff | bound | ok |")
+    print("| --- | --- | --- | --- | ---: | ---: | --- |")
+    by_key = {}
+    for r in records:
+        s = r.get("setup", {})
+        key = (s.get("model"), s.get("training"), s.get("precision"))
+        by_key.setdefault(key, {})[r.get("device", "?")] = r
+    for (model, training, precision), pair in by_key.items():
+        cpu = pair.get("cpu")
+        gpu = next((v for k, v in pair.items() if k != "cpu"), None)
+        if not (cpu and gpu and "losses" in cpu and "losses" in gpu):
+            print(f"| {model} | {precision} | missing: {sorted(pair)} | | | | no |")
+            continue
+        worst = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(gpu["losses"], cpu["losses"]))
+        tol = PARITY_TOL.get(precision, 1e-2)
+        kind = "LoRA" if "Lora" in str(training) else ""
+        print(f"| {model} {kind} | {precision} | {gpu['loss_first']:.4f} → {gpu['loss_last']:.4f} | "
+              f"{cpu['loss_first']:.4f} → {cpu['loss_last']:.4f} | {worst:.2e} | {tol:g} | "
+              f"{'yes' if worst <= tol else 'NO'} |")
+    print()
+
+
+def speed(records, gpu_name):
+    print("## Speed and memory beside PyTorch on the same card (bf16)\n")
+    peak = peak_for(gpu_name)
+    memfit = [r for r in records if "placement" in r]
+    torch = [r for r in records if "bench" in r]
+    print("| shape | memfit tokens/s | PyTorch tokens/s | ratio | memfit NVML peak MiB | PyTorch | ratio | memfit MFU |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for i, m in enumerate(memfit):
+        t = torch[i] if i < len(torch) else {}
+        s = m.get("setup", {})
+        shape = f"{s.get('model')} b{s.get('batch')} s{s.get('seq')}"
+        mfu = (m["model_flops_per_step"] / m["sec_per_step_median"] / peak
+               if peak and m.get("sec_per_step_median") else None)
+        tps, ttps = m.get("tokens_per_s"), t.get("tokens_per_s")
+        mm, tm = m.get("nvml_peak_mib"), t.get("nvml_peak_mib")
+        ratio = lambda a, b: f"{a / b:.2f}" if a and b else "—"
+        print(f"| {shape} | {tps or 0:.0f} | {ttps or 0:.0f} | {ratio(tps, ttps)} | {mm} | {tm or '—'} | "
+              f"{ratio(mm, tm)} | {f'{mfu:.1%}' if mfu else '—'} |")
+    print()
+
+
+def memory(records):
+    print("## memfit's GPU memory at three sizes per family (fp32)\n")
+    print("| model | batch × seq | pool in use MiB | pool reserved MiB | NVML peak MiB | s/step |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    mib = lambda b: f"{b / 2**20:.0f}" if b is not None else "—"
+    for r in records:
+        s = r.get("setup", {})
+        if not s:
+            print(f"| failed: {r.get('command', '')[:60]} | | | | | |")
+            continue
+        print(f"| {s.get('model')} {'LoRA' if 'Lora' in str(s.get('training')) else ''} | "
+              f"{s.get('batch')} × {s.get('seq')} | {mib(r.get('gpu_pool_in_use_bytes'))} | "
+              f"{mib(r.get('gpu_pool_reserved_bytes'))} | {r.get('nvml_peak_mib')} | "
+              f"{r.get('sec_per_step_median', 0):.3f} |")
+    print()
+
+
+def resume(records):
+    print("## Kill and resume\n")
+    for r in records:
+        print(f"- stopped by SIGTERM: exit {r['stopped_exit']}; resumed: exit {r['resumed_exit']}; "
+              f"{r['steps_resumed']} of {r['steps_whole']} steps logged; worst relative loss "
+              f"difference against the uninterrupted run: {r['worst_rel_loss_diff']}")
+    print()
+
+
+def main():
+    folder = sys.argv[1]
+    gpu = card(folder)
+    print(f"# memfit on {gpu} — scripts/gpu/accept.sh, {time.strftime('%Y-%m-%d')}\n")
+    parity(rows(folder, "parity.jsonl"))
+    speed(rows(folder, "speed.jsonl"), gpu)
+    memory(rows(folder, "memory.jsonl"))
+    resume(rows(folder, "resume.jsonl"))
+
+
+if __name__ == "__main__":
+    main()
