@@ -151,8 +151,9 @@ struct Case {
 
 #[test]
 fn chatlm_checkpoint_tokenizer_matches_python_autotokenizer() {
-    let Some(shared) = common::shared_dir() else {
-        eprintln!("skipped: ../shared (the ChatLM fixture tokenizer) is not present");
+    let Some(shared) = common::shared::shared_dir_or_skip(
+        "chatlm_checkpoint_tokenizer_matches_python_autotokenizer",
+    ) else {
         return;
     };
     let golden: Golden =

@@ -19,8 +19,9 @@ struct Case {
 
 #[test]
 fn chatlm_tokenizer_matches_python_tokenizers() {
-    let Some(shared) = common::shared_dir() else {
-        eprintln!("skipped: ../shared (the ChatLM fixture tokenizer) is not present");
+    let Some(shared) =
+        common::shared::shared_dir_or_skip("chatlm_tokenizer_matches_python_tokenizers")
+    else {
         return;
     };
     let dir = shared.join("fixtures/chatlm/tokenizer");
@@ -44,4 +45,22 @@ fn chatlm_tokenizer_matches_python_tokenizers() {
             case.text
         );
     }
+}
+
+/// Without `../shared` a fixture test is skipped visibly (`None`), and under CI it fails.
+#[test]
+fn missing_shared_skips_visibly_and_fails_under_ci() {
+    let missing = std::path::PathBuf::from("/nonexistent/memfit-shared");
+    assert_eq!(
+        common::shared::resolve(
+            missing.clone(),
+            false,
+            "self-test of the skip, not a real skip"
+        ),
+        None
+    );
+    let under_ci = std::panic::catch_unwind(|| {
+        common::shared::resolve(missing, true, "self-test of the skip under CI")
+    });
+    assert!(under_ci.is_err());
 }

@@ -12,6 +12,8 @@ use crate::memory::{LoraTarget, Optimizer, Precision};
 use crate::validation::{Record, parse_csv};
 use serde_json::json;
 
+pub mod fit;
+
 /// One grid point: a `memfit bench train` invocation (target length = source length); the task is
 /// the model's family's (T5 seq2seq, BERT classification, a decoder causal LM).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -344,6 +346,9 @@ pub struct Compared {
     pub predicted_bytes: u64,
     /// (predicted − measured) / measured
     pub error: f64,
+    /// The point is in the half the fitted constants were fitted to ([`fit::is_fit_point`]): its
+    /// error is a fit's residual, not a validation.
+    pub fit_point: bool,
 }
 
 fn field<'a>(r: &'a Record, k: &str) -> &'a str {
@@ -494,9 +499,10 @@ pub fn predict(r: &Record) -> Result<u64, String> {
 
 /// Every row of `validation/memfit_grid.csv` (its text) against the model.
 pub fn compare(text: &str) -> Result<Vec<Compared>, String> {
-    parse_csv(text)?
-        .iter()
-        .map(|r| {
+    let rows = parse_csv(text)?;
+    rows.iter()
+        .zip(fit::is_fit_point(&rows))
+        .map(|(r, fit_point)| {
             let predicted = predict(r)?;
             let measured = number(r, "peak_rss_bytes")?;
             if measured == 0 {
@@ -531,6 +537,7 @@ pub fn compare(text: &str) -> Result<Vec<Compared>, String> {
                 measured_bytes: measured,
                 predicted_bytes: predicted,
                 error: (predicted as f64 - measured as f64) / measured as f64,
+                fit_point,
             })
         })
         .collect()
@@ -541,16 +548,22 @@ pub fn worst_abs_error(rows: &[Compared]) -> f64 {
     rows.iter().map(|r| r.error.abs()).fold(0.0, f64::max)
 }
 
+/// The held-out points only: the ones that validate the fit.
+pub fn held_out(rows: &[Compared]) -> Vec<Compared> {
+    rows.iter().filter(|r| !r.fit_point).cloned().collect()
+}
+
 /// The markdown table: one line per point.
 pub fn markdown_table(rows: &[Compared]) -> String {
     let mib = (1u64 << 20) as f64;
     let mut s = String::from(
-        "| point | setup | measured (MiB) | predicted (MiB) | error |\n| --- | --- | ---: | ---: | ---: |\n",
+        "| point | half | setup | measured (MiB) | predicted (MiB) | error |\n| --- | --- | --- | ---: | ---: | ---: |\n",
     );
     for r in rows {
         s += &format!(
-            "| {} | {} | {:.0} | {:.0} | {:+.1}% |\n",
+            "| {} | {} | {} | {:.0} | {:.0} | {:+.1}% |\n",
             r.id,
+            if r.fit_point { "fit" } else { "held out" },
             r.setup,
             r.measured_bytes as f64 / mib,
             r.predicted_bytes as f64 / mib,

@@ -36,11 +36,12 @@ fn rows() -> Vec<validation::Compared> {
 
 #[test]
 fn median_error_and_grade_a_rows() {
-    let rows = rows();
+    let every = rows();
     println!(
         "{}",
-        validation::markdown_table(&rows, &rows_in(Mode::LeaveOneSourceOut))
+        validation::markdown_table(&every, &rows_in(Mode::LeaveOneSourceOut))
     );
+    let rows: Vec<_> = every.into_iter().filter(|r| r.is_scored()).collect();
     let median = validation::median_abs_error(&rows);
     println!("median |error| = {:.1}%", 100.0 * median);
     assert!(rows.len() >= 80);
@@ -85,9 +86,10 @@ fn grid() -> Vec<memfit_plan::grid::Compared> {
     memfit_plan::grid::compare(&text).unwrap()
 }
 
-/// memfit's own trainer: every measured point of the grid within 10% of the host model.
+/// memfit's own trainer: the grid covers every axis, and every *held-out* point (the half the
+/// constants were not fitted to) is within 10% of the host model.
 #[test]
-fn memfit_grid_every_point_within_10_percent() {
+fn memfit_grid_held_out_points_within_10_percent() {
     let rows = grid();
     println!("{}", memfit_plan::grid::markdown_table(&rows));
     assert!(rows.len() >= 12);
@@ -108,7 +110,19 @@ fn memfit_grid_every_point_within_10_percent() {
     assert!(lora.iter().any(|r| !r.setup.contains("ckpt")));
     assert!(lora.iter().any(|r| r.setup.ends_with("base bf16")));
     assert!(lora.iter().any(|r| r.setup.ends_with("base fp32")));
-    for r in &rows {
+    let held_out = memfit_plan::grid::held_out(&rows);
+    assert!(
+        held_out.len() >= rows.len() / 2 - 1,
+        "{} held out",
+        held_out.len()
+    );
+    for family in ["bert", "qwen", "t5-small"] {
+        assert!(
+            held_out.iter().any(|r| r.setup.contains(family)),
+            "{family}"
+        );
+    }
+    for r in &held_out {
         assert!(
             r.error.abs() <= 0.10,
             "{} ({}) off by {:+.1}%",
@@ -117,6 +131,19 @@ fn memfit_grid_every_point_within_10_percent() {
             100.0 * r.error
         );
     }
+}
+
+/// The committed constants of the host model are what the fit over the fit half of the grid
+/// finds (so no held-out point shaped them), and the fit's own residuals are reported as such.
+#[test]
+fn memfit_grid_constants_are_the_fit_halfs_fit() {
+    let text = std::fs::read_to_string(root().join("validation/memfit_grid.csv")).unwrap();
+    let (found, worst) = memfit_plan::grid::fit::fit(&text).unwrap();
+    println!("fit half: {found:?}, worst |error| {:.1}%", 100.0 * worst);
+    assert_eq!(found, memfit_plan::memory::memfit_host::FITTED);
+    let fit_points: Vec<_> = grid().into_iter().filter(|r| r.fit_point).collect();
+    let in_sample = memfit_plan::grid::worst_abs_error(&fit_points);
+    assert!((in_sample - worst).abs() < 1e-9, "{in_sample} vs {worst}");
 }
 
 #[test]
@@ -244,27 +271,87 @@ fn leave_one_source_out_never_uses_the_rows_own_context() {
     }
 }
 
-/// Issue 17's leave-one-source-out targets that hold: median |error| ≤ 8% and p90 ≤ 20% over
-/// every row, each row estimated without a constant measured by its own project. (The third,
-/// no row beyond 35%, does not hold: docs/accuracy.md names the rows and the cause.)
+/// The rows that break a per-row target today, leave-one-source-out (docs/accuracy.md, "Where the
+/// model is weakest", gives the causes): estimated low by more than 25%, and beyond ±35%.
+const KNOWN_LOW_BEYOND_25: &[&str] = &["S1", "T2"];
+const KNOWN_BEYOND_35: &[&str] = &["T2"];
+
+/// Issues 17 and 31's targets over the committed rows, leave-one-source-out (each row estimated
+/// without a constant measured by its own project, rows that are a constant's measurement not
+/// scored): every row estimable, median |error| ≤ 8%, p90 ≤ 20%; the rows low by more than 25% or
+/// beyond 35% exactly the known ones, so that a new one fails here.
 #[test]
-fn leave_one_source_out_median_and_p90() {
+fn leave_one_source_out_goals() {
     let loso = rows_in(Mode::LeaveOneSourceOut);
-    let all: Vec<&validation::Compared> = loso.iter().collect();
-    let s = stats::summarize(&all);
+    // every row of cases.csv was estimated (compare fails on the first that is not)
+    let lines = std::fs::read_to_string(root().join("validation/cases.csv")).unwrap();
+    assert_eq!(loso.len(), validation::parse_csv(&lines).unwrap().len());
+    let scored: Vec<&validation::Compared> = loso.iter().filter(|r| r.is_scored()).collect();
+    let s = stats::summarize(&scored);
     println!(
-        "LOSO: {} rows, median {:.1}%, p90 {:.1}%, worst {:?}, {} beyond 35%",
+        "LOSO: {} scored rows of {}, median {:.1}%, p90 {:.1}%, worst {:?}, beyond 35%: {}, low by > 25%: {:?}",
         s.rows,
+        loso.len(),
         100.0 * s.median,
         100.0 * s.p90,
         s.worst,
-        s.beyond_35
+        s.beyond_35,
+        s.low_beyond_25
     );
     assert!(s.median <= 0.08, "median {:.1}% > 8%", 100.0 * s.median);
     assert!(s.p90 <= 0.20, "p90 {:.1}% > 20%", 100.0 * s.p90);
+    let mut low = s.low_beyond_25.clone();
+    low.sort();
+    assert_eq!(
+        low, KNOWN_LOW_BEYOND_25,
+        "rows estimated low by more than 25%"
+    );
+    let mut beyond: Vec<&str> = scored
+        .iter()
+        .filter(|r| r.error.abs() > 0.35)
+        .map(|r| r.id.as_str())
+        .collect();
+    beyond.sort();
+    assert_eq!(beyond, KNOWN_BEYOND_35, "rows beyond 35%");
     // rows from at least six independent projects, every row from a known one
     let mut projects: Vec<&str> = loso.iter().map(|r| r.source).collect();
     projects.sort();
     projects.dedup();
     assert!(projects.len() >= 6, "{projects:?}");
+}
+
+/// A row that is the measurement of a constant is never scored; in leave-one-source-out mode no
+/// host-RSS row of that project is either (it would use its own project's figure).
+#[test]
+fn constant_rows_are_not_scored() {
+    for mode in [Mode::AllSources, Mode::LeaveOneSourceOut] {
+        let rows = rows_in(mode);
+        for id in validation::CONSTANT_ROWS {
+            let r = rows.iter().find(|r| r.id == *id).unwrap();
+            assert!(!r.is_scored(), "{id} scored in {mode:?}");
+        }
+        let peft_rss: Vec<_> = rows
+            .iter()
+            .filter(|r| r.metric == "RSS" && r.source == "huggingface/peft")
+            .collect();
+        assert!(peft_rss.len() >= 4);
+        let scored = peft_rss.iter().filter(|r| r.is_scored()).count();
+        match mode {
+            Mode::AllSources => {
+                assert_eq!(scored, peft_rss.len() - validation::CONSTANT_ROWS.len())
+            }
+            Mode::LeaveOneSourceOut => assert_eq!(scored, 0),
+        }
+    }
+    // the constant is the rows' figure in the unit they state (2.96 GB, not 2960 MiB)
+    let text = std::fs::read_to_string(root().join("validation/cases.csv")).unwrap();
+    for r in validation::parse_csv(&text).unwrap() {
+        if validation::CONSTANT_ROWS.contains(&r["id"].as_str()) {
+            let b = validation::to_bytes(&r["measured_value"], &r["measured_unit"]).unwrap();
+            assert_eq!(
+                b as u64,
+                memfit_plan::memory::framework::PYTORCH_CUDA_RUNTIME_RSS
+            );
+        }
+    }
 }

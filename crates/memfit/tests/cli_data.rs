@@ -1,6 +1,8 @@
 //! `memfit data prepare|info` and `memfit bench data` through the binary.
 
 mod cli_data_common;
+#[path = "../../memfit-data/tests/common/shared.rs"]
+mod shared;
 
 use cli_data_common::{corpus, memfit_line, stderr, stdout, trained_tokenizer};
 
@@ -107,11 +109,10 @@ fn bad_input_exits_2_with_the_row_and_column_and_no_store() {
 
 #[test]
 fn chatlm_fixture_prepares_with_its_tokenizer() {
-    let shared = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"));
-    if !shared.exists() {
-        eprintln!("skipped: ../shared (the ChatLM fixtures) is not present");
+    let Some(shared) = shared::shared_dir_or_skip("chatlm_fixture_prepares_with_its_tokenizer")
+    else {
         return;
-    }
+    };
     let fx = shared.join("fixtures/chatlm");
     let tmp = tempfile::tempdir().unwrap();
     let store = tmp.path().join("valid.store");

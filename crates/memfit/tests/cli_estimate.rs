@@ -1,7 +1,7 @@
 //! `memfit estimate` as a user runs it: the --json contract of DESIGN.md §3 and exit codes.
 
 mod cli_estimate_support;
-use cli_estimate_support::{assert_exit, json, memfit};
+use cli_estimate_support::{assert_exit, estimate_config, json, memfit};
 
 #[test]
 fn json_has_the_documented_schema() {
@@ -127,18 +127,8 @@ fn human_output_is_a_table_with_scaling() {
 #[test]
 fn bad_config_exits_2_naming_file_and_field() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.json");
     let stderr_for = |config: &str| {
-        std::fs::write(&path, config).unwrap();
-        let out = memfit(&[
-            "estimate",
-            "--model",
-            path.to_str().unwrap(),
-            "--batch",
-            "1",
-            "--seq",
-            "8",
-        ]);
+        let out = estimate_config(dir.path(), config, &["--batch", "1", "--seq", "8"]);
         assert_eq!(out.status.code(), Some(2), "{config}");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
@@ -164,6 +154,61 @@ fn bad_config_exits_2_naming_file_and_field() {
             "estimate --model t5-small --batch 1 --seq 8 --offload-params cpu",
         ],
     );
+}
+
+/// A remote-code model (Qwen v1, its first generation's config) is read as is; a decoder of a
+/// `model_type` memfit does not read is estimated generically, with the assumption on stderr and
+/// in the JSON's `model.assumption`.
+#[test]
+fn remote_code_and_generic_decoders_are_estimated() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |config: &str| {
+        let args = [
+            "--batch",
+            "1",
+            "--seq",
+            "2048",
+            "--method",
+            "lora",
+            "--lora-targets",
+            "qkv",
+            "--precision",
+            "bf16",
+            "--grad-ckpt",
+            "--json",
+        ];
+        let out = estimate_config(dir.path(), config, &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (v, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (v, err) = run(
+        r#"{"model_type":"qwen","hidden_size":4096,"intermediate_size":22016,
+        "kv_channels":128,"no_bias":true,"num_attention_heads":32,"num_hidden_layers":32,
+        "vocab_size":151936}"#,
+    );
+    assert_eq!(v["model"]["params_total"], 7_721_324_544u64);
+    assert!(v["model"]["assumption"].is_null());
+    assert!(!err.contains("warning"), "{err}");
+    let (v, err) = run(
+        r#"{"model_type":"aquila","hidden_size":4096,"intermediate_size":11008,
+        "num_attention_heads":32,"num_hidden_layers":32,"vocab_size":100008}"#,
+    );
+    assert!(
+        err.contains("warning") && err.contains("aquila") && err.contains("generic"),
+        "{err}"
+    );
+    assert!(
+        v["model"]["assumption"]
+            .as_str()
+            .unwrap()
+            .contains("generic")
+    );
+    assert!(v["gpu"]["peak_allocated_bytes"].as_u64().unwrap() > 14 << 30);
 }
 
 /// `--stack`: the stack is in the setup, and what it keeps differently shows in the components

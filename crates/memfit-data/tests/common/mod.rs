@@ -2,6 +2,7 @@
 //! parquet sources.
 #![allow(dead_code)]
 
+pub mod shared;
 pub mod special_tokenizers;
 
 use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray};
@@ -129,12 +130,6 @@ pub fn binary_array(v: Vec<Option<&[u8]>>) -> ArrayRef {
 
 pub fn int_array(v: Vec<Option<i64>>) -> ArrayRef {
     Arc::new(Int64Array::from(v))
-}
-
-/// `../shared` relative to the workspace root, if present.
-pub fn shared_dir() -> Option<PathBuf> {
-    let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"));
-    p.exists().then_some(p)
 }
 
 /// Entries of `dir` whose names start with `.` (temporary build directories).

@@ -19,6 +19,16 @@ pub enum ArchError {
         model_type: String,
         supported: &'static str,
     },
+    #[error(
+        "{file}: field `model_type` is {model_type:?}, which memfit does not know (supported: {supported}), \
+         and its fields do not describe a decoder it could estimate generically: {missing}"
+    )]
+    NotADecoder {
+        file: String,
+        model_type: String,
+        supported: &'static str,
+        missing: String,
+    },
     #[error("{file}: field `{field}` {problem}")]
     Field {
         file: String,
@@ -30,7 +40,8 @@ pub enum ArchError {
 }
 
 const SUPPORTED: &str = "t5, mt5, bert, roberta, gpt2, llama, mistral, qwen2, qwen3, gemma, gemma2, \
-     phi, phi3, stablelm, falcon, bloom, gpt_neox, gptj, opt, starcoder2, mixtral, qwen2_moe, qwen3_moe";
+     phi, phi3, stablelm, falcon, bloom, gpt_neox, gptj, opt, starcoder2, mixtral, qwen2_moe, qwen3_moe, \
+     qwen, chatglm, baichuan, internlm2; any other decoder as a generic one when its fields say enough";
 
 /// What a model type's reader decides besides the dimensions.
 pub(crate) struct Kind {
@@ -65,8 +76,26 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
         None => return Err(cfg.err("model_type", "is missing")),
     };
     let mut d = Dims::default();
-    let kind = read_model_type(&model_type, &cfg, &mut d)?;
-    Ok(assemble(name, model_type, kind, d))
+    let (kind, assumption) = match read_model_type(&model_type, &cfg, &mut d) {
+        Err(ArchError::UnknownModelType { .. }) => {
+            d = Dims::default();
+            match super::generic::parse(&cfg, &mut d)? {
+                Ok((kind, assumption)) => (kind, Some(assumption)),
+                Err(missing) => {
+                    return Err(ArchError::NotADecoder {
+                        file: file.to_string(),
+                        model_type,
+                        supported: SUPPORTED,
+                        missing,
+                    });
+                }
+            }
+        }
+        other => (other?, None),
+    };
+    let mut arch = assemble(name, model_type, kind, d);
+    arch.assumption = assumption;
+    Ok(arch)
 }
 
 /// Reads the fields of `model_type` into `d` with that type's reader.
@@ -84,6 +113,7 @@ fn read_model_type(model_type: &str, cfg: &Cfg, d: &mut Dims) -> Result<Kind, Ar
         "gpt_neox" | "gptj" | "opt" | "phi3" | "gemma2" | "qwen3" | "starcoder2" => {
             super::decoders::parse(model_type, cfg, d)
         }
+        "qwen" | "chatglm" | "baichuan" | "internlm2" => super::remote::parse(model_type, cfg, d),
         other => Err(ArchError::UnknownModelType {
             file: cfg.file.to_string(),
             model_type: other.to_string(),
@@ -116,6 +146,7 @@ fn assemble(name: &str, model_type: String, kind: Kind, d: Dims) -> Arch {
         block: d.block,
         moe: d.moe,
         tensors,
+        assumption: None,
     }
 }
 
@@ -373,15 +404,7 @@ pub(crate) fn decoder_dims(cfg: &Cfg, d: &mut Dims) -> Result<(), ArchError> {
     d.hidden = cfg.u64("hidden_size")?;
     d.heads = cfg.u64("num_attention_heads")?;
     d.kv_heads = cfg.u64_or("num_key_value_heads", d.heads)?;
-    if !d.heads.is_multiple_of(d.kv_heads) {
-        return Err(cfg.err(
-            "num_key_value_heads",
-            format!(
-                "({}) does not divide num_attention_heads ({})",
-                d.kv_heads, d.heads
-            ),
-        ));
-    }
+    kv_heads_divide(cfg, d, "num_key_value_heads")?;
     d.head_dim = match cfg.opt_u64("head_dim")? {
         Some(h) => h,
         None => cfg.divides(d.hidden, d.heads, "num_attention_heads")?,
@@ -390,6 +413,20 @@ pub(crate) fn decoder_dims(cfg: &Cfg, d: &mut Dims) -> Result<(), ArchError> {
     d.ffn = cfg.u64("intermediate_size")?;
     d.vocab = cfg.u64("vocab_size")?;
     Ok(())
+}
+
+/// Grouped attention needs the key/value heads (read from `field`) to divide the query heads.
+pub(crate) fn kv_heads_divide(cfg: &Cfg, d: &Dims, field: &str) -> Result<(), ArchError> {
+    if d.heads.is_multiple_of(d.kv_heads) {
+        return Ok(());
+    }
+    Err(cfg.err(
+        field,
+        format!(
+            "({}) does not divide num_attention_heads ({})",
+            d.kv_heads, d.heads
+        ),
+    ))
 }
 
 pub(crate) fn lm_head(cfg: &Cfg, tied_default: bool, bias: bool) -> Result<Head, ArchError> {

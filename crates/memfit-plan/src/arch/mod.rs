@@ -11,9 +11,11 @@
 mod cfg;
 pub mod config;
 mod decoders;
+mod generic;
 mod moe;
 pub mod params;
 pub mod presets;
+mod remote;
 
 pub use config::{ArchError, parse_config};
 pub use params::{Group, ParamTensor, Role};
@@ -157,6 +159,9 @@ pub struct Arch {
     pub moe: Option<Moe>,
     /// The parameter inventory (see [`params`]).
     pub tensors: Vec<ParamTensor>,
+    /// What was assumed because the config's `model_type` is not one memfit reads (a generic
+    /// llama-style decoder, `generic.rs`): shown with every estimate of it. `None`: read as is.
+    pub assumption: Option<String>,
 }
 
 impl Arch {

@@ -42,7 +42,7 @@ pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
     let runtime = match (setup.runtime, setup.device) {
         (Runtime::Pytorch, Device::Cuda) => framework::PYTORCH_CUDA_RUNTIME_RSS,
         (Runtime::Pytorch, Device::Cpu) => framework::PYTORCH_CPU_RUNTIME_RSS,
-        (Runtime::Memfit, _) => super::memfit_host::fitted::RUNTIME_RSS,
+        (Runtime::Memfit, _) => super::memfit_host::FITTED.runtime_rss,
     };
     let mut l = Ledger {
         components: Vec::new(),

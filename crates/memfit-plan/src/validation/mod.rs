@@ -210,6 +210,8 @@ pub struct Compared {
     pub error: f64,
     /// The row's notes say it depends on a feature the columns cannot express.
     pub needs_feature: bool,
+    /// Why the row is compared but kept out of every summary and band ([`unscored_reason`]).
+    pub unscored: Option<&'static str>,
 }
 
 impl Compared {
@@ -217,6 +219,29 @@ impl Compared {
     pub fn is_gpu(&self) -> bool {
         self.metric != "RSS"
     }
+
+    /// The row counts in summaries and bands.
+    pub fn is_scored(&self) -> bool {
+        self.unscored.is_none()
+    }
+}
+
+/// The rows a constant of the model was measured on: `memory::framework::PYTORCH_CUDA_RUNTIME_RSS`
+/// is the host RSS of rows B1-CPU and B2-CPU (PEFT's 2022 log).
+pub const CONSTANT_ROWS: &[&str] = &["B1-CPU", "B2-CPU"];
+
+/// Why a row is compared but not scored, if it is not: it is the measurement of a constant
+/// ([`CONSTANT_ROWS`]), or, in leave-one-source-out mode, a PyTorch host-RSS row of the project
+/// that measured that constant (no other project published it, so the row cannot be estimated
+/// without its own project's figure).
+pub fn unscored_reason(id: &str, metric: &str, mode: Mode) -> Result<Option<&'static str>, String> {
+    if CONSTANT_ROWS.contains(&id) {
+        return Ok(Some("the measurement of PYTORCH_CUDA_RUNTIME_RSS"));
+    }
+    let constant_source = source_of(CONSTANT_ROWS[0])?;
+    let own_constant = metric == "RSS" && source_of(id)? == constant_source;
+    Ok((mode == Mode::LeaveOneSourceOut && own_constant)
+        .then_some("its runtime RSS constant is its own project's measurement"))
 }
 
 /// The CUDA context for a row: a `constants.csv` row with no model, metric NV, one GPU and the
@@ -361,6 +386,7 @@ fn compare_row(
         predicted_bytes: predicted,
         error: (predicted - measured) / measured,
         needs_feature: get(r, "notes").starts_with("[needs:"),
+        unscored: unscored_reason(get(r, "id"), get(r, "metric"), mode)?,
     };
     Ok((compared, est))
 }

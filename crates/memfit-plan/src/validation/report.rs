@@ -15,9 +15,10 @@ pub fn markdown_table(all: &[Compared], loso: &[Compared]) -> String {
         "| row | source | grade | class | metric | measured (MiB) | predicted, all sources (MiB) | error | predicted, leave-one-source-out (MiB) | error |\n\
          | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |\n",
     );
+    let mark = |r: &Compared| if r.is_scored() { "" } else { " (not scored)" };
     for (a, l) in all.iter().zip(loso) {
         s += &format!(
-            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:+.1}% | {:.0} | {:+.1}% |\n",
+            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:+.1}%{} | {:.0} | {:+.1}%{} |\n",
             a.id,
             a.source,
             a.grade,
@@ -26,23 +27,29 @@ pub fn markdown_table(all: &[Compared], loso: &[Compared]) -> String {
             a.measured_bytes / mib,
             a.predicted_bytes / mib,
             100.0 * a.error,
+            mark(a),
             l.predicted_bytes / mib,
-            100.0 * l.error
+            100.0 * l.error,
+            mark(l)
         );
     }
     s
 }
 
 /// The head of a table of [`summary_row`]s.
-const SUMMARY_HEADER: &str = "| rows | n | median abs error | p90 abs error | worst | beyond 35% |\n\
-                              | --- | ---: | ---: | ---: | --- | ---: |\n";
+const SUMMARY_HEADER: &str = "| rows | n | median abs error | p90 abs error | worst | beyond 35% | low by > 25% |\n\
+                              | --- | ---: | ---: | ---: | --- | ---: | --- |\n";
 
 fn summary_row(label: &str, s: &Summary) -> String {
     let worst = s.worst.as_ref().map_or(String::from("-"), |(id, e)| {
         format!("{id} {:+.1}%", 100.0 * e)
     });
+    let low = match s.low_beyond_25.len() {
+        0 => String::from("0"),
+        n => format!("{n}: {}", s.low_beyond_25.join(", ")),
+    };
     format!(
-        "| {label} | {} | {:.1}% | {:.1}% | {worst} | {} |\n",
+        "| {label} | {} | {:.1}% | {:.1}% | {worst} | {} | {low} |\n",
         s.rows,
         100.0 * s.median,
         100.0 * s.p90,
@@ -55,9 +62,9 @@ fn summaries(all: &[Compared], loso: &[Compared]) -> String {
     let mut s = String::new();
     for (mode, rows) in [(Mode::AllSources, all), (Mode::LeaveOneSourceOut, loso)] {
         s += &format!("\n### {}\n\n{SUMMARY_HEADER}", mode.label());
-        let every: Vec<&Compared> = rows.iter().collect();
-        s += &summary_row("every row", &stats::summarize(&every));
-        let gpu: Vec<&Compared> = rows.iter().filter(|r| r.is_gpu()).collect();
+        let every: Vec<&Compared> = rows.iter().filter(|r| r.is_scored()).collect();
+        s += &summary_row("every scored row", &stats::summarize(&every));
+        let gpu: Vec<&Compared> = every.iter().copied().filter(|r| r.is_gpu()).collect();
         s += &summary_row("GPU rows", &stats::summarize(&gpu));
         for (source, sum) in stats::by_source(rows) {
             s += &summary_row(source, &sum);
@@ -97,7 +104,11 @@ fn method_text() -> String {
          (LitGPT's model code and chunked loss for `L`/`M`, torchtune's for `T`, PEFT's preparation for\n\
          `B`/`P`, the Trainer for `A`). No constant of the model is fitted to these\n\
          rows, none is per row, nothing is fitted per case; the constants of the model are listed with\n\
-         their sources in `docs/memory-model.md`. The one value a row takes from measurements is the\n\
+         their sources in `docs/memory-model.md`. One constant is *taken* from two of these rows: the\n\
+         host RSS of a PyTorch + CUDA 11 process (`PYTORCH_CUDA_RUNTIME_RSS`, 2.96 GB) is PEFT's\n\
+         `B1-CPU`/`B2-CPU` measurement, which no other project published. Those two rows are listed below\n\
+         but marked *not scored* (in no summary or band), and in leave-one-source-out mode no other PEFT\n\
+         host-RSS row is scored either. The one value a row takes from measurements is the\n\
          CUDA context, and only `NV` rows use it: the `constants.csv` row of the same GPU and software\n\
          (else the median of that software's context rows). The sources (by id letter):\n\n",
     );
@@ -113,7 +124,7 @@ fn method_text() -> String {
           \x20 PyTorch 1.x contexts (K2, K3). Every other row uses either no context (`ALLOC`/`RES`/`RSS`)\n\
           \x20 or one from another source already, and the framework constants (`K5` context default,\n\
           \x20 `K6` NCCL buffers) come from `K`, which has no rows here. The four fitted constants of\n\
-          \x20 memfit's own host model are fitted to `memfit_grid.csv` (last section), not to these rows.\n";
+          \x20 memfit's own host model are fitted to half of `memfit_grid.csv` (last section), not to these rows.\n";
     s
 }
 
@@ -131,7 +142,7 @@ pub fn accuracy_markdown(
          model predicts now).\n\n"
     );
     s += &method_text();
-    s += "\n## Summary\n\nIssue 17's targets, leave-one-source-out: median ≤ 8%, p90 ≤ 20%, no row beyond 35%.\n";
+    s += GOALS;
     s += &summaries(all, loso);
     s += &bands_section(&stats::bands(loso));
     s += "\n## Every row\n\n";
@@ -141,6 +152,15 @@ pub fn accuracy_markdown(
     s += &grid_section(grid);
     s
 }
+
+/// The targets, and which of them `tests/accuracy.rs` asserts.
+const GOALS: &str = "\n## Summary\n\n\
+Targets (issues 17 and 31), leave-one-source-out over the scored rows: median |error| ≤ 8%, p90 ≤ 20%,\n\
+no row beyond 35%, no row estimated low by more than 25%, every row estimable. The test\n\
+`leave_one_source_out_goals` in `crates/memfit-plan/tests/accuracy.rs` asserts the median, the p90 and\n\
+that every row is estimated; the two per-row limits do not hold today, so it asserts that the rows\n\
+breaking them are exactly the ones named in the last column (a new one fails it); the section\n\
+\"Where the model is weakest\" gives their causes.\n";
 
 /// Where the model is weakest: the patterns of the rows above.
 const WEAKEST: &str = "\n## Where the model is weakest\n\n\
@@ -290,18 +310,27 @@ fn grid_section(grid: &[crate::grid::Compared]) -> String {
          Qwen2-shaped decoders as causal LMs under LoRA (r 16 on every projection, on an fp32 or bf16\n\
          frozen base); the measured value is its peak RSS (VmHWM). Predicted: the training-phase host\n\
          peak of `crates/memfit-plan/src/memory/memfit_host/` (no checkpoint is written while\n\
-         benchmarking). Its few constants are fitted to these points (`docs/memory-model.md`);\n\
-         everything else is counted from what the trainer holds. The test\n\
-         `crates/memfit-plan/tests/accuracy.rs` asserts every point within ±10%. Gradient checkpointing\n\
+         benchmarking). Four constants are fitted (`HostFit` in `memfit_host/mod.rs`), and to half of\n\
+         these points only: within each family, in file order, every other point starting with the\n\
+         first is a *fit* point, the rest are *held out*. `grid::fit::fit` searches round values of the\n\
+         four for the smallest largest |error| over the fit half, and the committed constants are what\n\
+         it finds (`crates/memfit-plan/tests/accuracy.rs` checks that, and gates every held-out point\n\
+         within ±10%). The fit points' errors below are the fit's residuals, not a validation;\n\
+         everything else is counted from what the trainer holds. Gradient checkpointing\n\
          is each family's per-block recomputation (`crates/memfit-nn/src/{{t5,bert,decoder}}/block_ckpt.rs`).\n\n",
         crate::grid::MEASURE,
         crate::grid::STEPS,
         crate::grid::THREADS
     );
+    let held_out = crate::grid::held_out(grid);
+    let fit: Vec<_> = grid.iter().filter(|r| r.fit_point).cloned().collect();
     s += &format!(
-        "- points: {}\n- worst |error|: **{:.1}%** (limit 10%)\n\n",
-        grid.len(),
-        100.0 * crate::grid::worst_abs_error(grid)
+        "- held out (validation): {} points, worst |error| **{:.1}%** (limit 10%)\n\
+         - fit (in-sample residuals): {} points, worst |error| {:.1}%\n\n",
+        held_out.len(),
+        100.0 * crate::grid::worst_abs_error(&held_out),
+        fit.len(),
+        100.0 * crate::grid::worst_abs_error(&fit)
     );
     s += &crate::grid::markdown_table(grid);
     s

@@ -42,6 +42,8 @@ pub struct Summary {
     pub worst: Option<(String, f64)>,
     /// Rows beyond ±35% (issue 17's limit for a single row).
     pub beyond_35: usize,
+    /// Rows estimated low by more than 25% (issue 31's limit: a plan that does not fit).
+    pub low_beyond_25: Vec<String>,
 }
 
 /// The summary of `rows`.
@@ -56,13 +58,18 @@ pub fn summarize(rows: &[&Compared]) -> Summary {
             .max_by(|a, b| a.error.abs().total_cmp(&b.error.abs()))
             .map(|r| (r.id.clone(), r.error)),
         beyond_35: rows.iter().filter(|r| r.error.abs() > 0.35).count(),
+        low_beyond_25: rows
+            .iter()
+            .filter(|r| r.error < -0.25)
+            .map(|r| r.id.clone())
+            .collect(),
     }
 }
 
-/// One summary per source, in the order sources first appear.
+/// One summary per source over its scored rows, in the order sources first appear.
 pub fn by_source(rows: &[Compared]) -> Vec<(&'static str, Summary)> {
     let mut sources: Vec<&'static str> = Vec::new();
-    for r in rows {
+    for r in rows.iter().filter(|r| r.is_scored()) {
         if !sources.contains(&r.source) {
             sources.push(r.source);
         }
@@ -70,16 +77,22 @@ pub fn by_source(rows: &[Compared]) -> Vec<(&'static str, Summary)> {
     sources
         .into_iter()
         .map(|s| {
-            let of: Vec<&Compared> = rows.iter().filter(|r| r.source == s).collect();
+            let of: Vec<&Compared> = rows
+                .iter()
+                .filter(|r| r.source == s && r.is_scored())
+                .collect();
             (s, summarize(&of))
         })
         .collect()
 }
 
-/// The bands: per class of the GPU rows, and [`ANY`] over all GPU rows, from `rows` (the
+/// The bands: per class of the scored GPU rows, and [`ANY`] over all of them, from `rows` (the
 /// leave-one-source-out comparison). Sorted by class.
 pub fn bands(rows: &[Compared]) -> Vec<(String, usize, f64)> {
-    let gpu: Vec<&Compared> = rows.iter().filter(|r| r.is_gpu()).collect();
+    let gpu: Vec<&Compared> = rows
+        .iter()
+        .filter(|r| r.is_gpu() && r.is_scored())
+        .collect();
     let mut classes: Vec<String> = gpu.iter().map(|r| r.class.clone()).collect();
     classes.sort();
     classes.dedup();

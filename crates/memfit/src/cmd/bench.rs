@@ -114,13 +114,16 @@ fn memory_grid(a: GridArgs) -> Outcome {
             println!(
                 "{}",
                 serde_json::json!({"id": r.id, "setup": r.setup, "measured_bytes": r.measured_bytes,
-                    "predicted_bytes": r.predicted_bytes, "error": r.error})
+                    "predicted_bytes": r.predicted_bytes, "error": r.error, "fit_point": r.fit_point})
             );
         }
     } else {
         print!("{}", grid::markdown_table(&rows));
+        let held_out = grid::held_out(&rows);
         println!(
-            "worst |error| {:.1}% over {} points",
+            "worst |error| {:.1}% over {} held-out points ({:.1}% over all {}, the fit half included)",
+            100.0 * grid::worst_abs_error(&held_out),
+            held_out.len(),
             100.0 * grid::worst_abs_error(&rows),
             rows.len()
         );

@@ -206,7 +206,8 @@ pub fn write_stdout(text: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Resolves `--model`: an existing file is read as config.json, otherwise a preset name.
+/// Resolves `--model`: an existing file is read as config.json, otherwise a preset name. A config
+/// read as a generic decoder (unknown `model_type`) prints its assumption as a warning on stderr.
 pub fn load_model(model: &str) -> anyhow::Result<Arch> {
     let path = std::path::Path::new(model);
     if path.is_file() || model.ends_with(".json") {
@@ -218,7 +219,11 @@ pub fn load_model(model: &str) -> anyhow::Result<Arch> {
             .filter(|_| path.file_name().is_some_and(|f| f == "config.json"))
             .or_else(|| path.file_stem())
             .map_or_else(|| model.to_string(), |n| n.to_string_lossy().into_owned());
-        arch::parse_config(model, &text, &name).map_err(|e| bad_input(e.to_string()))
+        let arch = arch::parse_config(model, &text, &name).map_err(|e| bad_input(e.to_string()))?;
+        if let Some(assumption) = &arch.assumption {
+            eprintln!("warning: {assumption}");
+        }
+        Ok(arch)
     } else {
         arch::preset(model).map_err(|e| bad_input(e.to_string()))
     }
@@ -274,6 +279,7 @@ pub fn estimate_json(arch: &Arch, setup: &Setup, est: &Estimate) -> serde_json::
             "family": arch.model_type,
             "params_total": arch.params_total(),
             "params_trainable": tr.total(),
+            "assumption": arch.assumption,
         },
         "setup": setup,
         "gpu": gpu_json(setup, est),

@@ -33,3 +33,13 @@ pub fn assert_exit(code: i32, command_lines: &[&str]) {
         );
     }
 }
+
+/// `memfit estimate --model <dir>/config.json ARGS…` with `config` written there first.
+#[allow(dead_code)] // cli_plan.rs shares this module and has no config of its own
+pub fn estimate_config(dir: &std::path::Path, config: &str, args: &[&str]) -> Output {
+    let path = dir.join("config.json");
+    std::fs::write(&path, config).unwrap();
+    let mut all = vec!["estimate", "--model", path.to_str().unwrap()];
+    all.extend_from_slice(args);
+    memfit(&all)
+}

@@ -6,7 +6,7 @@
 //! (the fused op keeps its f32 output, or its input when the output is bf16), biased dense layers
 //! whose GELU is recomputed in backward, an embedding LayerNorm, and logits of `batch × labels`.
 
-use super::{Moments, attention_bytes, fitted, head_logits, recomputed_block};
+use super::{HostFit, Moments, attention_bytes, head_logits, recomputed_block};
 use crate::arch::{Arch, Head};
 use crate::memory::setup::Setup;
 
@@ -47,7 +47,13 @@ fn stack_bytes(arch: &Arch) -> u64 {
 
 /// A BERT micro-batch's activations. Frozen groups are counted as trained (the grid measures
 /// full fine-tuning; a frozen encoder keeps less).
-pub(super) fn activations(arch: &Arch, setup: &Setup, cb: u64, accumulated: u64) -> Moments {
+pub(super) fn activations(
+    arch: &Arch,
+    setup: &Setup,
+    fit: &HostFit,
+    cb: u64,
+    accumulated: u64,
+) -> Moments {
     let (b, s, h) = (setup.batch, setup.seq, arch.heads);
     let layers = arch.encoder_layers;
     let tokens = b * s;
@@ -56,7 +62,7 @@ pub(super) fn activations(arch: &Arch, setup: &Setup, cb: u64, accumulated: u64)
     let full_layers = layers - last_layers;
     let last = last_layers * last_layer_bytes(arch, cb, b, s);
     let saved = tokens * (full_layers * cb * layer_elements(arch, cb) + stack_bytes(arch)) + last;
-    let blocks = (fitted::BLOCK_SCALE * saved as f64) as u64;
+    let blocks = (fit.block_scale * saved as f64) as u64;
     // Backward of the last attention, while nearly every activation is alive, rebuilds its
     // probabilities and the scores' gradient as f32 `[b, h, s, s]` matrices
     // (kernels/attention_core.rs): two of them beside the saved tensors; with bf16 products a
@@ -71,12 +77,13 @@ pub(super) fn activations(arch: &Arch, setup: &Setup, cb: u64, accumulated: u64)
         Head::Classifier { labels } => labels,
         _ => 2,
     };
-    let logits = head_logits(b, labels, arch.hidden);
+    let logits = head_logits(fit, b, labels, arch.hidden);
     let checkpointed = setup.grad_ckpt.then(|| {
         // the forward keeps each layer's input and the last output (its first position), in the
         // activation dtype
         let boundaries = cb * arch.hidden * (tokens * layers + b);
-        let (block, retained) = recomputed_block(tokens * cb * layer_elements(arch, cb), b * h * s);
+        let (block, retained) =
+            recomputed_block(fit, tokens * cb * layer_elements(arch, cb), b * h * s);
         let trained = 4 * super::trainable(arch, setup).base;
         let head = boundaries + logits + accumulated + retained;
         // the layers hand their gradients to the host one segment at a time: all of them exist

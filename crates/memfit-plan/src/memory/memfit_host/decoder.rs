@@ -3,7 +3,7 @@
 //! grouped-query attention, SwiGLU), with LoRA adapters (layers/lora.rs) on a frozen base or every
 //! weight trained, the chunked LM head, and per-layer checkpointing (decoder/block_ckpt.rs).
 
-use super::{Moments, attention_bytes, fitted, group_trains, head_logits, recomputed_block};
+use super::{HostFit, Moments, attention_bytes, group_trains, head_logits, recomputed_block};
 use crate::arch::{Arch, Group, Head, Role};
 use crate::memory::setup::{Method, Setup};
 use crate::memory::states::base_trains;
@@ -83,7 +83,13 @@ fn block_elements(arch: &Arch, setup: &Setup) -> u64 {
 
 /// A decoder micro-batch's activations. The first block's input needs no gradient when the
 /// embedding is frozen (LoRA): its first norm keeps nothing (d less).
-pub(super) fn activations(arch: &Arch, setup: &Setup, cb: u64, accumulated: u64) -> Moments {
+pub(super) fn activations(
+    arch: &Arch,
+    setup: &Setup,
+    fit: &HostFit,
+    cb: u64,
+    accumulated: u64,
+) -> Moments {
     let (b, s, d) = (setup.batch, setup.seq, arch.hidden);
     let layers = arch.decoder_layers;
     let tokens = b * s;
@@ -92,12 +98,12 @@ pub(super) fn activations(arch: &Arch, setup: &Setup, cb: u64, accumulated: u64)
     // the stack: the embedded tokens (held by their leaf), the final norm's input and output
     let stack = 3 * d;
     let elements = layers * block_elements(arch, setup) - first_input + stack;
-    let blocks = (fitted::BLOCK_SCALE * (cb * tokens * elements) as f64) as u64;
+    let blocks = (fit.block_scale * (cb * tokens * elements) as f64) as u64;
     // the causal mask `[b, 1, groups·t, t]` in the activation dtype, shared by the layers
     let groups = arch.heads / arch.kv_heads.max(1);
     let mask = cb * b * groups * s * s;
     let attention = attention_bytes(layers * b * arch.heads * s) + mask;
-    let logits = head_logits(tokens, arch.vocab, d);
+    let logits = head_logits(fit, tokens, arch.vocab, d);
     let head_trains = arch
         .tensors
         .iter()
@@ -112,6 +118,7 @@ pub(super) fn activations(arch: &Arch, setup: &Setup, cb: u64, accumulated: u64)
         // the forward keeps each layer's input and the last output, and the mask
         let boundaries = cb * tokens * d * (layers + 1) + mask;
         let (block, retained) = recomputed_block(
+            fit,
             cb * tokens * block_elements(arch, setup),
             b * arch.heads * s,
         );

@@ -26,7 +26,7 @@
 //! third moment, counted separately (it does not happen in `memfit bench train`).
 //!
 //! Four constants are fitted to `validation/memfit_grid.csv` (`memfit bench memory-grid`, 2 threads):
-//! see [`fitted`]. Everything else is counted from the code. The trainer's hand-written ops (norm,
+//! see [`HostFit`]. Everything else is counted from the code. The trainer's hand-written ops (norm,
 //! dropout, linear layers, attention: flex backend extensions computing in f32, storing f32 or bf16)
 //! run in both precisions on the CPU, the only device this model describes.
 
@@ -43,31 +43,40 @@ use crate::arch::{Arch, Family, Group};
 /// test there keeps equal to this): the loss never holds more than one chunk's logits.
 pub const HEAD_CHUNK_LOGITS: u64 = 8 << 20;
 
-/// Constants fitted to the measured grid (`validation/memfit_grid.csv`) by minimising the largest
-/// relative error over its points (a grid search over round values; docs/memory-model.md).
-pub mod fitted {
+/// The four constants of this model that are fitted, not counted: fitted to the *fit half* of the
+/// measured grid (`validation/memfit_grid.csv`, [`crate::grid::is_fit_point`]) by minimising the
+/// largest relative error over those points (a grid search over round values,
+/// [`crate::grid::fit`]); the other half is held out and gates them (tests/accuracy.rs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostFit {
     /// RSS of the trainer before any tensor: the binary, the allocator's arenas, burn's flex
-    /// backend and the rayon pool (2 threads). Fitted: 20 MB (the grid's smallest point, a 9.4M
-    /// parameter model at 1 × 8 tokens, is 234 MiB of which 224 MiB are the counted states).
-    pub const RUNTIME_RSS: u64 = 20_000_000;
-    /// Resident share of the op-by-op count of saved block tensors (every family's blocks).
-    /// Fitted: 1.05 — the count misses what the allocator holds beside the kept tensors while the
-    /// graph grows (freed temporaries it has not returned, re-laid-out heads before a product).
-    pub const BLOCK_SCALE: f64 = 1.05;
+    /// backend and the rayon pool (2 threads).
+    pub runtime_rss: u64,
+    /// Resident share of the op-by-op count of saved block tensors (every family's blocks): the
+    /// count misses what the allocator holds beside the kept tensors while the graph grows (freed
+    /// temporaries it has not returned, re-laid-out heads before a product).
+    pub block_scale: f64,
     /// One block's graph counted this many times at both moments of a checkpointed step: the
     /// allocator keeps the freed temporaries of a block's untracked forward (or the block
-    /// recomputed before) resident beside what is live. Fitted: 1.4 (with 1.0 the checkpointed
-    /// points came out 5–11% low).
-    pub const RECOMPUTE_RETAINED: f64 = 1.4;
-    /// f32 buffers of one head chunk (at most [`super::HEAD_CHUNK_LOGITS`] logits, f32 in both
+    /// recomputed before) resident beside what is live.
+    pub recompute_retained: f64,
+    /// f32 buffers of one head chunk (at most [`HEAD_CHUNK_LOGITS`] logits, f32 in both
     /// precisions) alive at the worst moment of the loss: the logits (turned into their gradient
-    /// in place) and what the allocator holds beside them. Fitted: 1.75.
-    pub const LOGITS_COPIES: f64 = 1.75;
+    /// in place) and what the allocator holds beside them.
+    pub logits_copies: f64,
 }
+
+/// The committed fit ([`crate::grid::fit`] over the fit half reproduces it; a test checks).
+pub const FITTED: HostFit = HostFit {
+    runtime_rss: 20_000_000,
+    block_scale: 0.95,
+    recompute_retained: 1.5,
+    logits_copies: 1.5,
+};
 
 /// What one micro-batch holds beside the model states, as a family counts it.
 pub(super) struct Moments {
-    /// The tensors autodiff keeps per block and per stack (scaled by [`fitted::BLOCK_SCALE`]).
+    /// The tensors autodiff keeps per block and per stack (scaled by [`HostFit::block_scale`]).
     blocks: u64,
     /// Softmax row statistics, position biases and masks.
     attention: u64,
@@ -103,16 +112,16 @@ fn group_trains(arch: &Arch, setup: &Setup, group: Group) -> bool {
 /// [`HEAD_CHUNK_LOGITS`] f32 logits (the head computes in f32 over the f32 weights; the logits are
 /// turned into their gradient in place) and the hidden states' cotangent, assembled from the
 /// chunks' in f32 (2 copies of `out_tokens × d`).
-fn head_logits(out_tokens: u64, classes: u64, hidden: u64) -> u64 {
+fn head_logits(fit: &HostFit, out_tokens: u64, classes: u64, hidden: u64) -> u64 {
     let chunk = (out_tokens * classes).min(HEAD_CHUNK_LOGITS);
-    (fitted::LOGITS_COPIES * (4 * chunk) as f64) as u64 + 2 * 4 * out_tokens * hidden
+    (fit.logits_copies * (4 * chunk) as f64) as u64 + 2 * 4 * out_tokens * hidden
 }
 
 /// One recomputed block's graph beside what the allocator keeps of the block computed before it
-/// ([`fitted::RECOMPUTE_RETAINED`]): `bytes` of saved tensors over `rows` softmax rows.
-fn recomputed_block(bytes: u64, rows: u64) -> (u64, u64) {
-    let block = (fitted::BLOCK_SCALE * bytes as f64) as u64 + attention_bytes(rows);
-    let retained = ((fitted::RECOMPUTE_RETAINED - 1.0) * block as f64) as u64;
+/// ([`HostFit::recompute_retained`]): `bytes` of saved tensors over `rows` softmax rows.
+fn recomputed_block(fit: &HostFit, bytes: u64, rows: u64) -> (u64, u64) {
+    let block = (fit.block_scale * bytes as f64) as u64 + attention_bytes(rows);
+    let retained = ((fit.recompute_retained - 1.0) * block as f64) as u64;
     (block, retained)
 }
 
@@ -121,8 +130,13 @@ fn trained_params(tr: &Trainable) -> u64 {
     tr.base + tr.adapters
 }
 
-/// The memfit trainer's host peak on the CPU, by component.
+/// The memfit trainer's host peak on the CPU, by component, with the committed fit.
 pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
+    host_with(arch, setup, &FITTED)
+}
+
+/// [`host`] with the fitted constants given (the grid's fit searches over them).
+pub fn host_with(arch: &Arch, setup: &Setup, fit: &HostFit) -> HostEstimate {
     let tr = trainable(arch, setup);
     let pt = trained_params(&tr);
     let lora = matches!(setup.method, Method::Lora | Method::Qlora);
@@ -135,9 +149,9 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
     let device_grads = 4 * pt;
     let accumulated = if setup.accum > 1 { host_grads } else { 0 };
     let m = match arch.family {
-        Family::Bert => bert::activations(arch, setup, cb, accumulated),
-        Family::Llama => decoder::activations(arch, setup, cb, accumulated),
-        _ => t5::activations(arch, setup, cb, accumulated),
+        Family::Bert => bert::activations(arch, setup, fit, cb, accumulated),
+        Family::Llama => decoder::activations(arch, setup, fit, cb, accumulated),
+        _ => t5::activations(arch, setup, fit, cb, accumulated),
     };
     // At the end of a backward pass burn holds the micro-batch's gradients (f32, as the weights);
     // they are moved out one by one into the host accumulators, so the first micro-batch peaks at
@@ -157,7 +171,7 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
             backward_end,
         ),
     };
-    let mut c = state_components(arch, setup, &tr, lora);
+    let mut c = state_components(arch, setup, fit, &tr, lora);
     let states: u64 = c.iter().map(|x| x.bytes).sum();
     if setup.grad_ckpt {
         c.push(Component::new(
@@ -191,7 +205,13 @@ pub fn host(arch: &Arch, setup: &Setup) -> HostEstimate {
 }
 
 /// The runtime and the model states: master weights, device weights, optimizer states.
-fn state_components(arch: &Arch, setup: &Setup, tr: &Trainable, lora: bool) -> Vec<Component> {
+fn state_components(
+    arch: &Arch,
+    setup: &Setup,
+    fit: &HostFit,
+    tr: &Trainable,
+    lora: bool,
+) -> Vec<Component> {
     let p = arch.params_total();
     let pt = trained_params(tr);
     let optimizer = match setup.optimizer {
@@ -215,7 +235,7 @@ fn state_components(arch: &Arch, setup: &Setup, tr: &Trainable, lora: bool) -> V
     vec![
         Component::new(
             "runtime",
-            fitted::RUNTIME_RSS,
+            fit.runtime_rss,
             n,
             "memfit binary, allocator arenas, burn flex backend and its thread pool (fitted)",
         ),

@@ -2,7 +2,7 @@
 //! block (crates/memfit-nn/src/t5/forward.rs), the attention's row statistics and position biases,
 //! the chunked LM head, and per-block checkpointing (t5/block_ckpt.rs).
 
-use super::{Moments, attention_bytes, fitted, group_trains, head_logits};
+use super::{HostFit, Moments, attention_bytes, group_trains, head_logits};
 use crate::Task;
 use crate::arch::{Activation, Arch, Group};
 use crate::memory::setup::Setup;
@@ -130,6 +130,7 @@ fn live_stacks(arch: &Arch, setup: &Setup) -> (bool, bool) {
 fn checkpointed(
     arch: &Arch,
     setup: &Setup,
+    fit: &HostFit,
     cb: u64,
     logits: u64,
     head_grads: u64,
@@ -144,7 +145,7 @@ fn checkpointed(
             + h * tgt * tgt);
     // one block recomputed with its graph: the largest block of either stack
     let one_block =
-        |bytes: u64, rows: u64| (fitted::BLOCK_SCALE * bytes as f64) as u64 + attention_bytes(rows);
+        |bytes: u64, rows: u64| (fit.block_scale * bytes as f64) as u64 + attention_bytes(rows);
     // recomputed blocks run with their weights as autodiff leaves: counted as trained
     let cross_rows = if arch.encoder_layers > 0 { tgt } else { 0 };
     let encoder = one_block(b * src * encoder_block(arch, true, cb), b * h * src);
@@ -153,7 +154,7 @@ fn checkpointed(
         b * h * (tgt + cross_rows),
     );
     let block = encoder.max(decoder);
-    let retained = ((fitted::RECOMPUTE_RETAINED - 1.0) * block as f64) as u64;
+    let retained = ((fit.recompute_retained - 1.0) * block as f64) as u64;
     let trained = trainable(arch, setup).base;
     // the head's backward: a chunk's head-weight gradient beside its host accumulator
     let head = boundaries + logits + head_grads + accumulated + retained;
@@ -164,17 +165,23 @@ fn checkpointed(
 
 /// A T5 micro-batch's activations: the blocks' saved tensors, the attention's rows and biases, one
 /// chunk of the LM head's logits and its weight gradient, or the checkpointed moments.
-pub(super) fn activations(arch: &Arch, setup: &Setup, cb: u64, accumulated: u64) -> Moments {
+pub(super) fn activations(
+    arch: &Arch,
+    setup: &Setup,
+    fit: &HostFit,
+    cb: u64,
+    accumulated: u64,
+) -> Moments {
     let (src, tgt) = lengths(arch, setup);
     let (rows, shared_bias) = attention_elements(arch, setup);
-    let blocks = (fitted::BLOCK_SCALE * saved_bytes(arch, setup, cb) as f64) as u64;
+    let blocks = (fit.block_scale * saved_bytes(arch, setup, cb) as f64) as u64;
     // the position biases come from f32 tables (the weights stay f32 in both precisions)
     let attention = attention_bytes(rows) + 4 * shared_bias;
     let out_tokens = match setup.task {
         Task::Seq2seq => setup.batch * tgt,
         _ => setup.batch * src,
     };
-    let logits = head_logits(out_tokens, arch.vocab, arch.hidden);
+    let logits = head_logits(fit, out_tokens, arch.vocab, arch.hidden);
     // The head's chunks are back-propagated while every activation is alive: each yields the
     // head's `vocab × d` weight gradient, added into (or, the first, copied to) its host
     // accumulator: 2 copies.
@@ -190,7 +197,7 @@ pub(super) fn activations(arch: &Arch, setup: &Setup, cb: u64, accumulated: u64)
     };
     let checkpointed = setup
         .grad_ckpt
-        .then(|| checkpointed(arch, setup, cb, logits, head_grads, accumulated));
+        .then(|| checkpointed(arch, setup, fit, cb, logits, head_grads, accumulated));
     Moments {
         blocks,
         attention,
