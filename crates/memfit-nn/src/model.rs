@@ -86,7 +86,7 @@ impl ParamShape {
 /// its checkpoint directory.
 pub trait TrainModel: Send + Sync {
     /// One micro-batch, as the family reads it.
-    type Batch: Sync;
+    type Batch: Sync + Send;
 
     /// A short name for messages (`T5ForConditionalGeneration`, `BertForSequenceClassification`).
     fn architecture(&self) -> String;

@@ -21,6 +21,10 @@ pub struct StepMetrics {
     pub tokens: u64,
     pub tokens_per_s: f64,
     pub step_s: f64,
+    /// Seconds of this step spent waiting for its micro-batches (read and collated on a helper
+    /// thread during the previous step; a wait means the data fell behind the device).
+    #[serde(default)]
+    pub input_wait_s: f64,
     pub rss_bytes: u64,
     pub peak_rss_bytes: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -13,7 +13,8 @@ pub const TOKENIZER_CONFIG_FILES: [&str; 3] = [
 ];
 
 /// Turns generated ids back into text (the seed decodes with `skip_special_tokens=True`).
-pub trait TextDecoder {
+/// `Sync`: tasks that hold one are shared with the loop's read-ahead thread.
+pub trait TextDecoder: Sync {
     fn decode(&self, ids: &[u32]) -> String;
 }
 

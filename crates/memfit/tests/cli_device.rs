@@ -34,7 +34,10 @@ fn auto_and_cpu_train_on_the_cpu_and_say_why() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    for (device, why) in [("auto", "device cpu (auto: "), ("cpu", "device cpu (asked)")] {
+    for (device, why) in [
+        ("auto", "device cpu (auto: "),
+        ("cpu", "device cpu (asked)"),
+    ] {
         let run = dir.path().join(device);
         let out = demo(&run, device);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -42,7 +45,10 @@ fn auto_and_cpu_train_on_the_cpu_and_say_why() {
         assert!(err.contains(why), "{why:?} not in: {err}");
         assert!(err.contains("training state on the host"), "{err}");
         let log = std::fs::read_to_string(run.join("train.log")).unwrap();
-        assert!(log.contains(why), "the run's log keeps the device line: {log}");
+        assert!(
+            log.contains(why),
+            "the run's log keeps the device line: {log}"
+        );
     }
 }
 
@@ -91,5 +97,8 @@ fn check_says_whether_this_binary_can_train_on_a_gpu() {
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(text.contains("memfit train on GPU"), "{text}");
     let start: String = detail.chars().take(20).collect();
-    assert!(text.contains(&start), "the table gives the same reason: {text}");
+    assert!(
+        text.contains(&start),
+        "the table gives the same reason: {text}"
+    );
 }

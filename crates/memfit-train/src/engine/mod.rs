@@ -40,8 +40,8 @@ pub struct ParamCounts {
 
 /// A model, its optimizer state and its accumulated gradients.
 pub trait Engine {
-    /// One micro-batch.
-    type Batch;
+    /// One micro-batch (`Send`: collated on a helper thread ahead of its step).
+    type Batch: Send;
     type Error: std::error::Error + Send + Sync + 'static;
 
     /// Forward + backward on one micro-batch; the loss is multiplied by `loss_scale` (the

@@ -17,7 +17,8 @@ use crate::eval::{EvalError, EvalPlan, EvalProgress, EvalReport};
 use memfit_data::DataError;
 
 /// Rows of a task's data, addressable by index: a token store, or rows held in memory.
-pub trait RowSource<R> {
+/// `Sync`: the loop reads the next step's rows on a helper thread while a step computes.
+pub trait RowSource<R>: Sync {
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -28,10 +29,11 @@ pub trait RowSource<R> {
     fn lengths(&self) -> Result<Vec<u32>, DataError>;
 }
 
-/// What a run trains for, on an engine of type `E`.
-pub trait Task<E: Engine> {
+/// What a run trains for, on an engine of type `E`. `Sync`: the next step's micro-batches are
+/// collated on a helper thread while a step computes.
+pub trait Task<E: Engine>: Sync {
     /// One row of the task's data.
-    type Row;
+    type Row: Send;
 
     /// Pads rows into one micro-batch.
     fn collate(&self, rows: &[Self::Row]) -> E::Batch;
@@ -65,7 +67,7 @@ pub struct InMemory<R> {
     pub lengths: Vec<u32>,
 }
 
-impl<R: Clone> RowSource<R> for InMemory<R> {
+impl<R: Clone + Sync> RowSource<R> for InMemory<R> {
     fn len(&self) -> usize {
         self.rows.len()
     }

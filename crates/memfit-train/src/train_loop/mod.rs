@@ -19,6 +19,7 @@
 
 mod evaluation;
 mod memory;
+mod read_ahead;
 mod saving;
 mod step;
 
@@ -299,11 +300,12 @@ impl<'a, E: Engine, T: Task<E>> Trainer<'a, E, T> {
             .map_err(|e| LoopError::Data(e.to_string()))?;
         let mut sampler = Sampler::resume(sampler_config, lengths, s.p.cursor)
             .map_err(|e| LoopError::Data(e.to_string()))?;
+        let mut ahead = None;
         while s.p.step < s.total {
             if self.stop.is_requested() {
                 return self.stop_on_signal(s, None);
             }
-            let epoch_end = match self.train_step(&mut sampler, s)? {
+            let epoch_end = match self.train_step(&mut sampler, s, &mut ahead)? {
                 StepOutcome::Done { epoch_end } => epoch_end,
                 StepOutcome::Signal { done, of } => {
                     return self.stop_on_signal(s, Some((done, of)));

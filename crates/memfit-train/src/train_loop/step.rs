@@ -1,6 +1,7 @@
 //! One optimizer step: its rows cut into micro-batches, each accumulated unless memory or a stop
 //! request cuts the step short, then the optimizer update and the step's metrics.
 
+use super::read_ahead::{self, Ahead, Drawn};
 use super::{LoopError, State, Trainer, micro_batch_seed};
 use crate::engine::Engine;
 use crate::metrics::{self, StepMetrics};
@@ -21,6 +22,14 @@ pub(super) enum StepOutcome {
     DeviceMemory { done: usize, of: u64 },
 }
 
+/// When a step started, and its wait for input.
+struct StepClock {
+    start: Instant,
+    /// Waited for the read-ahead before `start` (counted in the step's time).
+    carried_s: f64,
+    input_wait_s: f64,
+}
+
 /// How the micro-batches of one step went.
 enum Accumulated {
     All {
@@ -37,17 +46,54 @@ enum Accumulated {
 }
 
 impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
+    /// One step: its rows (read ahead during the previous step, or now), the next step's drawn and
+    /// read on a helper thread while this one computes.
     pub(super) fn train_step(
         &mut self,
         sampler: &mut Sampler,
         s: &mut State,
+        ahead: &mut Option<Ahead<E::Batch>>,
     ) -> Result<StepOutcome, LoopError> {
-        let step_rows = sampler.next_batch();
-        let (epoch, epoch_end) = (sampler.cursor().epoch, sampler.epoch_finished());
         let t0 = Instant::now();
-        // The step's rows are fixed; a device out of memory cuts them finer and starts over.
+        let (drawn, ready) = match ahead.take() {
+            Some(a) if a.micro == s.p.micro => (a.drawn, Some((a.batches?, a.waited_s))),
+            Some(a) => (a.drawn, None),
+            None => (Drawn::from(sampler), None),
+        };
+        let (batches, waited_s) = match ready {
+            Some(ready) => ready,
+            // nothing read ahead at this micro-batch (the first step, or after a downgrade)
+            None => (self.collate_step(&drawn.rows, s.p.micro)?, 0.0),
+        };
+        // the wait for what was read ahead came before `t0` and belongs to this step
+        let clock = StepClock {
+            start: t0,
+            carried_s: waited_s,
+            input_wait_s: waited_s + t0.elapsed().as_secs_f64(),
+        };
+        let next = (s.p.step + 1 < s.total).then(|| Drawn::from(sampler));
+        let sources = (self.task, self.train);
+        let (outcome, read) = read_ahead::alongside::<E, T, _>(sources, next, s.p.micro, || {
+            self.compute_step(&drawn, batches, s, clock)
+        });
+        let outcome = outcome?;
+        if matches!(outcome, StepOutcome::Done { .. }) {
+            *ahead = read;
+        }
+        Ok(outcome)
+    }
+
+    /// The micro-batches of a step accumulated (a device out of memory cuts the step's rows finer
+    /// and starts over), the optimizer step, the metrics.
+    fn compute_step(
+        &mut self,
+        drawn: &Drawn,
+        batches: Vec<E::Batch>,
+        s: &mut State,
+        clock: StepClock,
+    ) -> Result<StepOutcome, LoopError> {
+        let mut micro_batches = batches;
         let (loss_sum, tokens, k) = loop {
-            let micro_batches = self.collate_step(&step_rows, s.p.micro)?;
             let of = micro_batches.len() as u64;
             match self.accumulate_step(&micro_batches, s)? {
                 Accumulated::All { loss_sum, tokens } => break (loss_sum, tokens, of),
@@ -58,6 +104,7 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
                         return Ok(StepOutcome::DeviceMemory { done, of });
                     }
                     self.downgrade_for_device_memory(s, &message)?;
+                    micro_batches = self.collate_step(&drawn.rows, s.p.micro)?;
                 }
             }
         };
@@ -81,14 +128,14 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         }
         s.p.first_loss.get_or_insert(loss);
         s.p.last_loss = Some(loss);
-        s.p.cursor = sampler.cursor();
-        let step_s = t0.elapsed().as_secs_f64();
+        s.p.cursor = drawn.cursor;
+        let step_s = clock.start.elapsed().as_secs_f64() + clock.carried_s;
         s.l.tokens += tokens;
         s.l.train_seconds += step_s;
         let rss = metrics::rss();
         let m = StepMetrics {
             step: s.p.step,
-            epoch,
+            epoch: drawn.epoch,
             micro_batch: s.p.micro as u64,
             accum: k,
             loss,
@@ -101,6 +148,7 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
                 0.0
             },
             step_s,
+            input_wait_s: clock.input_wait_s,
             rss_bytes: rss.current,
             peak_rss_bytes: rss.peak,
             gpu_bytes: None,
@@ -108,7 +156,9 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         self.run.append_metrics(&m)?;
         self.observer.on_step(&m);
         self.warn_over_budget(s, rss.peak)?;
-        Ok(StepOutcome::Done { epoch_end })
+        Ok(StepOutcome::Done {
+            epoch_end: drawn.epoch_end,
+        })
     }
 
     /// Forward and backward of every micro-batch of a step, unless a stop, host memory or the
@@ -153,13 +203,7 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
 
     /// The step's rows as padded micro-batches of `micro` rows.
     fn collate_step(&self, rows: &[usize], micro: usize) -> Result<Vec<E::Batch>, LoopError> {
-        rows.chunks(micro)
-            .map(|chunk| {
-                let rows = task::read_rows(self.train, chunk)
-                    .map_err(|e| LoopError::Data(e.to_string()))?;
-                Ok(self.task.collate(&rows))
-            })
-            .collect()
+        read_ahead::collate::<E, T>(self.task, self.train, rows, micro)
     }
 
     /// Once per run: the peak RSS went over the configured budget.

@@ -7,8 +7,8 @@ use memfit_train::engine::{
     Engine, Generate, GenerateConfig, ParamCounts, Seq2SeqBatch, StepStats, TokenRows,
 };
 use memfit_train::session::CheckpointSpec;
-use memfit_train::task::InMemory;
 use memfit_train::task::seq2seq::{Collate, Pair, Seq2SeqTask};
+use memfit_train::task::{InMemory, RowSource};
 use memfit_train::text::TextDecoder;
 use std::cell::RefCell;
 use std::path::Path;
@@ -388,7 +388,7 @@ pub fn train_with(
     free: FreeSpace,
     guard: Option<&MemoryGuard>,
     observer: &mut dyn Observer,
-    train_rows: &InMemoryPairs,
+    train_rows: &dyn RowSource<Pair>,
 ) -> Result<Summary, String> {
     let mut s: Session = match resume {
         None => session::start(config.clone(), dir, spec(free)).map_err(|e| e.to_string())?,
