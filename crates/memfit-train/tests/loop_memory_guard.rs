@@ -415,6 +415,21 @@ fn soft_at_a_micro_batch_of_one_is_treated_as_hard() {
     assert!(events(&root, "downgrade").is_empty());
 }
 
+/// The run's metrics, each step's loss within [`TOL`] of `want`'s.
+fn same_losses(root: &Path, want: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    let got = read_jsonl(&root.join("metrics.jsonl"));
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(want) {
+        let (a, b) = (g["loss"].as_f64().unwrap(), w["loss"].as_f64().unwrap());
+        assert!(
+            (a - b).abs() <= TOL * b.abs(),
+            "step {}: {a} vs {b}",
+            g["step"]
+        );
+    }
+    got
+}
+
 /// A device out of memory (injected: the engine refuses micro-batches of more than 1 row) halves
 /// the micro-batch and redoes the step, with the last completed step checkpointed first; the
 /// effective batch and every step's loss stay those of a run that started at micro-batch 1.
@@ -428,15 +443,8 @@ fn a_device_out_of_memory_halves_the_micro_batch_and_redoes_the_step() {
     let mut obs = watch();
     let s = go(&f.root, &cfg, &mut engine, false, None, &mut obs);
     assert_eq!(s.finish, Finish::Completed);
-    let got = read_jsonl(&f.root.join("metrics.jsonl"));
-    assert_eq!(got.len(), want.len());
-    for (g, w) in got.iter().zip(&want) {
-        let (a, b) = (g["loss"].as_f64().unwrap(), w["loss"].as_f64().unwrap());
-        assert!(
-            (a - b).abs() <= TOL * b.abs(),
-            "step {}: {a} vs {b}",
-            g["step"]
-        );
+    let got = same_losses(&f.root, &want);
+    for g in &got {
         assert_eq!(g["micro_batch"], 1);
     }
     let downgrades = events(&f.root, "downgrade");
@@ -480,14 +488,5 @@ fn out_of_device_memory_at_micro_batch_1_stops_resumable() {
     );
     let s = go(&f.root, &cfg, &mut quiet_engine(), true, None, &mut watch());
     assert_eq!(s.finish, Finish::Completed);
-    let got = read_jsonl(&f.root.join("metrics.jsonl"));
-    assert_eq!(got.len(), want.len());
-    for (g, w) in got.iter().zip(&want) {
-        let (a, b) = (g["loss"].as_f64().unwrap(), w["loss"].as_f64().unwrap());
-        assert!(
-            (a - b).abs() <= TOL * b.abs(),
-            "step {}: {a} vs {b}",
-            g["step"]
-        );
-    }
+    same_losses(&f.root, &want);
 }

@@ -206,14 +206,18 @@ mod tests {
         (lse - row[label] as f64, grad)
     }
 
-    #[test]
-    fn loss_and_gradient_match_the_definition_and_skip_masked_rows() {
+    /// Four rows of 37 logits, the second masked out.
+    fn four_rows() -> (usize, [u32; 4], [bool; 4], Vec<f32>) {
         let vocab = 37;
-        let labels = [3u32, 36, 0, 12];
-        let mask = [true, false, true, true];
-        let logits: Vec<f32> = (0..labels.len() * vocab)
+        let logits = (0..4 * vocab)
             .map(|i| ((i * 31 % 97) as f32 - 48.0) / 6.0)
             .collect();
+        (vocab, [3, 36, 0, 12], [true, false, true, true], logits)
+    }
+
+    #[test]
+    fn loss_and_gradient_match_the_definition_and_skip_masked_rows() {
+        let (vocab, labels, mask, logits) = four_rows();
         let mut work = logits.clone();
         let scale = 0.25f32;
         let nll = nll_and_grad_in_place(&mut work, vocab, &labels, &mask, scale);
@@ -244,12 +248,7 @@ mod tests {
     /// GPU's code path runs on.
     #[test]
     fn the_device_version_equals_the_host_sweep() {
-        let vocab = 37;
-        let labels = [3u32, 36, 0, 12];
-        let mask = [true, false, true, true];
-        let logits: Vec<f32> = (0..labels.len() * vocab)
-            .map(|i| ((i * 31 % 97) as f32 - 48.0) / 6.0)
-            .collect();
+        let (vocab, labels, mask, logits) = four_rows();
         let mut host = logits.clone();
         let nll = nll_and_grad_in_place(&mut host, vocab, &labels, &mask, 0.25);
         #[allow(deprecated)]
