@@ -62,6 +62,8 @@ pub struct ChosenDevice {
     pub label: String,
     /// The GPU's name, on CUDA.
     pub gpu: Option<String>,
+    /// The GPU's free memory when it was chosen (NVML), on CUDA.
+    pub gpu_free_bytes: Option<u64>,
     /// Why this device: `asked`, `auto: …`.
     pub why: String,
 }
@@ -73,12 +75,19 @@ impl ChosenDevice {
             placement: Placement::Host,
             label: "cpu".into(),
             gpu: None,
+            gpu_free_bytes: None,
             why: why.into(),
         }
     }
 
     pub fn is_gpu(&self) -> bool {
         self.gpu.is_some()
+    }
+
+    /// `--budget-gpu`'s default on a GPU: 90% of its free memory (the rest for the CUDA context,
+    /// NVRTC and other processes' growth).
+    pub fn default_gpu_budget(&self) -> Option<u64> {
+        self.gpu_free_bytes.map(|free| free / 10 * 9)
     }
 
     /// `cuda:0 (NVIDIA H100 80GB HBM3; asked)`, `cpu (auto: no NVIDIA driver …)`.
@@ -144,6 +153,11 @@ fn cuda_device(index: usize, why: &str) -> Result<ChosenDevice, String> {
         placement: Placement::Device,
         label: format!("cuda:{index}"),
         gpu: Some(name.clone()),
+        // NVML numbers GPUs by PCI bus, CUDA fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID:
+        // the same order on the one-GPU machines this was checked on
+        gpu_free_bytes: memfit_sys::probe::gpus()
+            .ok()
+            .and_then(|g| g.get(index).map(|g| g.free_bytes)),
         why: why.to_string(),
     })
 }

@@ -15,6 +15,19 @@ use serde_json::{Value, json};
 mod table;
 use table::Table;
 
+/// On a GPU: the bytes the model's weights alone take there — every parameter at the dtype a pass
+/// computes with (bf16 under `--precision bf16`, else f32; a LoRA base at its own precision) —
+/// which no start can go below.
+pub fn gpu_weight_bytes(config: &TrainConfig, model_config: &Value) -> Result<u64, String> {
+    let arch = arch_of(config, model_config)?;
+    let width = |p: Precision| if p == Precision::Bf16 { 2 } else { 4 };
+    let base = match config.base_precision {
+        Some(p) if config.method == crate::config::Method::Lora => p,
+        _ => config.precision,
+    };
+    Ok(arch.params_total() * width(base))
+}
+
 fn arch_of(config: &TrainConfig, model_config: &Value) -> Result<Arch, String> {
     memfit_plan::arch::config::from_value("config.json", model_config, &config.model)
         .map_err(|e| e.to_string())
@@ -377,6 +390,23 @@ fn auto_start(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `--budget-gpu` is checked against: every weight at the compute width, a LoRA base at
+    /// its own.
+    #[test]
+    fn gpu_weights_are_the_parameters_at_the_compute_width() {
+        let model = crate::model_spec::model_config("chatlm-mini", None).unwrap();
+        let mut c = TrainConfig::default();
+        assert_eq!(gpu_weight_bytes(&c, &model).unwrap(), 187_692_288 * 4);
+        c.precision = Precision::Bf16;
+        assert_eq!(gpu_weight_bytes(&c, &model).unwrap(), 187_692_288 * 2);
+        let qwen = crate::model_spec::model_config("qwen2.5-0.5b", None).unwrap();
+        c.model = "qwen2.5-0.5b".into();
+        c.method = crate::config::Method::Lora;
+        c.precision = Precision::Fp32;
+        c.base_precision = Some(Precision::Bf16);
+        assert_eq!(gpu_weight_bytes(&c, &qwen).unwrap(), 494_032_768 * 2);
+    }
 
     #[test]
     fn chatlm_mini_plan_has_a_host_peak_and_no_gpu() {

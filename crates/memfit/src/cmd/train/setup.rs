@@ -6,6 +6,7 @@
 use super::args::Args;
 use super::{budget, default_out};
 use crate::exit::bad_input;
+use memfit_sys::units::human_bytes;
 use memfit_train::config::{ConfigLayer, TaskKind, TrainConfig};
 use memfit_train::device::ChosenDevice;
 use memfit_train::plan_file::Budget;
@@ -60,7 +61,7 @@ impl Setup {
         let device =
             memfit_train::device::resolve(args.device).map_err(|e| bad_input(e.to_string()))?;
         let available = Available::new();
-        let gpu = budget::gpu_budget(args)?;
+        let gpu = budget::gpu_budget(args)?.or_else(|| device.default_gpu_budget());
         let ram = args
             .budget_ram
             .as_deref()
@@ -141,6 +142,7 @@ fn new_run(
     } else {
         model_spec::model_config(&config.model, None).map_err(|e| bad_input(e.to_string()))?
     };
+    check_gpu_budget(&config, &model_json, &device)?;
     // a budget written in the --config file counts when no flag gives one
     let file_budget = file.as_ref().and_then(|f| f.memory_budget_bytes);
     let budget = budget::resolve(ram, file_budget, gpu, available)?;
@@ -162,6 +164,30 @@ fn new_run(
         demo_config: None,
         device,
     })
+}
+
+/// On a GPU, a budget below the model's weights alone: exit 3 before anything is created.
+fn check_gpu_budget(
+    config: &TrainConfig,
+    model_json: &Value,
+    device: &ChosenDevice,
+) -> anyhow::Result<()> {
+    let (true, Some(budget)) = (device.is_gpu(), config.gpu_memory_budget_bytes) else {
+        return Ok(());
+    };
+    let weights = memfit_train::plan_file::gpu_weight_bytes(config, model_json)
+        .map_err(|e| bad_input(format!("model {}: {e}", config.model)))?;
+    if weights > budget {
+        return Err(crate::exit::does_not_fit(format!(
+            "--budget-gpu {}: the weights of {} alone take {} on {} ({})",
+            human_bytes(budget),
+            config.model,
+            human_bytes(weights),
+            device.label,
+            config.precision.name()
+        )));
+    }
+    Ok(())
 }
 
 /// The demo's model config (written into the run later; the same values).
