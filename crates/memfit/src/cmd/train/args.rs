@@ -128,8 +128,8 @@ pub struct Args {
     /// Validation rows generated and scored by BLEU at each evaluation (seq2seq; default 8).
     #[arg(long)]
     pub eval_rows: Option<usize>,
-    /// Validation rows whose loss (and, for classification, predictions) each evaluation computes
-    /// (default: sized to 5% of the training between two evaluations, at least 16).
+    /// A cap on the validation rows whose loss (and, for classification, predictions) each
+    /// evaluation computes, spread over the set (default: the whole validation set).
     #[arg(long, value_name = "N")]
     pub eval_loss_rows: Option<usize>,
     /// Evaluate before the first step too (the summary's "before").
@@ -151,6 +151,10 @@ pub struct Args {
     /// bert-original (the seed's BERT tiers).
     #[arg(long, default_value = "auto")]
     pub policy: String,
+    /// Exit 0 even when the run ends worse on its validation set than it started, or predicts one
+    /// class for every validation row (both are said in the summary either way).
+    #[arg(long)]
+    pub allow_regression: bool,
     /// Print the planned start and exit (no run directory).
     #[arg(long)]
     pub plan_only: bool,

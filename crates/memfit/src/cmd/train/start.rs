@@ -3,8 +3,9 @@
 //! Nothing here writes `config.toml`: until the session starts, a failed start leaves nothing.
 
 use super::launch::Prepared;
-use super::setup::{Mode, Setup};
+use super::setup::{Available, Mode, PlanAfterData, Setup};
 use super::{FailedStart, absolute};
+use super::{budget, fit};
 use crate::exit::bad_input;
 use anyhow::Context;
 use indicatif::ProgressBar;
@@ -47,10 +48,19 @@ impl Start {
         if matches!(setup.mode, Mode::New) && setup.config.data.is_none() {
             write_demo(&mut setup)?;
         }
-        let data = open_data(&setup)?;
+        let mut data = open_data(&setup)?;
         let model_json =
             model_spec::model_config(&setup.config.model, setup.demo_config.as_deref())
                 .map_err(|e| bad_input(e.to_string()))?;
+        if let Some(pending) = setup.plan_after_data.take() {
+            data = seq_from_data(&mut setup, pending, data, &model_json)?;
+        }
+        if matches!(setup.mode, Mode::New) {
+            fit::warn_truncation(&data, &setup.config);
+            if let Some(line) = setup.fit.line() {
+                setup.plan_lines.insert(0, line);
+            }
+        }
         model_spec::check_vocab(&model_json, &setup.config.model, &data.tokenizer)
             .map_err(|e| bad_input(e.to_string()))?;
         Ok(Self {
@@ -60,6 +70,73 @@ impl Start {
             made_root,
         })
     }
+}
+
+/// The sequence length from the longest prepared row (rounded up, at most the model's positions),
+/// and the start planned for it: shorter, and said so, where the budget holds no more (the data is
+/// then prepared again at that length, as a resume would prepare it).
+fn seq_from_data(
+    setup: &mut Setup,
+    pending: PlanAfterData,
+    data: RunData,
+    model_json: &Value,
+) -> anyhow::Result<RunData> {
+    let config = &setup.config;
+    let (longest, longest_tgt) = fit::longest_rows(config.task, &data)?;
+    let wanted = fit::seq_for(longest, pending.max_seq);
+    let available = Available::known(pending.available_bytes);
+    let mut seq = wanted;
+    let planned = loop {
+        let mut flags = setup.flags.clone();
+        flags.seq = Some(seq);
+        let mut at = config.clone();
+        at.seq = seq;
+        match budget::plan_start(
+            &pending.policy,
+            &flags,
+            &at,
+            model_json,
+            pending.budget.clone(),
+            &available,
+        ) {
+            Ok(planned) => break planned,
+            Err(e) if does_not_fit(&e) && seq > MIN_DATA_SEQ => seq = (seq / 2).max(MIN_DATA_SEQ),
+            Err(e) => return Err(e),
+        }
+    };
+    let mut why = format!("seq {seq} (longest row {longest}");
+    if wanted == pending.max_seq && longest > wanted {
+        why += &format!("; the model's {} positions", pending.max_seq);
+    }
+    if seq < wanted {
+        why += &format!("; the budget holds no more than {seq}");
+    }
+    setup.fit.chosen.push(why + ")");
+    let mut config = planned.config;
+    if setup.fit.tgt_seq_from_data {
+        config.tgt_seq = fit::seq_for(longest_tgt, pending.max_seq);
+        config.gen_max_tokens = config.tgt_seq;
+        setup.fit.chosen.push(format!(
+            "tgt_seq {} (longest target {longest_tgt})",
+            config.tgt_seq
+        ));
+    }
+    setup.config = config;
+    setup.planning = Some(planned.planning);
+    setup.plan_lines = planned.lines;
+    if seq < wanted {
+        drop(data);
+        return open_data(setup);
+    }
+    Ok(data)
+}
+
+/// The shortest sequence a start planned from the data comes down to before it does not fit.
+const MIN_DATA_SEQ: usize = 16;
+
+fn does_not_fit(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<crate::exit::Exit>()
+        .is_some_and(|x| x.code == 3)
 }
 
 /// Creates a new run's directory (refusing one that holds a run) and checks it is writable.
