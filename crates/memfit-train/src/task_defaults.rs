@@ -122,6 +122,7 @@ mod tests {
             let mut c = TrainConfig {
                 task,
                 method,
+                best_metric: task.default_best_metric(),
                 ..TrainConfig::default()
             };
             d.layer().apply(&mut c);

@@ -167,7 +167,8 @@ fn new_run(
     let file_budget = file.as_ref().and_then(|f| f.memory_budget_bytes);
     let budget = budget::resolve(ram, file_budget, gpu, available)?;
     let root = args.out.clone().unwrap_or_else(default_out);
-    if fit.seq_from_data && !args.plan_only && args.policy == "auto" {
+    let from_data = fit.seq_from_data || fit.tgt_seq_from_data;
+    if from_data && !args.plan_only && args.policy == "auto" {
         let plan_after_data = PlanAfterData {
             policy: args.policy.clone(),
             budget,

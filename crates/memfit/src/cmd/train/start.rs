@@ -81,47 +81,41 @@ fn seq_from_data(
     data: RunData,
     model_json: &Value,
 ) -> anyhow::Result<RunData> {
-    let config = &setup.config;
-    let (longest, longest_tgt) = fit::longest_rows(config.task, &data)?;
-    let wanted = fit::seq_for(longest, pending.max_seq);
+    let (longest, longest_tgt) = fit::longest_rows(setup.config.task, &data)?;
+    let mut at = setup.config.clone();
+    if setup.fit.tgt_seq_from_data {
+        at.tgt_seq = fit::seq_for(longest_tgt, pending.max_seq);
+        at.gen_max_tokens = at.tgt_seq;
+        let line = format!("tgt_seq {} (longest target {longest_tgt})", at.tgt_seq);
+        setup.fit.chosen.push(line);
+    }
+    let from_data = setup.fit.seq_from_data;
+    let wanted = match from_data {
+        true => fit::seq_for(longest, pending.max_seq),
+        false => at.seq,
+    };
     let available = Available::known(pending.available_bytes);
-    let mut seq = wanted;
+    at.seq = wanted;
     let planned = loop {
         let mut flags = setup.flags.clone();
-        flags.seq = Some(seq);
-        let mut at = config.clone();
-        at.seq = seq;
-        match budget::plan_start(
-            &pending.policy,
-            &flags,
-            &at,
-            model_json,
-            pending.budget.clone(),
-            &available,
-        ) {
+        flags.seq = Some(at.seq);
+        let budget = pending.budget.clone();
+        match budget::plan_start(&pending.policy, &flags, &at, model_json, budget, &available) {
             Ok(planned) => break planned,
-            Err(e) if does_not_fit(&e) && seq > MIN_DATA_SEQ => seq = (seq / 2).max(MIN_DATA_SEQ),
+            Err(e) if from_data && does_not_fit(&e) && at.seq > MIN_DATA_SEQ => {
+                at.seq = (at.seq / 2).max(MIN_DATA_SEQ);
+            }
             Err(e) => return Err(e),
         }
     };
-    let mut why = format!("seq {seq} (longest row {longest}");
-    if wanted == pending.max_seq && longest > wanted {
-        why += &format!("; the model's {} positions", pending.max_seq);
+    let seq = planned.config.seq;
+    if from_data {
+        setup
+            .fit
+            .chosen
+            .push(seq_reason(seq, wanted, longest, pending.max_seq));
     }
-    if seq < wanted {
-        why += &format!("; the budget holds no more than {seq}");
-    }
-    setup.fit.chosen.push(why + ")");
-    let mut config = planned.config;
-    if setup.fit.tgt_seq_from_data {
-        config.tgt_seq = fit::seq_for(longest_tgt, pending.max_seq);
-        config.gen_max_tokens = config.tgt_seq;
-        setup.fit.chosen.push(format!(
-            "tgt_seq {} (longest target {longest_tgt})",
-            config.tgt_seq
-        ));
-    }
-    setup.config = config;
+    setup.config = planned.config;
     setup.planning = Some(planned.planning);
     setup.plan_lines = planned.lines;
     if seq < wanted {
@@ -129,6 +123,18 @@ fn seq_from_data(
         return open_data(setup);
     }
     Ok(data)
+}
+
+/// "seq 64 (longest row 61)", with what cut it shorter.
+fn seq_reason(seq: usize, wanted: usize, longest: usize, max_seq: usize) -> String {
+    let mut why = format!("seq {seq} (longest row {longest}");
+    if wanted == max_seq && longest > wanted {
+        why += &format!("; the model's {max_seq} positions");
+    }
+    if seq < wanted {
+        why += &format!("; the budget holds no more than {seq}");
+    }
+    why + ")"
 }
 
 /// The shortest sequence a start planned from the data comes down to before it does not fit.
