@@ -2,8 +2,9 @@
 //! score before the first step against the last evaluation's, and (classification) whether every
 //! validation row went to one class. `memfit train` says so and exits 1 unless told to accept it.
 //!
-//! A collapse is always named; it fails the run once the run has seen its training data at least
-//! once (a smoke test of a step or two ends where an untrained head starts: at one class).
+//! A collapse is always named; it fails a fine-tune (`--init`) that has seen its training data at
+//! least once. A smoke test of a step or two ends where an untrained head starts, at one class, and a
+//! model trained from scratch may not have learned yet: named, not failed.
 
 use crate::eval::EvalReport;
 
@@ -19,13 +20,13 @@ pub struct Verdict {
     pub regressed: Option<String>,
     /// The one label every validation row was predicted as, where the set has several.
     pub collapsed_to: Option<String>,
-    /// The run trained a whole epoch or more: a collapse then fails it.
-    pub trained_an_epoch: bool,
+    /// A collapse fails this run: a fine-tune that trained a whole epoch or more.
+    pub collapse_fails: bool,
 }
 
 impl Verdict {
     pub fn failed(&self) -> bool {
-        self.regressed.is_some() || (self.collapsed_to.is_some() && self.trained_an_epoch)
+        self.regressed.is_some() || (self.collapsed_to.is_some() && self.collapse_fails)
     }
 
     /// One line a person reads, or `None` when nothing went wrong (a collapse is said even when it
@@ -45,13 +46,13 @@ impl Verdict {
 }
 
 /// The verdict on a run whose `headline` score was `before` at the start and `last` is its last
-/// evaluation (either may be missing: then only what can be judged is); `trained_an_epoch`: the
-/// run took at least an epoch's steps.
+/// evaluation (either may be missing: then only what can be judged is); `collapse_fails`: a collapse
+/// fails it (see the module's doc).
 pub fn judge(
     headline: &str,
     before: Option<f64>,
     last: Option<&EvalReport>,
-    trained_an_epoch: bool,
+    collapse_fails: bool,
 ) -> Verdict {
     let Some(last) = last else {
         return Verdict::default();
@@ -64,13 +65,14 @@ pub fn judge(
     Verdict {
         regressed,
         collapsed_to: collapsed_to(last),
-        trained_an_epoch,
+        collapse_fails,
     }
 }
 
-/// `after` is worse than `before` beyond the noise: lower for a score, higher for the loss.
+/// `after` is worse than `before` beyond the noise: lower for a score, higher for a loss or a
+/// perplexity (causal-lm's headline).
 fn worse(headline: &str, before: f64, after: f64) -> bool {
-    if headline.ends_with("loss") {
+    if headline.ends_with("loss") || headline == "perplexity" {
         after > before * (1.0 + LOSS_TOLERANCE)
     } else {
         after < before - SCORE_TOLERANCE
@@ -120,7 +122,7 @@ mod tests {
         assert_eq!(v.collapsed_to.as_deref(), Some("a"));
         assert!(v.regressed.is_none() && v.failed());
         assert!(v.describe().unwrap().contains("collapsed to one class"));
-        // a step or two from an untrained head: named, not failed
+        // a step or two from an untrained head, or from scratch: named, not failed
         let smoke = judge("accuracy", Some(0.25), Some(&r), false);
         assert!(!smoke.failed() && smoke.describe().is_some());
     }
@@ -139,6 +141,16 @@ mod tests {
                 .is_some()
         );
         assert!(!judge("valid_loss", Some(0.995), Some(&r), true).failed());
+        // perplexity: lower is better too
+        let ppl = EvalReport {
+            scores: vec![Score {
+                name: "perplexity".into(),
+                value: 2.17,
+            }],
+            ..r.clone()
+        };
+        assert!(!judge("perplexity", Some(2.21), Some(&ppl), true).failed());
+        assert!(judge("perplexity", Some(2.0), Some(&ppl), true).failed());
     }
 
     #[test]

@@ -66,13 +66,15 @@ pub struct Args {
     /// Gradient accumulation steps.
     #[arg(long)]
     pub accum: Option<usize>,
-    /// Maximum source (classification: text) tokens, specials included.
+    /// Maximum source (classification: text) tokens, specials included (default with a model: the
+    /// longest prepared row, rounded up to 8, at most the model's positions).
     #[arg(long)]
     pub seq: Option<usize>,
     /// Maximum target tokens (EOS included; seq2seq).
     #[arg(long)]
     pub tgt_seq: Option<usize>,
-    /// Peak learning rate.
+    /// Peak learning rate (default with a model: the task's, e.g. 5e-5 for classification; see
+    /// docs/train.md "Defaults").
     #[arg(long)]
     pub lr: Option<f64>,
     #[arg(long, value_parser = ["adamw", "adafactor"])]
@@ -132,7 +134,7 @@ pub struct Args {
     /// evaluation computes, spread over the set (default: the whole validation set).
     #[arg(long, value_name = "N")]
     pub eval_loss_rows: Option<usize>,
-    /// Evaluate before the first step too (the summary's "before").
+    /// Evaluate before the first step too (the summary's "before"; default for --init with --valid).
     #[arg(long)]
     pub eval_at_start: bool,
     /// Metric that picks best/ (seq2seq: bleu4, valid-loss; classification: accuracy, macro-f1,

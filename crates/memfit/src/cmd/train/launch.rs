@@ -135,7 +135,8 @@ where
         summary.headline,
         summary.score_before,
         summary.last_eval.as_ref(),
-        summary.steps >= epoch_steps,
+        // a collapse fails a fine-tune that saw its data; from scratch it may not have learned yet
+        config.init.is_some() && summary.steps >= epoch_steps,
     );
     print_summary(&summary, &verdict, &config, &start.setup.root, args.json);
     if let Some(unsaved) = &summary.unsaved {
