@@ -1,7 +1,8 @@
 //! The flags resolved once into the setup every later step reads (ripgrep's low-level → high-level
-//! arguments): the run's config (defaults ← demo ← profile ← preset ← `--config` file ← flags, the
-//! task from the model's family when no layer names it), its budget (the machine probed once), the
-//! planned start, and where the run lives.
+//! arguments): the run's config (defaults ← the demo's or, with a model, the task's defaults
+//! (`fit`) ← profile ← preset ← `--config` file ← flags, the task from the model's family when no
+//! layer names it), its budget (the machine probed once), the planned start (after the data is read
+//! when its sequence length comes from the data), and where the run lives.
 
 use super::args::Args;
 use super::fit::{self, Fit};

@@ -1,6 +1,7 @@
 //! Before a run exists: its directory (a new run's, removed again if the start fails), the demo's
-//! files, the data (prepared into the run), and the model's config checked against the tokenizer.
-//! Nothing here writes `config.toml`: until the session starts, a failed start leaves nothing.
+//! files, the data (prepared into the run), the sequence length taken from the data and the start
+//! planned for it, and the model's config checked against the tokenizer. Nothing here writes
+//! `config.toml`: until the session starts, a failed start leaves nothing (exit 3 included).
 
 use super::launch::Prepared;
 use super::setup::{Available, Mode, PlanAfterData, Setup};
