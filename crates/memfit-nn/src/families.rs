@@ -34,6 +34,29 @@ pub fn task_of(config: &Value) -> Option<&'static str> {
     }
 }
 
+/// How long a sequence a model takes: `limit` tokens, a hard limit where a position table ends
+/// there (BERT's family: a longer batch fails), else what the model was trained for (a decoder's
+/// `max_position_embeddings`, T5's `n_positions`; longer runs but is out of its training).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Positions {
+    pub limit: usize,
+    pub hard: bool,
+}
+
+/// The positions of a model's config; `None` when it names none (a T5 config without
+/// `n_positions`: relative positions take any length).
+pub fn positions(config: &Value) -> Result<Option<Positions>, ModelError> {
+    let field = |name: &str| config.get(name).and_then(Value::as_u64).map(|n| n as usize);
+    Ok(match task_of(config) {
+        Some("classification") => Some(Positions {
+            limit: BertConfig::from_json(config)?.max_len(),
+            hard: true,
+        }),
+        Some("seq2seq") => field("n_positions").map(|limit| Positions { limit, hard: false }),
+        _ => field("max_position_embeddings").map(|limit| Positions { limit, hard: false }),
+    })
+}
+
 /// How a decoder trains.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Training {

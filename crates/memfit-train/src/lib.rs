@@ -9,7 +9,8 @@
 //!   micro-batch, what its loss averages over, and its evaluation.
 //! - `bench`      — `memfit bench train`: synthetic-token throughput and peak RSS.
 //! - `schedule`   — OneCycle (torch semantics), warmup + cosine: pure functions of the step.
-//! - `config`, `presets` — the resolved setup (`config.toml`), its layers and hash; the seed's profiles.
+//! - `config`, `presets`, `task_defaults` — the resolved setup (`config.toml`), its layers and hash; the
+//!   seed's profiles; the defaults of a run on real data per task and method.
 //! - `batches`    — rows (token store or memory) → padded micro-batches; memfit-data's sampler orders them.
 //! - `train_loop` — accumulation, optimizer steps, metrics, evaluation, best/, checkpoints, a stop on
 //!   SIGINT/SIGTERM within seconds at any point (step, evaluation, generation, checkpoint write).
@@ -22,6 +23,7 @@
 //! - `run_data`, `model_spec`, `plan_file`, `engine_setup`, `demo`, `text` — what `memfit train` wires up:
 //!   data stores, the model config, plan.json and the planned start within a memory budget (planner or
 //!   the seed's policy tables), the engine, the demo task, tokenizer files.
+//! - `verdict`    — whether a finished run ended worse than it started, or collapsed to one class.
 //! - `predict`    — `memfit predict`: a checkpoint over the rows of a file, one JSON line each.
 //! - `memory_guard` — the in-process memory guard: a thread samples RSS (and device memory where a hook
 //!   is given) every 250 ms against soft/hard limits of the budget (or the `RUN/budget` override); the
@@ -55,5 +57,7 @@ pub mod run_dir;
 pub mod schedule;
 pub mod session;
 pub mod signals;
+pub mod task_defaults;
 pub mod text;
 pub mod train_loop;
+pub mod verdict;

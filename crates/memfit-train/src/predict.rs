@@ -1,6 +1,6 @@
 //! `memfit predict`: a trained checkpoint run over the rows of a parquet/JSONL file, one JSON line
 //! per row — `label` and `scores` (probabilities in label-id order) for a classifier, `text` (the
-//! greedy generation) for a seq2seq model or a causal LM (a full model or a LoRA adapter over its
+//! plain greedy generation; `seed_decoding`: the seed's) for a seq2seq model or a causal LM (a full model or a LoRA adapter over its
 //! base). Rows stream through a chunk at a time, so memory is bounded by the batch, not the file.
 //! Each row is encoded by memfit-data's row encoder in prediction mode — the code that encoded the
 //! training rows — with the checkpoint's tokenizer: the seq2seq source with EOS, the classifier's
@@ -60,6 +60,9 @@ pub struct PredictOptions {
     /// Input columns (default: the task's, chosen by what the file holds).
     pub columns: Option<Vec<String>>,
     pub precision: Precision,
+    /// Generation as the seed's evaluation decodes (seq2seq: no-repeat n-gram 4, repetition penalty
+    /// 1.3); otherwise plain greedy, as transformers' `generate(do_sample=False)` does.
+    pub seed_decoding: bool,
 }
 
 /// What a prediction run did.
@@ -205,12 +208,12 @@ fn classify(
     Ok(rows)
 }
 
-/// Greedy decoding as the evaluation of each task does it.
-fn generate_config(eos_id: u32, max_new_tokens: usize, seq2seq: bool) -> GenerateConfig {
+/// Plain greedy decoding, or (`seed`) the seed's seq2seq settings the evaluation uses.
+fn generate_config(eos_id: u32, max_new_tokens: usize, seed: bool) -> GenerateConfig {
     GenerateConfig {
         max_new_tokens,
-        no_repeat_ngram: if seq2seq { NO_REPEAT_NGRAM } else { 0 },
-        repetition_penalty: if seq2seq { REPETITION_PENALTY } else { 1.0 },
+        no_repeat_ngram: if seed { NO_REPEAT_NGRAM } else { 0 },
+        repetition_penalty: if seed { REPETITION_PENALTY } else { 1.0 },
         eos_id,
         stop: None,
     }
@@ -238,7 +241,7 @@ fn generate(
     let (model, _) = families::seq2seq(&ckpt.config, &ckpt.name(), Some(&ckpt.dir), 0)?;
     let engine = ModelEngine::for_inference(model, options.precision)?;
     let eos = tokenizer.require_eos("seq2seq generation")?.id;
-    let config = generate_config(eos, options.max_new_tokens, true);
+    let config = generate_config(eos, options.max_new_tokens, options.seed_decoding);
     let collate = ClsCollate {
         max_len: options.max_len,
         pad_id: ckpt.pad_id(tokenizer),
@@ -273,7 +276,7 @@ fn continue_prompts(
     let model = families::causal_lm_checkpoint(&ckpt.dir)?;
     let engine = ModelEngine::for_inference(model, options.precision)?;
     let eos = tokenizer.require_eos("causal-lm generation")?.id;
-    let config = generate_config(eos, options.max_new_tokens, false);
+    let config = generate_config(eos, options.max_new_tokens, options.seed_decoding);
     let mut rows = 0;
     while let Some(chunk) = next()? {
         let prompts: Vec<Vec<u32>> = chunk

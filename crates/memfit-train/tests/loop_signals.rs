@@ -111,8 +111,12 @@ fn sigterm_at_20_seeded_moments_always_leaves_a_resumable_run() {
             );
             stopped_in.push(calls[at - 1]);
         } else {
-            // Only a signal in the run's last checkpoint write lets it complete: nothing was left.
-            assert_eq!(at, calls.len(), "{what}: completed");
+            // Only a signal once nothing but checkpoint writes is left lets it complete: the last
+            // one, or best/ at the last step (a tie goes to the later evaluation) before it.
+            assert!(
+                calls[at..].iter().all(|c| *c == "save"),
+                "{what}: completed"
+            );
             assert_eq!(last["kind"], "finish", "{what}");
         }
         let state: TrainerState = read_state(&ckpt).unwrap();

@@ -27,7 +27,7 @@ enum Command {
     Estimate(cmd::estimate::Args),
     /// The fastest setup that fits the budget, alternatives, tier tables and configs.
     Plan(cmd::plan::Args),
-    /// Turn parquet/JSONL into a memory-mapped token store.
+    /// Turn parquet/JSONL into a token store (read with positioned reads, not held in memory).
     Data(cmd::data::Args),
     /// Train or inspect a tokenizer.
     Tokenizer(cmd::tokenizer::Args),

@@ -88,6 +88,11 @@ fn model_gets_the_planners_setup_commands_and_files() {
         format!("memfit train --config {train} --data TRAIN_FILE --tokenizer TOKENIZER")
     );
     assert!(std::path::Path::new(train).exists());
+    // where the README says: OUT/memfit/, OUT defaulting to DIR/memfit-plan
+    assert_eq!(
+        std::path::Path::new(train),
+        dir.path().join("memfit-plan/memfit/memfit-train.toml")
+    );
     // The planner's profiles file is one `memfit run --profiles` accepts.
     let profiles = memfit["files"]["profiles"].as_str().unwrap();
     let parsed = memfit_sys::profiles::load(std::path::Path::new(profiles)).unwrap();

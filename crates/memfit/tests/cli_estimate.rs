@@ -112,6 +112,13 @@ fn device_cpu_has_no_gpu_object_and_counts_activations_on_the_host() {
             .iter()
             .any(|c| c["name"] == "activations" && c["bytes"].as_u64().unwrap() > 0)
     );
+    // the human output names the CPU, not "1 GPU(s)"
+    let out = memfit(&[
+        "estimate", "--model", "t5-small", "--batch", "4", "--seq", "128", "--device", "cpu",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains(", CPU\n"), "{text}");
+    assert!(!text.contains("GPU(s)"), "{text}");
 }
 
 #[test]

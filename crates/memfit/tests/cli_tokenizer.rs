@@ -65,3 +65,18 @@ fn bad_training_input_exits_2_naming_it() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("tokenizer.json"), "{}", stderr(&o));
 }
+
+#[test]
+fn a_vocabulary_larger_than_asked_for_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = corpus(tmp.path(), 40);
+    let o = memfit_line(&format!(
+        "tokenizer train --input {} --vocab-size 20 --out {}",
+        input.display(),
+        tmp.path().join("tok").display()
+    ));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("more than --vocab-size 20"), "{text}");
+    assert!(text.contains("alphabet"), "{text}");
+}

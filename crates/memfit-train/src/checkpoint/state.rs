@@ -10,6 +10,24 @@ pub struct BestRecord {
     pub metric: String,
     pub value: f64,
     pub step: u64,
+    /// The validation loss of that evaluation: it breaks a tie of `value` (absent in states
+    /// written before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_loss: Option<f64>,
+}
+
+impl BestRecord {
+    /// Whether an evaluation scoring `value` (with `valid_loss`) replaces this best: a better
+    /// score, or the same score at a validation loss no higher — a later checkpoint wins a tie, so a
+    /// saturated metric (accuracy 1.0 from early on) does not freeze `best/` at its first step.
+    pub fn replaced_by(&self, value: f64, valid_loss: f64, higher_is_better: bool) -> bool {
+        let better = if higher_is_better {
+            value > self.value
+        } else {
+            value < self.value
+        };
+        better || (value == self.value && self.valid_loss.is_none_or(|l| valid_loss <= l))
+    }
 }
 
 /// How random draws are made. Every draw is derived from the run seed and its coordinates (epoch for
@@ -77,4 +95,38 @@ impl TrainerState {
     pub const FILE: &'static str = "trainer_state.json";
     /// 2: cursor positions count optimizer steps; `micro_batch`/`accum` record the guard's downgrades.
     pub const FORMAT: u32 = 2;
+}
+
+#[cfg(test)]
+mod best_tests {
+    use super::BestRecord;
+
+    #[test]
+    fn a_tie_goes_to_the_later_evaluation_unless_its_loss_is_higher() {
+        let best = BestRecord {
+            metric: "accuracy".into(),
+            value: 1.0,
+            step: 875,
+            valid_loss: Some(0.01),
+        };
+        assert!(best.replaced_by(1.0, 0.005, true));
+        assert!(best.replaced_by(1.0, 0.01, true));
+        assert!(!best.replaced_by(1.0, 0.02, true));
+        assert!(!best.replaced_by(0.99, 0.001, true));
+        // the loss as the metric: lower wins, a tie is the later one
+        let loss = BestRecord {
+            metric: "valid_loss".into(),
+            value: 0.5,
+            valid_loss: Some(0.5),
+            ..best.clone()
+        };
+        assert!(loss.replaced_by(0.4, 0.4, false) && loss.replaced_by(0.5, 0.5, false));
+        assert!(!loss.replaced_by(0.6, 0.6, false));
+        // a state written before the loss was kept: a tie goes to the later one
+        let old = BestRecord {
+            valid_loss: None,
+            ..best
+        };
+        assert!(old.replaced_by(1.0, 9.0, true));
+    }
 }

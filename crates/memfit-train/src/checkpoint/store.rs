@@ -97,7 +97,7 @@ impl Checkpointer {
         engine: &mut E,
         state: &TrainerState,
     ) -> Result<SaveOutcome, CheckpointError> {
-        let outcome = self.write_dir(&self.step_dir(state.step), engine, state)?;
+        let outcome = self.write_dir(&self.step_dir(state.step), engine, state, true)?;
         if matches!(outcome, SaveOutcome::Saved { .. }) {
             self.apply_retention()?;
         }
@@ -111,14 +111,17 @@ impl Checkpointer {
         state: &TrainerState,
     ) -> Result<SaveOutcome, CheckpointError> {
         let best = self.best_dir.clone();
-        self.write_dir(&best, engine, state)
+        // a resume continues from the newest step checkpoint, never from best/: no optimizer state
+        self.write_dir(&best, engine, state, false)
     }
 
+    /// Writes `target` whole or not at all; `resumable`: with the optimizer's state.
     fn write_dir<E: Engine>(
         &mut self,
         target: &Path,
         engine: &mut E,
         state: &TrainerState,
+        resumable: bool,
     ) -> Result<SaveOutcome, CheckpointError> {
         let parent = target.parent().unwrap_or(Path::new("."));
         let name = target
@@ -138,7 +141,12 @@ impl Checkpointer {
         if tmp.exists() {
             fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
         }
-        let written = self.fill(&tmp, engine, state);
+        let written = self
+            .fill(&tmp, engine, state)
+            .and_then(|()| match resumable {
+                true => Ok(()),
+                false => remove_optimizer(&tmp),
+            });
         if let Err(e) = written {
             let _ = fs::remove_dir_all(&tmp);
             if let CheckpointError::Io { source, .. } = &e
@@ -162,7 +170,10 @@ impl Checkpointer {
         }
         sync_dir(parent);
         let bytes = dir_size(target);
-        self.expected_bytes = bytes;
+        if resumable {
+            // the next checkpoint's size: a step checkpoint's, optimizer state included
+            self.expected_bytes = bytes;
+        }
         Ok(SaveOutcome::Saved {
             path: target.to_path_buf(),
             bytes,
@@ -199,18 +210,37 @@ impl Checkpointer {
         Ok(())
     }
 
-    /// Keeps the newest `keep` step checkpoints (`best/` lives apart and is never pruned).
+    /// Keeps the newest `keep` step checkpoints (`best/` lives apart and is never pruned), and the
+    /// optimizer state only in the newest, the one a resume continues from (an AdamW state is twice
+    /// the weights: kept in every checkpoint, it was most of a run's disk).
     pub fn apply_retention(&self) -> Result<Vec<PathBuf>, CheckpointError> {
         let steps = checkpoint_steps(&self.checkpoints_dir);
         let excess = steps.len().saturating_sub(self.keep);
         let mut removed = Vec::new();
-        for (_, path) in steps.into_iter().take(excess) {
-            fs::remove_dir_all(&path).map_err(io(&path))?;
-            removed.push(path);
+        let older = steps.len().saturating_sub(1);
+        for (i, (_, path)) in steps.into_iter().enumerate() {
+            if i < excess {
+                fs::remove_dir_all(&path).map_err(io(&path))?;
+                removed.push(path);
+            } else if i < older {
+                remove_optimizer(&path)?;
+            }
         }
         Ok(removed)
     }
 }
+
+/// Removes a checkpoint's optimizer state, if it has one.
+fn remove_optimizer(dir: &Path) -> Result<(), CheckpointError> {
+    let path = dir.join(OPTIMIZER_FILE);
+    match fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&path)(e)),
+        _ => Ok(()),
+    }
+}
+
+/// The optimizer's state in a checkpoint (what `Engine::save` writes beside the model).
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 
 /// Removes `.tmp-*` leftovers of interrupted writes and puts back a `.old-*` directory whose
 /// replacement never arrived.

@@ -88,6 +88,11 @@ pub struct TrainConfig {
     pub lr: f64,
     pub schedule: ScheduleKind,
     pub warmup_steps: u64,
+    /// Warm-up as a share of the run's optimizer steps (the cosine schedule warms up for the larger
+    /// of this share and `warmup_steps`); set by the task defaults. Left out of config.toml when
+    /// unset, so older runs keep their hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_ratio: Option<f64>,
     pub div_factor: f64,
     pub pct_start: f64,
     pub final_div_factor: f64,
@@ -103,8 +108,8 @@ pub struct TrainConfig {
     pub eval_steps: Option<u64>,
     /// Validation rows generated and scored by BLEU at each evaluation (the first ones of the set).
     pub eval_rows: usize,
-    /// Validation rows whose loss each evaluation computes; none: sized to a small share of the
-    /// training between two evaluations (`eval::sizing`). Left out of config.toml when unset.
+    /// A cap on the validation rows whose loss each evaluation computes; none: the whole set
+    /// (`eval::sizing`). Left out of config.toml when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_loss_rows: Option<usize>,
     /// Evaluate before the first step too (the "before" of the summary's BLEU).
@@ -168,6 +173,7 @@ impl Default for TrainConfig {
             lr: 3e-3,
             schedule: ScheduleKind::Onecycle,
             warmup_steps: 0,
+            warmup_ratio: None,
             div_factor: 25.0,
             pct_start: 0.3,
             final_div_factor: 1e4,
@@ -221,10 +227,19 @@ impl TrainConfig {
             }),
             ScheduleKind::Cosine => Schedule::WarmupCosine(WarmupCosine {
                 base_lr: self.lr,
-                warmup_steps: self.warmup_steps,
+                warmup_steps: self.warmup_steps_of(total_steps),
                 total_steps,
             }),
         }
+    }
+
+    /// The warm-up of a run of `total_steps`: `warmup_steps`, or the share `warmup_ratio` of the run
+    /// (rounded up) when that is more.
+    pub fn warmup_steps_of(&self, total_steps: u64) -> u64 {
+        let share = self
+            .warmup_ratio
+            .map_or(0, |r| (r * total_steps as f64).ceil() as u64);
+        self.warmup_steps.max(share)
     }
 
     pub fn to_toml(&self) -> String {

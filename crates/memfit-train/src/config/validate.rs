@@ -44,6 +44,13 @@ impl TrainConfig {
                 reason: "must be a positive number",
             });
         }
+        if let Some(r) = self.warmup_ratio.filter(|r| !(0.0..1.0).contains(r)) {
+            return Err(ConfigError::Invalid {
+                field: "warmup_ratio",
+                value: r.to_string(),
+                reason: "must lie in [0, 1)",
+            });
+        }
         if !(self.pct_start > 0.0 && self.pct_start < 1.0) {
             return Err(ConfigError::Invalid {
                 field: "pct_start",

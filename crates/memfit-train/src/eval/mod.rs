@@ -25,6 +25,9 @@ pub struct ClassScore {
     pub f1: f64,
     /// Validation rows of this class.
     pub support: usize,
+    /// Validation rows predicted as this class (absent in reports written before it).
+    #[serde(default)]
+    pub predicted: usize,
 }
 
 /// One evaluation's results.
@@ -38,6 +41,9 @@ pub struct EvalReport {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub classes: Vec<ClassScore>,
     pub rows_loss: usize,
+    /// Rows of the validation set (more than `rows_loss` when `--eval-loss-rows` caps it).
+    #[serde(default)]
+    pub rows_valid: usize,
     /// Rows generated and scored by their text (0 for a task that generates nothing).
     pub rows_generated: usize,
     /// A few (reference, generated or predicted) pairs for the log.
@@ -63,10 +69,15 @@ impl EvalReport {
         } else {
             String::new()
         };
-        format!(
-            "{} rows{generations}, {:.1} s",
-            self.rows_loss, self.seconds
-        )
+        let rows = if self.rows_valid > self.rows_loss {
+            format!(
+                "{} of {} rows (--eval-loss-rows)",
+                self.rows_loss, self.rows_valid
+            )
+        } else {
+            format!("{} rows", self.rows_loss)
+        };
+        format!("{rows}{generations}, {:.1} s", self.seconds)
     }
 
     /// "valid loss 1.2345, accuracy 0.9000, macro_f1 0.8800".

@@ -191,7 +191,7 @@ fn data_loading() -> Value {
         "mode": "token-store",
         "workers": 0,
         "pin_memory": false,
-        "note": "the trainer reads its memory-mapped token store on the training thread: no loader \
+        "note": "the trainer reads its token store (positioned reads) on the training thread: no loader \
                  workers, nothing pinned, RSS does not grow with the dataset (the seed's \
                  ultra-low-memory loading is the only mode)",
     })

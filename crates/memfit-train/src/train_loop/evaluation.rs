@@ -2,10 +2,9 @@
 //! `best/`.
 
 use super::{LoopError, State, Trainer};
-use crate::batches;
 use crate::checkpoint::{BestRecord, SaveOutcome};
 use crate::engine::Engine;
-use crate::eval::sizing::{EvalSize, eval_size};
+use crate::eval::sizing::eval_size;
 use crate::eval::{EvalPlan, EvalReport};
 use crate::task::Task;
 use serde_json::json;
@@ -20,21 +19,6 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
                     .config
                     .eval_steps
                     .is_some_and(|n| n > 0 && s.p.step.is_multiple_of(n)))
-    }
-
-    /// The rows of one evaluation: a share of the training rows between two evaluations
-    /// (`eval_steps`, else an epoch, at most the run), unless the config names them.
-    fn eval_size(&self, s: &State, valid_rows: usize) -> EvalSize {
-        let c = self.config;
-        let per_epoch = batches::steps_per_epoch(self.train.len(), c.batch, c.accum);
-        let interval = c
-            .eval_steps
-            .filter(|n| *n > 0)
-            .map_or(per_epoch, |n| n.min(per_epoch))
-            .min(s.total)
-            .max(1);
-        let rows_between = interval * batches::effective_batch(c.batch, c.accum) as u64;
-        eval_size(c.eval_loss_rows, c.eval_rows, valid_rows, rows_between)
     }
 
     /// Runs the evaluation due at this step (marked pending until it is done) and updates `best/`.
@@ -60,7 +44,8 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
             unreachable!("evaluate is only called with validation data")
         };
         let step = s.p.step;
-        let size = self.eval_size(s, valid.len());
+        let c = self.config;
+        let size = eval_size(c.eval_loss_rows, c.eval_rows, valid.len());
         let plan = EvalPlan {
             batch: s.p.micro,
             loss_rows: size.loss_rows,
@@ -76,12 +61,13 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
                 step,
                 message: format!("evaluation: {e}"),
             })?;
-        let Some(report) = report else {
+        let Some(mut report) = report else {
             self.run.log(&format!(
                 "eval at step {step}: abandoned (stop requested); --resume runs it"
             ))?;
             return Ok(None);
         };
+        report.rows_valid = valid.len();
         self.run.event(step, "eval", eval_event(&report))?;
         let share = if s.l.train_seconds > 0.0 {
             format!(
@@ -104,13 +90,10 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         let Some(value) = report.score(metric).filter(|v| v.is_finite()) else {
             return Ok(());
         };
-        let better = s.p.best.as_ref().is_none_or(|b| {
-            if higher_is_better {
-                value > b.value
-            } else {
-                value < b.value
-            }
-        });
+        let better =
+            s.p.best
+                .as_ref()
+                .is_none_or(|b| b.replaced_by(value, report.valid_loss, higher_is_better));
         if !better {
             return Ok(());
         }
@@ -118,6 +101,7 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
             metric: metric.into(),
             value,
             step: s.p.step,
+            valid_loss: Some(report.valid_loss),
         };
         let previous = s.p.best.replace(candidate);
         let state = self.state(s);

@@ -61,7 +61,8 @@ pub struct Args {
     pub workers: u64,
     #[arg(long)]
     pub pin_memory: bool,
-    /// Rows of the training set (held in memory by the pytorch runtime, memory-mapped by memfit).
+    /// Rows of the training set (held in memory by the pytorch runtime; memfit reads its token store
+    /// with positioned reads, page cache rather than RSS).
     #[arg(long, default_value_t = 0)]
     pub dataset_rows: u64,
     /// One JSON object on stdout (DESIGN.md §3).
@@ -351,7 +352,7 @@ fn human(arch: &Arch, setup: &Setup, est: &Estimate) -> String {
     );
     out!(
         o,
-        "setup: {:?} batch {} × seq {}{} accum {}, {}, {}, {}{}{}, {} GPU(s) × {} node(s)",
+        "setup: {:?} batch {} × seq {}{} accum {}, {}, {}, {}{}{}, {}",
         setup.task,
         setup.batch,
         setup.seq,
@@ -370,8 +371,7 @@ fn human(arch: &Arch, setup: &Setup, est: &Estimate) -> String {
         } else {
             String::new()
         },
-        setup.gpus,
-        setup.nodes
+        where_it_runs(setup)
     );
     out!(o, "stack: {}", setup.stack);
     match &est.gpu {
@@ -393,4 +393,13 @@ fn human(arch: &Arch, setup: &Setup, est: &Estimate) -> String {
     out!(o, "{}", component_table(&est.host.components));
     out!(o, "peak RSS {} GiB", gib(est.host.peak_rss_bytes));
     o
+}
+
+/// "CPU" on `--device cpu` (no GPU takes part), else "N GPU(s) × M node(s)".
+fn where_it_runs(setup: &Setup) -> String {
+    if setup.device == Device::Cpu {
+        "CPU".into()
+    } else {
+        format!("{} GPU(s) × {} node(s)", setup.gpus, setup.nodes)
+    }
 }

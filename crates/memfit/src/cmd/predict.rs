@@ -34,6 +34,10 @@ pub struct Args {
     max_new_tokens: usize,
     #[arg(long, value_parser = ["fp32", "bf16"], default_value = "fp32")]
     precision: String,
+    /// How text is generated: greedy (plain greedy, as transformers' generate(do_sample=False)) or
+    /// seed (the seed's evaluation decoding: no-repeat 4-grams, repetition penalty 1.3).
+    #[arg(long, value_parser = ["greedy", "seed"], default_value = "greedy")]
+    decoding: String,
 }
 
 pub fn run(args: Args) -> Outcome {
@@ -51,6 +55,7 @@ pub fn run(args: Args) -> Outcome {
             "bf16" => Precision::Bf16,
             _ => Precision::Fp32,
         },
+        seed_decoding: args.decoding == "seed",
     };
     let fail = |e: memfit_train::predict::PredictError| {
         if e.is_bad_input() {

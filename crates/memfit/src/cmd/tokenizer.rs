@@ -22,7 +22,8 @@ enum TokenizerCommand {
     /// Train a tokenizer from text columns; writes tokenizer.json, tokenizer_config.json and
     /// special_tokens_map.json.
     Train(TrainArgs),
-    /// Token ids of a text (with --pair: of a sentence pair, as classification encodes it).
+    /// Token ids of a text (or, with --pair, a sentence pair) as classification encodes it: with the
+    /// specials the tokenizer's post-processor adds.
     Encode(EncodeArgs),
     /// A conversation as causal-LM training sees it: the tokenizer's chat template (or the plain
     /// Alpaca format), the prompt, the response and the token ids with the prompt's length.
@@ -107,6 +108,7 @@ pub fn run(args: Args) -> Outcome {
 }
 
 fn run_train(a: TrainArgs) -> Outcome {
+    let requested = a.vocab_size;
     let mut opts = TrainOptions::new(a.input, a.vocab_size, a.out);
     opts.model = match a.model {
         Model::Bpe => TokenizerModel::Bpe,
@@ -118,8 +120,12 @@ fn run_train(a: TrainArgs) -> Outcome {
     opts.eos = a.eos;
     opts.pad = a.pad;
     let report = train(&opts).map_err(data_error)?;
+    let over = over_vocab_size(report.vocab_size, requested, a.model);
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        let mut v = serde_json::to_value(&report)?;
+        v["requested_vocab_size"] = requested.into();
+        v["over_requested"] = over.clone().into();
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
             "tokenizer written to {} ({:?}, {} tokens) from {} texts in {} rows ({} empty/invalid cells left out)",
@@ -130,34 +136,47 @@ fn run_train(a: TrainArgs) -> Outcome {
             report.rows,
             report.skipped_cells
         );
+        if let Some(why) = over {
+            println!("{why}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// Why a tokenizer has more tokens than `--vocab-size` asked for, if it has.
+fn over_vocab_size(got: usize, requested: usize, model: Model) -> Option<String> {
+    let why = match model {
+        Model::Bpe => {
+            "BPE keeps every character of the training texts as a token (its alphabet) and \
+             merges only above it: text with many distinct characters (Chinese) needs a larger \
+             --vocab-size for any merges"
+        }
+        Model::Unigram => "the specials and every character the texts need are kept",
+    };
+    (got > requested).then(|| format!("{got} tokens, more than --vocab-size {requested}: {why}"))
+}
+
+/// Ids as the tokenizer encodes the text for a model (transformers' `tokenizer(text)`): with its
+/// post-processor's specials, as classification training encodes a row.
 fn encode(a: EncodeArgs) -> Outcome {
     let tok = Tokenizer::load(&a.tokenizer).map_err(data_error)?;
-    let Some(pair) = a.pair else {
-        let ids = tok.encode(&a.text).map_err(data_error)?;
-        if a.json {
-            println!("{}", serde_json::json!({ "ids": ids }));
-        } else {
-            println!("{}", joined(&ids));
-        }
-        return Ok(ExitCode::SUCCESS);
-    };
-    let encoding = tok
-        .inner()
-        .encode((a.text.as_str(), pair.as_str()), true)
-        .map_err(|e| bad_input(format!("{}: {e}", tok.path().display())))?;
-    let (ids, types) = (encoding.get_ids(), encoding.get_type_ids());
-    if a.json {
-        println!(
+    let encoded = match &a.pair {
+        Some(pair) => tok.inner().encode((a.text.as_str(), pair.as_str()), true),
+        None => tok.inner().encode(a.text.as_str(), true),
+    }
+    .map_err(|e| bad_input(format!("{}: {e}", tok.path().display())))?;
+    let (ids, types) = (encoded.get_ids(), encoded.get_type_ids());
+    match (a.json, a.pair.is_some()) {
+        (true, true) => println!(
             "{}",
             serde_json::json!({ "ids": ids, "token_type_ids": types })
-        );
-    } else {
-        println!("ids:   {}", joined(ids));
-        println!("types: {}", joined(types));
+        ),
+        (true, false) => println!("{}", serde_json::json!({ "ids": ids })),
+        (false, true) => {
+            println!("ids:   {}", joined(ids));
+            println!("types: {}", joined(types));
+        }
+        (false, false) => println!("{}", joined(ids)),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -55,6 +55,7 @@ impl Confusion {
                     recall,
                     f1: f1(precision, recall),
                     support: self.true_of(c) as usize,
+                    predicted: self.predicted_as(c) as usize,
                 }
             })
             .collect()

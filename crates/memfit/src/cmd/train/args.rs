@@ -71,13 +71,15 @@ pub struct Args {
     /// Gradient accumulation steps.
     #[arg(long)]
     pub accum: Option<usize>,
-    /// Maximum source (classification: text) tokens, specials included.
+    /// Maximum source (classification: text) tokens, specials included (default with a model: the
+    /// longest prepared row, rounded up to 8, at most the model's positions).
     #[arg(long)]
     pub seq: Option<usize>,
     /// Maximum target tokens (EOS included; seq2seq).
     #[arg(long)]
     pub tgt_seq: Option<usize>,
-    /// Peak learning rate.
+    /// Peak learning rate (default with a model: the task's, e.g. 5e-5 for classification; see
+    /// docs/train.md "Defaults").
     #[arg(long)]
     pub lr: Option<f64>,
     #[arg(long, value_parser = ["adamw", "adafactor"])]
@@ -133,11 +135,11 @@ pub struct Args {
     /// Validation rows generated and scored by BLEU at each evaluation (seq2seq; default 8).
     #[arg(long)]
     pub eval_rows: Option<usize>,
-    /// Validation rows whose loss (and, for classification, predictions) each evaluation computes
-    /// (default: sized to 5% of the training between two evaluations, at least 16).
+    /// A cap on the validation rows whose loss (and, for classification, predictions) each
+    /// evaluation computes, spread over the set (default: the whole validation set).
     #[arg(long, value_name = "N")]
     pub eval_loss_rows: Option<usize>,
-    /// Evaluate before the first step too (the summary's "before").
+    /// Evaluate before the first step too (the summary's "before"; default for --init with --valid).
     #[arg(long)]
     pub eval_at_start: bool,
     /// Metric that picks best/ (seq2seq: bleu4, valid-loss; classification: accuracy, macro-f1,
@@ -156,6 +158,10 @@ pub struct Args {
     /// bert-original (the seed's BERT tiers).
     #[arg(long, default_value = "auto")]
     pub policy: String,
+    /// Exit 0 even when the run ends worse on its validation set than it started, or predicts one
+    /// class for every validation row (both are said in the summary either way).
+    #[arg(long)]
+    pub allow_regression: bool,
     /// Print the planned start and exit (no run directory).
     #[arg(long)]
     pub plan_only: bool,

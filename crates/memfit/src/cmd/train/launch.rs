@@ -14,7 +14,7 @@ use memfit_train::session::{self, CheckpointSpec, Session};
 use memfit_train::task::{RowSource, Task};
 use memfit_train::text::CheckpointFile;
 use memfit_train::train_loop::{Finish, Trainer};
-use memfit_train::{alloc_reserve, checkpoint, plan_file, signals::StopFlag};
+use memfit_train::{alloc_reserve, checkpoint, plan_file, signals::StopFlag, verdict};
 use std::process::ExitCode;
 
 /// What the task-specific part hands over: the engine, the task, its rows and the tokenizer files
@@ -136,10 +136,24 @@ where
     }
     .run()?;
     observer.bar.finish_and_clear();
-    print_summary(&summary, &config, &start.setup.root, args.json);
+    let epoch_steps =
+        memfit_train::batches::steps_per_epoch(train.len(), config.batch, config.accum);
+    let verdict = verdict::judge(
+        summary.headline,
+        summary.score_before,
+        summary.last_eval.as_ref(),
+        // a collapse fails a fine-tune that saw its data; from scratch it may not have learned yet
+        config.init.is_some() && summary.steps >= epoch_steps,
+    );
+    print_summary(&summary, &verdict, &config, &start.setup.root, args.json);
     if let Some(unsaved) = &summary.unsaved {
         // run-time failure (exit 1): the model of this run is not on disk
         anyhow::bail!("{unsaved}");
+    }
+    if let (true, Some(why), false) = (verdict.failed(), verdict.describe(), args.allow_regression)
+    {
+        // run-time failure (exit 1): the checkpoints are kept, the result is not what was asked for
+        anyhow::bail!("{why} (--allow-regression accepts it)");
     }
     Ok(match summary.finish {
         Finish::Completed => ExitCode::SUCCESS,

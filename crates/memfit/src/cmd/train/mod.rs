@@ -7,6 +7,7 @@
 
 mod args;
 mod budget;
+mod fit;
 mod launch;
 mod output;
 mod setup;
@@ -152,11 +153,19 @@ fn classification(args: &Args, start: Start) -> Outcome {
         rows: &data.train,
         map,
     };
-    // the validation store named its labels on its own: map them by name too
+    // the validation store named its labels on its own: map them by name too, against the labels
+    // the model has — the training data's, unless an --init head brought others
+    let valid_source = if model_labels == labels {
+        "the training data"
+    } else {
+        &source
+    };
+    let valid_file = config.valid.as_deref().unwrap_or("");
     let valid = match &data.valid {
         Some(v) => {
             let names = store_labels(v).map_err(|e| bad_input(e.to_string()))?;
-            let map = label_map(&names, &model_labels, &source).map_err(bad_input)?;
+            let map = label_map(&names, &model_labels, valid_source)
+                .map_err(|e| bad_input(format!("--valid {valid_file}: {e}")))?;
             Some(Relabeled { rows: v, map })
         }
         None => None,

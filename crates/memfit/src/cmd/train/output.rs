@@ -8,6 +8,7 @@ use memfit_train::eval::{EvalPhase, EvalReport};
 use memfit_train::metrics::StepMetrics;
 use memfit_train::progress::{self, Cadence};
 use memfit_train::train_loop::{Finish, Observer, Summary};
+use memfit_train::verdict::Verdict;
 use std::path::Path;
 use std::time::Instant;
 
@@ -111,16 +112,25 @@ impl Observer for Bar {
     }
 }
 
-pub(super) fn print_summary(s: &Summary, config: &TrainConfig, root: &Path, json: bool) {
+pub(super) fn print_summary(
+    s: &Summary,
+    verdict: &Verdict,
+    config: &TrainConfig,
+    root: &Path,
+    json: bool,
+) {
     if json {
-        print_summary_json(s, config, root);
+        print_summary_json(s, verdict, config, root);
     } else {
         print_summary_text(s, config, root);
+        if let Some(why) = verdict.describe() {
+            println!("  verdict    {why}");
+        }
     }
 }
 
 /// The summary as one JSON object (`--json`).
-fn print_summary_json(s: &Summary, config: &TrainConfig, root: &Path) {
+fn print_summary_json(s: &Summary, verdict: &Verdict, config: &TrainConfig, root: &Path) {
     let best_dir = root.join("best");
     let score = |name: &str| s.last_eval.as_ref().and_then(|e| e.score(name));
     let headline_after = score(s.headline);
@@ -151,6 +161,8 @@ fn print_summary_json(s: &Summary, config: &TrainConfig, root: &Path) {
         "best_dir": best_dir.is_dir().then_some(&best_dir),
         "best": s.best.as_ref().map(|b| serde_json::json!({"metric": b.metric, "value": b.value, "step": b.step})),
         "last_checkpoint": s.last_checkpoint,
+        "regressed": verdict.regressed,
+        "collapsed_to": verdict.collapsed_to,
     });
     println!("{v}");
 }

@@ -1,15 +1,19 @@
 //! The flags resolved once into the setup every later step reads (ripgrep's low-level → high-level
-//! arguments): the run's config (defaults ← demo ← profile ← preset ← `--config` file ← flags, the
-//! task from the model's family when no layer names it), its budget (the machine probed once), the
-//! planned start, and where the run lives.
+//! arguments): the run's config (defaults ← the demo's or, with a model, the task's defaults
+//! (`fit`) ← profile ← preset ← `--config` file ← flags, the task from the model's family when no
+//! layer names it), its budget (the machine probed once), the planned start (after the data is read
+//! when its sequence length comes from the data), and where the run lives.
 
 use super::args::Args;
+use super::fit::{self, Fit};
 use super::{budget, default_out};
 use crate::exit::bad_input;
+use memfit_nn::families;
 use memfit_sys::units::human_bytes;
 use memfit_train::config::{ConfigLayer, TaskKind, TrainConfig};
 use memfit_train::device::ChosenDevice;
 use memfit_train::plan_file::Budget;
+use memfit_train::task_defaults::{self, TaskDefaults};
 use memfit_train::{demo, model_spec, presets};
 use serde_json::Value;
 use std::cell::Cell;
@@ -36,6 +40,19 @@ pub struct Setup {
     pub demo_config: Option<PathBuf>,
     /// What the run computes on (`--device`, settled before anything is created).
     pub device: ChosenDevice,
+    /// What the defaults chose for a run on real data (printed at its start).
+    pub fit: Fit,
+    /// A start planned once the data is read (its sequence length comes from the data).
+    pub plan_after_data: Option<PlanAfterData>,
+}
+
+/// What planning the start needs once the data has given the sequence length.
+pub struct PlanAfterData {
+    pub policy: String,
+    pub budget: Budget,
+    pub available_bytes: u64,
+    /// The longest sequence the model takes (the data's is cut to it).
+    pub max_seq: usize,
 }
 
 /// The machine's effective available memory, probed at most once.
@@ -44,6 +61,11 @@ pub struct Available(Cell<Option<u64>>);
 impl Available {
     pub fn new() -> Self {
         Self(Cell::new(None))
+    }
+
+    /// Available memory probed before.
+    pub fn known(bytes: u64) -> Self {
+        Self(Cell::new(Some(bytes)))
     }
 
     pub fn bytes(&self) -> anyhow::Result<u64> {
@@ -112,6 +134,8 @@ fn resume(
         plan_lines: Vec::new(),
         demo_config: demo.is_file().then_some(demo),
         device,
+        fit: Fit::default(),
+        plan_after_data: None,
     })
 }
 
@@ -136,17 +160,49 @@ fn new_run(
                 .display()
         );
     }
-    let config = resolve_config(args, file.as_ref(), &flags)?;
+    let (mut config, fit) = resolve_config(args, file.as_ref(), &flags)?;
     let model_json = if config.model == "demo" {
         demo_model_config(config.task)
     } else {
         model_spec::model_config(&config.model, None).map_err(|e| bad_input(e.to_string()))?
     };
     check_gpu_budget(&config, &model_json, &device)?;
+    let positions = families::positions(&model_json).map_err(|e| bad_input(e.to_string()))?;
+    let max_seq = fit::max_seq(positions);
+    if fit.seq_from_data {
+        // prepared up to the model's positions; the data's longest row sets it at the start
+        config.seq = max_seq;
+    }
+    if fit.tgt_seq_from_data {
+        config.tgt_seq = max_seq;
+    }
+    fit::check_seq(&config, positions)?;
     // a budget written in the --config file counts when no flag gives one
     let file_budget = file.as_ref().and_then(|f| f.memory_budget_bytes);
     let budget = budget::resolve(ram, file_budget, gpu, available)?;
-    let start = budget::plan_start(
+    let root = args.out.clone().unwrap_or_else(default_out);
+    let from_data = fit.seq_from_data || fit.tgt_seq_from_data;
+    if from_data && !args.plan_only && args.policy == "auto" {
+        let plan_after_data = PlanAfterData {
+            policy: args.policy.clone(),
+            budget,
+            available_bytes: available.bytes()?,
+            max_seq,
+        };
+        return Ok(Setup {
+            mode: Mode::New,
+            config,
+            root,
+            flags,
+            planning: None,
+            plan_lines: Vec::new(),
+            demo_config: None,
+            device,
+            fit,
+            plan_after_data: Some(plan_after_data),
+        });
+    }
+    let mut start = budget::plan_start(
         &args.policy,
         &flags,
         &config,
@@ -154,15 +210,23 @@ fn new_run(
         budget,
         available,
     )?;
+    if fit.seq_from_data && args.plan_only {
+        start.lines.push(format!(
+            "  seq: from the data when the run starts (its longest prepared row, at most {max_seq}); \
+             planned here at {max_seq}"
+        ));
+    }
     Ok(Setup {
         mode: Mode::New,
         config: start.config,
-        root: args.out.clone().unwrap_or_else(default_out),
+        root,
         flags,
         planning: Some(start.planning),
         plan_lines: start.lines,
         demo_config: None,
         device,
+        fit,
+        plan_after_data: None,
     })
 }
 
@@ -200,13 +264,53 @@ fn demo_model_config(task: TaskKind) -> Value {
     }
 }
 
-/// Defaults ← demo ← profile ← model preset ← `--config` file ← flags; then the task's defaults for
-/// what no layer set (the task itself from the model's family, the metric that picks best/).
+/// Defaults ← demo or task defaults ← profile ← model preset ← `--config` file ← flags; the task
+/// from the model's family when no layer names it, the metric that picks best/ from the task.
 fn resolve_config(
     args: &Args,
     file: Option<&ConfigLayer>,
     flags: &ConfigLayer,
-) -> anyhow::Result<TrainConfig> {
+) -> anyhow::Result<(TrainConfig, Fit)> {
+    let layers = user_layers(args, file, flags)?;
+    let mut config = merge(&layers, None);
+    let named_task = layers.iter().rev().find_map(|l| l.task);
+    if named_task.is_none() && config.model != "demo" {
+        config.task = task_of_model(&config.model)?;
+    }
+    let mut fit = Fit::default();
+    if config.model == "demo" && config.task == TaskKind::Classification {
+        config = merge(&layers, Some(demo::classification::config_layer()));
+    } else if config.model != "demo" {
+        // real data or --init: nothing from the demo
+        let task = config.task;
+        let defaults = task_defaults::for_run(task, config.method);
+        config = merge(&layers, Some(defaults.layer()));
+        config.task = task;
+        fit = real_data_fit(&layers, &mut config, &defaults);
+    }
+    if config.model == "demo" && config.task == TaskKind::CausalLm {
+        return Err(bad_input(
+            "--task causal-lm has no demo: give the model (--init DIR, a transformers model \
+             directory, or --model config.json) and --data FILE --tokenizer DIR",
+        ));
+    }
+    if !layers.iter().any(|l| l.best_metric.is_some()) {
+        config.best_metric = config.task.default_best_metric();
+    }
+    if config.max_grad_norm == Some(0.0) {
+        config.max_grad_norm = None;
+    }
+    config.validate().map_err(|e| bad_input(e.to_string()))?;
+    check_data(args, &config)?;
+    Ok((config, fit))
+}
+
+/// The layers the user gave: profile, model preset, `--config` file, flags.
+fn user_layers(
+    args: &Args,
+    file: Option<&ConfigLayer>,
+    flags: &ConfigLayer,
+) -> anyhow::Result<Vec<ConfigLayer>> {
     let mut layers = Vec::new();
     let mut profile = args.profile.clone();
     if let Some(preset) = &args.preset {
@@ -238,29 +342,30 @@ fn resolve_config(
     }
     layers.extend(file.cloned());
     layers.push(flags.clone());
-    let mut config = merge(&layers, None);
-    let named_task = layers.iter().rev().find_map(|l| l.task);
-    if named_task.is_none() && config.model != "demo" {
-        config.task = task_of_model(&config.model)?;
+    Ok(layers)
+}
+
+/// A run on real data: what its task defaults chose, the settings taken from the data, an `--init`
+/// run evaluated at its start (so its end is judged against it), and a warning for a learning rate
+/// far from the defaults'.
+fn real_data_fit(layers: &[ConfigLayer], config: &mut TrainConfig, d: &TaskDefaults) -> Fit {
+    let set = |f: fn(&ConfigLayer) -> bool| layers.iter().any(f);
+    if set(|l| l.warmup_steps.is_some() || l.schedule.is_some()) {
+        // a warm-up or schedule the user gave is taken as given
+        config.warmup_ratio = None;
     }
-    if config.model == "demo" && config.task == TaskKind::Classification {
-        config = merge(&layers, Some(demo::classification::config_layer()));
+    let mut chosen = fit::chosen(layers, config, d);
+    let judged = config.init.is_some() && config.valid.is_some();
+    if judged && !set(|l| l.eval_at_start.is_some()) {
+        config.eval_at_start = true;
+        chosen.push("an evaluation before the first step (the end is judged against it)".into());
     }
-    if config.model == "demo" && config.task == TaskKind::CausalLm {
-        return Err(bad_input(
-            "--task causal-lm has no demo: give the model (--init DIR, a transformers model \
-             directory, or --model config.json) and --data FILE --tokenizer DIR",
-        ));
+    fit::warn_lr(layers, config, d);
+    Fit {
+        chosen,
+        seq_from_data: !set(|l| l.seq.is_some()),
+        tgt_seq_from_data: config.task == TaskKind::Seq2seq && !set(|l| l.tgt_seq.is_some()),
     }
-    if !layers.iter().any(|l| l.best_metric.is_some()) {
-        config.best_metric = config.task.default_best_metric();
-    }
-    if config.max_grad_norm == Some(0.0) {
-        config.max_grad_norm = None;
-    }
-    config.validate().map_err(|e| bad_input(e.to_string()))?;
-    check_data(args, &config)?;
-    Ok(config)
 }
 
 /// The layers over the defaults, with `demo` (the demo's own settings) first.

@@ -1,10 +1,12 @@
 //! Before a run exists: its directory (a new run's, removed again if the start fails), the demo's
-//! files, the data (prepared into the run), and the model's config checked against the tokenizer.
-//! Nothing here writes `config.toml`: until the session starts, a failed start leaves nothing.
+//! files, the data (prepared into the run), the sequence length taken from the data and the start
+//! planned for it, and the model's config checked against the tokenizer. Nothing here writes
+//! `config.toml`: until the session starts, a failed start leaves nothing (exit 3 included).
 
 use super::launch::Prepared;
-use super::setup::{Mode, Setup};
+use super::setup::{Available, Mode, PlanAfterData, Setup};
 use super::{FailedStart, absolute};
+use super::{budget, fit};
 use crate::exit::bad_input;
 use anyhow::Context;
 use indicatif::ProgressBar;
@@ -47,10 +49,19 @@ impl Start {
         if matches!(setup.mode, Mode::New) && setup.config.data.is_none() {
             write_demo(&mut setup)?;
         }
-        let data = open_data(&setup)?;
+        let mut data = open_data(&setup)?;
         let model_json =
             model_spec::model_config(&setup.config.model, setup.demo_config.as_deref())
                 .map_err(|e| bad_input(e.to_string()))?;
+        if let Some(pending) = setup.plan_after_data.take() {
+            data = seq_from_data(&mut setup, pending, data, &model_json)?;
+        }
+        if matches!(setup.mode, Mode::New) {
+            fit::warn_truncation(&data, &setup.config);
+            if let Some(line) = setup.fit.line() {
+                setup.plan_lines.insert(0, line);
+            }
+        }
         model_spec::check_vocab(&model_json, &setup.config.model, &data.tokenizer)
             .map_err(|e| bad_input(e.to_string()))?;
         Ok(Self {
@@ -60,6 +71,79 @@ impl Start {
             made_root,
         })
     }
+}
+
+/// The sequence length from the longest prepared row (rounded up, at most the model's positions),
+/// and the start planned for it: shorter, and said so, where the budget holds no more (the data is
+/// then prepared again at that length, as a resume would prepare it).
+fn seq_from_data(
+    setup: &mut Setup,
+    pending: PlanAfterData,
+    data: RunData,
+    model_json: &Value,
+) -> anyhow::Result<RunData> {
+    let (longest, longest_tgt) = fit::longest_rows(setup.config.task, &data)?;
+    let mut at = setup.config.clone();
+    if setup.fit.tgt_seq_from_data {
+        at.tgt_seq = fit::seq_for(longest_tgt, pending.max_seq);
+        at.gen_max_tokens = at.tgt_seq;
+        let line = format!("tgt_seq {} (longest target {longest_tgt})", at.tgt_seq);
+        setup.fit.chosen.push(line);
+    }
+    let from_data = setup.fit.seq_from_data;
+    let wanted = match from_data {
+        true => fit::seq_for(longest, pending.max_seq),
+        false => at.seq,
+    };
+    let available = Available::known(pending.available_bytes);
+    at.seq = wanted;
+    let planned = loop {
+        let mut flags = setup.flags.clone();
+        flags.seq = Some(at.seq);
+        let budget = pending.budget.clone();
+        match budget::plan_start(&pending.policy, &flags, &at, model_json, budget, &available) {
+            Ok(planned) => break planned,
+            Err(e) if from_data && does_not_fit(&e) && at.seq > MIN_DATA_SEQ => {
+                at.seq = (at.seq / 2).max(MIN_DATA_SEQ);
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let seq = planned.config.seq;
+    if from_data {
+        setup
+            .fit
+            .chosen
+            .push(seq_reason(seq, wanted, longest, pending.max_seq));
+    }
+    setup.config = planned.config;
+    setup.planning = Some(planned.planning);
+    setup.plan_lines = planned.lines;
+    if seq < wanted {
+        drop(data);
+        return open_data(setup);
+    }
+    Ok(data)
+}
+
+/// "seq 64 (longest row 61)", with what cut it shorter.
+fn seq_reason(seq: usize, wanted: usize, longest: usize, max_seq: usize) -> String {
+    let mut why = format!("seq {seq} (longest row {longest}");
+    if wanted == max_seq && longest > wanted {
+        why += &format!("; the model's {max_seq} positions");
+    }
+    if seq < wanted {
+        why += &format!("; the budget holds no more than {seq}");
+    }
+    why + ")"
+}
+
+/// The shortest sequence a start planned from the data comes down to before it does not fit.
+const MIN_DATA_SEQ: usize = 16;
+
+fn does_not_fit(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<crate::exit::Exit>()
+        .is_some_and(|x| x.code == 3)
 }
 
 /// Creates a new run's directory (refusing one that holds a run) and checks it is writable.
