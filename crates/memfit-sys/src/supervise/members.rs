@@ -32,7 +32,7 @@ pub(super) struct Members {
     /// False once the leader is reaped: its group ID may then be reused, so it is never signalled.
     leader_unreaped: bool,
     walker: TreeWalker,
-    /// Start time of every process seen as the job's, by PID.
+    /// Start time of every process of the job at the last sample, by PID.
     seen: HashMap<i32, u64>,
     /// Children of memfit adopted as the job's (to reap when they end).
     adopted: HashSet<i32>,
@@ -88,9 +88,10 @@ impl Members {
             roots.extend(cg.pids());
         }
         let mut members = Vec::new();
-        let mut listed = HashSet::new();
+        // Only the live members matter for recognising an orphan later: the map stays as small as the job.
+        let mut seen = HashMap::new();
         for pid in self.walker.descendants(&roots) {
-            if !listed.insert(pid) {
+            if seen.contains_key(&pid) {
                 continue;
             }
             let Some((pgrp, start)) = sample::pgrp_start(pid) else {
@@ -99,9 +100,10 @@ impl Members {
             let Some(mem) = sample::proc_mem(pid) else {
                 continue; // a zombie: it holds no memory
             };
-            self.seen.insert(pid, start);
+            seen.insert(pid, start);
             members.push(Member { mem, pgrp, start });
         }
+        self.seen = seen;
         members
     }
 
@@ -109,7 +111,10 @@ impl Members {
     fn adopt_orphans(&mut self) {
         let me = std::process::id() as i32;
         self.undecided = false;
-        for pid in self.walker.children(me) {
+        let children = self.walker.children(me);
+        // Forget ended children (their PIDs may come back as new processes).
+        self.foreign.retain(|(pid, _)| children.contains(pid));
+        for pid in children {
             if pid == self.leader || self.adopted.contains(&pid) {
                 continue;
             }
