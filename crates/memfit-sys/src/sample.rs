@@ -78,68 +78,102 @@ impl TreeWalker {
 
     /// PIDs of the root and all its descendants that are alive now (root first).
     pub fn pids(&self) -> Vec<i32> {
+        self.descendants(&[self.root])
+    }
+
+    /// `roots` and all their descendants alive now (roots first).
+    pub fn descendants(&self, roots: &[i32]) -> Vec<i32> {
         if self.children_files {
-            self.pids_from_children_files()
-        } else {
-            self.pids_from_scan()
-        }
-    }
-
-    fn pids_from_children_files(&self) -> Vec<i32> {
-        let mut out = vec![self.root];
-        let mut next = 0;
-        while next < out.len() {
-            let pid = out[next];
-            next += 1;
-            let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
-                continue;
-            };
-            for task in tasks.flatten() {
-                let Ok(text) = fs::read_to_string(task.path().join("children")) else {
-                    continue;
-                };
-                out.extend(parse_children(&text));
-            }
-        }
-        out
-    }
-
-    fn pids_from_scan(&self) -> Vec<i32> {
-        let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-        if let Ok(entries) = fs::read_dir("/proc") {
-            for e in entries.flatten() {
-                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-                    continue;
-                };
-                if let Some(ppid) = fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .ok()
-                    .and_then(|s| parse_stat_ppid(&s))
-                {
-                    children.entry(ppid).or_default().push(pid);
-                }
-            }
-        }
-        let mut out = vec![self.root];
-        let mut next = 0;
-        while next < out.len() {
-            if let Some(kids) = children.get(&out[next]) {
+            let mut out = roots.to_vec();
+            let mut next = 0;
+            while next < out.len() {
+                let kids = children_from_files(out[next]);
                 out.extend(kids);
+                next += 1;
             }
-            next += 1;
+            out
+        } else {
+            let children = scan_children();
+            let mut out = roots.to_vec();
+            let mut next = 0;
+            while next < out.len() {
+                if let Some(kids) = children.get(&out[next]) {
+                    out.extend(kids);
+                }
+                next += 1;
+            }
+            out
         }
-        out
+    }
+
+    /// The direct children of `pid` alive now.
+    pub fn children(&self, pid: i32) -> Vec<i32> {
+        if self.children_files {
+            children_from_files(pid)
+        } else {
+            scan_children().remove(&pid).unwrap_or_default()
+        }
     }
 
     /// Memory of every live process of the tree.
     pub fn sample(&self) -> Vec<ProcMem> {
-        self.pids()
-            .into_iter()
-            .filter_map(|pid| {
-                let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-                parse_status(pid, &text)
-            })
-            .collect()
+        self.pids().into_iter().filter_map(proc_mem).collect()
     }
+}
+
+/// Memory of one live process; `None` once it is gone or a zombie.
+pub fn proc_mem(pid: i32) -> Option<ProcMem> {
+    parse_status(
+        pid,
+        &fs::read_to_string(format!("/proc/{pid}/status")).ok()?,
+    )
+}
+
+/// Process group and start time of a live process (see `parse_stat_pgrp_start`).
+pub fn pgrp_start(pid: i32) -> Option<(i32, u64)> {
+    parse_stat_pgrp_start(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Whether `pid` is a zombie (state Z in /proc/PID/stat; false once it is gone).
+pub fn is_zombie(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+/// Children of every thread of `pid`, from /proc/PID/task/TID/children.
+fn children_from_files(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|text| parse_children(&text).collect::<Vec<_>>())
+        .collect()
+}
+
+/// Every process's children, from one scan of /proc/*/stat (kernels without CONFIG_PROC_CHILDREN).
+fn scan_children() -> HashMap<i32, Vec<i32>> {
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    if let Ok(entries) = fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            if let Some(ppid) = fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| parse_stat_ppid(&s))
+            {
+                children.entry(ppid).or_default().push(pid);
+            }
+        }
+    }
+    children
 }
 
 /// Parent PID from /proc/PID/stat (field 4, after the parenthesised command that may hold spaces).

@@ -21,6 +21,8 @@ pub struct SampleRecord {
     pub rss_anon_bytes: u64,
     pub rss_file_bytes: u64,
     pub rss_shmem_bytes: u64,
+    /// Files created in /dev/shm since the run started (allocated bytes), part of `job_bytes`.
+    pub shm_files_bytes: u64,
     pub swap_bytes: u64,
     pub processes: u32,
     pub mem_available_bytes: Option<u64>,
@@ -28,6 +30,10 @@ pub struct SampleRecord {
     pub psi_some_avg10: Option<f64>,
     pub cgroup_current_bytes: Option<u64>,
     pub cgroup_oom_kills: Option<u64>,
+    /// With `--cgroup`: the job's own cgroup, anonymous + shared memory + swap (memory.stat), and its
+    /// usage as the kernel counts it (v2 memory.current, v1 memory.usage_in_bytes).
+    pub job_cgroup_bytes: Option<u64>,
+    pub job_cgroup_current_bytes: Option<u64>,
     pub gpu_bytes: Option<u64>,
     /// normal | warned | stopping | killed
     pub stage: &'static str,
@@ -35,7 +41,7 @@ pub struct SampleRecord {
     pub next_ms: u64,
 }
 
-const CSV_HEADER: &str = "t_s,attempt,job_bytes,limit_bytes,rss_anon_bytes,rss_file_bytes,rss_shmem_bytes,swap_bytes,processes,mem_available_bytes,swap_used_bytes,psi_some_avg10,cgroup_current_bytes,cgroup_oom_kills,gpu_bytes,stage,next_ms";
+const CSV_HEADER: &str = "t_s,attempt,job_bytes,limit_bytes,rss_anon_bytes,rss_file_bytes,rss_shmem_bytes,shm_files_bytes,swap_bytes,processes,mem_available_bytes,swap_used_bytes,psi_some_avg10,cgroup_current_bytes,cgroup_oom_kills,job_cgroup_bytes,job_cgroup_current_bytes,gpu_bytes,stage,next_ms";
 
 fn opt<T: ToString>(v: Option<T>) -> String {
     v.map(|v| v.to_string()).unwrap_or_default()
@@ -44,7 +50,7 @@ fn opt<T: ToString>(v: Option<T>) -> String {
 impl SampleRecord {
     fn csv_row(&self) -> String {
         format!(
-            "{:.3},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{:.3},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             self.t_s,
             self.attempt,
             self.job_bytes,
@@ -52,6 +58,7 @@ impl SampleRecord {
             self.rss_anon_bytes,
             self.rss_file_bytes,
             self.rss_shmem_bytes,
+            self.shm_files_bytes,
             self.swap_bytes,
             self.processes,
             opt(self.mem_available_bytes),
@@ -59,6 +66,8 @@ impl SampleRecord {
             opt(self.psi_some_avg10),
             opt(self.cgroup_current_bytes),
             opt(self.cgroup_oom_kills),
+            opt(self.job_cgroup_bytes),
+            opt(self.job_cgroup_current_bytes),
             opt(self.gpu_bytes),
             self.stage,
             self.next_ms

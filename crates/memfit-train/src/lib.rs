@@ -54,6 +54,7 @@ pub mod presets;
 pub mod progress;
 pub mod run_data;
 pub mod run_dir;
+pub mod run_lock;
 pub mod schedule;
 pub mod session;
 pub mod signals;

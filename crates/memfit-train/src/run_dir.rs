@@ -1,8 +1,10 @@
 //! The run directory (DESIGN.md §4): `config.toml`, `plan.json`, `metrics.jsonl`, `events.jsonl`,
 //! `train.log`, `checkpoints/`, `best/`. Whole files are written atomically (temp file + rename);
-//! the JSONL logs are appended line by line and cut back to the checkpoint on resume.
+//! the JSONL logs are appended line by line and cut back to the checkpoint on resume. An open run holds
+//! the directory's lock ([`crate::run_lock`]) as long as it lives.
 
 use crate::metrics::StepMetrics;
+use crate::run_lock::{LockError, RunLock};
 use serde::Serialize;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -22,6 +24,8 @@ pub enum RunDirError {
     AlreadyARun { path: String },
     #[error("{path} is not a run directory: {reason}")]
     NotARun { path: String, reason: String },
+    #[error(transparent)]
+    Locked(#[from] LockError),
 }
 
 impl RunDirError {
@@ -79,6 +83,7 @@ pub struct RunDir {
     metrics: File,
     events: File,
     log: File,
+    _lock: RunLock,
 }
 
 impl RunDir {
@@ -92,6 +97,8 @@ impl RunDir {
 
     /// Creates a new run at `root` (which may exist, but must not hold a run) and writes its config.
     pub fn create(root: &Path, config_toml: &str) -> Result<Self, RunDirError> {
+        fs::create_dir_all(root).map_err(io_err(root))?;
+        let lock = RunLock::acquire(root)?;
         if root.join(Self::CONFIG).exists() {
             return Err(RunDirError::AlreadyARun {
                 path: root.display().to_string(),
@@ -99,7 +106,7 @@ impl RunDir {
         }
         fs::create_dir_all(root.join(Self::CHECKPOINTS)).map_err(io_err(root))?;
         write_atomic(&root.join(Self::CONFIG), config_toml.as_bytes())?;
-        Self::open_logs(root)
+        Self::open_logs(root, lock)
     }
 
     /// Opens an existing run to continue it.
@@ -107,11 +114,12 @@ impl RunDir {
         if let Err(e) = fs::metadata(root.join(Self::CONFIG)) {
             return Err(RunDirError::not_a_run(root, &e));
         }
+        let lock = RunLock::acquire(root)?;
         fs::create_dir_all(root.join(Self::CHECKPOINTS)).map_err(io_err(root))?;
-        Self::open_logs(root)
+        Self::open_logs(root, lock)
     }
 
-    fn open_logs(root: &Path) -> Result<Self, RunDirError> {
+    fn open_logs(root: &Path, lock: RunLock) -> Result<Self, RunDirError> {
         let append = |name: &str| {
             let path = root.join(name);
             OpenOptions::new()
@@ -128,6 +136,7 @@ impl RunDir {
             metrics: append(Self::METRICS)?,
             events: append(Self::EVENTS)?,
             log: append(Self::LOG)?,
+            _lock: lock,
         })
     }
 
@@ -201,7 +210,7 @@ impl RunDir {
                 .collect();
             write_atomic(&path, kept.as_bytes())?;
         }
-        *self = Self::open_logs(&self.root)?;
+        *self = Self::open_logs(&self.root, self._lock.clone())?;
         Ok(())
     }
 }

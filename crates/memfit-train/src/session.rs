@@ -2,7 +2,7 @@
 //! starts from. The binary builds the engine and the data, then hands everything to the loop.
 
 use crate::checkpoint::{
-    CheckpointError, Checkpointer, FreeSpace, TrainerState, latest_checkpoint, read_state,
+    CheckpointError, Checkpointer, FreeSpace, TrainerState, verify_checkpoint,
 };
 use crate::config::{ConfigError, ConfigLayer, TrainConfig};
 use crate::engine::Engine;
@@ -18,10 +18,8 @@ pub enum SessionError {
     RunDir(#[from] RunDirError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
-    #[error(
-        "{dir}: no complete checkpoint to resume from (checkpoints/step-N/ with trainer_state.json)"
-    )]
-    NoCheckpoint { dir: String },
+    #[error("{dir}: no checkpoint is whole, so none can be resumed from: {why}")]
+    NoCheckpoint { dir: String, why: String },
     #[error(
         "{dir}: the config differs from the run's (hash {old} → {new}): {changes}; pass --allow-config-change to continue anyway"
     )]
@@ -63,9 +61,11 @@ pub struct Session {
     pub run: RunDir,
     pub checkpointer: Checkpointer,
     /// The checkpoint to load into the engine (with its optimizer) and its state.
-    pub resume_from: Option<(PathBuf, TrainerState)>,
+    pub resume_from: ResumeFrom,
     /// Trajectory settings changed by `--allow-config-change`: (name, old, new).
     pub changes: Vec<(String, String, String)>,
+    /// Damaged checkpoints a resume passed over, newest first: `path: why`.
+    pub skipped: Vec<String>,
 }
 
 /// How checkpoints are written for this run.
@@ -112,17 +112,22 @@ pub fn start(
         checkpointer,
         resume_from: None,
         changes: Vec::new(),
+        skipped: Vec::new(),
     })
 }
 
-/// Continues the run in `dir` from its newest complete checkpoint. `overrides` (the command-line flags)
-/// apply on top of the run's own config; a change to the trajectory is refused unless `allow_change`.
+/// Continues the run in `dir` from its newest checkpoint that is whole (a damaged newer one is skipped,
+/// and named in `skipped`), or from step 0 with the run's own config when it has none yet (a run
+/// stopped before its first checkpoint). `overrides` (the command-line flags) apply on top of the run's
+/// own config; a change to the trajectory is refused unless `allow_change`. The run directory is
+/// locked first, so nothing below races another owner.
 pub fn resume(
     dir: &Path,
     overrides: &ConfigLayer,
     allow_change: bool,
     spec: CheckpointSpec,
 ) -> Result<Session, SessionError> {
+    let mut run = RunDir::open(dir)?;
     let config_path = dir.join(RunDir::CONFIG);
     let text =
         std::fs::read_to_string(&config_path).map_err(|e| RunDirError::not_a_run(dir, &e))?;
@@ -139,17 +144,86 @@ pub fn resume(
             changes: describe(&changes),
         });
     }
-    let (step, ckpt) = latest_checkpoint(&dir.join(RunDir::CHECKPOINTS)).ok_or_else(|| {
-        SessionError::NoCheckpoint {
-            dir: dir.display().to_string(),
+    let (from, skipped) = resume_point(dir)?;
+    if let Some((ckpt, state)) = &from {
+        check_state(ckpt, state, &config, &old, allow_change)?;
+    }
+    let step = from.as_ref().map_or(0, |(_, state)| state.step);
+    run.cut_logs_after(step)?;
+    if !changes.is_empty() {
+        run.write_config(&config.to_toml())?;
+    }
+    run.event(
+        step,
+        "resume",
+        json!({"from": from.as_ref().map(|(c, _)| c), "config_hash": config.hash(),
+               "changes": describe(&changes), "skipped": skipped}),
+    )?;
+    let checkpointer = checkpointer(&run, &config, spec)?;
+    Ok(Session {
+        config,
+        run,
+        checkpointer,
+        resume_from: from,
+        changes,
+        skipped,
+    })
+}
+
+/// A checkpoint to resume from, with its state.
+type ResumeFrom = Option<(PathBuf, TrainerState)>;
+
+/// The newest whole checkpoint and the damaged newer ones skipped (`path: why`); no checkpoint at all
+/// means step 0, while checkpoints that are all damaged are an error (starting over would lose them).
+fn resume_point(dir: &Path) -> Result<(ResumeFrom, Vec<String>), SessionError> {
+    let mut skipped = Vec::new();
+    let steps = step_dirs(&dir.join(RunDir::CHECKPOINTS));
+    for ckpt in steps.iter().rev() {
+        match verify_checkpoint(ckpt) {
+            Ok(state) => return Ok((Some((ckpt.clone(), state)), skipped)),
+            Err(why) => {
+                tracing::warn!("skipping a damaged checkpoint: {why}");
+                skipped.push(why);
+            }
         }
-    })?;
-    let state = read_state(&ckpt)?;
+    }
+    if steps.is_empty() {
+        return Ok((None, skipped));
+    }
+    Err(SessionError::NoCheckpoint {
+        dir: dir.display().to_string(),
+        why: skipped.join("; "),
+    })
+}
+
+/// Every `checkpoints/step-N/` directory, complete or not, oldest first.
+fn step_dirs(checkpoints: &Path) -> Vec<PathBuf> {
+    let mut steps: Vec<(u64, PathBuf)> = std::fs::read_dir(checkpoints)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            Some((name.strip_prefix("step-")?.parse().ok()?, e.path()))
+        })
+        .collect();
+    steps.sort();
+    steps.into_iter().map(|(_, p)| p).collect()
+}
+
+/// The checkpoint belongs to this run: its model, and the config it was written under.
+fn check_state(
+    ckpt: &Path,
+    state: &TrainerState,
+    config: &TrainConfig,
+    old: &TrainConfig,
+    allow_change: bool,
+) -> Result<(), SessionError> {
     if state.model != config.model {
         return Err(SessionError::OtherModel {
             dir: ckpt.display().to_string(),
-            found: state.model,
-            expected: config.model,
+            found: state.model.clone(),
+            expected: config.model.clone(),
         });
     }
     if state.config_hash != old.hash() && !allow_change {
@@ -160,24 +234,7 @@ pub fn resume(
             changes: "the checkpoint was written under another config.toml".into(),
         });
     }
-    let mut run = RunDir::open(dir)?;
-    run.cut_logs_after(step)?;
-    if !changes.is_empty() {
-        run.write_config(&config.to_toml())?;
-    }
-    run.event(
-        step,
-        "resume",
-        json!({"from": ckpt, "config_hash": config.hash(), "changes": describe(&changes)}),
-    )?;
-    let checkpointer = checkpointer(&run, &config, spec)?;
-    Ok(Session {
-        config,
-        run,
-        checkpointer,
-        resume_from: Some((ckpt, state)),
-        changes,
-    })
+    Ok(())
 }
 
 /// `name: old → new; …`

@@ -24,8 +24,16 @@ impl StopFlag {
         Self::default()
     }
 
-    /// A flag set by SIGINT or SIGTERM.
+    /// The process's flag set by SIGINT or SIGTERM; the handlers are installed by the first call, and
+    /// later calls return the same flag. `memfit train` calls it first thing, so a signal that comes
+    /// while the run directory is being made is a stop request (exit 75 with a resumable run), not the
+    /// default death (exit 143) that left a half-made directory.
     pub fn from_signals() -> std::io::Result<Self> {
+        static INSTALLED: std::sync::Mutex<Option<StopFlag>> = std::sync::Mutex::new(None);
+        let mut installed = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(flag) = installed.as_ref() {
+            return Ok(flag.clone());
+        }
         use signal_hook::consts::{SIGINT, SIGTERM};
         let flag = Self::new();
         for sig in [SIGINT, SIGTERM] {
@@ -34,6 +42,7 @@ impl StopFlag {
             signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&flag.0))?;
             signal_hook::flag::register(sig, Arc::clone(&flag.0))?;
         }
+        *installed = Some(flag.clone());
         Ok(flag)
     }
 

@@ -182,7 +182,7 @@ fn a_checkpoint_of_another_model_or_vocabulary_is_refused() {
 }
 
 #[test]
-fn resume_without_a_checkpoint_or_a_run_is_a_clear_error() {
+fn resume_of_no_run_is_refused_and_of_a_run_without_a_checkpoint_starts_at_step_0() {
     let dir = tempfile::tempdir().unwrap();
     let mut engine = LinearEngine::new();
     let err = train(
@@ -195,8 +195,10 @@ fn resume_without_a_checkpoint_or_a_run_is_a_clear_error() {
     )
     .unwrap_err();
     assert!(err.contains("not a run directory"), "{err}");
+    // A run with no checkpoint yet (stopped before its first save) is resumable: from step 0
+    // (loop_run_dir.rs checks it matches the uninterrupted run).
     std::fs::write(dir.path().join("config.toml"), small_config().to_toml()).unwrap();
-    let err = train(
+    let s = train(
         dir.path(),
         &small_config(),
         &mut engine,
@@ -204,8 +206,8 @@ fn resume_without_a_checkpoint_or_a_run_is_a_clear_error() {
         StopFlag::new(),
         plenty,
     )
-    .unwrap_err();
-    assert!(err.contains("no complete checkpoint"), "{err}");
+    .unwrap();
+    assert_eq!((s.start_step, s.steps), (0, 12));
 }
 
 #[test]

@@ -46,12 +46,71 @@ pub fn finish(result: Outcome) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", chain_text(&err));
             let code = err
                 .chain()
                 .find_map(|e| e.downcast_ref::<Exit>())
                 .map_or(1, |e| e.code);
             ExitCode::from(code)
         }
+    }
+}
+
+/// The error and its causes joined by ": ", leaving out a cause whose text the message before it already
+/// holds (a library error that prints its source: "…: No space left on device (os error 28)" is not
+/// followed by that cause again).
+pub fn chain_text(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in err.chain().map(ToString::to_string) {
+        if text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// As thiserror writes `#[error("checkpoint {path}: {source}")]` with a `source` field.
+    #[derive(Debug)]
+    struct Io {
+        path: String,
+        source: std::io::Error,
+    }
+
+    impl fmt::Display for Io {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "checkpoint {}: {}", self.path, self.source)
+        }
+    }
+
+    impl std::error::Error for Io {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.source)
+        }
+    }
+
+    #[test]
+    fn a_cause_is_said_once() {
+        let io = std::io::Error::from_raw_os_error(28);
+        let err = anyhow::Error::new(Io {
+            path: "run/checkpoints/step-2".into(),
+            source: io,
+        })
+        .context("saving");
+        let text = chain_text(&err);
+        assert_eq!(text.matches("os error 28").count(), 1, "{text}");
+        assert!(
+            text.starts_with("saving: checkpoint run/checkpoints/step-2: "),
+            "{text}"
+        );
+        let plain = anyhow::anyhow!("outer").context("top");
+        assert_eq!(chain_text(&plain), "top: outer");
     }
 }

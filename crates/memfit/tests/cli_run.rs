@@ -210,3 +210,37 @@ fn a_signal_to_memfit_reaches_the_job() {
     assert!(ck.exists());
     assert_eq!(summary(&o)["outcome"], "interrupted");
 }
+
+#[test]
+fn cgroup_option_guards_a_background_worker_or_says_why_it_cannot() {
+    // `(hog &)`: the worker is orphaned at once; it is the job's either way.
+    let Some(hog) = memhog() else { return };
+    let script = format!(
+        "({} {} --max-mib 1024 &); sleep 60",
+        hog.display(),
+        GROWING.join(" ")
+    );
+    let o = run(&[
+        "--cgroup", "--json", "--budget", "128MiB", "--grace", "1s", "--", "sh", "-c", &script,
+    ]);
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+    let s = summary(&o);
+    assert!(s["peak_job_bytes"].as_u64().unwrap() >= 64 * MIB, "{s}");
+    match s["cgroup_unavailable"].as_str() {
+        Some(reason) => {
+            println!("SKIPPED the cgroup checks: {reason}");
+            assert!(stderr(&o).contains("--cgroup not used"), "{}", stderr(&o));
+        }
+        None => {
+            let attempt = &s["attempts"][0];
+            let dir = attempt["cgroup"].as_str().expect("the job's cgroup");
+            assert!(!std::path::Path::new(dir).exists(), "{dir} was left behind");
+            assert!(attempt["cgroup_peak_bytes"].as_u64().unwrap() >= 64 * MIB);
+            assert!(
+                stderr(&o).contains("job cgroup: kernel peak"),
+                "{}",
+                stderr(&o)
+            );
+        }
+    }
+}

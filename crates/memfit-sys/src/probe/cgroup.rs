@@ -161,7 +161,7 @@ fn read_limit(path: &Path) -> Option<u64> {
     read_u64(path).filter(|&v| v < UNLIMITED_FLOOR)
 }
 
-fn read_u64(path: &Path) -> Option<u64> {
+pub(crate) fn read_u64(path: &Path) -> Option<u64> {
     fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
@@ -237,14 +237,14 @@ fn read_v1(base: &Path, dir: PathBuf) -> CgroupMemory {
 }
 
 /// `key value` lines such as memory.events or memory.oom_control.
-fn keyed(text: &str, key: &str) -> Option<u64> {
+pub(crate) fn keyed(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|l| {
         let (k, v) = l.split_once(' ')?;
         (k == key).then(|| v.trim().parse().ok())?
     })
 }
 
-fn events_v2(dir: &Path) -> CgroupEvents {
+pub(crate) fn events_v2(dir: &Path) -> CgroupEvents {
     let text = fs::read_to_string(dir.join("memory.events")).unwrap_or_default();
     CgroupEvents {
         high: keyed(&text, "high").unwrap_or(0),
@@ -254,7 +254,7 @@ fn events_v2(dir: &Path) -> CgroupEvents {
     }
 }
 
-fn events_v1(dir: &Path) -> CgroupEvents {
+pub(crate) fn events_v1(dir: &Path) -> CgroupEvents {
     let oom = fs::read_to_string(dir.join("memory.oom_control")).unwrap_or_default();
     CgroupEvents {
         high: 0,

@@ -67,6 +67,8 @@ pub struct RunConfig {
     /// Append the job's standard output / error to these files instead of sharing memfit's.
     pub stdout: Option<PathBuf>,
     pub stderr: Option<PathBuf>,
+    /// Put each attempt in a memory cgroup of its own where the machine allows (`--cgroup`).
+    pub cgroup: bool,
 }
 
 impl RunConfig {
@@ -87,6 +89,7 @@ impl RunConfig {
             max_interval: FAR_INTERVAL,
             stdout: None,
             stderr: None,
+            cgroup: false,
         }
     }
 }

@@ -1,16 +1,19 @@
 //! The supervisor behind `memfit run`: launch the command in its own process group, sample its tree,
 //! feed the guard, signal the group, relaunch with the next lower-memory profile.
 //!
-//! Safety rules: signals go only to the job's process group (whose ID is the leader's PID, fixed while
-//! the leader is unreaped) and to verified descendants of the leader that left it; never to PID ≤ 1,
-//! never to memfit's own group.
+//! The job is every process it starts (`members`): memfit is a child subreaper, so orphans stay its
+//! children. Safety rules: signals go to the job's process group only while its leader is unreaped (the
+//! group ID is reserved until then), and to each member by PID through a pidfd after checking its start
+//! time; never to PID ≤ 1, never to memfit's own group.
 
 mod attempt;
 mod config;
 mod error;
-mod group;
 mod interval;
+mod job_cgroup;
+mod members;
 mod own_usage;
+mod shm_files;
 mod summary;
 mod watch;
 
@@ -24,6 +27,7 @@ use nix::sys::signal::Signal;
 pub use config::{MIN_BUDGET_BYTES, RunConfig, StopSignal};
 pub use error::SuperviseError;
 pub use interval::{FAR_INTERVAL, MIN_INTERVAL, NEAR_INTERVAL, next_interval};
+pub use members::JOB_ENV;
 pub use own_usage::{own_cpu_seconds, own_peak_rss};
 pub use summary::{ActionRecord, AttemptSummary, EXIT_STOPPED, Outcome, ProcessPeak, RunSummary};
 
@@ -44,6 +48,10 @@ struct Context<'a> {
     forwarded: Arc<AtomicUsize>,
     series: SeriesWriter,
     peaks: HashMap<(u32, i32), ProcessPeak>,
+    /// /dev/shm as the run found it: files created later are the job's.
+    shm: shm_files::ShmFiles,
+    /// Why `--cgroup` could not be honoured, once known.
+    cgroup_unavailable: Option<String>,
     samples: u64,
     tree_discovery: &'static str,
 }
@@ -78,6 +86,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunSummary, SuperviseError> {
         .and_then(CgroupMemory::limit_bytes)
         .map_or(system.total_bytes, |l| l.min(system.total_bytes));
     let budget_bytes = resolve_budget(cfg, effective_limit)?;
+    members::become_subreaper();
     let forwarded = Arc::new(AtomicUsize::new(0));
     let handlers = install_forwarding(cfg, &forwarded)?;
     let mut ctx = Context {
@@ -90,6 +99,8 @@ pub fn run(cfg: &RunConfig) -> Result<RunSummary, SuperviseError> {
         forwarded,
         series: SeriesWriter::new(cfg.jsonl.as_deref(), cfg.csv.as_deref())?,
         peaks: HashMap::new(),
+        shm: shm_files::ShmFiles::snapshot(),
+        cgroup_unavailable: None,
         samples: 0,
         tree_discovery: if TreeWalker::new(std::process::id() as i32).uses_children_files() {
             "children-files"
@@ -200,6 +211,7 @@ fn summarise(ctx: &Context, attempts: Vec<AttemptSummary>, interrupted: bool) ->
         attempts,
         peak_by_process,
         samples: ctx.samples,
+        cgroup_unavailable: ctx.cgroup_unavailable.clone(),
         tree_discovery: ctx.tree_discovery,
         guard_peak_rss_bytes: own_peak_rss(),
         guard_cpu_s: own_cpu_seconds(),

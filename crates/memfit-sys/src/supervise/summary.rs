@@ -30,6 +30,11 @@ pub struct AttemptSummary {
     pub peak_job_bytes: u64,
     /// The largest GPU memory of the whole tree in one sample (NVML); `None` without NVML.
     pub peak_gpu_bytes: Option<u64>,
+    /// With `--cgroup`: the job's cgroup, the kernel's high-water mark of its usage (page cache
+    /// included) and the processes the kernel OOM-killed in it.
+    pub cgroup: Option<String>,
+    pub cgroup_peak_bytes: Option<u64>,
+    pub cgroup_oom_kills: Option<u64>,
     pub actions: Vec<ActionRecord>,
 }
 
@@ -71,6 +76,8 @@ pub struct RunSummary {
     /// The processes with the largest peaks, largest first (at most `TOP_PROCESSES`).
     pub peak_by_process: Vec<ProcessPeak>,
     pub samples: u64,
+    /// Why `--cgroup` was asked for but the process tree alone was guarded.
+    pub cgroup_unavailable: Option<String>,
     /// How children were found: `children-files` or `proc-scan`.
     pub tree_discovery: &'static str,
     /// memfit's own peak RSS (VmHWM) when the run ended.

@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::group::JobGroup;
 use super::interval::{Growth, MIN_INTERVAL, NEAR_INTERVAL, next_interval};
+use super::members::{Member, Members};
 use super::{ActionRecord, Context, ProcessPeak, StopSignal, SuperviseError};
 use crate::guard::{Action, Guard, GuardConfig, KillReason, Reading, Stage};
 use crate::probe::cgroup::CgroupMemory;
 use crate::probe::psi;
-use crate::sample::{self, ProcMem, SystemMem, TreeWalker};
+use crate::sample::{self, ProcMem, SystemMem};
 use crate::series::SampleRecord;
 
 /// NVML per-process queries take milliseconds; once every half second is enough for the record.
@@ -22,11 +22,14 @@ const GPU_PERIOD: Duration = Duration::from_millis(500);
 /// What one attempt has seen and done so far.
 pub(super) struct Watch {
     pub(super) attempt: u32,
-    walker: TreeWalker,
     guard: Guard,
     growth: Growth,
     pub(super) actions: Vec<ActionRecord>,
     pub(super) stopped_by_guard: bool,
+    /// When a signal asking the job to stop went out (guard or forwarded), if one did.
+    pub(super) stop_sent: Option<Instant>,
+    /// Live processes of the job at the last sample.
+    pub(super) processes: usize,
     /// The last signal passed on to the job (0: none yet).
     forwarded_done: usize,
     pub(super) peak_job: u64,
@@ -36,10 +39,9 @@ pub(super) struct Watch {
 }
 
 impl Watch {
-    pub(super) fn new(ctx: &Context, attempt: u32, pid: i32) -> Self {
+    pub(super) fn new(ctx: &Context, attempt: u32) -> Self {
         Self {
             attempt,
-            walker: TreeWalker::new(pid),
             guard: Guard::new(GuardConfig {
                 expect_exit: ctx.cfg.guard.expect_exit && ctx.cfg.signal.asks_to_exit(),
                 ..ctx.cfg.guard.clone()
@@ -50,6 +52,8 @@ impl Watch {
             },
             actions: Vec::new(),
             stopped_by_guard: false,
+            stop_sent: None,
+            processes: 0,
             forwarded_done: 0,
             peak_job: 0,
             peak_gpu: None,
@@ -62,13 +66,20 @@ impl Watch {
     pub(super) fn sample(
         &mut self,
         ctx: &mut Context,
-        group: &JobGroup,
+        members: &mut Members,
     ) -> Result<Duration, SuperviseError> {
-        let procs = self.walker.sample();
+        let live = members.sample();
         let now = Instant::now();
-        self.forward_signal(ctx, group, &procs);
+        self.forward_signal(ctx, members, &live);
+        let procs: Vec<ProcMem> = live.iter().map(|m| m.mem.clone()).collect();
+        self.processes = procs.len();
 
-        let job: u64 = procs.iter().map(ProcMem::charged).sum();
+        let pids: Vec<i32> = procs.iter().map(|p| p.pid).collect();
+        let beyond = Beyond::read(ctx, members, &pids);
+        let tree: u64 = procs.iter().map(ProcMem::charged).sum();
+        // The cgroup sees what the tree cannot (cleared environments, files written and closed); the
+        // tree sees what the v1 cgroup may charge elsewhere (pages first touched by another group).
+        let job = (tree + beyond.shm_files).max(beyond.cgroup_charged.unwrap_or(0));
         self.peak_job = self.peak_job.max(job);
         let system = sample::system();
         let limit = job_limit(ctx, job, system);
@@ -76,7 +87,7 @@ impl Watch {
         self.update_peaks(ctx, &procs);
 
         let (reading, period) = self.reading(ctx, now, job, limit);
-        self.act(ctx, group, &procs, reading)?;
+        self.act(ctx, members, &live, reading)?;
 
         // An action just taken moves the guard out of `Normal`: watch closely from now on.
         let period = if self.guard.stage() == Stage::Normal {
@@ -84,17 +95,18 @@ impl Watch {
         } else {
             period.min(NEAR_INTERVAL)
         };
-        self.record_sample(ctx, &procs, reading, system, period)?;
+        self.record_sample(ctx, &procs, beyond, reading, system, period)?;
         Ok(period)
     }
 
     /// A signal sent to memfit goes to the job (once per distinct signal), and the guard stands down.
-    fn forward_signal(&mut self, ctx: &Context, group: &JobGroup, procs: &[ProcMem]) {
+    fn forward_signal(&mut self, ctx: &Context, members: &Members, live: &[Member]) {
         let fwd = ctx.forwarded.load(Ordering::SeqCst);
         if fwd != 0 && fwd != self.forwarded_done {
             self.forwarded_done = fwd;
             if let Ok(sig) = Signal::try_from(fwd as i32) {
-                let outside = group.signal_all(sig, procs);
+                let outside = members.signal(sig, live);
+                self.stop_sent = Some(Instant::now());
                 tracing::warn!("memfit received {sig}; passed it to the job");
                 self.actions.push(ActionRecord {
                     t_s: ctx.t(),
@@ -185,8 +197,8 @@ impl Watch {
     fn act(
         &mut self,
         ctx: &mut Context,
-        group: &JobGroup,
-        procs: &[ProcMem],
+        members: &Members,
+        live: &[Member],
         reading: Reading,
     ) -> Result<(), SuperviseError> {
         // After a forwarded signal the user is in charge: keep recording, take no guard action.
@@ -197,11 +209,17 @@ impl Watch {
         };
         if let Some(action) = action {
             let (name, reason, sig) = describe_action(action, ctx.cfg.signal);
-            let outside = sig.map(|s| group.signal_all(s, procs)).unwrap_or_default();
+            let outside = sig.map(|s| members.signal(s, live)).unwrap_or_default();
             // A job that shed memory after a USR1-style request and recovered was not stopped.
             match action {
-                Action::GracefulStop | Action::Kill { .. } => self.stopped_by_guard = true,
-                Action::Recover => self.stopped_by_guard = false,
+                Action::GracefulStop | Action::Kill { .. } => {
+                    self.stopped_by_guard = true;
+                    self.stop_sent.get_or_insert_with(Instant::now);
+                }
+                Action::Recover => {
+                    self.stopped_by_guard = false;
+                    self.stop_sent = None;
+                }
                 Action::Warn => {}
             }
             let record = ActionRecord {
@@ -233,6 +251,7 @@ impl Watch {
         &mut self,
         ctx: &mut Context,
         procs: &[ProcMem],
+        beyond: Beyond,
         reading: Reading,
         system: Option<SystemMem>,
         period: Duration,
@@ -263,6 +282,7 @@ impl Watch {
             rss_anon_bytes: totals.0,
             rss_file_bytes: totals.1,
             rss_shmem_bytes: totals.2,
+            shm_files_bytes: beyond.shm_files,
             swap_bytes: totals.3,
             processes: procs.len() as u32,
             mem_available_bytes: system.map(|s| s.available_bytes),
@@ -270,11 +290,33 @@ impl Watch {
             psi_some_avg10: psi::memory_pressure().map(|p| p.some.avg10),
             cgroup_current_bytes: ctx.cgroup.as_ref().and_then(|c| c.current_bytes),
             cgroup_oom_kills: ctx.cgroup.as_ref().map(|c| c.events.oom_kill),
+            job_cgroup_bytes: beyond.cgroup_charged,
+            job_cgroup_current_bytes: beyond.cgroup_current,
             gpu_bytes: gpu_total,
             stage: stage_name(self.guard.stage()),
             next_ms: period.as_millis() as u64,
         })?;
         Ok(())
+    }
+}
+
+/// What the job holds beyond its processes' RSS: /dev/shm files it created, and with `--cgroup` the
+/// kernel's figures for its group.
+#[derive(Clone, Copy)]
+struct Beyond {
+    shm_files: u64,
+    cgroup_charged: Option<u64>,
+    cgroup_current: Option<u64>,
+}
+
+impl Beyond {
+    fn read(ctx: &mut Context, members: &Members, pids: &[i32]) -> Self {
+        let cg = members.cgroup.as_ref();
+        Self {
+            shm_files: ctx.shm.job_bytes(pids),
+            cgroup_charged: cg.and_then(|c| c.charged_bytes()),
+            cgroup_current: cg.and_then(|c| c.current_bytes()),
+        }
     }
 }
 

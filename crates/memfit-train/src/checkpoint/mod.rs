@@ -8,12 +8,15 @@
 //! checkpoint (or an estimate): when it does not fit, the checkpoint is skipped with a warning and
 //! nothing partial is left behind.
 //!
+//! `verify_checkpoint` — whether a checkpoint is whole before a resume trusts it.
+//!
 //! `export` — `memfit export`: a checkpoint as the Hugging Face directory its family loads from.
 
 mod disk;
 pub mod export;
 mod state;
 mod store;
+mod verify;
 
 pub use disk::{FreeSpace, free_bytes};
 pub use state::{BestRecord, RngState, SchedulerState, TrainerState};
@@ -21,3 +24,4 @@ pub use store::{
     CheckpointError, Checkpointer, SaveOutcome, checkpoint_steps, dir_size, latest_checkpoint,
     read_state,
 };
+pub use verify::verify_checkpoint;

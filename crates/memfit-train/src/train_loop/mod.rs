@@ -146,7 +146,8 @@ pub struct Summary {
     /// Wall time of the optimizer steps alone (what tokens/s divides by).
     pub train_seconds: f64,
     pub last_checkpoint: Option<PathBuf>,
-    /// Set when the final (or the stop's) checkpoint was skipped for lack of disk: a failure (exit 1).
+    /// Set when a completed run's final checkpoint was skipped for lack of disk: a failure (exit 1).
+    /// (A stop says in its `stop` event where `--resume` continues; it exits 75.)
     pub unsaved: Option<Unsaved>,
 }
 
@@ -245,7 +246,13 @@ impl<'a, E: Engine, T: Task<E>> Trainer<'a, E, T> {
         self.note_resumed_micro_batch(&s.p)?;
         let started = Instant::now();
         let finish = self.drive(&mut s, fresh)?;
-        let unsaved = self.unsaved(&s);
+        // A stop's own event says what its checkpoint came to and where --resume continues (exit 75);
+        // only a completed run whose end state found no room has lost its model.
+        let unsaved = if finish == Finish::Completed {
+            self.unsaved(&s)
+        } else {
+            None
+        };
         if let Some(u) = &unsaved {
             self.run.event(
                 s.p.step,

@@ -75,6 +75,14 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         abandoned: Option<(usize, u64)>,
     ) -> Result<Finish, LoopError> {
         let saved = self.save_once(s)?;
+        // Without room for this checkpoint the run still resumes: from its newest one, or from step 0
+        // (session::resume); the event, the message and the exit code all say so.
+        let resumes_from = match &saved {
+            Some(_) => s.p.step,
+            None => {
+                checkpoint::latest_checkpoint(&self.run.checkpoints()).map_or(0, |(step, _)| step)
+            }
+        };
         self.run.event(
             s.p.step,
             "stop",
@@ -84,6 +92,7 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
                 "abandoned_step": abandoned.map(|(done, k)| json!({"step": s.p.step + 1, "micro_batches_done": done, "of": k})),
                 "eval_pending": s.p.eval_pending,
                 "checkpoint": saved,
+                "resumes_from_step": resumes_from,
             }),
         )?;
         let pending = if s.p.eval_pending {
@@ -91,10 +100,17 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         } else {
             ""
         };
-        self.observer.on_message(&format!(
-            "stop requested: checkpointed step {}, stopping (exit 75){pending}",
-            s.p.step
-        ));
+        self.observer.on_message(&match saved {
+            Some(_) => format!(
+                "stop requested: checkpointed step {}, stopping (exit 75){pending}",
+                s.p.step
+            ),
+            None => format!(
+                "stop requested: no room to checkpoint step {} (see the warning above); --resume \
+                 continues from step {resumes_from}, stopping (exit 75)",
+                s.p.step
+            ),
+        });
         Ok(Finish::Stopped)
     }
 

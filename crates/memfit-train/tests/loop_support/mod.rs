@@ -121,18 +121,23 @@ impl LinearEngine {
     }
 }
 
+/// One tensor `v` as a safetensors file, as real engines write them (a resume checks the layout).
 fn write_f32s(path: &Path, v: &[f32]) -> std::io::Result<()> {
-    std::fs::write(
-        path,
-        v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
-    )
+    let tensor = memfit_nn::weights::NamedTensor {
+        name: "v".into(),
+        shape: vec![v.len()],
+        values: std::borrow::Cow::Borrowed(v),
+        transpose: None,
+    };
+    memfit_nn::weights::write_f32(path, &[tensor], None).map_err(std::io::Error::other)
 }
 
 fn read_f32s(path: &Path) -> std::io::Result<Vec<f32>> {
-    Ok(std::fs::read(path)?
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+    let (mut tensors, _) = memfit_nn::weights::read_f32(path).map_err(std::io::Error::other)?;
+    tensors
+        .remove("v")
+        .map(|t| t.values)
+        .ok_or_else(|| std::io::Error::other(format!("{}: no tensor v", path.display())))
 }
 
 impl Engine for LinearEngine {

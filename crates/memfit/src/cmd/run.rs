@@ -60,6 +60,11 @@ struct RunArgs {
     /// Print the final summary as JSON on stdout (after the command's own output).
     #[arg(long)]
     json: bool,
+    /// Put the job in a memory cgroup of its own (cgroup v1, or v2 with the memory controller
+    /// delegated) and read the kernel's figures; where none can be created, say why and guard the
+    /// process tree.
+    #[arg(long)]
+    cgroup: bool,
     /// The command to guard, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -117,6 +122,7 @@ fn config(args: &RunArgs) -> anyhow::Result<RunConfig> {
     cfg.jsonl = args.log.clone();
     cfg.csv = args.csv.clone();
     cfg.forward_signals = true;
+    cfg.cgroup = args.cgroup;
     Ok(cfg)
 }
 
@@ -243,8 +249,17 @@ fn render(s: &RunSummary) -> String {
     } else {
         format!("{procs}\n")
     };
+    let cgroup = match (&s.cgroup_unavailable, s.attempts.last()) {
+        (Some(reason), _) => format!("--cgroup not used: {reason}\n"),
+        (None, Some(a)) if a.cgroup.is_some() => format!(
+            "job cgroup: kernel peak {} (page cache included), {} OOM kills\n",
+            a.cgroup_peak_bytes.map_or("-".into(), h),
+            a.cgroup_oom_kills.unwrap_or(0)
+        ),
+        _ => String::new(),
+    };
     format!(
-        "\nmemfit run: budget {}, peak {}; {} samples\n{attempts}\n{procs}exit {} ({})\n",
+        "\nmemfit run: budget {}, peak {}; {} samples\n{attempts}\n{procs}{cgroup}exit {} ({})\n",
         h(s.budget_bytes),
         h(s.peak_job_bytes),
         s.samples,

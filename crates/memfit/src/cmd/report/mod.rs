@@ -10,6 +10,7 @@ mod panels;
 
 use crate::exit::{Outcome, bad_input};
 use memfit_train::config::TrainConfig;
+use memfit_train::run_lock::RunLock;
 use panels::Panel;
 use plotters::prelude::*;
 use serde_json::{Value, json};
@@ -169,8 +170,29 @@ fn write_png(path: &Path, (width, height): (u32, u32), rgb: &[u8]) -> anyhow::Re
         .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
 }
 
+/// The lock of the run directory the report is written into, if it is written into one: a trainer or
+/// resume that owns the run refuses the report (exit 2), and the report keeps them out while it writes.
+fn lock_if_writing_into_a_run(args: &Args, out: &Path) -> anyhow::Result<Option<RunLock>> {
+    if !args.path.join("config.toml").is_file() {
+        return Ok(None);
+    }
+    let run = std::fs::canonicalize(&args.path)?;
+    let out_dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let inside = std::fs::canonicalize(out_dir).is_ok_and(|d| d.starts_with(&run));
+    if !inside {
+        return Ok(None);
+    }
+    RunLock::acquire(&args.path)
+        .map(Some)
+        .map_err(|e| bad_input(format!("memfit report: {e}")))
+}
+
 pub fn run(args: Args) -> Outcome {
     let report = collect(&args)?;
+    let _lock = lock_if_writing_into_a_run(&args, &report.out)?;
     let (svg, png) = (
         report.out.with_extension("svg"),
         report.out.with_extension("png"),

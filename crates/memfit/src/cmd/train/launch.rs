@@ -5,11 +5,12 @@
 use super::args::Args;
 use super::output::{Bar, print_summary};
 use super::setup::{Mode, Setup};
-use super::{FailedStart, thousands};
+use super::thousands;
 use crate::exit::{Outcome, bad_input};
 use anyhow::Context;
 use memfit_train::engine::Engine;
 use memfit_train::memory_guard::{GuardSettings, MemoryGuard, NvmlProcessMemory, ProcessMemory};
+use memfit_train::run_lock::Claim;
 use memfit_train::session::{self, CheckpointSpec, Session};
 use memfit_train::task::{RowSource, Task};
 use memfit_train::text::CheckpointFile;
@@ -32,7 +33,7 @@ pub struct Prepared {
     pub setup: Setup,
     /// The model's `config.json`.
     pub model_json: serde_json::Value,
-    pub made_root: Option<FailedStart>,
+    pub claim: Claim,
     /// The tokenizer's vocabulary size (checked against a resumed checkpoint's).
     pub vocab: usize,
 }
@@ -71,8 +72,9 @@ where
         Mode::New => session::start(setup.config.clone(), &setup.root, spec),
     }
     .map_err(classify)?;
-    if let Some(made) = start.made_root.take() {
-        made.disarm();
+    start.claim.keep();
+    for why in &s.skipped {
+        eprintln!("resume: skipped a damaged checkpoint: {why}");
     }
     for line in &start.setup.plan_lines {
         eprintln!("{line}");

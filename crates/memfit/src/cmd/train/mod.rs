@@ -16,6 +16,7 @@ mod start;
 pub use args::Args;
 
 use crate::exit::{Outcome, bad_input};
+use anyhow::Context;
 use launch::{Run, launch};
 use memfit_nn::ModelError;
 use memfit_nn::families;
@@ -36,6 +37,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 pub fn run(args: Args) -> Outcome {
+    // First thing: from here on SIGINT/SIGTERM is a stop request the loop honours (exit 75, a run that
+    // --resume continues), never a death halfway through making the run directory.
+    memfit_train::signals::StopFlag::from_signals()
+        .context("installing the SIGINT/SIGTERM handlers")?;
     // a training step reuses what the last one freed (memfit_train::malloc_tuning)
     memfit_train::malloc_tuning::keep_freed_memory();
     let setup = Setup::resolve(&args)?;
@@ -63,8 +68,16 @@ fn init_dir(setup: &Setup) -> Option<PathBuf> {
     match setup.mode {
         Mode::New => setup.config.init.as_deref().map(PathBuf::from),
         Mode::Resume if lora => setup.config.init.as_deref().map(PathBuf::from),
+        // Stopped before its first checkpoint, the run starts over from its own --init.
+        Mode::Resume if no_checkpoint(&setup.root) => {
+            setup.config.init.as_deref().map(PathBuf::from)
+        }
         Mode::Resume => None,
     }
+}
+
+fn no_checkpoint(root: &Path) -> bool {
+    memfit_train::checkpoint::checkpoint_steps(&root.join("checkpoints")).is_empty()
 }
 
 fn model_error(e: ModelError) -> anyhow::Error {
@@ -279,24 +292,6 @@ fn default_out() -> PathBuf {
         rem % 3600 / 60,
         rem % 60
     ))
-}
-
-/// A run directory made by a start that has not got as far as a run: removed when dropped, so a
-/// failed start (bad data, tokenizer, model or --init) leaves nothing behind.
-pub struct FailedStart(PathBuf);
-
-impl FailedStart {
-    fn disarm(mut self) {
-        self.0 = PathBuf::new();
-    }
-}
-
-impl Drop for FailedStart {
-    fn drop(&mut self) {
-        if !self.0.as_os_str().is_empty() {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 /// What `--init` loaded, as transformers reports missing and unexpected keys.

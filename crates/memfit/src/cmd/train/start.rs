@@ -1,17 +1,19 @@
-//! Before a run exists: its directory (a new run's, removed again if the start fails), the demo's
-//! files, the data (prepared into the run), the sequence length taken from the data and the start
-//! planned for it, and the model's config checked against the tokenizer. Nothing here writes
-//! `config.toml`: until the session starts, a failed start leaves nothing (exit 3 included).
+//! Before a run exists: its directory claimed and locked (a new run's cleaned up again if the start
+//! fails: only what the start added), the demo's files, the data (prepared into the run), the
+//! sequence length taken from the data and the start planned for it, and the model's config
+//! checked against the tokenizer. Nothing here writes `config.toml`: until the session starts, a
+//! failed start leaves nothing (exit 3 included).
 
+use super::absolute;
 use super::launch::Prepared;
 use super::setup::{Available, Mode, PlanAfterData, Setup};
-use super::{FailedStart, absolute};
 use super::{budget, fit};
 use crate::exit::bad_input;
 use anyhow::Context;
 use indicatif::ProgressBar;
 use memfit_train::config::TaskKind;
 use memfit_train::run_data::{self, RunData};
+use memfit_train::run_lock::{Claim, ClaimError};
 use memfit_train::{demo, model_spec};
 use serde_json::Value;
 use std::path::Path;
@@ -22,8 +24,8 @@ pub struct Start {
     pub data: RunData,
     /// The model's `config.json`.
     pub model_json: Value,
-    /// Removes a new run's directory unless the run gets going.
-    pub made_root: Option<FailedStart>,
+    /// The run directory, locked; a new run's is cleaned up unless the run gets going.
+    pub claim: Claim,
 }
 
 impl Start {
@@ -33,7 +35,7 @@ impl Start {
         let prepared = Prepared {
             setup: self.setup,
             model_json: self.model_json,
-            made_root: self.made_root,
+            claim: self.claim,
             vocab,
         };
         (self.data, prepared)
@@ -42,9 +44,9 @@ impl Start {
 
 impl Start {
     pub fn prepare(mut setup: Setup) -> anyhow::Result<Self> {
-        let made_root = match setup.mode {
+        let claim = match setup.mode {
             Mode::New => make_root(&setup.root)?,
-            Mode::Resume => None,
+            Mode::Resume => Claim::resume(&setup.root).map_err(|e| bad_input(e.to_string()))?,
         };
         if matches!(setup.mode, Mode::New) && setup.config.data.is_none() {
             write_demo(&mut setup)?;
@@ -68,7 +70,7 @@ impl Start {
             setup,
             data,
             model_json,
-            made_root,
+            claim,
         })
     }
 }
@@ -146,27 +148,23 @@ fn does_not_fit(e: &anyhow::Error) -> bool {
         .is_some_and(|x| x.code == 3)
 }
 
-/// Creates a new run's directory (refusing one that holds a run) and checks it is writable.
-fn make_root(root: &Path) -> anyhow::Result<Option<FailedStart>> {
-    if root.join("config.toml").exists() {
-        return Err(bad_input(format!(
-            "{} already holds a run; continue it with --resume {} or choose another --out",
-            root.display(),
-            root.display()
-        )));
-    }
-    let made = (!root.exists()).then(|| FailedStart(root.to_path_buf()));
-    std::fs::create_dir_all(root).map_err(|e| {
-        bad_input(format!(
-            "--out {}: cannot create the run directory: {e}",
-            root.display()
-        ))
+/// Claims a new run's directory (refusing one that holds a run or that another process holds) and
+/// checks it is writable.
+fn make_root(root: &Path) -> anyhow::Result<Claim> {
+    let claim = Claim::new_run(root).map_err(|e| match e {
+        ClaimError::Lock(memfit_train::run_lock::LockError::Io { source, .. }) => {
+            bad_input(format!(
+                "--out {}: cannot create the run directory: {source}",
+                root.display()
+            ))
+        }
+        e => bad_input(e.to_string()),
     })?;
     let probe = root.join(".memfit-write-test");
     std::fs::write(&probe, b"")
         .map_err(|e| bad_input(format!("--out {}: not writable: {e}", root.display())))?;
     let _ = std::fs::remove_file(&probe);
-    Ok(made)
+    Ok(claim)
 }
 
 /// The demo of the run's task: its data and tokenizer, and (for the demo's model) its config.
