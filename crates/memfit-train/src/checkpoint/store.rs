@@ -211,13 +211,13 @@ impl Checkpointer {
     }
 
     /// Keeps the newest `keep` step checkpoints (`best/` lives apart and is never pruned), and the
-    /// optimizer state only in the newest, the one a resume continues from (an AdamW state is twice
-    /// the weights: kept in every checkpoint, it was most of a run's disk).
+    /// optimizer state only in the [`RESUMABLE`] newest, those a resume can continue from (an AdamW
+    /// state is twice the weights: kept in every checkpoint, it was most of a run's disk).
     pub fn apply_retention(&self) -> Result<Vec<PathBuf>, CheckpointError> {
         let steps = checkpoint_steps(&self.checkpoints_dir);
         let excess = steps.len().saturating_sub(self.keep);
         let mut removed = Vec::new();
-        let older = steps.len().saturating_sub(1);
+        let older = steps.len().saturating_sub(RESUMABLE);
         for (i, (_, path)) in steps.into_iter().enumerate() {
             if i < excess {
                 fs::remove_dir_all(&path).map_err(io(&path))?;
@@ -238,6 +238,10 @@ fn remove_optimizer(dir: &Path) -> Result<(), CheckpointError> {
         _ => Ok(()),
     }
 }
+
+/// Step checkpoints that keep their optimizer state: a resume continues from the newest, or from the
+/// one before when the newest is damaged (`session::resume` falls back past it).
+pub const RESUMABLE: usize = 2;
 
 /// The optimizer's state in a checkpoint (what `Engine::save` writes beside the model).
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
