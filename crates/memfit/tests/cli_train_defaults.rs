@@ -260,7 +260,11 @@ fn a_plain_fine_tune_of_a_pretrained_encoder_learns_with_the_defaults_it_names()
     let (older, newest) = steps.split_at(steps.len().saturating_sub(2));
     assert!(!older.is_empty(), "{steps:?}");
     for (_, dir) in newest {
-        assert!(dir.join("optimizer.safetensors").is_file(), "{}", dir.display());
+        assert!(
+            dir.join("optimizer.safetensors").is_file(),
+            "{}",
+            dir.display()
+        );
     }
     for (_, dir) in older {
         assert!(dir.join("model.safetensors").is_file());

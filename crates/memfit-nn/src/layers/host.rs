@@ -1,7 +1,7 @@
 //! Tensors to and from host memory: token ids in, values out.
 
 use burn::prelude::*;
-use burn::tensor::{FloatDType, TensorData};
+use burn::tensor::{DType, FloatDType, TensorData};
 
 use crate::ModelError;
 
@@ -9,6 +9,11 @@ use crate::ModelError;
 pub fn int_tensor(ids: &[u32], batch: usize, len: usize, device: &Device) -> Tensor<2, Int> {
     let data: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
     Tensor::from_data(TensorData::new(data, [batch, len]), device)
+}
+
+/// Host f32 `values` as a `dims` tensor of `dtype` on `device`.
+pub fn float_tensor(values: &[f32], dims: [usize; 2], device: &Device, dtype: DType) -> Tensor<2> {
+    Tensor::from_data(TensorData::new(values.to_vec(), dims), (device, dtype))
 }
 
 /// A tensor's values as host f32, whatever its float dtype.

@@ -10,7 +10,7 @@ use burn::tensor::{DType, FloatDType, IndexingUpdateOp, TensorData};
 use crate::optim::{DeviceOptimizer, Optimizer, clip_coefficient};
 use memfit_nn::ModelError;
 use memfit_nn::layers::grad_sink::GradTarget;
-use memfit_nn::layers::host::to_f32_vec;
+use memfit_nn::layers::host::{float_tensor, to_f32_vec};
 use memfit_nn::model::ParamShape;
 
 pub(super) struct DeviceState {
@@ -43,13 +43,13 @@ impl DeviceState {
             .iter()
             .zip(shapes)
             .zip(trainable)
-            .map(|((w, s), &t)| t.then(|| upload(w, s.dims, &device, DType::F32)))
+            .map(|((w, s), &t)| t.then(|| float_tensor(w, s.dims, &device, DType::F32)))
             .collect();
         let frozen = params
             .iter()
             .zip(shapes)
             .zip(trainable)
-            .map(|((w, s), &t)| (!t).then(|| upload(w, s.dims, &device, compute_dtype)))
+            .map(|((w, s), &t)| (!t).then(|| float_tensor(w, s.dims, &device, compute_dtype)))
             .collect();
         let mut state = Self {
             optimizer: DeviceOptimizer::from_host(optimizer, &device),
@@ -165,15 +165,6 @@ impl DeviceState {
     }
 }
 
-fn upload(values: &[f32], dims: [usize; 2], device: &Device, dtype: DType) -> Tensor<2> {
-    let t = Tensor::from_data(TensorData::new(values.to_vec(), dims), (device, DType::F32));
-    if dtype == DType::F32 {
-        t
-    } else {
-        t.cast(dtype)
-    }
-}
-
 /// The device accumulators a micro-batch's gradients are added to, one per parameter.
 pub(super) struct DeviceAccumulators<'a> {
     acc: &'a mut [Option<Tensor<2>>],
@@ -202,11 +193,7 @@ impl GradTarget for DeviceAccumulators<'_> {
 
     fn rows(&mut self, index: usize, ids: &[usize], grad: Tensor<2>) -> Result<(), ModelError> {
         let [rows, width] = self.shapes[index].dims;
-        if let Some(&id) = ids.iter().find(|&&id| id >= rows) {
-            return Err(ModelError::Input(format!(
-                "embedding row {id} is outside the table ({rows} rows)"
-            )));
-        }
+        super::check_row_ids(ids, rows)?;
         let ids: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
         let n = ids.len();
         let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [n]), self.device);

@@ -13,7 +13,7 @@ use crate::engine::gradient::Gradient;
 use crate::optim::{GradientValues, Optimizer, clip_coefficient, global_norm};
 use memfit_nn::ModelError;
 use memfit_nn::layers::grad_sink::GradTarget;
-use memfit_nn::layers::host::to_f32_vec;
+use memfit_nn::layers::host::{float_tensor, to_f32_vec};
 use memfit_nn::model::ParamShape;
 
 pub(super) struct HostState {
@@ -46,9 +46,7 @@ impl HostState {
         guard
             .get_or_insert_with(|| {
                 (params.iter().zip(shapes))
-                    .map(|(w, s)| {
-                        Tensor::from_data(TensorData::new(w.clone(), s.dims), (device, dtype))
-                    })
+                    .map(|(w, s)| float_tensor(w, s.dims, device, dtype))
                     .collect()
             })
             .clone()
@@ -89,7 +87,7 @@ impl HostState {
                 *g = Some(Gradient::zero());
             }
         }
-        let grad_norm = global_norm(&self.grads);
+        let grad_norm = self.grad_norm();
         // clipping scales the gradients as the optimizer reads them
         let scale = max_grad_norm.map_or(1.0, |max| clip_coefficient(grad_norm, max));
         self.optimizer.step_scaled(params, &self.grads, lr, scale);
@@ -151,12 +149,7 @@ impl GradTarget for HostAccumulators<'_> {
 
     fn rows(&mut self, index: usize, ids: &[usize], grad: Tensor<2>) -> Result<(), ModelError> {
         let [_, width] = grad.dims();
-        let rows = self.shapes[index].numel() / width.max(1);
-        if let Some(&id) = ids.iter().find(|&&id| id >= rows) {
-            return Err(ModelError::Input(format!(
-                "embedding row {id} is outside the table ({rows} rows)"
-            )));
-        }
+        super::check_row_ids(ids, self.shapes[index].numel() / width.max(1))?;
         let g = Gradient::take(grad)?;
         self.acc[index]
             .get_or_insert_with(|| Gradient::rows(width))

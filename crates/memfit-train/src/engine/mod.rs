@@ -24,6 +24,16 @@ pub use memfit_nn::batch::{CausalLmBatch, ClassificationBatch, Seq2SeqBatch, Tok
 pub use memfit_nn::decoding::GenerateConfig;
 use std::path::Path;
 
+/// An embedding gradient's row ids all inside its table of `rows` rows.
+fn check_row_ids(ids: &[usize], rows: usize) -> Result<(), memfit_nn::ModelError> {
+    match ids.iter().find(|&&id| id >= rows) {
+        Some(id) => Err(memfit_nn::ModelError::Input(format!(
+            "embedding row {id} is outside the table ({rows} rows)"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// What one optimizer step reports.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepStats {

@@ -41,6 +41,45 @@ enum TrainingState {
     Device(DeviceState),
 }
 
+/// The model's f32 masters and which of them train.
+struct Masters<'a> {
+    params: &'a [Vec<f32>],
+    shapes: &'a [ParamShape],
+    trainable: &'a [bool],
+}
+
+impl TrainingState {
+    /// `masters` and `optimizer` where `options.placement` puts them (the host state holds the
+    /// model's own masters, so it takes only the optimizer).
+    fn place(
+        options: &EngineOptions,
+        device: &Device,
+        masters: Masters<'_>,
+        optimizer: Optimizer,
+    ) -> Self {
+        match options.placement {
+            Placement::Host => Self::Host(HostState::new(optimizer)),
+            Placement::Device => Self::Device(DeviceState::new(
+                masters.params,
+                masters.shapes,
+                masters.trainable,
+                &optimizer,
+                (device.clone(), compute_dtype(options)),
+            )),
+        }
+    }
+}
+
+/// The dtype of the weights a pass reads: on flex the f32 masters themselves (the hand-written
+/// bf16 ops take f32 weights beside bf16 activations), elsewhere the precision's.
+fn compute_dtype(options: &EngineOptions) -> DType {
+    if options.backend == Backend::Flex {
+        DType::F32
+    } else {
+        options.precision.dtype()
+    }
+}
+
 impl<M: TrainModel> ModelEngine<M> {
     pub fn new(model: M, options: EngineOptions) -> Result<Self, ModelError> {
         let device = options.backend.device();
@@ -55,18 +94,20 @@ impl<M: TrainModel> ModelEngine<M> {
         let trainable = model.trainable(&options.freeze)?;
         let shapes = model.param_shapes();
         let optimizer = Optimizer::new(options.optimizer.clone(), shapes.clone(), &trainable);
-        let mut engine = Self {
-            state: TrainingState::Host(HostState::new(optimizer)),
+        let masters = Masters {
+            params: model.params(),
+            shapes: &shapes,
+            trainable: &trainable,
+        };
+        let state = TrainingState::place(&options, &device, masters, optimizer);
+        Ok(Self {
+            state,
             model,
             options,
             trainable,
             shapes,
             device,
-        };
-        if engine.options.placement == Placement::Device {
-            engine.place_on_device(None)?;
-        }
-        Ok(engine)
+        })
     }
 
     /// An engine that only runs the model (`memfit predict`): nothing trains, so no optimizer
@@ -78,32 +119,27 @@ impl<M: TrainModel> ModelEngine<M> {
         };
         let mut engine = Self::new(model, options)?;
         engine.trainable.iter_mut().for_each(|t| *t = false);
-        let optimizer = Optimizer::new(
-            engine.options.optimizer.clone(),
-            engine.shapes.clone(),
-            &engine.trainable,
-        );
-        engine.state = TrainingState::Host(HostState::new(optimizer));
+        engine.state = TrainingState::Host(HostState::new(engine.fresh_optimizer()));
         Ok(engine)
     }
 
-    /// Moves the masters (the model's) and `optimizer` (else a fresh one) to the device.
-    fn place_on_device(&mut self, optimizer: Option<Optimizer>) -> Result<(), ModelError> {
-        let optimizer = optimizer.unwrap_or_else(|| {
-            Optimizer::new(
-                self.options.optimizer.clone(),
-                self.shapes.clone(),
-                &self.trainable,
-            )
-        });
-        self.state = TrainingState::Device(DeviceState::new(
-            self.model.params(),
-            &self.shapes,
+    /// An optimizer with no steps taken, over the trained parameters.
+    fn fresh_optimizer(&self) -> Optimizer {
+        Optimizer::new(
+            self.options.optimizer.clone(),
+            self.shapes.clone(),
             &self.trainable,
-            &optimizer,
-            (self.device.clone(), self.compute_dtype()),
-        ));
-        Ok(())
+        )
+    }
+
+    /// The training state of the model's masters and `optimizer`, where the placement puts it.
+    fn placed(&self, optimizer: Optimizer) -> TrainingState {
+        let masters = Masters {
+            params: self.model.params(),
+            shapes: &self.shapes,
+            trainable: &self.trainable,
+        };
+        TrainingState::place(&self.options, &self.device, masters, optimizer)
     }
 
     pub fn model(&self) -> &M {
@@ -148,16 +184,6 @@ impl<M: TrainModel> ModelEngine<M> {
                 (&self.device, self.options.precision.dtype()),
             ),
             TrainingState::Device(d) => d.weights(),
-        }
-    }
-
-    /// The dtype of the weights a pass reads: on flex the f32 masters themselves (the hand-written
-    /// bf16 ops take f32 weights beside bf16 activations), elsewhere the precision's.
-    fn compute_dtype(&self) -> DType {
-        if self.options.backend == Backend::Flex {
-            DType::F32
-        } else {
-            self.options.precision.dtype()
         }
     }
 
@@ -297,40 +323,32 @@ impl<M: TrainModel> Engine for ModelEngine<M> {
     }
 
     fn save(&mut self, dir: &Path) -> Result<(), ModelError> {
-        let optimizer = match &mut self.state {
-            TrainingState::Host(h) => {
-                self.model.save(dir)?;
-                return h.optimizer.save(&dir.join("optimizer.safetensors"));
-            }
-            TrainingState::Device(d) => {
-                d.sync_host(self.model.params_mut())?;
-                d.optimizer_to_host()?
-            }
-        };
+        if let TrainingState::Device(d) = &mut self.state {
+            d.sync_host(self.model.params_mut())?;
+        }
         self.model.save(dir)?;
-        optimizer.save(&dir.join("optimizer.safetensors"))
+        let path = dir.join("optimizer.safetensors");
+        match &self.state {
+            TrainingState::Host(h) => h.optimizer.save(&path),
+            TrainingState::Device(d) => d.optimizer_to_host()?.save(&path),
+        }
     }
 
     fn load(&mut self, dir: &Path, with_optimizer: bool) -> Result<(), ModelError> {
-        let mut optimizer = Optimizer::new(
-            self.options.optimizer.clone(),
-            self.shapes.clone(),
-            &self.trainable,
-        );
-        if with_optimizer {
-            optimizer.load(&dir.join("optimizer.safetensors"))?;
-        } else if let TrainingState::Host(h) = &self.state {
+        let optimizer = if with_optimizer {
+            let mut loaded = self.fresh_optimizer();
+            loaded.load(&dir.join("optimizer.safetensors"))?;
+            loaded
+        } else {
             // without the file's state, the run keeps its own (as before a load)
-            optimizer = h.optimizer.clone();
-        } else if let TrainingState::Device(d) = &self.state {
-            optimizer = d.optimizer_to_host()?;
-        }
+            match &self.state {
+                TrainingState::Host(h) => h.optimizer.clone(),
+                TrainingState::Device(d) => d.optimizer_to_host()?,
+            }
+        };
         // The model replaces its weights only once all have loaded; the optimizer after it.
         self.model.load(dir)?;
-        match self.options.placement {
-            Placement::Host => self.state = TrainingState::Host(HostState::new(optimizer)),
-            Placement::Device => self.place_on_device(Some(optimizer))?,
-        }
+        self.state = self.placed(optimizer);
         Ok(())
     }
 }

@@ -8,11 +8,12 @@
 //! wrote it: a run trained on a GPU resumes on the CPU and the reverse.
 
 use burn::prelude::*;
-use burn::tensor::TensorData;
+use burn::tensor::DType;
 
 use super::adafactor::AdafactorLr;
 use super::{AdafactorConfig, AdamWConfig, Optimizer, OptimizerConfig, ParamShape, State};
 use memfit_nn::ModelError;
+use memfit_nn::layers::host::float_tensor;
 
 /// One parameter's state on the device.
 #[derive(Clone)]
@@ -230,10 +231,7 @@ fn adafactor_full(
 
 /// A host buffer as an f32 tensor of `dims` on `device`.
 fn upload(values: &[f32], dims: [usize; 2], device: &Device) -> Tensor<2> {
-    Tensor::from_data(
-        TensorData::new(values.to_vec(), dims),
-        (device, burn::tensor::DType::F32),
-    )
+    float_tensor(values, dims, device, DType::F32)
 }
 
 fn upload_state(state: &State, shape: &ParamShape, device: &Device) -> DeviceState {
