@@ -13,31 +13,55 @@ use crate::engine::{Backend, Placement};
 use memfit_sys::probe::cuda;
 
 /// `--device` as typed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum DeviceRequest {
     /// The first CUDA GPU when one can run, else the CPU.
     #[default]
     Auto,
     Cpu,
-    /// `cuda` (index 0) or `cuda:N`.
-    Cuda(usize),
+    /// `cpu:N`: N data-parallel ranks on the CPU (the multi-GPU code path, for checks: no
+    /// speed-up, the ranks share the cores).
+    CpuRanks(usize),
+    /// `cuda` (index 0), `cuda:N`, or `cuda:0,1,2`: one data-parallel rank per GPU.
+    Cuda(Vec<usize>),
+    /// `cuda:all`: every GPU the driver shows.
+    CudaAll,
 }
 
 impl FromStr for DeviceRequest {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad =
-            || format!("--device {s:?}: expected auto, cpu, cuda or cuda:N (N a GPU index from 0)");
+        let bad = || {
+            format!(
+                "--device {s:?}: expected auto, cpu, cuda, cuda:N, cuda:N,M,… (one rank per GPU), \
+                 cuda:all, or cpu:N (N ranks on the CPU, for checks)"
+            )
+        };
         match s {
-            "auto" => Ok(Self::Auto),
-            "cpu" => Ok(Self::Cpu),
-            "cuda" => Ok(Self::Cuda(0)),
-            _ => {
-                let index = s.strip_prefix("cuda:").ok_or_else(bad)?;
-                index.parse().map(Self::Cuda).map_err(|_| bad())
-            }
+            "auto" => return Ok(Self::Auto),
+            "cpu" => return Ok(Self::Cpu),
+            "cuda" => return Ok(Self::Cuda(vec![0])),
+            "cuda:all" => return Ok(Self::CudaAll),
+            _ => {}
         }
+        if let Some(n) = s.strip_prefix("cpu:") {
+            return match n.parse() {
+                Ok(n) if n >= 1 => Ok(Self::CpuRanks(n)),
+                _ => Err(bad()),
+            };
+        }
+        let list = s.strip_prefix("cuda:").ok_or_else(bad)?;
+        let indices: Vec<usize> = (list.split(','))
+            .map(|i| i.parse().map_err(|_| bad()))
+            .collect::<Result<_, _>>()?;
+        let mut seen = indices.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        if seen.len() != indices.len() {
+            return Err(format!("--device {s:?}: a GPU is named twice"));
+        }
+        Ok(Self::Cuda(indices))
     }
 }
 
@@ -46,9 +70,19 @@ impl fmt::Display for DeviceRequest {
         match self {
             Self::Auto => f.write_str("auto"),
             Self::Cpu => f.write_str("cpu"),
-            Self::Cuda(i) => write!(f, "cuda:{i}"),
+            Self::CpuRanks(n) => write!(f, "cpu:{n}"),
+            Self::Cuda(list) => write!(f, "cuda:{}", join(list)),
+            Self::CudaAll => f.write_str("cuda:all"),
         }
     }
+}
+
+fn join(indices: &[usize]) -> String {
+    indices
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The device a run computes on, and why.
@@ -66,6 +100,8 @@ pub struct ChosenDevice {
     pub gpu_free_bytes: Option<u64>,
     /// Why this device: `asked`, `auto: …`.
     pub why: String,
+    /// The backend of every data-parallel rank (one: no data parallelism); `backend` is rank 0's.
+    pub ranks: Vec<Backend>,
 }
 
 impl ChosenDevice {
@@ -77,14 +113,20 @@ impl ChosenDevice {
             gpu: None,
             gpu_free_bytes: None,
             why: why.into(),
+            ranks: vec![Backend::Flex],
         }
+    }
+
+    /// Data-parallel ranks (1: one device).
+    pub fn rank_count(&self) -> usize {
+        self.ranks.len()
     }
 
     pub fn is_gpu(&self) -> bool {
         self.gpu.is_some()
     }
 
-    /// `--budget-gpu`'s default on a GPU: 90% of its free memory (the rest for the CUDA context,
+    /// `--budget-gpu`'s default on a GPU: 90% of its free memory (the smallest rank's) (the rest for the CUDA context,
     /// NVRTC and other processes' growth).
     pub fn default_gpu_budget(&self) -> Option<u64> {
         self.gpu_free_bytes.map(|free| free / 10 * 9)
@@ -112,16 +154,43 @@ pub const HAS_CUDA: bool = cfg!(feature = "cuda");
 
 /// Settles `request` (see the module doc). May load NVRTC into the process and set `CUDA_PATH`:
 /// call it before the run starts its threads.
-pub fn resolve(request: DeviceRequest) -> Result<ChosenDevice, DeviceError> {
-    let fail = |reason: String| DeviceError { request, reason };
+pub fn resolve(request: &DeviceRequest) -> Result<ChosenDevice, DeviceError> {
+    let fail = |reason: String| DeviceError {
+        request: request.clone(),
+        reason,
+    };
     match request {
         DeviceRequest::Cpu => Ok(ChosenDevice::cpu("asked")),
-        DeviceRequest::Cuda(index) => cuda_device(index, "asked").map_err(fail),
+        DeviceRequest::CpuRanks(n) => Ok(ChosenDevice {
+            label: format!("cpu:{n}"),
+            ranks: vec![Backend::Flex; *n],
+            ..ChosenDevice::cpu("asked: data-parallel ranks on the CPU, for checks")
+        }),
+        DeviceRequest::Cuda(indices) => cuda_ranks(indices, "asked").map_err(fail),
+        DeviceRequest::CudaAll => {
+            let count = cuda::driver().map(|d| d.devices.len()).unwrap_or(0);
+            cuda_ranks(&(0..count.max(1)).collect::<Vec<_>>(), "asked: every GPU").map_err(fail)
+        }
         DeviceRequest::Auto => Ok(match cuda_device(0, "auto: a CUDA GPU is visible") {
             Ok(chosen) => chosen,
             Err(why) => ChosenDevice::cpu(format!("auto: {why}")),
         }),
     }
+}
+
+/// One rank per GPU of `indices`: rank 0's device, every rank's backend, the smallest free memory
+/// (the start is planned for the smallest GPU).
+fn cuda_ranks(indices: &[usize], why: &str) -> Result<ChosenDevice, String> {
+    let devices: Vec<ChosenDevice> = (indices.iter())
+        .map(|&i| cuda_device(i, why))
+        .collect::<Result<_, _>>()?;
+    let mut first = devices[0].clone();
+    if devices.len() > 1 {
+        first.label = format!("cuda:{}", join(indices));
+        first.ranks = devices.iter().map(|d| d.backend).collect();
+        first.gpu_free_bytes = devices.iter().filter_map(|d| d.gpu_free_bytes).min();
+    }
+    Ok(first)
 }
 
 /// CUDA device `index`, or the reason it cannot train here.
@@ -159,6 +228,7 @@ fn cuda_device(index: usize, why: &str) -> Result<ChosenDevice, String> {
             .ok()
             .and_then(|g| g.get(index).map(|g| g.free_bytes)),
         why: why.to_string(),
+        ranks: vec![cuda_backend(index)],
     })
 }
 
@@ -212,14 +282,27 @@ mod tests {
 
     #[test]
     fn requests_parse_and_print_back() {
-        for s in ["auto", "cpu", "cuda:0", "cuda:3"] {
+        for s in [
+            "auto",
+            "cpu",
+            "cuda:0",
+            "cuda:3",
+            "cuda:0,1,2",
+            "cuda:all",
+            "cpu:2",
+        ] {
             assert_eq!(s.parse::<DeviceRequest>().unwrap().to_string(), s);
         }
-        assert_eq!("cuda".parse(), Ok(DeviceRequest::Cuda(0)));
-        for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", "CPU"] {
+        assert_eq!("cuda".parse(), Ok(DeviceRequest::Cuda(vec![0])));
+        assert_eq!("cuda:2,0".parse(), Ok(DeviceRequest::Cuda(vec![2, 0])));
+        for bad in [
+            "gpu", "cuda:", "cuda:x", "cuda:-1", "CPU", "cuda:0,", "cpu:0", "cpu:x",
+        ] {
             let e = bad.parse::<DeviceRequest>().unwrap_err();
             assert!(e.contains(bad) && e.contains("cuda:N"), "{e}");
         }
+        let twice = "cuda:1,1".parse::<DeviceRequest>().unwrap_err();
+        assert!(twice.contains("named twice"), "{twice}");
     }
 
     /// On a machine without a usable GPU (CI's), `auto` is the CPU with the reason and an explicit
@@ -230,12 +313,24 @@ mod tests {
             eprintln!("skipped: this machine has a CUDA GPU");
             return;
         }
-        let auto = resolve(DeviceRequest::Auto).unwrap();
+        let auto = resolve(&DeviceRequest::Auto).unwrap();
         assert_eq!(auto.backend, Backend::Flex);
+        assert_eq!(auto.rank_count(), 1);
         assert!(auto.why.starts_with("auto: "), "{}", auto.why);
-        let e = resolve(DeviceRequest::Cuda(7)).unwrap_err();
         let expected = if HAS_CUDA { "libcuda" } else { "without CUDA" };
-        assert!(e.to_string().contains(expected), "{e}");
-        assert!(e.to_string().starts_with("--device cuda:7: "), "{e}");
+        for (request, label) in [
+            (DeviceRequest::Cuda(vec![7]), "cuda:7"),
+            (DeviceRequest::Cuda(vec![0, 1]), "cuda:0,1"),
+            (DeviceRequest::CudaAll, "cuda:all"),
+        ] {
+            let e = resolve(&request).unwrap_err();
+            assert!(e.to_string().contains(expected), "{e}");
+            assert!(
+                e.to_string().starts_with(&format!("--device {label}: ")),
+                "{e}"
+            );
+        }
+        let cpu = resolve(&DeviceRequest::CpuRanks(3)).unwrap();
+        assert_eq!((cpu.label.as_str(), cpu.rank_count()), ("cpu:3", 3));
     }
 }

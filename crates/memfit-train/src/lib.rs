@@ -39,6 +39,7 @@ pub mod alloc_reserve;
 pub mod batches;
 pub mod checkpoint;
 pub mod config;
+pub mod data_parallel;
 pub mod demo;
 pub mod device;
 pub mod engine_setup;

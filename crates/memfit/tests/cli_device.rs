@@ -1,6 +1,8 @@
 //! `--device` on a machine without a GPU (CI's): `auto` trains on the CPU and says why; a CUDA
 //! device that cannot run exits 2 naming what is missing, before anything is created; `memfit
-//! check` says whether this binary can train on a GPU.
+//! check` says whether this binary can train on a GPU; data-parallel ranks on the CPU (`cpu:N`, the
+//! multi-GPU code path) train as one device with the accumulation times the ranks, and a resume
+//! on another rank count continues the same run.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -59,7 +61,7 @@ fn a_cuda_device_that_cannot_run_is_named_and_nothing_is_created() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    for device in ["cuda", "cuda:7"] {
+    for device in ["cuda", "cuda:7", "cuda:0,1", "cuda:all"] {
         let run = dir.path().join("run");
         let out = demo(&run, device);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -100,5 +102,107 @@ fn check_says_whether_this_binary_can_train_on_a_gpu() {
     assert!(
         text.contains(&start),
         "the table gives the same reason: {text}"
+    );
+}
+
+fn losses(run: &Path) -> Vec<f64> {
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    (text.lines())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
+fn train(out: &Path, device: &str, accum: &str) -> Output {
+    memfit()
+        .args([
+            "train",
+            "--demo",
+            "classification",
+            "--threads",
+            "1",
+            "--max-steps",
+            "6",
+        ])
+        .args([
+            "--save-steps",
+            "3",
+            "--accum",
+            accum,
+            "--device",
+            device,
+            "--out",
+        ])
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
+fn assert_same_losses(what: &str, got: &[f64], reference: &[f64]) {
+    assert_eq!(got.len(), reference.len(), "{what}");
+    for (step, (a, b)) in got.iter().zip(reference).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+            "{what}: step {}: {a} vs {b}",
+            step + 1
+        );
+    }
+}
+
+#[test]
+fn cpu_ranks_train_as_one_device_and_resume_on_another_rank_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one");
+    let out = train(&one, "cpu", "2");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let two = dir.path().join("two");
+    let out = train(&two, "cpu:2", "1");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("data parallel: 2 ranks (cpu:2)"), "{err}");
+    assert!(
+        err.contains("2 micro-batches a step = accumulation 1 per rank"),
+        "{err}"
+    );
+    assert_same_losses(
+        "cpu:2 × accum 1 against cpu × accum 2",
+        &losses(&two),
+        &losses(&one),
+    );
+    let config = std::fs::read_to_string(two.join("config.toml")).unwrap();
+    assert!(
+        config.contains("accum = 2"),
+        "config.toml keeps a step's micro-batches: {config}"
+    );
+    // back to the checkpoint of step 3, then on to step 6 on 3 ranks
+    std::fs::remove_dir_all(two.join("checkpoints/step-6")).unwrap();
+    let out = memfit()
+        .args([
+            "train",
+            "--resume",
+            two.to_str().unwrap(),
+            "--device",
+            "cpu:3",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("data parallel: 3 ranks (cpu:3)"), "{err}");
+    assert!(
+        err.contains("accumulation 1 per rank (the last group of a step leaves 1 rank(s) idle)"),
+        "{err}"
+    );
+    assert_same_losses(
+        "cpu:2, then cpu:3 from step 3",
+        &losses(&two),
+        &losses(&one),
     );
 }

@@ -59,9 +59,20 @@ impl GpuSampler {
         }
     }
 
-    /// Bytes of GPU memory per PID (compute and graphics contexts).
-    #[cfg(feature = "nvml")]
+    /// Bytes of GPU memory per PID (compute and graphics contexts), summed over the GPUs.
     pub fn per_pid(&self) -> HashMap<u32, u64> {
+        self.per_pid_combined(|a, b| a + b)
+    }
+
+    /// Bytes of GPU memory per PID on the GPU where it holds the most: what a per-GPU budget is
+    /// held to (a data-parallel trainer holds about the same on each of its GPUs).
+    pub fn per_pid_largest_gpu(&self) -> HashMap<u32, u64> {
+        self.per_pid_combined(u64::max)
+    }
+
+    /// Each PID's bytes on every GPU, combined over the GPUs by `combine`.
+    #[cfg(feature = "nvml")]
+    fn per_pid_combined(&self, combine: fn(u64, u64) -> u64) -> HashMap<u32, u64> {
         use nvml_wrapper::enums::device::UsedGpuMemory;
         let mut used = HashMap::new();
         let count = self.nvml.device_count().unwrap_or(0);
@@ -71,17 +82,22 @@ impl GpuSampler {
             };
             let compute = device.running_compute_processes().unwrap_or_default();
             let graphics = device.running_graphics_processes().unwrap_or_default();
+            let mut on_this_gpu: HashMap<u32, u64> = HashMap::new();
             for p in compute.into_iter().chain(graphics) {
                 if let UsedGpuMemory::Used(bytes) = p.used_gpu_memory {
-                    *used.entry(p.pid).or_insert(0) += bytes;
+                    *on_this_gpu.entry(p.pid).or_insert(0) += bytes;
                 }
+            }
+            for (pid, bytes) in on_this_gpu {
+                let slot = used.entry(pid).or_insert(0);
+                *slot = combine(*slot, bytes);
             }
         }
         used
     }
 
     #[cfg(not(feature = "nvml"))]
-    pub fn per_pid(&self) -> HashMap<u32, u64> {
+    fn per_pid_combined(&self, _combine: fn(u64, u64) -> u64) -> HashMap<u32, u64> {
         HashMap::new()
     }
 }

@@ -96,6 +96,24 @@ impl DeviceState {
         Ok(f64::from(total).sqrt())
     }
 
+    /// The accumulated gradients taken out (a trained parameter without one yet: zeros; frozen:
+    /// `None`), for a collective between ranks.
+    pub(super) fn take_gradients(&mut self, shapes: &[ParamShape]) -> Vec<Option<Tensor<2>>> {
+        (self.grads.iter_mut().zip(&self.masters).zip(shapes))
+            .map(|((g, m), s)| {
+                m.as_ref().map(|_| {
+                    g.take()
+                        .unwrap_or_else(|| Tensor::zeros(s.dims, (&self.device, DType::F32)))
+                })
+            })
+            .collect()
+    }
+
+    /// `grads` (what [`DeviceState::take_gradients`] took, reduced) as the accumulated gradients.
+    pub(super) fn put_gradients(&mut self, grads: Vec<Option<Tensor<2>>>) {
+        self.grads = grads;
+    }
+
     /// Clips, updates the masters, clears the gradients and recasts the compute weights.
     pub(super) fn step(
         &mut self,

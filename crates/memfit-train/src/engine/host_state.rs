@@ -99,6 +99,37 @@ impl HostState {
     pub(super) fn clear_gradients(&mut self) {
         self.grads.iter_mut().for_each(|g| *g = None);
     }
+
+    /// The accumulated gradients taken out as dense f32 tensors on `device` (a trained parameter
+    /// without one yet: zeros; frozen: `None`), for a collective between ranks.
+    pub(super) fn take_gradients(
+        &mut self,
+        shapes: &[ParamShape],
+        trainable: &[bool],
+        device: &Device,
+    ) -> Vec<Option<Tensor<2>>> {
+        (self.grads.iter_mut().zip(shapes).zip(trainable))
+            .map(|((g, s), &t)| {
+                t.then(|| {
+                    let dense = g
+                        .take()
+                        .map_or_else(|| vec![0.0; s.numel()], |g| g.to_dense(s.numel()));
+                    Tensor::from_data(TensorData::new(dense, s.dims), (device, DType::F32))
+                })
+            })
+            .collect()
+    }
+
+    /// `grads` (what [`HostState::take_gradients`] took, reduced) as the accumulated gradients.
+    pub(super) fn put_gradients(
+        &mut self,
+        grads: Vec<Option<Tensor<2>>>,
+    ) -> Result<(), ModelError> {
+        for (slot, g) in self.grads.iter_mut().zip(grads) {
+            *slot = g.map(Gradient::take).transpose()?;
+        }
+        Ok(())
+    }
 }
 
 /// Moves the master weights into flex tensors (no copy); [`reclaim_weights`] moves them back. In

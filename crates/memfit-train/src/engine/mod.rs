@@ -20,6 +20,7 @@ mod out_of_memory;
 pub use model_engine::ModelEngine;
 pub use options::{Backend, EngineOptions, Placement, Precision, set_threads};
 
+use burn::prelude::Tensor;
 pub use memfit_nn::batch::{CausalLmBatch, ClassificationBatch, Seq2SeqBatch, TokenRows};
 pub use memfit_nn::decoding::GenerateConfig;
 use std::path::Path;
@@ -32,6 +33,13 @@ fn check_row_ids(ids: &[usize], rows: usize) -> Result<(), memfit_nn::ModelError
         ))),
         None => Ok(()),
     }
+}
+
+/// One micro-batch of a step with what [`Engine::accumulate`] takes beside it.
+pub struct MicroBatch<'a, B> {
+    pub batch: &'a B,
+    pub loss_scale: f32,
+    pub seed: u64,
 }
 
 /// What one optimizer step reports.
@@ -66,6 +74,23 @@ pub trait Engine {
         seed: u64,
     ) -> Result<f32, Self::Error>;
 
+    /// How many micro-batches [`Engine::accumulate_group`] runs side by side: the data-parallel
+    /// ranks (1: one device).
+    fn ranks(&self) -> usize {
+        1
+    }
+
+    /// At most [`Engine::ranks`] micro-batches accumulated side by side, one per rank; their
+    /// unscaled mean losses in order. On one device, one after the other.
+    fn accumulate_group(
+        &mut self,
+        group: &[MicroBatch<'_, Self::Batch>],
+    ) -> Result<Vec<f32>, Self::Error> {
+        (group.iter())
+            .map(|m| self.accumulate(m.batch, m.loss_scale, m.seed))
+            .collect()
+    }
+
     /// Drops the gradients accumulated so far: a step abandoned part-way (the device ran out of
     /// memory) is redone from its first micro-batch.
     fn discard_gradients(&mut self);
@@ -73,6 +98,13 @@ pub trait Engine {
     /// Whether `error` is the device running out of memory: the loop then redoes the step at half
     /// the micro-batch, or stops resumable at micro-batch 1.
     fn is_out_of_memory(_error: &Self::Error) -> bool {
+        false
+    }
+
+    /// Whether `error` is a data-parallel rank, or a collective between ranks, failing part-way
+    /// through a step (nothing of the step applied): the loop then checkpoints the last completed
+    /// step and stops resumable (exit 75).
+    fn is_rank_failure(_error: &Self::Error) -> bool {
         false
     }
 
@@ -93,6 +125,18 @@ pub trait Engine {
     /// Loads model weights and, if `with_optimizer`, the optimizer state from a directory written
     /// by `save`.
     fn load(&mut self, dir: &Path, with_optimizer: bool) -> Result<(), Self::Error>;
+}
+
+/// An engine that can be one rank of a data-parallel group
+/// ([`DataParallel`](crate::data_parallel::DataParallel)): its accumulated gradients go out to a
+/// collective and come back reduced before the optimizer step.
+pub trait Replica: Engine + Send {
+    /// The accumulated gradients taken out, dense f32 tensors on this replica's device in parameter
+    /// order (a trained parameter without a gradient yet: zeros; frozen: `None`, on every rank).
+    fn take_gradients(&mut self) -> Result<Vec<Option<Tensor<2>>>, Self::Error>;
+
+    /// Gradients of the shapes [`Replica::take_gradients`] gave (reduced) as the accumulated ones.
+    fn put_gradients(&mut self, grads: Vec<Option<Tensor<2>>>) -> Result<(), Self::Error>;
 }
 
 /// Encoder-decoder generation.

@@ -16,7 +16,7 @@ use super::host_state::{self, HostState};
 use super::out_of_memory;
 use super::{
     Classify, Continue, Engine, EngineOptions, Generate, GenerateConfig, ParamCounts, Placement,
-    StepStats, TokenRows,
+    Replica, StepStats, TokenRows,
 };
 use crate::engine::options::Backend;
 use crate::optim::Optimizer;
@@ -350,6 +350,25 @@ impl<M: TrainModel> Engine for ModelEngine<M> {
         self.model.load(dir)?;
         self.state = self.placed(optimizer);
         Ok(())
+    }
+}
+
+impl<M: TrainModel + Send> Replica for ModelEngine<M> {
+    fn take_gradients(&mut self) -> Result<Vec<Option<Tensor<2>>>, ModelError> {
+        Ok(match &mut self.state {
+            TrainingState::Host(h) => h.take_gradients(&self.shapes, &self.trainable, &self.device),
+            TrainingState::Device(d) => d.take_gradients(&self.shapes),
+        })
+    }
+
+    fn put_gradients(&mut self, grads: Vec<Option<Tensor<2>>>) -> Result<(), ModelError> {
+        match &mut self.state {
+            TrainingState::Host(h) => h.put_gradients(grads),
+            TrainingState::Device(d) => {
+                d.put_gradients(grads);
+                Ok(())
+            }
+        }
     }
 }
 

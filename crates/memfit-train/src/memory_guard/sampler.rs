@@ -27,7 +27,8 @@ pub trait DeviceMemory: Send {
     fn used_bytes(&mut self) -> Option<u64>;
 }
 
-/// This process's GPU memory as NVML reports it (summed over devices; `None` while it holds none).
+/// This process's GPU memory as NVML reports it, on the GPU where it holds the most (the GPU budget is
+/// each GPU's; `None` while it holds none).
 pub struct NvmlProcessMemory {
     sampler: memfit_sys::probe::gpu::GpuSampler,
     pid: u32,
@@ -45,7 +46,7 @@ impl NvmlProcessMemory {
 
 impl DeviceMemory for NvmlProcessMemory {
     fn used_bytes(&mut self) -> Option<u64> {
-        self.sampler.per_pid().get(&self.pid).copied()
+        self.sampler.per_pid_largest_gpu().get(&self.pid).copied()
     }
 }
 

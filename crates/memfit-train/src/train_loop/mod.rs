@@ -40,6 +40,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 pub use memory::ALLOCATION_FAILURE;
+pub use saving::RANK_FAILED;
 use step::StepOutcome;
 
 #[derive(Debug, thiserror::Error)]
@@ -323,6 +324,10 @@ impl<'a, E: Engine, T: Task<E>> Trainer<'a, E, T> {
                 }
                 StepOutcome::DeviceMemory { done, of } => {
                     self.stop_for_device_memory(s, done, of)?;
+                    return Ok(Finish::Stopped);
+                }
+                StepOutcome::RankFailed { done, of, message } => {
+                    self.stop_for_rank_failure(s, done, of, &message)?;
                     return Ok(Finish::Stopped);
                 }
             };

@@ -1,5 +1,6 @@
 //! Step checkpoints from the loop: when one is written, what it records, a disk too full for it, and
-//! the stop on a signal (the checkpoint of the last completed step, then exit 75).
+//! the stop on a signal or a failed data-parallel rank (the checkpoint of the last completed step,
+//! then exit 75).
 
 use super::{Finish, LoopError, State, Trainer, Unsaved};
 use crate::batches;
@@ -8,6 +9,9 @@ use crate::engine::Engine;
 use crate::task::Task;
 use serde_json::json;
 use std::path::{Path, PathBuf};
+
+/// The `stop` event's reason when a data-parallel rank or a collective between ranks failed.
+pub const RANK_FAILED: &str = "rank_failed";
 
 impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
     /// Writes `checkpoints/step-N/` unless the newest checkpoint already holds this exact state.
@@ -63,6 +67,38 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
                 path.display()
             )
         });
+        Ok(())
+    }
+
+    /// A data-parallel rank (or a collective) failed mid-step: every rank stops, the last completed
+    /// step is checkpointed (the ranks agree on it: no optimizer saw the failed step's gradients).
+    pub(super) fn stop_for_rank_failure(
+        &mut self,
+        s: &mut State,
+        done: usize,
+        of: u64,
+        message: &str,
+    ) -> Result<(), LoopError> {
+        self.engine.discard_gradients();
+        s.l.saved_step = None;
+        let saved = self.save_once(s)?;
+        self.run.event(
+            s.p.step,
+            "stop",
+            json!({
+                "reason": RANK_FAILED,
+                "exit": 75,
+                "message": message,
+                "abandoned_step": json!({"step": s.p.step + 1, "micro_batches_done": done, "of": of}),
+                "checkpoint": saved,
+            }),
+        )?;
+        self.observer.on_message(&format!(
+            "a data-parallel rank failed in step {}: {message}; every rank stopped, step {} checkpointed, \
+             stopping (exit 75); --resume continues from it",
+            s.p.step + 1,
+            s.p.step
+        ));
         Ok(())
     }
 

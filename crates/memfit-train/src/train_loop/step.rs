@@ -3,7 +3,7 @@
 
 use super::read_ahead::{self, Ahead, Drawn};
 use super::{LoopError, State, Trainer, micro_batch_seed};
-use crate::engine::Engine;
+use crate::engine::{Engine, MicroBatch};
 use crate::metrics::{self, StepMetrics};
 use crate::task::{self, Task};
 use memfit_data::Sampler;
@@ -20,6 +20,12 @@ pub(super) enum StepOutcome {
     Memory { done: usize, of: u64 },
     /// The device ran out of memory at micro-batch 1; nothing moved on.
     DeviceMemory { done: usize, of: u64 },
+    /// A data-parallel rank or a collective between ranks failed; nothing moved on.
+    RankFailed {
+        done: usize,
+        of: u64,
+        message: String,
+    },
 }
 
 /// When a step started, and its wait for input.
@@ -109,13 +115,25 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
             }
         };
         let lr = s.schedule.lr_at(s.p.step);
-        let stats = self
-            .engine
-            .step(lr, self.config.max_grad_norm)
-            .map_err(|e| LoopError::Engine {
-                step: s.p.step + 1,
-                message: e.to_string(),
-            })?;
+        let stats = match self.engine.step(lr, self.config.max_grad_norm) {
+            Ok(stats) => stats,
+            Err(e) if E::is_rank_failure(&e) => {
+                // the gradients never reached an optimizer: the state is the last completed step's
+                self.engine.discard_gradients();
+                let message = e.to_string();
+                return Ok(StepOutcome::RankFailed {
+                    done: k as usize,
+                    of: k,
+                    message,
+                });
+            }
+            Err(e) => {
+                return Err(LoopError::Engine {
+                    step: s.p.step + 1,
+                    message: e.to_string(),
+                });
+            }
+        };
         s.p.step += 1;
         let loss = loss_sum;
         if !loss.is_finite() {
@@ -161,8 +179,8 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         })
     }
 
-    /// Forward and backward of every micro-batch of a step, unless a stop, host memory or the
-    /// device's memory cuts it short.
+    /// Forward and backward of every micro-batch of a step, `ranks` side by side, unless a stop,
+    /// host memory, the device's memory or a failed rank cuts it short.
     fn accumulate_step(
         &mut self,
         micro_batches: &[E::Batch],
@@ -174,21 +192,44 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
             .collect();
         let scales = task::shares(&weights);
         let of = micro_batches.len() as u64;
+        let ranks = self.engine.ranks().max(1);
         let (mut loss_sum, mut tokens) = (0.0f64, 0u64);
-        for (i, (batch, scale)) in micro_batches.iter().zip(&scales).enumerate() {
+        for (g, chunk) in micro_batches.chunks(ranks).enumerate() {
+            let first = g * ranks;
             if self.memory_exhausted() {
-                return Ok(Accumulated::Cut(StepOutcome::Memory { done: i, of }));
+                return Ok(Accumulated::Cut(StepOutcome::Memory { done: first, of }));
             }
             if self.stop.is_requested() {
-                return Ok(Accumulated::Cut(StepOutcome::Signal { done: i, of }));
+                return Ok(Accumulated::Cut(StepOutcome::Signal { done: first, of }));
             }
-            tokens += self.task.tokens(batch);
-            let seed = micro_batch_seed(self.config.seed, s.p.step, i as u64);
-            match self.engine.accumulate(batch, *scale as f32, seed) {
-                Ok(loss) => loss_sum += f64::from(loss) * scale,
+            let group: Vec<MicroBatch<'_, E::Batch>> = (chunk.iter().enumerate())
+                .map(|(j, batch)| MicroBatch {
+                    batch,
+                    loss_scale: scales[first + j] as f32,
+                    seed: micro_batch_seed(self.config.seed, s.p.step, (first + j) as u64),
+                })
+                .collect();
+            tokens += chunk.iter().map(|b| self.task.tokens(b)).sum::<u64>();
+            match self.engine.accumulate_group(&group) {
+                Ok(losses) => {
+                    for (loss, scale) in losses.iter().zip(&scales[first..]) {
+                        loss_sum += f64::from(*loss) * scale;
+                    }
+                }
                 Err(e) if E::is_out_of_memory(&e) => {
                     let message = e.to_string();
-                    return Ok(Accumulated::OutOfMemory { done: i, message });
+                    return Ok(Accumulated::OutOfMemory {
+                        done: first,
+                        message,
+                    });
+                }
+                Err(e) if E::is_rank_failure(&e) => {
+                    let message = e.to_string();
+                    return Ok(Accumulated::Cut(StepOutcome::RankFailed {
+                        done: first,
+                        of,
+                        message,
+                    }));
                 }
                 Err(e) => {
                     return Err(LoopError::Engine {

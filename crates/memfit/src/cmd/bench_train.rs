@@ -86,7 +86,13 @@ pub fn run(args: Args) -> Outcome {
     // a training step reuses what the last one freed (memfit_train::malloc_tuning)
     memfit_train::malloc_tuning::keep_freed_memory();
     let device =
-        memfit_train::device::resolve(args.device).map_err(|e| bad_input(e.to_string()))?;
+        memfit_train::device::resolve(&args.device).map_err(|e| bad_input(e.to_string()))?;
+    if device.rank_count() > 1 {
+        return Err(bad_input(format!(
+            "--device {}: bench train measures one device; data-parallel runs are `memfit train`'s",
+            args.device
+        )));
+    }
     let config =
         bench::resolve_model(&args.model).map_err(|e| bad_input(format!("--model: {e}")))?;
     let threads = args

@@ -59,7 +59,9 @@ pub struct Args {
     #[arg(long)]
     pub seed: Option<u64>,
     /// What to compute on: auto (a CUDA GPU when this binary has CUDA and one can run, else the
-    /// CPU; the start line says which and why), cpu, cuda, cuda:N.
+    /// CPU; the start line says which and why), cpu, cuda, cuda:N; data-parallel: cuda:0,1,2 or
+    /// cuda:all (one rank per GPU, effective batch = batch × accum × ranks), cpu:N (N ranks on the
+    /// CPU: the same code path, for checks, no speed-up).
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: DeviceRequest,
     /// Compute threads (default: all cores).

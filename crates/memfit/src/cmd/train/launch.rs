@@ -66,6 +66,11 @@ where
         free_space: checkpoint::free_bytes,
         expected_bytes: params.total * 4 + params.trainable * 8,
     };
+    if matches!(start.setup.mode, Mode::New) {
+        // the effective batch is micro × accumulation × ranks; config.toml keeps the micro-batches
+        // of a step over all ranks, so a resume on another rank count continues the same steps
+        start.setup.config.accum *= start.setup.device.rank_count();
+    }
     let setup = &start.setup;
     let mut s: Session = match setup.mode {
         Mode::Resume => session::resume(&setup.root, &setup.flags, args.allow_config_change, spec),
@@ -120,6 +125,10 @@ where
     );
     eprintln!("{device_line}");
     s.run.log(&device_line)?;
+    if let Some(line) = super::ranks::line(&config, &start.setup.device) {
+        eprintln!("{line}");
+        s.run.log(&line)?;
+    }
     let guard = start_guard(&mut s)?;
     let mut observer = Bar::new(args.json);
     let summary = Trainer {

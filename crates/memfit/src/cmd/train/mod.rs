@@ -10,6 +10,7 @@ mod budget;
 mod fit;
 mod launch;
 mod output;
+mod ranks;
 mod setup;
 mod start;
 
@@ -23,7 +24,6 @@ use memfit_nn::families;
 use memfit_nn::families::Training;
 use memfit_nn::layers::lora::LoraSettings;
 use memfit_train::config::{Method, Precision, TaskKind};
-use memfit_train::engine::ModelEngine;
 use memfit_train::engine_setup;
 use memfit_train::task::RowSource;
 use memfit_train::task::causal_lm::{CausalLmTask, LmCollate};
@@ -103,11 +103,15 @@ fn seq2seq(args: &Args, start: Start) -> Outcome {
     if let (Some(report), Some(dir)) = (&loaded, &init) {
         eprintln!("{}", init_line(dir, report));
     }
-    let engine = ModelEngine::new(
-        model,
-        engine_setup::engine_options(config, &prepared.setup.device),
-    )
-    .map_err(model_error)?;
+    let engine = ranks::engine(config, &prepared.setup.device, model, |_| {
+        families::seq2seq(
+            &prepared.model_json,
+            &config.model,
+            init.as_deref(),
+            config.seed,
+        )
+        .map(|(m, _)| m)
+    })?;
     let task = Seq2SeqTask {
         collate: Collate {
             max_src: config.seq,
@@ -151,11 +155,11 @@ fn classification(args: &Args, start: Start) -> Outcome {
     if let (Some(report), Some(dir)) = (&loaded, &init) {
         eprintln!("{}", init_line(dir, report));
     }
-    let engine = ModelEngine::new(
-        model,
-        engine_setup::engine_options(config, &prepared.setup.device),
-    )
-    .map_err(model_error)?;
+    let engine = ranks::engine(config, &prepared.setup.device, model, |_| {
+        let json = &prepared.model_json;
+        families::classifier(json, &config.model, &labels, init.as_deref(), config.seed)
+            .map(|(m, _)| m)
+    })?;
     let model_labels = memfit_train::engine::Classify::labels(&engine);
     let source = match &init {
         Some(dir) => format!("--init {}", dir.display()),
@@ -240,11 +244,11 @@ fn causal_lm(args: &Args, start: Start) -> Outcome {
     if let (Some(report), Some(dir), Mode::New) = (&loaded, &init, &prepared.setup.mode) {
         eprintln!("{}", init_line(dir, report));
     }
-    let engine = ModelEngine::new(
-        model,
-        engine_setup::engine_options(config, &prepared.setup.device),
-    )
-    .map_err(model_error)?;
+    let engine = ranks::engine(config, &prepared.setup.device, model, |backend| {
+        let json = &prepared.model_json;
+        let at = (config.seed, backend.device());
+        families::causal_lm(json, &config.model, init.as_deref(), &training, at).map(|(m, _)| m)
+    })?;
     let task = CausalLmTask {
         collate: LmCollate {
             max_len: config.seq,

@@ -81,7 +81,7 @@ impl Available {
 impl Setup {
     pub fn resolve(args: &Args) -> anyhow::Result<Self> {
         let device =
-            memfit_train::device::resolve(args.device).map_err(|e| bad_input(e.to_string()))?;
+            memfit_train::device::resolve(&args.device).map_err(|e| bad_input(e.to_string()))?;
         let available = Available::new();
         let gpu = budget::gpu_budget(args)?.or_else(|| device.default_gpu_budget());
         let ram = args

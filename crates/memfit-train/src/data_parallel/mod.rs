@@ -1,0 +1,337 @@
+//! Data parallelism on one machine, the way DDP does it: one model replica per device (rank), each
+//! accumulating its share of a step's micro-batches side by side, the gradients summed between
+//! ranks once per optimizer step, then the same optimizer update on every rank (lockstep: the
+//! replicas stay identical, so rank 0 alone writes checkpoints).
+//!
+//! The loop does not change: a step's rows are cut into micro-batches as on one device and handed
+//! out `ranks` at a time ([`Engine::accumulate_group`]), micro-batch `i` to rank `i mod ranks`, each
+//! with its own seed and its share of the step's loss. Summing the ranks' gradients is then the
+//! one-device run with the accumulation multiplied by the rank count, and a resume on another
+//! rank count continues the same data order.
+//!
+//! A rank that fails fails the step on all ranks ([`Engine::is_rank_failure`]): nothing of the
+//! step reaches an optimizer, the loop checkpoints the last completed step and stops (exit 75).
+//! Every collective has a timeout ([`COLLECTIVE_TIMEOUT`]).
+
+mod collective;
+#[cfg(feature = "cuda")]
+pub mod nccl;
+mod rendezvous;
+
+pub use collective::{COLLECTIVE_TIMEOUT, Collective, CollectiveError, HostCollective};
+
+use crate::engine::Backend;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::engine::{
+    Classify, Continue, Engine, Generate, GenerateConfig, MicroBatch, ParamCounts, Replica,
+    StepStats, TokenRows,
+};
+
+/// What went wrong on which rank.
+#[derive(Debug, thiserror::Error)]
+pub enum DataParallelError<E: std::error::Error + 'static> {
+    /// (Shown without the rank when the group has one.)
+    #[error("{}{source}", rank_prefix(*rank, *ranks))]
+    Rank {
+        rank: usize,
+        ranks: usize,
+        source: E,
+    },
+    #[error("rank {rank} panicked: {message}")]
+    Panicked { rank: usize, message: String },
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
+    /// The optimizer update failed on a rank after the reduce: the replicas may disagree, so the
+    /// state in memory is not saved (the newest checkpoint on disk is the resume point).
+    #[error("rank {rank}: optimizer update failed ({message}); the replicas may disagree")]
+    Update { rank: usize, message: String },
+}
+
+/// The collective between ranks on `backends`: NCCL between CUDA GPUs, the host elsewhere.
+pub fn collective_for(backends: &[Backend]) -> Arc<dyn Collective> {
+    #[cfg(feature = "cuda")]
+    if backends.iter().all(|b| matches!(b, Backend::Cuda(_))) && backends.len() > 1 {
+        let devices = backends.iter().map(|b| b.device()).collect();
+        return Arc::new(nccl::NcclCollective::new(devices, COLLECTIVE_TIMEOUT));
+    }
+    Arc::new(HostCollective::new(backends.len(), COLLECTIVE_TIMEOUT))
+}
+
+fn rank_prefix(rank: usize, ranks: usize) -> String {
+    if ranks > 1 {
+        format!("rank {rank}: ")
+    } else {
+        String::new()
+    }
+}
+
+/// One replica per rank and the collective between them.
+pub struct DataParallel<E: Replica> {
+    replicas: Vec<E>,
+    collective: Arc<dyn Collective>,
+}
+
+impl<E: Replica> DataParallel<E> {
+    /// `replicas[r]` is rank `r`; they must start from the same weights and optimizer state.
+    pub fn new(replicas: Vec<E>, collective: Arc<dyn Collective>) -> Self {
+        assert_eq!(
+            replicas.len(),
+            collective.ranks(),
+            "one replica per rank of the collective"
+        );
+        assert!(!replicas.is_empty(), "a data-parallel group has a rank");
+        Self {
+            replicas,
+            collective,
+        }
+    }
+
+    pub fn replicas(&self) -> &[E] {
+        &self.replicas
+    }
+
+    fn first(&self) -> &E {
+        &self.replicas[0]
+    }
+
+    fn rank_error(&self, rank: usize, source: E::Error) -> DataParallelError<E::Error> {
+        DataParallelError::Rank {
+            rank,
+            ranks: self.replicas.len(),
+            source,
+        }
+    }
+}
+
+/// Runs `work` for every rank on a thread of its own; the results in rank order (a rank that
+/// panicked: its panic's message as the error).
+fn on_every_rank<E, T, F>(replicas: &mut [E], work: F) -> Vec<Result<T, String>>
+where
+    E: Send,
+    T: Send,
+    F: Fn(usize, &mut E) -> T + Sync,
+{
+    if let [only] = replicas {
+        // one device: no thread, and a panic goes on up as it would without data parallelism
+        return vec![Ok(work(0, only))];
+    }
+    std::thread::scope(|s| {
+        let work = &work;
+        let handles: Vec<_> = (replicas.iter_mut().enumerate())
+            .map(|(rank, replica)| s.spawn(move || work(rank, replica)))
+            .collect();
+        (handles.into_iter())
+            .map(|h| h.join().map_err(|p| panic_message(&p)))
+            .collect()
+    })
+}
+
+fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
+    (payload.downcast_ref::<String>().cloned())
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a rank's thread panicked".to_string())
+}
+
+impl<E: Replica> DataParallel<E> {
+    /// The first error of the ranks' results, in rank order (an out-of-memory first, so that the
+    /// loop halves the micro-batch on every rank).
+    fn first_error<T>(
+        results: Vec<Result<Result<T, E::Error>, String>>,
+    ) -> Result<Vec<T>, DataParallelError<E::Error>> {
+        let ranks = results.len();
+        let mut oks = Vec::with_capacity(results.len());
+        let mut errors = Vec::new();
+        for (rank, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(Ok(t)) => oks.push(t),
+                Ok(Err(source)) => errors.push(DataParallelError::Rank {
+                    rank,
+                    ranks,
+                    source,
+                }),
+                Err(message) => errors.push(DataParallelError::Panicked { rank, message }),
+            }
+        }
+        let oom = errors.iter().position(|e| match e {
+            DataParallelError::Rank { source, .. } => E::is_out_of_memory(source),
+            _ => false,
+        });
+        match oom.or((!errors.is_empty()).then_some(0)) {
+            Some(i) => Err(errors.swap_remove(i)),
+            None => Ok(oks),
+        }
+    }
+
+    /// Every rank's gradients replaced by their sum over the ranks.
+    fn reduce_gradients(&mut self) -> Result<(), DataParallelError<E::Error>> {
+        let collective = &self.collective;
+        let ranks = self.replicas.len();
+        let results = on_every_rank(&mut self.replicas, |rank, replica| {
+            let grads = match replica.take_gradients() {
+                Ok(g) => g,
+                Err(e) => {
+                    collective.abort(rank, &e.to_string());
+                    return Err(DataParallelError::Rank {
+                        rank,
+                        ranks,
+                        source: e,
+                    });
+                }
+            };
+            let summed = collective.all_reduce_sum(rank, grads)?;
+            replica
+                .put_gradients(summed)
+                .map_err(|source| DataParallelError::Rank {
+                    rank,
+                    ranks,
+                    source,
+                })
+        });
+        for (rank, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(message) => return Err(DataParallelError::Panicked { rank, message }),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<E> Engine for DataParallel<E>
+where
+    E: Replica,
+    E::Batch: Sync,
+{
+    type Batch = E::Batch;
+    type Error = DataParallelError<E::Error>;
+
+    fn accumulate(
+        &mut self,
+        batch: &E::Batch,
+        loss_scale: f32,
+        seed: u64,
+    ) -> Result<f32, Self::Error> {
+        let group = [MicroBatch {
+            batch,
+            loss_scale,
+            seed,
+        }];
+        Ok(self.accumulate_group(&group)?[0])
+    }
+
+    fn ranks(&self) -> usize {
+        self.replicas.len()
+    }
+
+    fn accumulate_group(
+        &mut self,
+        group: &[MicroBatch<'_, E::Batch>],
+    ) -> Result<Vec<f32>, Self::Error> {
+        let results = on_every_rank(&mut self.replicas, |rank, replica| {
+            // a step's last group may hold fewer micro-batches than there are ranks
+            (group.get(rank))
+                .map(|m| replica.accumulate(m.batch, m.loss_scale, m.seed))
+                .transpose()
+        });
+        Ok(Self::first_error(results)?.into_iter().flatten().collect())
+    }
+
+    fn discard_gradients(&mut self) {
+        self.replicas.iter_mut().for_each(E::discard_gradients);
+    }
+
+    fn is_out_of_memory(error: &Self::Error) -> bool {
+        matches!(error, DataParallelError::Rank { source, .. } if E::is_out_of_memory(source))
+    }
+
+    fn is_rank_failure(error: &Self::Error) -> bool {
+        match error {
+            DataParallelError::Rank { source, .. } => !E::is_out_of_memory(source),
+            DataParallelError::Panicked { .. } | DataParallelError::Collective(_) => true,
+            DataParallelError::Update { .. } => false,
+        }
+    }
+
+    fn step(&mut self, lr: f64, max_grad_norm: Option<f64>) -> Result<StepStats, Self::Error> {
+        if self.replicas.len() > 1 {
+            self.reduce_gradients()?;
+        }
+        let results = on_every_rank(&mut self.replicas, |_, r| r.step(lr, max_grad_norm));
+        match Self::first_error(results) {
+            Ok(stats) => Ok(stats[0]),
+            Err(DataParallelError::Rank { rank, source, .. }) => Err(DataParallelError::Update {
+                rank,
+                message: source.to_string(),
+            }),
+            Err(DataParallelError::Panicked { rank, message }) => {
+                Err(DataParallelError::Update { rank, message })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn eval_loss(&self, batch: &E::Batch) -> Result<f32, Self::Error> {
+        (self.first().eval_loss(batch)).map_err(|source| self.rank_error(0, source))
+    }
+
+    fn param_counts(&self) -> ParamCounts {
+        self.first().param_counts()
+    }
+
+    /// Rank 0 writes: the replicas are identical.
+    fn save(&mut self, dir: &Path) -> Result<(), Self::Error> {
+        (self.replicas[0].save(dir)).map_err(|source| self.rank_error(0, source))
+    }
+
+    fn load(&mut self, dir: &Path, with_optimizer: bool) -> Result<(), Self::Error> {
+        let results = on_every_rank(&mut self.replicas, |_, r| r.load(dir, with_optimizer));
+        Self::first_error(results).map(|_| ())
+    }
+}
+
+impl<E> Generate for DataParallel<E>
+where
+    E: Replica + Generate,
+    E::Batch: Sync,
+{
+    fn generate(
+        &self,
+        sources: &TokenRows,
+        config: &GenerateConfig,
+    ) -> Result<Vec<Vec<u32>>, Self::Error> {
+        (self.first().generate(sources, config)).map_err(|source| self.rank_error(0, source))
+    }
+}
+
+impl<E> Classify for DataParallel<E>
+where
+    E: Replica + Classify,
+    E::Batch: Sync,
+{
+    fn labels(&self) -> Vec<String> {
+        self.first().labels()
+    }
+
+    fn logits(&self, batch: &E::Batch) -> Result<Vec<f32>, Self::Error> {
+        (self.first().logits(batch)).map_err(|source| self.rank_error(0, source))
+    }
+}
+
+impl<E> Continue for DataParallel<E>
+where
+    E: Replica + Continue,
+    E::Batch: Sync,
+{
+    fn continue_prompts(
+        &self,
+        prompts: &[Vec<u32>],
+        config: &GenerateConfig,
+    ) -> Result<Vec<Vec<u32>>, Self::Error> {
+        (self.first().continue_prompts(prompts, config))
+            .map_err(|source| self.rank_error(0, source))
+    }
+}

@@ -1,0 +1,414 @@
+//! Data parallelism on CPU devices (burn's CPU backends have no collective ops; the host
+//! collective stands in for NCCL): the loop over 2 and 3 ranks held to the one-device run with the
+//! accumulation multiplied by the rank count — the same losses and checkpoints — on flex with the
+//! state on the host and on ndarray (the GPU's code path) with the state on the device; a resume on
+//! another rank count; a failing rank or collective stopping every rank at the last completed step.
+
+mod loop_support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use burn::prelude::Tensor;
+use loop_support::*;
+use memfit_nn::layers::host::to_f32_vec;
+use memfit_nn::t5::{T5Config, T5Model};
+use memfit_train::checkpoint::FreeSpace;
+use memfit_train::config::{ConfigLayer, TrainConfig};
+use memfit_train::data_parallel::{Collective, CollectiveError, DataParallel, HostCollective};
+use memfit_train::engine::{
+    Backend, Engine, EngineOptions, Generate, GenerateConfig, ModelEngine, ParamCounts, Placement,
+    Replica, Seq2SeqBatch, StepStats, TokenRows,
+};
+use memfit_train::signals::StopFlag;
+use memfit_train::train_loop::{Finish, Observer, RANK_FAILED, Silent};
+use serde_json::json;
+
+type T5Engine = ModelEngine<T5Model>;
+
+fn t5_config() -> T5Config {
+    T5Config::from_json(&json!({
+        "vocab_size": VOCAB, "d_model": 16, "d_kv": 4, "d_ff": 32, "num_layers": 2,
+        "num_decoder_layers": 2, "num_heads": 4, "relative_attention_num_buckets": 8,
+        "relative_attention_max_distance": 16, "dropout_rate": 0.1,
+        "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0
+    }))
+    .unwrap()
+}
+
+fn engine((backend, placement): (Backend, Placement)) -> T5Engine {
+    let options = EngineOptions {
+        backend,
+        placement,
+        ..Default::default()
+    };
+    ModelEngine::new(T5Model::init(t5_config(), 3), options).unwrap()
+}
+
+fn group(ranks: usize, at: (Backend, Placement)) -> DataParallel<T5Engine> {
+    let collective = Arc::new(HostCollective::new(ranks, Duration::from_secs(60)));
+    DataParallel::new((0..ranks).map(|_| engine(at)).collect(), collective)
+}
+
+/// Micro-batch 2 × 4 micro-batches a step (on one device: accumulation 4; on 2 ranks: 2 each; on
+/// 3 ranks: 2, 1 and 1), 20 steps.
+fn config() -> TrainConfig {
+    TrainConfig {
+        batch: 2,
+        accum: 4,
+        epochs: 10,
+        max_steps: Some(20),
+        lr: 3e-3,
+        eval_steps: Some(10),
+        ..small_config()
+    }
+}
+
+fn run(
+    dir: &Path,
+    engine: &mut impl Generate<Batch = Seq2SeqBatch>,
+    resume: Option<&ConfigLayer>,
+    stop: StopFlag,
+    observer: &mut dyn Observer,
+) -> Result<Finish, String> {
+    let plenty: FreeSpace = plenty;
+    let resume = resume.map(|l| (l, false));
+    let rows = pairs(24);
+    train_with(
+        dir,
+        &config(),
+        engine,
+        resume,
+        stop,
+        plenty,
+        None,
+        observer,
+        &rows,
+    )
+    .map(|s| s.finish)
+}
+
+fn step_losses(dir: &Path) -> Vec<f64> {
+    losses(&read_jsonl(&dir.join("metrics.jsonl")))
+}
+
+/// The model weights of checkpoint `step-N`.
+fn checkpoint_weights(dir: &Path, step: u64) -> Vec<(String, Vec<f32>)> {
+    let path = dir.join(format!("checkpoints/step-{step}/model.safetensors"));
+    let (tensors, _) = memfit_nn::weights::read_f32(&path).unwrap();
+    let mut named: Vec<_> = tensors.into_iter().map(|(n, t)| (n, t.values)).collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    named
+}
+
+fn assert_same_weights(what: &str, a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for ((na, va), (nb, vb)) in a.iter().zip(b) {
+        assert_eq!(na, nb, "{what}");
+        let worst = (va.iter().zip(vb))
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst <= 1e-5, "{what}: {na} differs by {worst}");
+    }
+}
+
+fn engines() -> [(Backend, Placement); 2] {
+    [
+        (Backend::Flex, Placement::Host),
+        (Backend::Ndarray, Placement::Device),
+    ]
+}
+
+/// Every replica computes with the same weights, bit for bit.
+fn assert_lockstep(group: &DataParallel<T5Engine>) {
+    let bits = |e: &T5Engine| -> Vec<u32> {
+        (e.weights_on_device().into_iter())
+            .flat_map(|t: Tensor<2>| to_f32_vec(t).unwrap())
+            .map(f32::to_bits)
+            .collect()
+    };
+    let first = bits(&group.replicas()[0]);
+    for (r, replica) in group.replicas().iter().enumerate().skip(1) {
+        assert!(bits(replica) == first, "rank {r} drifted from rank 0");
+    }
+}
+
+#[test]
+fn ranks_train_as_one_device_with_the_accumulation_times_the_ranks() {
+    for at in engines() {
+        let tmp = tempfile::tempdir().unwrap();
+        let one = tmp.path().join("one");
+        let mut single = engine(at);
+        run(&one, &mut single, None, StopFlag::new(), &mut Silent).unwrap();
+        let reference = step_losses(&one);
+        assert_eq!(reference.len(), 20);
+        assert!(
+            reference[19] < reference[0],
+            "{at:?} did not learn: {reference:?}"
+        );
+        for ranks in [2, 3] {
+            let what = format!("{at:?} on {ranks} ranks");
+            let dir = tmp.path().join(format!("ranks-{ranks}"));
+            let mut dp = group(ranks, at);
+            let finish = run(&dir, &mut dp, None, StopFlag::new(), &mut Silent).unwrap();
+            assert_eq!(finish, Finish::Completed, "{what}");
+            let got = step_losses(&dir);
+            let diff = max_rel_diff(&got, &reference);
+            assert!(
+                diff <= 1e-5,
+                "{what}: losses differ by {diff}\n{got:?}\n{reference:?}"
+            );
+            let what = format!("{what}: checkpoint step-20");
+            assert_same_weights(
+                &what,
+                &checkpoint_weights(&dir, 20),
+                &checkpoint_weights(&one, 20),
+            );
+            assert_lockstep(&dp);
+        }
+    }
+}
+
+/// Requests a stop once step `at` is done.
+struct StopAt(u64, StopFlag);
+impl Observer for StopAt {
+    fn on_step(&mut self, m: &memfit_train::metrics::StepMetrics) {
+        if m.step == self.0 {
+            self.1.request();
+        }
+    }
+}
+
+#[test]
+fn a_resume_on_another_rank_count_continues_the_same_run() {
+    let at = (Backend::Flex, Placement::Host);
+    let tmp = tempfile::tempdir().unwrap();
+    let one = tmp.path().join("one");
+    run(&one, &mut engine(at), None, StopFlag::new(), &mut Silent).unwrap();
+    let dir = tmp.path().join("two-then-three");
+    let stop = StopFlag::new();
+    let finish = run(
+        &dir,
+        &mut group(2, at),
+        None,
+        stop.clone(),
+        &mut StopAt(7, stop),
+    )
+    .unwrap();
+    assert_eq!(finish, Finish::Stopped);
+    assert_eq!(step_losses(&dir).len(), 7);
+    let layer = ConfigLayer::default();
+    let finish = run(
+        &dir,
+        &mut group(3, at),
+        Some(&layer),
+        StopFlag::new(),
+        &mut Silent,
+    )
+    .unwrap();
+    assert_eq!(finish, Finish::Completed);
+    let diff = max_rel_diff(&step_losses(&dir), &step_losses(&one));
+    assert!(
+        diff <= 1e-5,
+        "2 ranks then 3: losses differ from one device by {diff}"
+    );
+    assert_same_weights(
+        "2 then 3 ranks",
+        &checkpoint_weights(&dir, 20),
+        &checkpoint_weights(&one, 20),
+    );
+}
+
+/// A replica whose `accumulate` call number `fail_at` (1-based, this rank's own count) fails.
+struct Failing {
+    inner: T5Engine,
+    fail_at: Option<usize>,
+    calls: usize,
+}
+
+impl Engine for Failing {
+    type Batch = Seq2SeqBatch;
+    type Error = memfit_nn::ModelError;
+
+    fn accumulate(&mut self, b: &Seq2SeqBatch, scale: f32, seed: u64) -> Result<f32, Self::Error> {
+        self.calls += 1;
+        if self.fail_at == Some(self.calls) {
+            return Err(memfit_nn::ModelError::Io(
+                "injected: the rank's device was lost".into(),
+            ));
+        }
+        self.inner.accumulate(b, scale, seed)
+    }
+    fn discard_gradients(&mut self) {
+        self.inner.discard_gradients()
+    }
+    fn step(&mut self, lr: f64, clip: Option<f64>) -> Result<StepStats, Self::Error> {
+        self.inner.step(lr, clip)
+    }
+    fn eval_loss(&self, b: &Seq2SeqBatch) -> Result<f32, Self::Error> {
+        self.inner.eval_loss(b)
+    }
+    fn param_counts(&self) -> ParamCounts {
+        self.inner.param_counts()
+    }
+    fn save(&mut self, dir: &Path) -> Result<(), Self::Error> {
+        self.inner.save(dir)
+    }
+    fn load(&mut self, dir: &Path, with_optimizer: bool) -> Result<(), Self::Error> {
+        self.inner.load(dir, with_optimizer)
+    }
+}
+
+impl Replica for Failing {
+    fn take_gradients(&mut self) -> Result<Vec<Option<Tensor<2>>>, Self::Error> {
+        self.inner.take_gradients()
+    }
+    fn put_gradients(&mut self, grads: Vec<Option<Tensor<2>>>) -> Result<(), Self::Error> {
+        self.inner.put_gradients(grads)
+    }
+}
+
+impl Generate for Failing {
+    fn generate(&self, s: &TokenRows, c: &GenerateConfig) -> Result<Vec<Vec<u32>>, Self::Error> {
+        self.inner.generate(s, c)
+    }
+}
+
+/// The stop event of a run that stopped for a failed rank, and the step it checkpointed.
+fn rank_failure_stop(dir: &Path) -> (serde_json::Value, u64) {
+    let events = read_jsonl(&dir.join("events.jsonl"));
+    let stop = events
+        .iter()
+        .rev()
+        .find(|e| e["kind"] == "stop")
+        .unwrap()
+        .clone();
+    assert_eq!(stop["reason"], RANK_FAILED, "{stop}");
+    assert_eq!(stop["exit"], 75);
+    let step = stop["step"].as_u64().unwrap();
+    let checkpoint = stop["checkpoint"].as_str().unwrap();
+    assert!(checkpoint.ends_with(&format!("step-{step}")), "{stop}");
+    (stop, step)
+}
+
+/// Resumes `dir` on 2 healthy ranks; the whole run then matches the one-device run.
+fn assert_resumes_as_uninterrupted(dir: &Path, one: &Path) {
+    let at = (Backend::Flex, Placement::Host);
+    let layer = ConfigLayer::default();
+    let finish = run(
+        dir,
+        &mut group(2, at),
+        Some(&layer),
+        StopFlag::new(),
+        &mut Silent,
+    )
+    .unwrap();
+    assert_eq!(finish, Finish::Completed);
+    let diff = max_rel_diff(&step_losses(dir), &step_losses(one));
+    assert!(
+        diff <= 1e-5,
+        "resumed after the failure: losses differ by {diff}"
+    );
+}
+
+#[test]
+fn a_failing_rank_stops_every_rank_at_the_last_completed_step() {
+    let at = (Backend::Flex, Placement::Host);
+    let tmp = tempfile::tempdir().unwrap();
+    let one = tmp.path().join("one");
+    run(&one, &mut engine(at), None, StopFlag::new(), &mut Silent).unwrap();
+    let dir = tmp.path().join("failing");
+    // rank 1 runs 2 micro-batches a step: its 12th call is in step 6's second group
+    let replicas = vec![
+        Failing {
+            inner: engine(at),
+            fail_at: None,
+            calls: 0,
+        },
+        Failing {
+            inner: engine(at),
+            fail_at: Some(12),
+            calls: 0,
+        },
+    ];
+    let collective = Arc::new(HostCollective::new(2, Duration::from_secs(60)));
+    let mut dp = DataParallel::new(replicas, collective);
+    let finish = run(&dir, &mut dp, None, StopFlag::new(), &mut Silent).unwrap();
+    assert_eq!(finish, Finish::Stopped);
+    let (stop, step) = rank_failure_stop(&dir);
+    assert_eq!(step, 5, "{stop}");
+    assert!(
+        stop["message"].as_str().unwrap().contains("rank 1"),
+        "{stop}"
+    );
+    assert!(
+        stop["message"]
+            .as_str()
+            .unwrap()
+            .contains("device was lost"),
+        "{stop}"
+    );
+    assert_eq!(step_losses(&dir).len(), 5);
+    assert_resumes_as_uninterrupted(&dir, &one);
+}
+
+/// The host collective, except that its `fail_at`-th all-reduce (1-based, counted on rank 0)
+/// fails as a timed-out one does.
+struct TimingOut {
+    inner: HostCollective,
+    fail_at: usize,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl Collective for TimingOut {
+    fn ranks(&self) -> usize {
+        self.inner.ranks()
+    }
+    fn all_reduce_sum(
+        &self,
+        rank: usize,
+        grads: Vec<Option<Tensor<2>>>,
+    ) -> Result<Vec<Option<Tensor<2>>>, CollectiveError> {
+        if rank == 0
+            && self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == self.fail_at
+        {
+            let timeout = Duration::from_millis(1);
+            self.inner.abort(0, "timed out");
+            return Err(CollectiveError::Timeout {
+                rank: 0,
+                missing: vec![1],
+                waited: timeout,
+                timeout,
+            });
+        }
+        self.inner.all_reduce_sum(rank, grads)
+    }
+    fn abort(&self, rank: usize, reason: &str) {
+        self.inner.abort(rank, reason)
+    }
+}
+
+#[test]
+fn a_collective_that_times_out_stops_every_rank_at_the_last_completed_step() {
+    let at = (Backend::Flex, Placement::Host);
+    let tmp = tempfile::tempdir().unwrap();
+    let one = tmp.path().join("one");
+    run(&one, &mut engine(at), None, StopFlag::new(), &mut Silent).unwrap();
+    let dir = tmp.path().join("timing-out");
+    let collective = Arc::new(TimingOut {
+        inner: HostCollective::new(2, Duration::from_secs(60)),
+        fail_at: 4,
+        calls: Default::default(),
+    });
+    let mut dp = DataParallel::new(vec![engine(at), engine(at)], collective);
+    let finish = run(&dir, &mut dp, None, StopFlag::new(), &mut Silent).unwrap();
+    assert_eq!(finish, Finish::Stopped);
+    let (stop, step) = rank_failure_stop(&dir);
+    assert_eq!(step, 3, "{stop}");
+    assert!(
+        stop["message"].as_str().unwrap().contains("timed out"),
+        "{stop}"
+    );
+    assert_resumes_as_uninterrupted(&dir, &one);
+}
