@@ -179,13 +179,14 @@ pub fn resolve(request: &DeviceRequest) -> Result<ChosenDevice, DeviceError> {
 }
 
 /// One rank per GPU of `indices`: rank 0's device, every rank's backend, the smallest free memory
-/// (the start is planned for the smallest GPU).
+/// (the start is planned for the smallest GPU). Several need NCCL, checked here.
 fn cuda_ranks(indices: &[usize], why: &str) -> Result<ChosenDevice, String> {
     let devices: Vec<ChosenDevice> = (indices.iter())
         .map(|&i| cuda_device(i, why))
         .collect::<Result<_, _>>()?;
     let mut first = devices[0].clone();
     if devices.len() > 1 {
+        cuda::find_nccl()?;
         first.label = format!("cuda:{}", join(indices));
         first.ranks = devices.iter().map(|d| d.backend).collect();
         first.gpu_free_bytes = devices.iter().filter_map(|d| d.gpu_free_bytes).min();
@@ -239,6 +240,9 @@ pub struct GpuTraining {
     pub devices: Vec<String>,
     /// What it would run with (`CUDA 13.0 driver, NVRTC …`), or why it cannot.
     pub ready: Result<String, String>,
+    /// With several GPUs: whether data-parallel training (`--device cuda:all`) finds NCCL (the
+    /// name it loads under), or what to do.
+    pub nccl: Option<Result<String, String>>,
 }
 
 /// Checks what [`resolve`] checks for `cuda`, without loading anything into the process.
@@ -263,7 +267,12 @@ pub fn gpu_training() -> GpuTraining {
             nvrtc.library.display()
         ))
     })();
-    GpuTraining { devices, ready }
+    let nccl = (devices.len() > 1).then(cuda::find_nccl);
+    GpuTraining {
+        devices,
+        ready,
+        nccl,
+    }
 }
 
 #[cfg(feature = "cuda")]

@@ -25,6 +25,10 @@ pub struct StepMetrics {
     /// thread during the previous step; a wait means the data fell behind the device).
     #[serde(default)]
     pub input_wait_s: f64,
+    /// With data-parallel ranks: each rank's wait for its own micro-batches (read on a helper of
+    /// its own), rank 0 first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_input_wait_s: Option<Vec<f64>>,
     pub rss_bytes: u64,
     pub peak_rss_bytes: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]

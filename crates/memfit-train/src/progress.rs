@@ -113,6 +113,7 @@ mod tests {
             tokens_per_s: 12_345.4,
             step_s: 0.1,
             input_wait_s: 0.0,
+            rank_input_wait_s: None,
             rss_bytes: 26 << 20,
             peak_rss_bytes: 30 << 20,
             gpu_bytes: None,

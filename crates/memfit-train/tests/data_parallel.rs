@@ -143,6 +143,11 @@ fn ranks_train_as_one_device_with_the_accumulation_times_the_ranks() {
         run(&one, &mut single, None, StopFlag::new(), &mut Silent).unwrap();
         let reference = step_losses(&one);
         assert_eq!(reference.len(), 20);
+        let first = &read_jsonl(&one.join("metrics.jsonl"))[0];
+        assert!(
+            first.get("rank_input_wait_s").is_none(),
+            "one device: no per-rank waits: {first}"
+        );
         assert!(
             reference[19] < reference[0],
             "{at:?} did not learn: {reference:?}"
@@ -153,6 +158,12 @@ fn ranks_train_as_one_device_with_the_accumulation_times_the_ranks() {
             let mut dp = group(ranks, at);
             let finish = run(&dir, &mut dp, None, StopFlag::new(), &mut Silent).unwrap();
             assert_eq!(finish, Finish::Completed, "{what}");
+            let metrics = read_jsonl(&dir.join("metrics.jsonl"));
+            for m in &metrics {
+                let waits = m["rank_input_wait_s"].as_array().unwrap();
+                assert_eq!(waits.len(), ranks, "{what}: a wait per rank: {m}");
+                assert!(waits.iter().all(|w| w.as_f64().unwrap() >= 0.0), "{m}");
+            }
             let got = step_losses(&dir);
             let diff = max_rel_diff(&got, &reference);
             assert!(

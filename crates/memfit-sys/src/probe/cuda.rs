@@ -171,6 +171,64 @@ pub fn prepare_nvrtc(found: &Nvrtc) -> Result<(), String> {
     Ok(())
 }
 
+/// The names cudarc (burn's CUDA bindings) loads NCCL by (its candidate list, for CUDA 13):
+/// `libnccl.so.2`, the name NCCL's own packages and the pip `nvidia-nccl` wheel give it, is not
+/// among them.
+const NCCL_NAMES: [&str; 7] = [
+    "libnccl.so",
+    "libnccl.so.13",
+    "libnccl.so.12",
+    "libnccl.so.11",
+    "libnccl.so.10",
+    "libnccl.so.9",
+    "libnccl.so.1",
+];
+
+/// NCCL as data-parallel training on several GPUs loads it: the name it loads under, or what is
+/// missing and how to fix it (a `libnccl.so.2` found where cudarc does not look is named). One
+/// GPU needs no NCCL.
+pub fn find_nccl() -> Result<String, String> {
+    if let Some(name) = NCCL_NAMES.iter().find(|n| Library::open(n).is_ok()) {
+        return Ok(name.to_string());
+    }
+    let mut roots = nvrtc_roots();
+    roots.extend(
+        python_site_packages()
+            .into_iter()
+            .map(|p| p.join("nvidia/nccl")),
+    );
+    roots.push(PathBuf::from("/usr/lib/x86_64-linux-gnu"));
+    Err(match roots.iter().find_map(|r| nccl_under(r)) {
+        Some(found) => format!(
+            "several GPUs need NCCL: {} is there, but cudarc (burn's CUDA bindings) loads NCCL only \
+             as libnccl.so or libnccl.so.<N> ({}): link it under that name and put the link's \
+             directory on LD_LIBRARY_PATH: `mkdir -p ~/.local/lib/nccl && ln -sf {} \
+             ~/.local/lib/nccl/libnccl.so && export LD_LIBRARY_PATH=~/.local/lib/nccl:$LD_LIBRARY_PATH`",
+            found.display(),
+            NCCL_NAMES.join(", "),
+            found.display()
+        ),
+        None => format!(
+            "several GPUs need NCCL, which was not found (loaded as {}; a libnccl.so.2 looked for \
+             under {}): `pip install nvidia-nccl-cu13` or install NCCL; one GPU runs without it",
+            NCCL_NAMES.join(", "),
+            roots
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    })
+}
+
+/// `libnccl.so.2` under `root` (`lib/`, `lib64/`, or `root` itself), if there.
+pub fn nccl_under(root: &Path) -> Option<PathBuf> {
+    ["lib", "lib64", "."]
+        .iter()
+        .map(|dir| root.join(dir).join("libnccl.so.2"))
+        .find(|p| p.is_file())
+}
+
 /// The site-packages directories of `python3` on PATH (none when there is no Python).
 fn python_site_packages() -> Vec<PathBuf> {
     let out = std::process::Command::new("python3")
@@ -272,6 +330,27 @@ mod tests {
         let found = nvrtc_under(root.path()).unwrap();
         assert_eq!(found.library, lib.join("libnvrtc.so.13"));
         assert_eq!(found.root, root.path());
+    }
+
+    #[test]
+    fn nccl_is_found_where_the_wheel_puts_it_and_its_absence_is_explained() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(nccl_under(dir.path()), None);
+        std::fs::create_dir_all(dir.path().join("lib")).unwrap();
+        std::fs::write(dir.path().join("lib/libnccl.so.2"), b"").unwrap();
+        assert_eq!(
+            nccl_under(dir.path()),
+            Some(dir.path().join("lib/libnccl.so.2"))
+        );
+        // here (CI) NCCL is not installed: the error says what multi-GPU needs and what to do
+        if let Err(why) = find_nccl() {
+            assert!(why.starts_with("several GPUs need NCCL"), "{why}");
+            assert!(
+                why.contains("libnccl.so") && why.contains("one GPU")
+                    || why.contains("LD_LIBRARY_PATH"),
+                "{why}"
+            );
+        }
     }
 
     #[test]

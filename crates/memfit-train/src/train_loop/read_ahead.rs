@@ -3,6 +3,10 @@
 //! step is short and a store read is not). The data order is the sampler's either way: a step's
 //! rows are drawn when it would have drawn them, only earlier; a run that stops between steps
 //! discards what was read ahead and its checkpoint's cursor is the last completed step's.
+//!
+//! With data-parallel ranks each rank's micro-batches (`i mod ranks`) are read on a helper of its
+//! own, from the one shared row source (no copy of the data per rank), and each rank's wait is
+//! reported.
 
 use std::time::Instant;
 
@@ -39,8 +43,10 @@ pub(super) struct Ahead<B> {
     pub drawn: Drawn,
     pub micro: usize,
     pub batches: Result<Vec<B>, LoopError>,
-    /// Seconds the loop waited for the helper once the step before had computed.
+    /// Seconds the loop waited for the helpers once the step before had computed.
     pub waited_s: f64,
+    /// The same per rank: how long after the step before rank r's micro-batches were ready.
+    pub rank_waited_s: Vec<f64>,
 }
 
 /// `rows` read from `train` and collated into micro-batches of `micro` rows.
@@ -58,35 +64,63 @@ pub(super) fn collate<E: Engine, T: Task<E>>(
         .collect()
 }
 
-/// Runs `step` on this thread while the helper collates `next` (if any) at micro-batch `micro`;
-/// returns the step's result and what was read ahead.
+/// Runs `step` on this thread while one helper per rank collates its micro-batches of `next` (if
+/// any) at micro-batch `micro`; returns the step's result and what was read ahead.
 pub(super) fn alongside<E: Engine, T: Task<E>, O>(
     (task, train): (&T, &dyn RowSource<T::Row>),
-    next: Option<Drawn>,
-    micro: usize,
+    (next, micro, ranks): (Option<Drawn>, usize, usize),
     step: impl FnOnce() -> O,
 ) -> (O, Option<Ahead<E::Batch>>) {
     std::thread::scope(|scope| {
-        let helper = next.as_ref().map(|drawn| {
-            let rows = drawn.rows.clone();
-            scope.spawn(move || collate::<E, T>(task, train, &rows, micro))
+        let helpers: Vec<_> = next.as_ref().map_or_else(Vec::new, |drawn| {
+            let chunks: Vec<Vec<usize>> = drawn.rows.chunks(micro).map(<[usize]>::to_vec).collect();
+            (0..ranks.clamp(1, chunks.len().max(1)))
+                .map(|rank| {
+                    let mine: Vec<(usize, Vec<usize>)> = (chunks.iter().cloned().enumerate())
+                        .filter(|(i, _)| i % ranks.max(1) == rank)
+                        .collect();
+                    scope.spawn(move || {
+                        let batches = (mine.into_iter())
+                            .map(|(i, rows)| Ok((i, collate::<E, T>(task, train, &rows, micro)?)))
+                            .collect::<Result<Vec<_>, LoopError>>();
+                        (batches, Instant::now())
+                    })
+                })
+                .collect()
         });
         let out = step();
-        let t0 = Instant::now();
-        let batches = helper.map(|h| {
-            h.join().unwrap_or_else(|_| {
-                Err(LoopError::Data(
-                    "reading the next step's rows panicked".into(),
-                ))
+        let computed = Instant::now();
+        let finished: Vec<_> = (helpers.into_iter())
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    let e = LoopError::Data("reading the next step's rows panicked".into());
+                    (Err(e), Instant::now())
+                })
             })
-        });
-        let waited_s = t0.elapsed().as_secs_f64();
-        let ahead = next.zip(batches).map(|(drawn, batches)| Ahead {
+            .collect();
+        let waited_s = computed.elapsed().as_secs_f64();
+        let rank_waited_s = (finished.iter())
+            .map(|(_, done)| done.saturating_duration_since(computed).as_secs_f64())
+            .collect();
+        let ahead = next.map(|drawn| Ahead {
             drawn,
             micro,
-            batches,
+            batches: in_step_order(finished.into_iter().map(|(b, _)| b)),
             waited_s,
+            rank_waited_s,
         });
         (out, ahead)
     })
+}
+
+/// The ranks' micro-batches back in the step's order.
+fn in_step_order<B>(
+    ranks: impl Iterator<Item = Result<Vec<(usize, Vec<B>)>, LoopError>>,
+) -> Result<Vec<B>, LoopError> {
+    let mut all = Vec::new();
+    for rank in ranks {
+        all.extend(rank?);
+    }
+    all.sort_by_key(|(i, _)| *i);
+    Ok(all.into_iter().flat_map(|(_, b)| b).collect())
 }

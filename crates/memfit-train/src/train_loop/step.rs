@@ -34,6 +34,8 @@ struct StepClock {
     /// Waited for the read-ahead before `start` (counted in the step's time).
     carried_s: f64,
     input_wait_s: f64,
+    /// Each rank's wait, with data-parallel ranks.
+    rank_input_wait_s: Option<Vec<f64>>,
 }
 
 /// How the micro-batches of one step went.
@@ -61,25 +63,36 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         ahead: &mut Option<Ahead<E::Batch>>,
     ) -> Result<StepOutcome, LoopError> {
         let t0 = Instant::now();
+        let ranks = self.engine.ranks();
         let (drawn, ready) = match ahead.take() {
-            Some(a) if a.micro == s.p.micro => (a.drawn, Some((a.batches?, a.waited_s))),
+            Some(a) if a.micro == s.p.micro => {
+                (a.drawn, Some((a.batches?, a.waited_s, a.rank_waited_s)))
+            }
             Some(a) => (a.drawn, None),
             None => (Drawn::from(sampler), None),
         };
-        let (batches, waited_s) = match ready {
+        let (batches, waited_s, rank_waited_s) = match ready {
             Some(ready) => ready,
             // nothing read ahead at this micro-batch (the first step, or after a downgrade)
-            None => (self.collate_step(&drawn.rows, s.p.micro)?, 0.0),
+            None => (
+                self.collate_step(&drawn.rows, s.p.micro)?,
+                0.0,
+                vec![0.0; ranks],
+            ),
         };
         // the wait for what was read ahead came before `t0` and belongs to this step
+        let now_s = t0.elapsed().as_secs_f64();
         let clock = StepClock {
             start: t0,
             carried_s: waited_s,
-            input_wait_s: waited_s + t0.elapsed().as_secs_f64(),
+            input_wait_s: waited_s + now_s,
+            rank_input_wait_s: (ranks > 1)
+                .then(|| rank_waited_s.iter().map(|w| w + now_s).collect()),
         };
         let next = (s.p.step + 1 < s.total).then(|| Drawn::from(sampler));
         let sources = (self.task, self.train);
-        let (outcome, read) = read_ahead::alongside::<E, T, _>(sources, next, s.p.micro, || {
+        let plan = (next, s.p.micro, ranks);
+        let (outcome, read) = read_ahead::alongside::<E, T, _>(sources, plan, || {
             self.compute_step(&drawn, batches, s, clock)
         });
         let outcome = outcome?;
@@ -167,6 +180,7 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
             },
             step_s,
             input_wait_s: clock.input_wait_s,
+            rank_input_wait_s: clock.rank_input_wait_s,
             rss_bytes: rss.current,
             peak_rss_bytes: rss.peak,
             gpu_bytes: None,

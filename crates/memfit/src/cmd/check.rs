@@ -471,13 +471,33 @@ fn gpu_training_json(t: &GpuTraining) -> Value {
         Ok(with) => (true, with),
         Err(why) => (false, why),
     };
-    serde_json::json!({"ready": ready, "devices": t.devices, "detail": detail})
+    let mut v = serde_json::json!({"ready": ready, "devices": t.devices, "detail": detail});
+    if let Some(nccl) = &t.nccl {
+        v["data_parallel"] = match nccl {
+            Ok(name) => serde_json::json!({"ready": true, "nccl": name, "device": "cuda:all"}),
+            Err(why) => serde_json::json!({"ready": false, "detail": why}),
+        };
+    }
+    v
 }
 
 /// Whether this binary can train on the GPUs it sees, and with what (or why not).
 fn gpu_training_line(t: &GpuTraining) -> String {
     match (&t.ready, t.devices.is_empty()) {
-        (Ok(with), _) => format!("yes: cuda:0..cuda:{} ({with})", t.devices.len() - 1),
+        (Ok(with), _) => {
+            let several = match &t.nccl {
+                Some(Ok(nccl)) => format!(
+                    "; all {} at once: --device cuda:all ({nccl})",
+                    t.devices.len()
+                ),
+                Some(Err(why)) => format!("; several at once: no ({why})"),
+                None => String::new(),
+            };
+            format!(
+                "yes: cuda:0..cuda:{} ({with}){several}",
+                t.devices.len() - 1
+            )
+        }
         (Err(why), true) => format!("no GPU: {why}"),
         (Err(why), false) => format!("no: {why}"),
     }
@@ -496,6 +516,33 @@ fn oom_daemons_line(m: &Machine) -> String {
 
 #[cfg(test)]
 mod tests {
+    use memfit_train::device::GpuTraining;
+
+    #[test]
+    fn several_gpus_say_whether_data_parallel_training_finds_nccl() {
+        let two = |nccl| GpuTraining {
+            devices: vec!["H100".into(), "H100".into()],
+            ready: Ok("CUDA 13.0 driver".into()),
+            nccl: Some(nccl),
+        };
+        let ok = two(Ok("libnccl.so".into()));
+        let line = super::gpu_training_line(&ok);
+        assert!(line.contains("--device cuda:all (libnccl.so)"), "{line}");
+        assert_eq!(
+            super::gpu_training_json(&ok)["data_parallel"]["ready"],
+            true
+        );
+        let missing = two(Err("several GPUs need NCCL: …".into()));
+        let line = super::gpu_training_line(&missing);
+        assert!(
+            line.contains("several at once: no (several GPUs need NCCL"),
+            "{line}"
+        );
+        let json = super::gpu_training_json(&missing);
+        assert_eq!(json["data_parallel"]["ready"], false);
+        assert_eq!(json["ready"], true, "one GPU still trains");
+    }
+
     #[test]
     fn paths_become_one_shell_word() {
         assert_eq!(super::shell("/a/b-c_d.toml"), "/a/b-c_d.toml");
