@@ -45,7 +45,7 @@ pub fn line(config: &TrainConfig, device: &ChosenDevice) -> Option<String> {
             format!(" (the last group of a step leaves {} rank(s) idle)", ranks - config.accum % ranks)
         };
         format!(
-            "data parallel: {ranks} ranks ({}), micro-batch {} × {} micro-batches a step = accumulation {per_rank} per rank{uneven}; effective batch {}",
+            "data parallel: {ranks} ranks ({}), micro-batch {} × {} micro-batches a step = accumulation {per_rank} per rank{uneven}; effective batch {} (a planned start is per rank)",
             device.label,
             config.batch,
             config.accum,
