@@ -35,7 +35,8 @@ use std::time::Duration;
 pub use guard::MemoryGuard;
 pub use limits::{Limits, Verdict, Watch};
 pub use sampler::{
-    DeviceMemory, MemoryReading, MemorySampler, NvmlProcessMemory, ProcessMemory, own_charged_bytes,
+    BurnPoolMemory, DeviceMemory, GpuMemory, MemoryReading, MemorySampler, NvmlProcessMemory,
+    ProcessMemory, own_charged_bytes,
 };
 
 /// How often the thread samples (issue #6: "every 250 ms"). One sample is one read of

@@ -50,6 +50,39 @@ impl DeviceMemory for NvmlProcessMemory {
     }
 }
 
+/// The memory burn's pools hold on the run's GPUs (reserved from the driver), on the GPU holding
+/// the most. What NVML cannot show where it has no per-process figures (in many containers NVML
+/// lists no processes); it misses the CUDA context and NVRTC, which NVML counts.
+pub struct BurnPoolMemory {
+    devices: Vec<burn::prelude::Device>,
+}
+
+impl BurnPoolMemory {
+    pub fn new(devices: Vec<burn::prelude::Device>) -> Self {
+        Self { devices }
+    }
+}
+
+impl DeviceMemory for BurnPoolMemory {
+    fn used_bytes(&mut self) -> Option<u64> {
+        (self.devices.iter())
+            .filter_map(|d| d.memory_pool_usage().map(|u| u.bytes_reserved))
+            .max()
+    }
+}
+
+/// NVML's per-process figure where it has one, else burn's pools.
+pub struct GpuMemory {
+    pub nvml: Option<NvmlProcessMemory>,
+    pub pools: BurnPoolMemory,
+}
+
+impl DeviceMemory for GpuMemory {
+    fn used_bytes(&mut self) -> Option<u64> {
+        (self.nvml.as_mut().and_then(|n| n.used_bytes())).or_else(|| self.pools.used_bytes())
+    }
+}
+
 /// This process's memory from /proc/self/status, and a device's if one is attached.
 #[derive(Default)]
 pub struct ProcessMemory {
@@ -88,6 +121,16 @@ impl MemorySampler for ProcessMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn burn_pools_are_the_fallback_and_a_cpu_device_has_none() {
+        // flex keeps no pool: nothing to read, and no NVML here either
+        let mut gpu = GpuMemory {
+            nvml: None,
+            pools: BurnPoolMemory::new(vec![burn::prelude::Device::flex()]),
+        };
+        assert_eq!(gpu.used_bytes(), None);
+    }
 
     #[test]
     fn own_memory_is_read_from_proc() {

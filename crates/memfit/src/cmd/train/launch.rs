@@ -8,8 +8,11 @@ use super::setup::{Mode, Setup};
 use super::thousands;
 use crate::exit::{Outcome, bad_input};
 use anyhow::Context;
+use memfit_train::device::ChosenDevice;
 use memfit_train::engine::Engine;
-use memfit_train::memory_guard::{GuardSettings, MemoryGuard, NvmlProcessMemory, ProcessMemory};
+use memfit_train::memory_guard::{
+    BurnPoolMemory, GpuMemory, GuardSettings, MemoryGuard, NvmlProcessMemory, ProcessMemory,
+};
 use memfit_train::run_lock::Claim;
 use memfit_train::session::{self, CheckpointSpec, Session};
 use memfit_train::task::{RowSource, Task};
@@ -129,7 +132,7 @@ where
         eprintln!("{line}");
         s.run.log(&line)?;
     }
-    let guard = start_guard(&mut s)?;
+    let guard = start_guard(&mut s, &start.setup.device)?;
     let mut observer = Bar::new(args.json);
     let summary = Trainer {
         engine: &mut engine,
@@ -188,7 +191,7 @@ fn write_plan(s: &mut Session, start: &mut Prepared, rows: u64) -> anyhow::Resul
 }
 
 /// The memory reserve and the in-process memory guard.
-fn start_guard(s: &mut Session) -> anyhow::Result<MemoryGuard> {
+fn start_guard(s: &mut Session, device: &ChosenDevice) -> anyhow::Result<MemoryGuard> {
     let config = &s.config;
     // Address space held back for an allocation failure: the binary's allocator gives it back and
     // the loop checkpoints and exits 75 (memfit_train::alloc_reserve). Its size is the room the
@@ -203,10 +206,17 @@ fn start_guard(s: &mut Session) -> anyhow::Result<MemoryGuard> {
     ))?;
     // The in-process memory guard: samples this process every 250 ms against the budget (or the
     // RUN/budget override); the loop halves the micro-batch or checkpoints and exits 75.
-    // GPU memory too where NVML reads it (this trainer computes on the CPU: it holds none).
-    let sampler = match NvmlProcessMemory::new() {
-        Some(gpu) => ProcessMemory::with_device(Box::new(gpu)),
-        None => ProcessMemory::new(),
+    // GPU memory too: NVML's figure for this process where it has one, else burn's pools on the
+    // run's GPUs (on the CPU, NVML alone: it shows nothing for this process).
+    let sampler = if device.is_gpu() {
+        let pools = BurnPoolMemory::new(device.ranks.iter().map(|b| b.device()).collect());
+        let nvml = NvmlProcessMemory::new();
+        ProcessMemory::with_device(Box::new(GpuMemory { nvml, pools }))
+    } else {
+        match NvmlProcessMemory::new() {
+            Some(gpu) => ProcessMemory::with_device(Box::new(gpu)),
+            None => ProcessMemory::new(),
+        }
     };
     MemoryGuard::start(GuardSettings::for_run(config, s.run.root()), sampler)
         .context("starting the memory guard thread")
