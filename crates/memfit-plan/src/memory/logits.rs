@@ -91,6 +91,9 @@ pub(super) fn logits_and_loss(
         }
         Loss::Whole => {}
     }
+    if setup.task == Task::CausalLm && own_shifted_loss(arch) {
+        return own_shifted_loss_bytes(lv, w, profile.deepspeed(setup));
+    }
     if setup.task == Task::CausalLm && fw.causal_loss_upcast {
         // ForCausalLMLoss: `logits.float()` (a copy unless they are fp32 already), the fp32
         // log-softmax output cross-entropy saves; labels are shifted, the logits are not. Its
@@ -119,5 +122,38 @@ pub(super) fn logits_and_loss(
         // gradient of the log-softmax output + gradient of the logits
         backward: lv * (log_softmax + w.c),
         ..LogitsBytes::default()
+    }
+}
+
+/// Remote-code models whose `forward` computes the loss itself instead of transformers'
+/// `ForCausalLMLoss`. Qwen v1 (`modeling_qwen.py`, `QWenLMHeadModel.forward`):
+/// `shift_logits = lm_logits[..., :-1, :].contiguous()` then `CrossEntropyLoss()` on it.
+fn own_shifted_loss(arch: &Arch) -> bool {
+    arch.model_type == "qwen"
+}
+
+/// Bytes per logit element of such a loss, each term from the code that makes it:
+/// - `lm_head` output in the compute dtype (`w.c`), alive in the model's output until the
+///   Trainer's `compute_loss` returns, i.e. until just before `backward()`;
+/// - the label-shift copy (`.contiguous()`, `w.c`), a local of `forward`, saved by nothing;
+/// - cross-entropy's `log_softmax` output, saved for its backward: fp32 under the Trainer's
+///   autocast (`bf16=True`/`fp16=True`: log_softmax and nll_loss are on autocast's fp32 list),
+///   which first makes an fp32 copy of the shifted logits (4 B, saved by nothing); a DeepSpeed
+///   engine runs no autocast, so there the log-softmax and its input stay 16-bit.
+///
+/// Backward starts from the log-softmax output alone: `nll_loss`'s backward creates its dense
+/// gradient and `log_softmax`'s backward the input gradient, both in the log-softmax's dtype
+/// (the 16-bit gradients of the shift copy and of the full-size logits come after those are
+/// freed). The two 16-bit blocks freed before backward (logits, shift copy) are half the size
+/// of an fp32 gradient: the caching allocator keeps them reserved but cannot serve those
+/// gradients from them.
+fn own_shifted_loss_bytes(lv: u64, w: Widths, deepspeed: bool) -> LogitsBytes {
+    let log_softmax = if deepspeed { w.c } else { 4.max(w.c) };
+    let upcast = if log_softmax > w.c { log_softmax } else { 0 };
+    LogitsBytes {
+        forward: lv * (w.c + w.c + upcast + log_softmax),
+        backward: lv * 2 * log_softmax,
+        freed_before_backward: lv * (w.c + w.c + upcast),
+        stranded: if upcast > 0 { lv * 2 * w.c } else { 0 },
     }
 }

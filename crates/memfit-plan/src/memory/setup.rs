@@ -71,6 +71,9 @@ named_enum!(
         Nf4 = "nf4",
         Nf4Dq = "nf4-dq",
         Int8 = "int8",
+        /// GPTQ 4-bit (auto-gptq `QuantLinear`, group size 128), as transformers' `GPTQConfig`
+        /// loads a GPTQ checkpoint.
+        Gptq4 = "gptq4",
     }
 );
 
@@ -363,7 +366,7 @@ impl Setup {
             return Err(format!("--base-precision {p}: fp32 or bf16"));
         }
         if self.method == Method::Qlora && self.quant.is_none() {
-            return Err("--method qlora needs --quant nf4|nf4-dq|int8".into());
+            return Err("--method qlora needs --quant nf4|nf4-dq|int8|gptq4".into());
         }
         if self.method == Method::Freeze && self.freeze.is_empty() {
             return Err("--method freeze needs --freeze embeddings,encoder,…".into());

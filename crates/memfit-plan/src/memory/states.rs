@@ -104,6 +104,11 @@ pub fn base_weight_micro_bytes(setup: &Setup, t: &ParamTensor) -> u64 {
         (true, Some(Quant::Nf4Dq)) => 500_000 + 1_000_000 / 64 + 4_000_000 / (64 * 256),
         // LLM.int8: int8 weights + an fp32 scale per output row (≈ 1 byte/param).
         (true, Some(Quant::Int8)) => 1_000_000,
+        // auto-gptq `QuantLinear` (qlinear_cuda_old.py): `qweight` int32 packing eight 4-bit
+        // codes (0.5 B), per group of 128 input rows an fp16 `scales` row (2 B / 128) and an
+        // int32 `qzeros` row packing eight zero points (0.5 B / 128); `g_idx` (4 B per input row)
+        // is left out: under 0.1% of a weight.
+        (true, Some(Quant::Gptq4)) => 500_000 + 2_000_000 / 128 + 500_000 / 128,
         // prepare_model_for_kbit_training: every other fp16/bf16 parameter becomes fp32
         _ if kbit_fp32 => 4_000_000,
         _ => setup.precision.weight_bytes() * 1_000_000,

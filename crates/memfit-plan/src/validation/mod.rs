@@ -178,6 +178,7 @@ pub const SOURCES: &[(char, &str)] = &[
     ('P', "huggingface/peft"),
     ('T', "pytorch/torchtune"),
     ('S', "modelscope/ms-swift"),
+    ('Q', "QwenLM/Qwen"),
     (
         'H',
         "memfit, measured on a lent GPU (validation/measured_here.csv)",
