@@ -21,6 +21,7 @@ use memfit_train::engine::{
     Backend, Engine, EngineOptions, Generate, GenerateConfig, ModelEngine, ParamCounts, Placement,
     Replica, Seq2SeqBatch, StepStats, TokenRows,
 };
+use memfit_train::optim::Optimizer;
 use memfit_train::signals::StopFlag;
 use memfit_train::train_loop::{Finish, Observer, RANK_FAILED, Silent};
 use serde_json::json;
@@ -138,9 +139,7 @@ fn assert_lockstep(group: &DataParallel<T5Engine>) {
 fn ranks_train_as_one_device_with_the_accumulation_times_the_ranks() {
     for at in engines() {
         let tmp = tempfile::tempdir().unwrap();
-        let one = tmp.path().join("one");
-        let mut single = engine(at);
-        run(&one, &mut single, None, StopFlag::new(), &mut Silent).unwrap();
+        let one = one_device_run(tmp.path(), at);
         let reference = step_losses(&one);
         assert_eq!(reference.len(), 20);
         let first = &read_jsonl(&one.join("metrics.jsonl"))[0];
@@ -181,6 +180,85 @@ fn ranks_train_as_one_device_with_the_accumulation_times_the_ranks() {
     }
 }
 
+/// The optimizer state of checkpoint `step-N`, by tensor name.
+fn checkpoint_optimizer(dir: &Path, step: u64) -> Vec<(String, Vec<f32>)> {
+    let path = dir.join(format!("checkpoints/step-{step}/optimizer.safetensors"));
+    let (tensors, _) = memfit_nn::weights::read_f32(&path).unwrap();
+    let mut named: Vec<_> = tensors.into_iter().map(|(n, t)| (n, t.values)).collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    named
+}
+
+#[test]
+fn zero1_shards_the_optimizer_state_and_trains_as_one_device() {
+    for at in engines() {
+        let tmp = tempfile::tempdir().unwrap();
+        let one = one_device_run(tmp.path(), at);
+        let total = engine(at).optimizer_state().unwrap().state_values();
+        for ranks in [2, 3] {
+            let what = format!("{at:?}, ZeRO-1 on {ranks} ranks");
+            let dir = tmp.path().join(format!("zero1-{ranks}"));
+            let mut dp = group(ranks, at).with_sharded_optimizer().unwrap();
+            let held = dp.optimizer_state_values().unwrap();
+            assert_eq!(
+                held.iter().sum::<usize>(),
+                total,
+                "{what}: every state once: {held:?}"
+            );
+            let largest = engine(at)
+                .trained_sizes()
+                .into_iter()
+                .flatten()
+                .max()
+                .unwrap();
+            for h in &held {
+                assert!(
+                    *h <= total / ranks + 2 * largest,
+                    "{what}: {held:?} of {total}"
+                );
+            }
+            run(&dir, &mut dp, None, StopFlag::new(), &mut Silent).unwrap();
+            let diff = max_rel_diff(&step_losses(&dir), &step_losses(&one));
+            assert!(diff <= 1e-5, "{what}: losses differ by {diff}");
+            let (w, o) = (checkpoint_weights(&dir, 20), checkpoint_weights(&one, 20));
+            assert_same_weights(&what, &w, &o);
+            let (w, o) = (
+                checkpoint_optimizer(&dir, 20),
+                checkpoint_optimizer(&one, 20),
+            );
+            assert_same_weights(&format!("{what}: optimizer.safetensors"), &w, &o);
+            assert_lockstep(&dp);
+        }
+    }
+}
+
+#[test]
+fn a_zero1_run_resumes_on_another_rank_count() {
+    let at = (Backend::Flex, Placement::Host);
+    let tmp = tempfile::tempdir().unwrap();
+    let one = one_device_run(tmp.path(), at);
+    let dir = tmp.path().join("zero1-two-then-three");
+    let stop = StopFlag::new();
+    let mut two = group(2, at).with_sharded_optimizer().unwrap();
+    run(&dir, &mut two, None, stop.clone(), &mut StopAt(7, stop)).unwrap();
+    let layer = ConfigLayer::default();
+    let mut three = group(3, at).with_sharded_optimizer().unwrap();
+    let finish = run(&dir, &mut three, Some(&layer), StopFlag::new(), &mut Silent).unwrap();
+    assert_eq!(finish, Finish::Completed);
+    let diff = max_rel_diff(&step_losses(&dir), &step_losses(&one));
+    assert!(
+        diff <= 1e-5,
+        "ZeRO-1 on 2 ranks, then 3: losses differ by {diff}"
+    );
+}
+
+/// The reference: the run on one device of `at`, in `root/one`.
+fn one_device_run(root: &Path, at: (Backend, Placement)) -> std::path::PathBuf {
+    let one = root.join("one");
+    run(&one, &mut engine(at), None, StopFlag::new(), &mut Silent).unwrap();
+    one
+}
+
 /// Requests a stop once step `at` is done.
 struct StopAt(u64, StopFlag);
 impl Observer for StopAt {
@@ -195,8 +273,7 @@ impl Observer for StopAt {
 fn a_resume_on_another_rank_count_continues_the_same_run() {
     let at = (Backend::Flex, Placement::Host);
     let tmp = tempfile::tempdir().unwrap();
-    let one = tmp.path().join("one");
-    run(&one, &mut engine(at), None, StopFlag::new(), &mut Silent).unwrap();
+    let one = one_device_run(tmp.path(), at);
     let dir = tmp.path().join("two-then-three");
     let stop = StopFlag::new();
     let finish = run(
@@ -278,6 +355,21 @@ impl Replica for Failing {
     fn put_gradients(&mut self, grads: Vec<Option<Tensor<2>>>) -> Result<(), Self::Error> {
         self.inner.put_gradients(grads)
     }
+    fn trained_sizes(&self) -> Vec<Option<usize>> {
+        self.inner.trained_sizes()
+    }
+    fn keep_optimizer_states(&mut self, keep: &[bool]) -> Result<(), Self::Error> {
+        self.inner.keep_optimizer_states(keep)
+    }
+    fn optimizer_state(&self) -> Result<Optimizer, Self::Error> {
+        self.inner.optimizer_state()
+    }
+    fn masters_for_gather(&self, owned: &[bool]) -> Result<Vec<Option<Tensor<2>>>, Self::Error> {
+        self.inner.masters_for_gather(owned)
+    }
+    fn put_masters(&mut self, masters: Vec<Option<Tensor<2>>>) -> Result<(), Self::Error> {
+        self.inner.put_masters(masters)
+    }
 }
 
 impl Generate for Failing {
@@ -327,8 +419,7 @@ fn assert_resumes_as_uninterrupted(dir: &Path, one: &Path) {
 fn a_failing_rank_stops_every_rank_at_the_last_completed_step() {
     let at = (Backend::Flex, Placement::Host);
     let tmp = tempfile::tempdir().unwrap();
-    let one = tmp.path().join("one");
-    run(&one, &mut engine(at), None, StopFlag::new(), &mut Silent).unwrap();
+    let one = one_device_run(tmp.path(), at);
     let dir = tmp.path().join("failing");
     // rank 1 runs 2 micro-batches a step: its 12th call is in step 6's second group
     let replicas = vec![
@@ -404,8 +495,7 @@ impl Collective for TimingOut {
 fn a_collective_that_times_out_stops_every_rank_at_the_last_completed_step() {
     let at = (Backend::Flex, Placement::Host);
     let tmp = tempfile::tempdir().unwrap();
-    let one = tmp.path().join("one");
-    run(&one, &mut engine(at), None, StopFlag::new(), &mut Silent).unwrap();
+    let one = one_device_run(tmp.path(), at);
     let dir = tmp.path().join("timing-out");
     let collective = Arc::new(TimingOut {
         inner: HostCollective::new(2, Duration::from_secs(60)),

@@ -117,6 +117,10 @@ fn losses(run: &Path) -> Vec<f64> {
 }
 
 fn train(out: &Path, device: &str, accum: &str) -> Output {
+    train_with(out, device, accum, &[])
+}
+
+fn train_with(out: &Path, device: &str, accum: &str, more: &[&str]) -> Output {
     memfit()
         .args([
             "train",
@@ -137,6 +141,7 @@ fn train(out: &Path, device: &str, accum: &str) -> Output {
             "--out",
         ])
         .arg(out)
+        .args(more)
         .output()
         .unwrap()
 }
@@ -180,6 +185,19 @@ fn cpu_ranks_train_as_one_device_and_resume_on_another_rank_count() {
     assert!(
         config.contains("accum = 2"),
         "config.toml keeps a step's micro-batches: {config}"
+    );
+    let sharded = dir.path().join("zero1");
+    let out = train_with(&sharded, "cpu:2", "1", &["--shard-optimizer"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("optimizer state sharded between the ranks (ZeRO-1)"),
+        "{err}"
+    );
+    assert_same_losses(
+        "cpu:2 ZeRO-1 against cpu × accum 2",
+        &losses(&sharded),
+        &losses(&one),
     );
     // back to the checkpoint of step 3, then on to step 6 on 3 ranks
     std::fs::remove_dir_all(two.join("checkpoints/step-6")).unwrap();

@@ -11,23 +11,23 @@
 //!
 //! A rank that fails fails the step on all ranks ([`Engine::is_rank_failure`]): nothing of the
 //! step reaches an optimizer, the loop checkpoints the last completed step and stops (exit 75).
-//! Every collective has a timeout ([`COLLECTIVE_TIMEOUT`]).
+//! Every collective has a timeout ([`COLLECTIVE_TIMEOUT`]). ZeRO-1
+//! ([`DataParallel::with_sharded_optimizer`]) divides the optimizer state between the ranks.
 
 mod collective;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 mod rendezvous;
+mod shards;
 
 pub use collective::{COLLECTIVE_TIMEOUT, Collective, CollectiveError, HostCollective};
-
-use crate::engine::Backend;
 
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::engine::{
-    Classify, Continue, Engine, Generate, GenerateConfig, MicroBatch, ParamCounts, Replica,
-    StepStats, TokenRows,
+    Backend, Classify, Continue, Engine, Generate, GenerateConfig, MicroBatch, ParamCounts,
+    Replica, StepStats, TokenRows,
 };
 
 /// What went wrong on which rank.
@@ -44,6 +44,9 @@ pub enum DataParallelError<E: std::error::Error + 'static> {
     Panicked { rank: usize, message: String },
     #[error(transparent)]
     Collective(#[from] CollectiveError),
+    /// The optimizer shards merged into one file could not be written.
+    #[error("writing the optimizer state: {0}")]
+    Save(String),
     /// The optimizer update failed on a rank after the reduce: the replicas may disagree, so the
     /// state in memory is not saved (the newest checkpoint on disk is the resume point).
     #[error("rank {rank}: optimizer update failed ({message}); the replicas may disagree")]
@@ -72,6 +75,8 @@ fn rank_prefix(rank: usize, ranks: usize) -> String {
 pub struct DataParallel<E: Replica> {
     replicas: Vec<E>,
     collective: Arc<dyn Collective>,
+    /// Under ZeRO-1, each rank's mask of the parameters whose optimizer state it keeps and steps.
+    shards: Option<Vec<Vec<bool>>>,
 }
 
 impl<E: Replica> DataParallel<E> {
@@ -86,7 +91,40 @@ impl<E: Replica> DataParallel<E> {
         Self {
             replicas,
             collective,
+            shards: None,
         }
+    }
+
+    /// ZeRO-1: each rank keeps the optimizer state of about 1/ranks of the trained parameters
+    /// and steps only those; after each step the updated masters are gathered to every rank (a
+    /// sum of each owner's masters and the others' zeros: exact). The same arithmetic as without
+    /// sharding, the optimizer state's memory divided by the ranks, one more collective a step.
+    pub fn with_sharded_optimizer(mut self) -> Result<Self, DataParallelError<E::Error>> {
+        let ranks = self.replicas.len();
+        if ranks == 1 {
+            return Ok(self);
+        }
+        let owners = shards::owners(&self.replicas[0].trained_sizes(), ranks);
+        let masks = shards::masks(&owners, ranks);
+        for (rank, (replica, keep)) in self.replicas.iter_mut().zip(&masks).enumerate() {
+            (replica.keep_optimizer_states(keep)).map_err(|source| DataParallelError::Rank {
+                rank,
+                ranks,
+                source,
+            })?;
+        }
+        self.shards = Some(masks);
+        Ok(self)
+    }
+
+    /// f32 values of optimizer state each rank holds.
+    pub fn optimizer_state_values(&self) -> Result<Vec<usize>, DataParallelError<E::Error>> {
+        (self.replicas.iter().enumerate())
+            .map(|(rank, r)| {
+                (r.optimizer_state().map(|o| o.state_values()))
+                    .map_err(|source| self.rank_error(rank, source))
+            })
+            .collect()
     }
 
     pub fn replicas(&self) -> &[E] {
@@ -165,6 +203,40 @@ impl<E: Replica> DataParallel<E> {
         }
     }
 
+    /// Under ZeRO-1, every rank's masters replaced by their owners' (just stepped).
+    fn gather_masters(&mut self) -> Result<(), DataParallelError<E::Error>> {
+        let Some(masks) = &self.shards else {
+            return Ok(());
+        };
+        let collective = &self.collective;
+        let ranks = self.replicas.len();
+        let results = on_every_rank(&mut self.replicas, |rank, replica| {
+            let fail = |source| DataParallelError::Rank {
+                rank,
+                ranks,
+                source,
+            };
+            let mine = replica.masters_for_gather(&masks[rank]).map_err(fail)?;
+            let all = collective.all_reduce_sum(rank, mine)?;
+            replica.put_masters(all).map_err(fail)
+        });
+        Self::flatten(results)
+    }
+
+    /// The first failure of ranks whose work returns this engine's errors.
+    fn flatten(
+        results: Vec<Result<Result<(), DataParallelError<E::Error>>, String>>,
+    ) -> Result<(), DataParallelError<E::Error>> {
+        for (rank, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(message) => return Err(DataParallelError::Panicked { rank, message }),
+            }
+        }
+        Ok(())
+    }
+
     /// Every rank's gradients replaced by their sum over the ranks.
     fn reduce_gradients(&mut self) -> Result<(), DataParallelError<E::Error>> {
         let collective = &self.collective;
@@ -190,14 +262,7 @@ impl<E: Replica> DataParallel<E> {
                     source,
                 })
         });
-        for (rank, r) in results.into_iter().enumerate() {
-            match r {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(e),
-                Err(message) => return Err(DataParallelError::Panicked { rank, message }),
-            }
-        }
-        Ok(())
+        Self::flatten(results)
     }
 }
 
@@ -252,7 +317,7 @@ where
         match error {
             DataParallelError::Rank { source, .. } => !E::is_out_of_memory(source),
             DataParallelError::Panicked { .. } | DataParallelError::Collective(_) => true,
-            DataParallelError::Update { .. } => false,
+            DataParallelError::Update { .. } | DataParallelError::Save(_) => false,
         }
     }
 
@@ -261,7 +326,11 @@ where
             self.reduce_gradients()?;
         }
         let results = on_every_rank(&mut self.replicas, |_, r| r.step(lr, max_grad_norm));
-        match Self::first_error(results) {
+        let stepped = Self::first_error(results).and_then(|stats| {
+            self.gather_masters()?;
+            Ok(stats)
+        });
+        match stepped {
             Ok(stats) => Ok(stats[0]),
             Err(DataParallelError::Rank { rank, source, .. }) => Err(DataParallelError::Update {
                 rank,
@@ -282,13 +351,36 @@ where
         self.first().param_counts()
     }
 
-    /// Rank 0 writes: the replicas are identical.
+    /// Rank 0 writes: the replicas' weights are identical; under ZeRO-1 the optimizer file holds
+    /// every rank's shard merged (the file of an unsharded run).
     fn save(&mut self, dir: &Path) -> Result<(), Self::Error> {
-        (self.replicas[0].save(dir)).map_err(|source| self.rank_error(0, source))
+        (self.replicas[0].save(dir)).map_err(|source| self.rank_error(0, source))?;
+        if self.shards.is_none() {
+            return Ok(());
+        }
+        let mut merged = (self.replicas[0].optimizer_state()).map_err(|e| self.rank_error(0, e))?;
+        for (rank, replica) in self.replicas.iter().enumerate().skip(1) {
+            merged.absorb(
+                replica
+                    .optimizer_state()
+                    .map_err(|e| self.rank_error(rank, e))?,
+            );
+        }
+        (merged.save(&dir.join("optimizer.safetensors"))).map_err(|e| DataParallelError::Panicked {
+            rank: 0,
+            message: e.to_string(),
+        })
     }
 
     fn load(&mut self, dir: &Path, with_optimizer: bool) -> Result<(), Self::Error> {
-        let results = on_every_rank(&mut self.replicas, |_, r| r.load(dir, with_optimizer));
+        let shards = self.shards.clone();
+        let results = on_every_rank(&mut self.replicas, |rank, r| {
+            r.load(dir, with_optimizer)?;
+            match &shards {
+                Some(masks) => r.keep_optimizer_states(&masks[rank]),
+                None => Ok(()),
+            }
+        });
         Self::first_error(results).map(|_| ())
     }
 }

@@ -114,6 +114,33 @@ impl DeviceState {
         self.grads = grads;
     }
 
+    /// The masters of `owned` parameters, zeros for the other trained ones (`None`: frozen): what a
+    /// sum over the ranks turns into every owner's masters (ZeRO-1's gather).
+    pub(super) fn masters_for_gather(&self, owned: &[bool]) -> Vec<Option<Tensor<2>>> {
+        (self.masters.iter().zip(owned))
+            .map(|(m, &own)| {
+                m.as_ref()
+                    .map(|m| if own { m.clone() } else { m.zeros_like() })
+            })
+            .collect()
+    }
+
+    /// `masters` (the gathered ones) as the masters; the compute weights recast from them.
+    pub(super) fn put_masters(&mut self, masters: Vec<Option<Tensor<2>>>) {
+        self.compute.clear();
+        for (slot, m) in self.masters.iter_mut().zip(masters) {
+            if let (Some(slot), Some(m)) = (slot.as_mut(), m) {
+                *slot = m.cast(FloatDType::F32);
+            }
+        }
+        self.recast();
+        self.host_stale = true;
+    }
+
+    pub(super) fn keep_optimizer_states(&mut self, keep: &[bool]) {
+        self.optimizer.keep_only(keep);
+    }
+
     /// Clips, updates the masters, clears the gradients and recasts the compute weights.
     pub(super) fn step(
         &mut self,

@@ -20,6 +20,7 @@ mod out_of_memory;
 pub use model_engine::ModelEngine;
 pub use options::{Backend, EngineOptions, Placement, Precision, set_threads};
 
+use crate::optim::Optimizer;
 use burn::prelude::Tensor;
 pub use memfit_nn::batch::{CausalLmBatch, ClassificationBatch, Seq2SeqBatch, TokenRows};
 pub use memfit_nn::decoding::GenerateConfig;
@@ -137,6 +138,23 @@ pub trait Replica: Engine + Send {
 
     /// Gradients of the shapes [`Replica::take_gradients`] gave (reduced) as the accumulated ones.
     fn put_gradients(&mut self, grads: Vec<Option<Tensor<2>>>) -> Result<(), Self::Error>;
+
+    /// Each parameter's element count, `None` for a frozen one (ZeRO-1 divides the trained ones).
+    fn trained_sizes(&self) -> Vec<Option<usize>>;
+
+    /// Keeps only the optimizer states of the parameters `keep` (this rank's ZeRO-1 shard): the
+    /// others are not stepped here.
+    fn keep_optimizer_states(&mut self, keep: &[bool]) -> Result<(), Self::Error>;
+
+    /// The optimizer's state in the host format (this rank's shard under ZeRO-1).
+    fn optimizer_state(&self) -> Result<Optimizer, Self::Error>;
+
+    /// The f32 masters of the `owned` parameters and zeros for the other trained ones (frozen:
+    /// `None`), on this replica's device: summed over the ranks, every owner's masters.
+    fn masters_for_gather(&self, owned: &[bool]) -> Result<Vec<Option<Tensor<2>>>, Self::Error>;
+
+    /// Masters of the shapes [`Replica::masters_for_gather`] gave as this replica's weights.
+    fn put_masters(&mut self, masters: Vec<Option<Tensor<2>>>) -> Result<(), Self::Error>;
 }
 
 /// Encoder-decoder generation.

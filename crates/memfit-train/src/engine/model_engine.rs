@@ -21,6 +21,7 @@ use super::{
 use crate::engine::options::Backend;
 use crate::optim::Optimizer;
 use memfit_nn::ModelError;
+use memfit_nn::layers::host::{float_tensor, to_f32_vec};
 use memfit_nn::model::{
     CausalGenerate, ParamShape, Pass, Seq2SeqGenerate, SequenceClassifier, TrainModel,
 };
@@ -359,6 +360,62 @@ impl<M: TrainModel + Send> Replica for ModelEngine<M> {
             TrainingState::Host(h) => h.take_gradients(&self.shapes, &self.trainable, &self.device),
             TrainingState::Device(d) => d.take_gradients(&self.shapes),
         })
+    }
+
+    fn trained_sizes(&self) -> Vec<Option<usize>> {
+        (self.shapes.iter().zip(&self.trainable))
+            .map(|(s, &t)| t.then(|| s.numel()))
+            .collect()
+    }
+
+    fn keep_optimizer_states(&mut self, keep: &[bool]) -> Result<(), ModelError> {
+        match &mut self.state {
+            TrainingState::Host(h) => h.optimizer.keep_only(keep),
+            TrainingState::Device(d) => d.keep_optimizer_states(keep),
+        }
+        Ok(())
+    }
+
+    fn optimizer_state(&self) -> Result<Optimizer, ModelError> {
+        match &self.state {
+            TrainingState::Host(h) => Ok(h.optimizer.clone()),
+            TrainingState::Device(d) => d.optimizer_to_host(),
+        }
+    }
+
+    fn masters_for_gather(&self, owned: &[bool]) -> Result<Vec<Option<Tensor<2>>>, ModelError> {
+        Ok(match &self.state {
+            TrainingState::Host(_) => (self.model.params().iter())
+                .zip(&self.shapes)
+                .zip(self.trainable.iter().zip(owned))
+                .map(|((w, s), (&t, &own))| {
+                    let zeros;
+                    let values = if own {
+                        w.as_slice()
+                    } else {
+                        zeros = vec![0.0; s.numel()];
+                        &zeros
+                    };
+                    t.then(|| float_tensor(values, s.dims, &self.device, DType::F32))
+                })
+                .collect(),
+            TrainingState::Device(d) => d.masters_for_gather(owned),
+        })
+    }
+
+    fn put_masters(&mut self, masters: Vec<Option<Tensor<2>>>) -> Result<(), ModelError> {
+        match &mut self.state {
+            TrainingState::Host(h) => {
+                h.invalidate();
+                for (w, m) in self.model.params_mut().iter_mut().zip(masters) {
+                    if let Some(m) = m {
+                        *w = to_f32_vec(m)?;
+                    }
+                }
+            }
+            TrainingState::Device(d) => d.put_masters(masters),
+        }
+        Ok(())
     }
 
     fn put_gradients(&mut self, grads: Vec<Option<Tensor<2>>>) -> Result<(), ModelError> {

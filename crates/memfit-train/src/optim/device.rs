@@ -60,6 +60,15 @@ impl DeviceOptimizer {
         }
     }
 
+    /// Drops the states of the parameters not in `keep` (one rank's ZeRO-1 shard).
+    pub fn keep_only(&mut self, keep: &[bool]) {
+        for (state, &k) in self.states.iter_mut().zip(keep) {
+            if !k {
+                *state = None;
+            }
+        }
+    }
+
     /// The state as a host optimizer (for `optimizer.safetensors`).
     pub fn to_host(&self) -> Result<Optimizer, ModelError> {
         let states = self

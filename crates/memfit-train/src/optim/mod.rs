@@ -113,6 +113,39 @@ impl Optimizer {
         self.shapes.len()
     }
 
+    /// Drops the states of the parameters not in `keep`: one rank's shard under ZeRO-1 (the
+    /// parameters without a state are not stepped here; their owner steps them).
+    pub fn keep_only(&mut self, keep: &[bool]) {
+        for (state, &k) in self.states.iter_mut().zip(keep) {
+            if !k {
+                *state = None;
+            }
+        }
+    }
+
+    /// Takes the states `shard` holds where this optimizer has none: shards merged back into one.
+    pub fn absorb(&mut self, shard: Optimizer) {
+        for (state, theirs) in self.states.iter_mut().zip(shard.states) {
+            if state.is_none() {
+                *state = theirs;
+            }
+        }
+    }
+
+    /// f32 values of state held (what ZeRO-1 divides between ranks).
+    pub fn state_values(&self) -> usize {
+        (self.states.iter().flatten())
+            .map(|s| match s {
+                State::Adam {
+                    exp_avg,
+                    exp_avg_sq,
+                } => exp_avg.len() + exp_avg_sq.len(),
+                State::Factored { row, col } => row.len() + col.len(),
+                State::Full { exp_avg_sq } => exp_avg_sq.len(),
+            })
+            .sum()
+    }
+
     pub fn new(config: OptimizerConfig, shapes: Vec<ParamShape>, trainable: &[bool]) -> Self {
         let states = shapes
             .iter()

@@ -164,6 +164,11 @@ pub struct Args {
     /// class for every validation row (both are said in the summary either way).
     #[arg(long)]
     pub allow_regression: bool,
+    /// With several data-parallel ranks: ZeRO-1, each rank keeps (and steps) the optimizer state
+    /// of about 1/ranks of the trained parameters; the same arithmetic, the optimizer state's
+    /// memory divided by the ranks, one more collective a step (the updated weights gathered).
+    #[arg(long)]
+    pub shard_optimizer: bool,
     /// Print the planned start and exit (no run directory).
     #[arg(long)]
     pub plan_only: bool,

@@ -128,7 +128,7 @@ where
     );
     eprintln!("{device_line}");
     s.run.log(&device_line)?;
-    if let Some(line) = super::ranks::line(&config, &start.setup.device) {
+    if let Some(line) = super::ranks::line(&config, &start.setup.device, args.shard_optimizer) {
         eprintln!("{line}");
         s.run.log(&line)?;
     }

@@ -103,15 +103,19 @@ fn seq2seq(args: &Args, start: Start) -> Outcome {
     if let (Some(report), Some(dir)) = (&loaded, &init) {
         eprintln!("{}", init_line(dir, report));
     }
-    let engine = ranks::engine(config, &prepared.setup.device, model, |_| {
-        families::seq2seq(
-            &prepared.model_json,
-            &config.model,
-            init.as_deref(),
-            config.seed,
-        )
-        .map(|(m, _)| m)
-    })?;
+    let engine = ranks::engine(
+        (config, &prepared.setup.device, args.shard_optimizer),
+        model,
+        |_| {
+            families::seq2seq(
+                &prepared.model_json,
+                &config.model,
+                init.as_deref(),
+                config.seed,
+            )
+            .map(|(m, _)| m)
+        },
+    )?;
     let task = Seq2SeqTask {
         collate: Collate {
             max_src: config.seq,
@@ -155,11 +159,15 @@ fn classification(args: &Args, start: Start) -> Outcome {
     if let (Some(report), Some(dir)) = (&loaded, &init) {
         eprintln!("{}", init_line(dir, report));
     }
-    let engine = ranks::engine(config, &prepared.setup.device, model, |_| {
-        let json = &prepared.model_json;
-        families::classifier(json, &config.model, &labels, init.as_deref(), config.seed)
-            .map(|(m, _)| m)
-    })?;
+    let engine = ranks::engine(
+        (config, &prepared.setup.device, args.shard_optimizer),
+        model,
+        |_| {
+            let json = &prepared.model_json;
+            families::classifier(json, &config.model, &labels, init.as_deref(), config.seed)
+                .map(|(m, _)| m)
+        },
+    )?;
     let model_labels = memfit_train::engine::Classify::labels(&engine);
     let source = match &init {
         Some(dir) => format!("--init {}", dir.display()),
@@ -244,11 +252,15 @@ fn causal_lm(args: &Args, start: Start) -> Outcome {
     if let (Some(report), Some(dir), Mode::New) = (&loaded, &init, &prepared.setup.mode) {
         eprintln!("{}", init_line(dir, report));
     }
-    let engine = ranks::engine(config, &prepared.setup.device, model, |backend| {
-        let json = &prepared.model_json;
-        let at = (config.seed, backend.device());
-        families::causal_lm(json, &config.model, init.as_deref(), &training, at).map(|(m, _)| m)
-    })?;
+    let engine = ranks::engine(
+        (config, &prepared.setup.device, args.shard_optimizer),
+        model,
+        |backend| {
+            let json = &prepared.model_json;
+            let at = (config.seed, backend.device());
+            families::causal_lm(json, &config.model, init.as_deref(), &training, at).map(|(m, _)| m)
+        },
+    )?;
     let task = CausalLmTask {
         collate: LmCollate {
             max_len: config.seq,

@@ -11,10 +11,9 @@ use memfit_train::engine::{Backend, ModelEngine};
 use memfit_train::engine_setup;
 
 /// Rank 0 computes with `first`; every other rank with a model `more` builds on its backend (the
-/// same weights: the same init or `--init` directory, the same seed).
+/// same weights: the same init or `--init` directory, the same seed). `shard_optimizer`: ZeRO-1.
 pub fn engine<M: TrainModel + Send>(
-    config: &TrainConfig,
-    device: &ChosenDevice,
+    (config, device, shard_optimizer): (&TrainConfig, &ChosenDevice, bool),
     first: M,
     more: impl Fn(Backend) -> Result<M, ModelError>,
 ) -> anyhow::Result<DataParallel<ModelEngine<M>>> {
@@ -30,12 +29,18 @@ pub fn engine<M: TrainModel + Send>(
         replicas.push(ModelEngine::new(model, options).map_err(model_error)?);
     }
     let collective = data_parallel::collective_for(&device.ranks);
-    Ok(DataParallel::new(replicas, collective))
+    let group = DataParallel::new(replicas, collective);
+    if !shard_optimizer {
+        return Ok(group);
+    }
+    group
+        .with_sharded_optimizer()
+        .map_err(|e| crate::exit::bad_input(e.to_string()))
 }
 
 /// `data parallel: 3 ranks, …` for a group of several ranks; `accum` is the run's micro-batches
 /// per step over all ranks (config.toml's).
-pub fn line(config: &TrainConfig, device: &ChosenDevice) -> Option<String> {
+pub fn line(config: &TrainConfig, device: &ChosenDevice, sharded: bool) -> Option<String> {
     let ranks = device.rank_count();
     (ranks > 1).then(|| {
         let per_rank = config.accum.div_ceil(ranks);
@@ -50,6 +55,10 @@ pub fn line(config: &TrainConfig, device: &ChosenDevice) -> Option<String> {
             config.batch,
             config.accum,
             config.batch * config.accum
-        )
+        ) + if sharded {
+            "; optimizer state sharded between the ranks (ZeRO-1)"
+        } else {
+            ""
+        }
     })
 }
