@@ -15,6 +15,7 @@
 //! ([`DataParallel::with_sharded_optimizer`]) divides the optimizer state between the ranks.
 
 mod collective;
+mod engine;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 mod rendezvous;
@@ -22,13 +23,9 @@ mod shards;
 
 pub use collective::{COLLECTIVE_TIMEOUT, Collective, CollectiveError, HostCollective};
 
-use std::path::Path;
 use std::sync::Arc;
 
-use crate::engine::{
-    Backend, Classify, Continue, Engine, Generate, GenerateConfig, MicroBatch, ParamCounts,
-    Replica, StepStats, TokenRows,
-};
+use crate::engine::{Backend, Replica};
 
 /// What went wrong on which rank.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +67,9 @@ fn rank_prefix(rank: usize, ranks: usize) -> String {
         String::new()
     }
 }
+
+/// What every rank's work returned, in rank order (`Err`: its thread panicked, with the message).
+type RankResults<T> = Vec<Result<T, String>>;
 
 /// One replica per rank and the collective between them.
 pub struct DataParallel<E: Replica> {
@@ -146,7 +146,7 @@ impl<E: Replica> DataParallel<E> {
 
 /// Runs `work` for every rank on a thread of its own; the results in rank order (a rank that
 /// panicked: its panic's message as the error).
-fn on_every_rank<E, T, F>(replicas: &mut [E], work: F) -> Vec<Result<T, String>>
+fn on_every_rank<E, T, F>(replicas: &mut [E], work: F) -> RankResults<T>
 where
     E: Send,
     T: Send,
@@ -177,7 +177,7 @@ impl<E: Replica> DataParallel<E> {
     /// The first error of the ranks' results, in rank order (an out-of-memory first, so that the
     /// loop halves the micro-batch on every rank).
     fn first_error<T>(
-        results: Vec<Result<Result<T, E::Error>, String>>,
+        results: RankResults<Result<T, E::Error>>,
     ) -> Result<Vec<T>, DataParallelError<E::Error>> {
         let ranks = results.len();
         let mut oks = Vec::with_capacity(results.len());
@@ -225,7 +225,7 @@ impl<E: Replica> DataParallel<E> {
 
     /// The first failure of ranks whose work returns this engine's errors.
     fn flatten(
-        results: Vec<Result<Result<(), DataParallelError<E::Error>>, String>>,
+        results: RankResults<Result<(), DataParallelError<E::Error>>>,
     ) -> Result<(), DataParallelError<E::Error>> {
         for (rank, r) in results.into_iter().enumerate() {
             match r {
@@ -263,167 +263,5 @@ impl<E: Replica> DataParallel<E> {
                 })
         });
         Self::flatten(results)
-    }
-}
-
-impl<E> Engine for DataParallel<E>
-where
-    E: Replica,
-    E::Batch: Sync,
-{
-    type Batch = E::Batch;
-    type Error = DataParallelError<E::Error>;
-
-    fn accumulate(
-        &mut self,
-        batch: &E::Batch,
-        loss_scale: f32,
-        seed: u64,
-    ) -> Result<f32, Self::Error> {
-        let group = [MicroBatch {
-            batch,
-            loss_scale,
-            seed,
-        }];
-        Ok(self.accumulate_group(&group)?[0])
-    }
-
-    fn ranks(&self) -> usize {
-        self.replicas.len()
-    }
-
-    fn accumulate_group(
-        &mut self,
-        group: &[MicroBatch<'_, E::Batch>],
-    ) -> Result<Vec<f32>, Self::Error> {
-        let results = on_every_rank(&mut self.replicas, |rank, replica| {
-            // a step's last group may hold fewer micro-batches than there are ranks
-            (group.get(rank))
-                .map(|m| replica.accumulate(m.batch, m.loss_scale, m.seed))
-                .transpose()
-        });
-        Ok(Self::first_error(results)?.into_iter().flatten().collect())
-    }
-
-    fn discard_gradients(&mut self) {
-        self.replicas.iter_mut().for_each(E::discard_gradients);
-    }
-
-    fn is_out_of_memory(error: &Self::Error) -> bool {
-        matches!(error, DataParallelError::Rank { source, .. } if E::is_out_of_memory(source))
-    }
-
-    fn is_rank_failure(error: &Self::Error) -> bool {
-        match error {
-            DataParallelError::Rank { source, .. } => !E::is_out_of_memory(source),
-            DataParallelError::Panicked { .. } | DataParallelError::Collective(_) => true,
-            DataParallelError::Update { .. } | DataParallelError::Save(_) => false,
-        }
-    }
-
-    fn step(&mut self, lr: f64, max_grad_norm: Option<f64>) -> Result<StepStats, Self::Error> {
-        if self.replicas.len() > 1 {
-            self.reduce_gradients()?;
-        }
-        let results = on_every_rank(&mut self.replicas, |_, r| r.step(lr, max_grad_norm));
-        let stepped = Self::first_error(results).and_then(|stats| {
-            self.gather_masters()?;
-            Ok(stats)
-        });
-        match stepped {
-            Ok(stats) => Ok(stats[0]),
-            Err(DataParallelError::Rank { rank, source, .. }) => Err(DataParallelError::Update {
-                rank,
-                message: source.to_string(),
-            }),
-            Err(DataParallelError::Panicked { rank, message }) => {
-                Err(DataParallelError::Update { rank, message })
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    fn eval_loss(&self, batch: &E::Batch) -> Result<f32, Self::Error> {
-        (self.first().eval_loss(batch)).map_err(|source| self.rank_error(0, source))
-    }
-
-    fn param_counts(&self) -> ParamCounts {
-        self.first().param_counts()
-    }
-
-    /// Rank 0 writes: the replicas' weights are identical; under ZeRO-1 the optimizer file holds
-    /// every rank's shard merged (the file of an unsharded run).
-    fn save(&mut self, dir: &Path) -> Result<(), Self::Error> {
-        (self.replicas[0].save(dir)).map_err(|source| self.rank_error(0, source))?;
-        if self.shards.is_none() {
-            return Ok(());
-        }
-        let mut merged = (self.replicas[0].optimizer_state()).map_err(|e| self.rank_error(0, e))?;
-        for (rank, replica) in self.replicas.iter().enumerate().skip(1) {
-            merged.absorb(
-                replica
-                    .optimizer_state()
-                    .map_err(|e| self.rank_error(rank, e))?,
-            );
-        }
-        (merged.save(&dir.join("optimizer.safetensors"))).map_err(|e| DataParallelError::Panicked {
-            rank: 0,
-            message: e.to_string(),
-        })
-    }
-
-    fn load(&mut self, dir: &Path, with_optimizer: bool) -> Result<(), Self::Error> {
-        let shards = self.shards.clone();
-        let results = on_every_rank(&mut self.replicas, |rank, r| {
-            r.load(dir, with_optimizer)?;
-            match &shards {
-                Some(masks) => r.keep_optimizer_states(&masks[rank]),
-                None => Ok(()),
-            }
-        });
-        Self::first_error(results).map(|_| ())
-    }
-}
-
-impl<E> Generate for DataParallel<E>
-where
-    E: Replica + Generate,
-    E::Batch: Sync,
-{
-    fn generate(
-        &self,
-        sources: &TokenRows,
-        config: &GenerateConfig,
-    ) -> Result<Vec<Vec<u32>>, Self::Error> {
-        (self.first().generate(sources, config)).map_err(|source| self.rank_error(0, source))
-    }
-}
-
-impl<E> Classify for DataParallel<E>
-where
-    E: Replica + Classify,
-    E::Batch: Sync,
-{
-    fn labels(&self) -> Vec<String> {
-        self.first().labels()
-    }
-
-    fn logits(&self, batch: &E::Batch) -> Result<Vec<f32>, Self::Error> {
-        (self.first().logits(batch)).map_err(|source| self.rank_error(0, source))
-    }
-}
-
-impl<E> Continue for DataParallel<E>
-where
-    E: Replica + Continue,
-    E::Batch: Sync,
-{
-    fn continue_prompts(
-        &self,
-        prompts: &[Vec<u32>],
-        config: &GenerateConfig,
-    ) -> Result<Vec<Vec<u32>>, Self::Error> {
-        (self.first().continue_prompts(prompts, config))
-            .map_err(|source| self.rank_error(0, source))
     }
 }
