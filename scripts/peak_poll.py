@@ -4,8 +4,10 @@
 Runs COMMAND, and every --interval-ms (default 20) walks the tree below it through
 /proc/PID/task/TID/children and sums RssAnon + RssShmem + VmSwap over its processes -- the quantity
 `memfit run` guards -- keeping the largest sum. It also keeps each process's last VmHWM (the kernel's
-high-water mark of its RSS, file pages included) and its largest RssFile, so a peak that fell between
-two polls still shows in `hwm_minus_file_bytes` (Σ over processes of VmHWM − largest RssFile seen).
+high-water mark of its RSS, file pages included) and its RssFile at the poll where its whole RSS was
+largest (the poll nearest the mark), so a peak between two polls still shows in `hwm_minus_file_bytes`
+(Σ over processes of VmHWM − that RssFile; the sum is the job's peak only when its processes peaked
+together, as a single-process job does).
 
 When COMMAND is `memfit run ...`, memfit itself is not counted: only the processes below it.
 
@@ -76,7 +78,7 @@ def main():
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
     # stdout is read after the command ends; memfit's summary is one line, far below a pipe's buffer.
     peak, polls = 0, 0
-    hwm, max_file, peak_each, names = {}, {}, {}, {}  # by PID: no PID is reused within one short run
+    hwm, max_rss, file_at_max, max_file, peak_each, names = {}, {}, {}, {}, {}, {}  # by PID: one short run
     period = a.interval_ms / 1000.0
     while proc.poll() is None:
         total = 0
@@ -92,6 +94,9 @@ def main():
             names[pid] = s["Name"]
             hwm[pid] = max(hwm.get(pid, 0), s.get("VmHWM", 0))
             max_file[pid] = max(max_file.get(pid, 0), s.get("RssFile", 0))
+            rss = s["RssAnon"] + s.get("RssFile", 0) + s.get("RssShmem", 0)
+            if rss >= max_rss.get(pid, 0):
+                max_rss[pid], file_at_max[pid] = rss, s.get("RssFile", 0)
         peak = max(peak, total)
         polls += 1
         time.sleep(period)
@@ -101,9 +106,9 @@ def main():
         "polls": polls,
         "poll_peak_bytes": peak,
         "hwm_bytes": sum(hwm.values()),
-        "hwm_minus_file_bytes": sum(max(0, hwm[p] - max_file[p]) for p in hwm),
+        "hwm_minus_file_bytes": sum(max(0, hwm[p] - file_at_max[p]) for p in hwm),
         "processes": [{"pid": p, "name": names[p], "poll_peak_bytes": peak_each[p], "hwm_bytes": hwm[p],
-                       "max_rss_file_bytes": max_file[p]} for p in sorted(hwm)],
+                       "rss_file_at_max_rss_bytes": file_at_max[p], "max_rss_file_bytes": max_file[p]} for p in sorted(hwm)],
         "stdout": out,
     }))
 
