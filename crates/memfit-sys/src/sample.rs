@@ -3,7 +3,7 @@
 //! Children come from `/proc/PID/task/TID/children` (CONFIG_PROC_CHILDREN, on in distribution kernels): a
 //! walk costs one small read per thread of the job, not one per process on the machine. Kernels without
 //! it fall back to a full /proc scan for parent PIDs. Memory per process comes from /proc/PID/status
-//! (RssAnon/RssFile/RssShmem/VmSwap: constant cost, unlike smaps_rollup which walks every mapping).
+//! (RssAnon/RssFile/RssShmem/VmSwap/VmHWM: constant cost, unlike smaps_rollup which walks every mapping).
 
 use std::collections::HashMap;
 use std::fs;
@@ -19,6 +19,9 @@ pub struct ProcMem {
     pub rss_file: u64,
     pub rss_shmem: u64,
     pub swap: u64,
+    /// VmHWM: the kernel's high-water mark of the process's RSS (anonymous + file + shared pages) since
+    /// it started or last exec'd; it sees a peak that fell between two reads.
+    pub hwm: u64,
 }
 
 impl ProcMem {
@@ -44,6 +47,7 @@ pub fn parse_status(pid: i32, text: &str) -> Option<ProcMem> {
         rss_file: kib("RssFile").unwrap_or(0),
         rss_shmem: kib("RssShmem").unwrap_or(0),
         swap: kib("VmSwap").unwrap_or(0),
+        hwm: kib("VmHWM").unwrap_or(0),
     })
 }
 
@@ -229,6 +233,7 @@ mod tests {
         assert_eq!(p.rss_file, 1580 * 1024);
         assert_eq!(p.rss_shmem, 0);
         assert_eq!(p.charged(), 116 * 1024);
+        assert_eq!(p.hwm, 1696 * 1024);
         assert!(parse_status(2, "Name:\tkthreadd\nState:\tS\n").is_none());
     }
 

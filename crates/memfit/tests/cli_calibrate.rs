@@ -104,6 +104,63 @@ fn the_fit_recovers_fixed_and_per_sample_and_writes_profiles() {
     }
 }
 
+/// A trainer-like job: 48 MiB held, and each step's activations (6 MiB per sample) allocated, filled and
+/// freed at once, so its peak lasts a fraction of a sample period. It prints the peak it read itself at
+/// the top of its largest step (RssAnon + RssShmem + VmSwap).
+const BURSTING_JOB: &str = r#"
+import sys, time
+def charged():
+    f = {}
+    for line in open('/proc/self/status'):
+        k, _, v = line.partition(':')
+        if k in ('RssAnon', 'RssShmem', 'VmSwap'):
+            f[k] = int(v.split()[0]) * 1024
+    return sum(f.values())
+batch = int(sys.argv[1])
+held = b'\x02' * (48 << 20)
+top = 0
+for _ in range(4):
+    time.sleep(0.3)
+    act = b'\x01' * ((6 * batch) << 20)
+    top = max(top, charged())
+    del act
+print(top)
+"#;
+
+/// Issue 29: calibrate's prediction at batch 16 from batches 1, 2, 4 within 10% of the peak the job
+/// reads itself when run at 16 (with the malloc pin its profiles set).
+#[test]
+fn a_bursting_job_is_predicted_at_16_from_1_2_4() {
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
+    let command = ["python3", "-c", BURSTING_JOB, "{batch}"].map(String::from);
+    let o = calibrate(
+        &["--budget-ram", "2GiB", "--at", "16", "--json", "--out", dir],
+        &command,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let predicted = json(&o)["at"]["peak_rss_bytes"].as_f64().unwrap();
+    let run16 = std::process::Command::new("python3")
+        .args(["-c", BURSTING_JOB, "16"])
+        .env("MALLOC_MMAP_THRESHOLD_", "131072")
+        .output()
+        .unwrap();
+    assert!(run16.status.success(), "{run16:?}");
+    let measured: f64 = String::from_utf8_lossy(&run16.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    let off = (predicted - measured) / measured;
+    assert!(
+        off.abs() <= 0.10,
+        "predicted {:.1} MiB at 16, measured {:.1} MiB ({:+.1}%)\n{}",
+        predicted / MIB,
+        measured / MIB,
+        off * 100.0,
+        stderr(&o)
+    );
+}
+
 /// Every trial runs with glibc's mmap threshold pinned, unless the user's environment tunes malloc.
 #[test]
 fn trials_run_with_malloc_pinned() {

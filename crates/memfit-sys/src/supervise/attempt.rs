@@ -11,6 +11,7 @@ use nix::sys::signal::Signal;
 
 use super::job_cgroup::JobCgroup;
 use super::members::{JOB_ENV, Members};
+use super::peak::PEAK_POLL;
 use super::watch::Watch;
 use super::{ActionRecord, AttemptSummary, Context, RunConfig, SuperviseError};
 use crate::profiles::{Profile, apply_overrides};
@@ -44,7 +45,7 @@ pub(super) fn run_attempt(
             break status;
         }
         let period = watch.sample(ctx, &mut job.members)?;
-        wait_exit(job.pidfd.as_ref(), period);
+        wait_polling(job.pidfd.as_ref(), &mut watch, period);
     };
     job.members.leader_reaped();
     finish(ctx, profile, argv, job, status, watch)
@@ -180,6 +181,10 @@ fn finish(
     }
     let ended_s = ctx.t();
     let cgroup = job.members.cgroup.as_ref();
+    let cgroup_peak = cgroup.and_then(|c| c.peak_bytes());
+    if let Some(peak) = cgroup_peak {
+        watch.peak.cgroup_peak(peak);
+    }
     ctx.series.record(
         "exit",
         &serde_json::json!({"t_s": ended_s, "attempt": attempt, "exit_code": exit_code,
@@ -195,10 +200,11 @@ fn finish(
         exit_code,
         signal,
         stopped_by_guard: watch.stopped_by_guard,
-        peak_job_bytes: watch.peak_job,
+        peak_job_bytes: watch.peak.sources.peak(),
+        peak_sources: watch.peak.sources,
         peak_gpu_bytes: watch.peak_gpu,
         cgroup: cgroup.map(|c| c.dir.display().to_string()),
-        cgroup_peak_bytes: cgroup.and_then(|c| c.peak_bytes()),
+        cgroup_peak_bytes: cgroup_peak,
         cgroup_oom_kills: cgroup.map(|c| c.oom_kills()),
         actions: watch.actions,
     })
@@ -274,8 +280,26 @@ fn kill_all(members: &mut Members) {
     }
 }
 
-/// Waits up to `timeout` for the leader to exit (pidfd becomes readable) or a signal to arrive.
-fn wait_exit(pidfd: Option<&OwnedFd>, timeout: Duration) {
+/// Waits `period` until the next full sample, re-reading the job's processes every `PEAK_POLL` for
+/// its peak; ends early when the leader exits, a signal arrives, or a re-read finds memory above what
+/// the guard expects by the next sample.
+fn wait_polling(pidfd: Option<&OwnedFd>, watch: &mut Watch, period: Duration) {
+    let until = Instant::now() + period;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left <= PEAK_POLL {
+            wait_exit(pidfd, left);
+            return;
+        }
+        if wait_exit(pidfd, PEAK_POLL) || watch.poll() {
+            return;
+        }
+    }
+}
+
+/// Waits up to `timeout` for the leader to exit (pidfd becomes readable) or a signal to arrive; true
+/// when either ended the wait.
+fn wait_exit(pidfd: Option<&OwnedFd>, timeout: Duration) -> bool {
     match pidfd {
         Some(fd) => {
             let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
@@ -283,9 +307,12 @@ fn wait_exit(pidfd: Option<&OwnedFd>, timeout: Duration) {
                 tv_sec: timeout.as_secs() as i64,
                 tv_nsec: timeout.subsec_nanos() as i64,
             };
-            // EINTR (a forwarded signal) simply ends the wait early.
-            let _ = rustix::event::poll(&mut fds, Some(&ts));
+            // EINTR (a forwarded signal) ends the wait early too.
+            !matches!(rustix::event::poll(&mut fds, Some(&ts)), Ok(0))
         }
-        None => std::thread::sleep(timeout),
+        None => {
+            std::thread::sleep(timeout);
+            false
+        }
     }
 }

@@ -13,6 +13,7 @@ mod interval;
 mod job_cgroup;
 mod members;
 mod own_usage;
+mod peak;
 mod shm_files;
 mod summary;
 mod watch;
@@ -29,6 +30,7 @@ pub use error::SuperviseError;
 pub use interval::{FAR_INTERVAL, MIN_INTERVAL, NEAR_INTERVAL, next_interval};
 pub use members::JOB_ENV;
 pub use own_usage::{own_cpu_seconds, own_peak_rss};
+pub use peak::{PEAK_POLL, PeakSources};
 pub use summary::{ActionRecord, AttemptSummary, EXIT_STOPPED, Outcome, ProcessPeak, RunSummary};
 
 use crate::probe::cgroup::{self, CgroupMemory};

@@ -27,7 +27,9 @@ pub struct AttemptSummary {
     pub exit_code: i32,
     pub signal: Option<i32>,
     pub stopped_by_guard: bool,
+    /// The job's peak: the largest of `peak_sources` (supervise/peak.rs).
     pub peak_job_bytes: u64,
+    pub peak_sources: super::PeakSources,
     /// The largest GPU memory of the whole tree in one sample (NVML); `None` without NVML.
     pub peak_gpu_bytes: Option<u64>,
     /// With `--cgroup`: the job's cgroup, the kernel's high-water mark of its usage (page cache
@@ -49,6 +51,8 @@ pub struct ProcessPeak {
     pub peak_rss_file_bytes: u64,
     pub peak_rss_shmem_bytes: u64,
     pub peak_swap_bytes: u64,
+    /// The kernel's high-water mark of the process's RSS (VmHWM, file pages included), last read.
+    pub peak_hwm_bytes: u64,
     pub peak_gpu_bytes: Option<u64>,
 }
 

@@ -9,12 +9,18 @@ use nix::sys::signal::Signal;
 
 use super::interval::{Growth, MIN_INTERVAL, NEAR_INTERVAL, next_interval};
 use super::members::{Member, Members};
+use super::peak::PeakTracker;
 use super::{ActionRecord, Context, ProcessPeak, StopSignal, SuperviseError};
 use crate::guard::{Action, Guard, GuardConfig, KillReason, Reading, Stage};
 use crate::probe::cgroup::CgroupMemory;
 use crate::probe::psi;
 use crate::sample::{self, ProcMem, SystemMem};
 use crate::series::SampleRecord;
+
+/// A re-read between samples above the guard's projection by this share of the limit (1/50) brings
+/// the next full sample forward; a burst seen through the high-water marks above the sample by this
+/// share of it shortens the period.
+const POLL_MARGIN: u64 = 50;
 
 /// NVML per-process queries take milliseconds; once every half second is enough for the record.
 const GPU_PERIOD: Duration = Duration::from_millis(500);
@@ -32,7 +38,9 @@ pub(super) struct Watch {
     pub(super) processes: usize,
     /// The last signal passed on to the job (0: none yet).
     forwarded_done: usize,
-    pub(super) peak_job: u64,
+    pub(super) peak: PeakTracker,
+    /// A full sample is taken before its time when a re-read between samples finds more than this.
+    poll_trigger: u64,
     pub(super) peak_gpu: Option<u64>,
     gpu_last: Option<Instant>,
     gpu_by_pid: HashMap<u32, u64>,
@@ -55,7 +63,8 @@ impl Watch {
             stop_sent: None,
             processes: 0,
             forwarded_done: 0,
-            peak_job: 0,
+            peak: PeakTracker::default(),
+            poll_trigger: u64::MAX,
             peak_gpu: None,
             gpu_last: None,
             gpu_by_pid: HashMap::new(),
@@ -80,7 +89,11 @@ impl Watch {
         // The cgroup sees what the tree cannot (cleared environments, files written and closed); the
         // tree sees what the v1 cgroup may charge elsewhere (pages first touched by another group).
         let job = (tree + beyond.shm_files).max(beyond.cgroup_charged.unwrap_or(0));
-        self.peak_job = self.peak_job.max(job);
+        let keyed = live.iter().map(|m| ((m.mem.pid, m.start), &m.mem));
+        let between = self.peak.sample(job, keyed, beyond.shm_files);
+        if let (Some(current), Some(charged)) = (beyond.cgroup_current, beyond.cgroup_charged) {
+            self.peak.cgroup_sample(current, charged);
+        }
         let system = sample::system();
         let limit = job_limit(ctx, job, system);
         self.refresh_gpu(ctx, now);
@@ -88,15 +101,24 @@ impl Watch {
 
         let (reading, period) = self.reading(ctx, now, job, limit);
         self.act(ctx, members, &live, reading)?;
+        self.poll_trigger = reading.projected + limit / POLL_MARGIN;
 
-        // An action just taken moves the guard out of `Normal`: watch closely from now on.
-        let period = if self.guard.stage() == Stage::Normal {
+        // An action just taken moves the guard out of `Normal`, and a burst seen only through the
+        // kernel's high-water marks may come again: watch closely from now on.
+        let burst = between > job + job / POLL_MARGIN;
+        let period = if self.guard.stage() == Stage::Normal && !burst {
             period
         } else {
             period.min(NEAR_INTERVAL)
         };
         self.record_sample(ctx, &procs, beyond, reading, system, period)?;
         Ok(period)
+    }
+
+    /// A light re-read of the job's processes between full samples (for the peak); true when memory
+    /// is above what the guard expects by the next sample, so that sample should come now.
+    pub(super) fn poll(&mut self) -> bool {
+        self.peak.poll() > self.poll_trigger
     }
 
     /// A signal sent to memfit goes to the job (once per distinct signal), and the guard stands down.
@@ -153,6 +175,7 @@ impl Watch {
                     peak_rss_file_bytes: 0,
                     peak_rss_shmem_bytes: 0,
                     peak_swap_bytes: 0,
+                    peak_hwm_bytes: 0,
                     peak_gpu_bytes: None,
                 });
             // the latest name: a child sampled between fork and exec still bears its parent's
@@ -162,6 +185,7 @@ impl Watch {
             e.peak_rss_file_bytes = e.peak_rss_file_bytes.max(p.rss_file);
             e.peak_rss_shmem_bytes = e.peak_rss_shmem_bytes.max(p.rss_shmem);
             e.peak_swap_bytes = e.peak_swap_bytes.max(p.swap);
+            e.peak_hwm_bytes = e.peak_hwm_bytes.max(p.hwm);
             e.peak_gpu_bytes = gpu_bytes.map(|g| e.peak_gpu_bytes.unwrap_or(0).max(g));
         }
     }
