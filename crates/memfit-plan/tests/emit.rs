@@ -1,7 +1,7 @@
 //! Emitted configs carry only keys the tools accept, with the types they expect.
 
 use memfit_plan::arch::preset;
-use memfit_plan::emit::{self, Hyper, Kind};
+use memfit_plan::emit::{self, FsdpVersion, Hyper, Kind};
 use memfit_plan::memory::{Precision, Setup, Zero};
 
 fn setup(zero: Zero, gpus: u64, offload: bool) -> (memfit_plan::arch::Arch, Setup) {
@@ -187,20 +187,124 @@ const ACCELERATE_KEYS: &[(&str, &str)] = &[
     ("deepspeed_config", "map"),
     ("fsdp_config", "map"),
 ];
-/// deepspeed_config keys (accelerate/commands/config/cluster.py) and FSDP version 1 keys
-/// (accelerate/utils/dataclasses.py, FullyShardedDataParallelPlugin via FSDP_* variables).
+/// deepspeed_config keys (accelerate/commands/config/cluster.py).
 const ACCELERATE_DS_KEYS: &[(&str, &str)] = &[
     ("deepspeed_config_file", "str"),
     ("zero3_init_flag", "bool"),
 ];
-const ACCELERATE_FSDP_KEYS: &[(&str, &str)] = &[
+/// The fsdp_config keys `accelerate config` writes for FSDP version 2 (accelerate 1.15,
+/// accelerate/commands/config/cluster.py, read back as FSDP_* variables by utils/launch.py
+/// `prepare_multi_gpu_env` into FullyShardedDataParallelPlugin): `fsdp_reshard_after_forward` is a
+/// bool; the prefetch, `use_orig_params` and `sync_module_states` keys are version 1's only (the
+/// plugin raises on them under version 2).
+const ACCELERATE_FSDP2_KEYS: &[(&str, &str)] = &[
     ("fsdp_version", "int"),
-    ("fsdp_sharding_strategy", "str"),
+    ("fsdp_reshard_after_forward", "bool"),
     ("fsdp_auto_wrap_policy", "str"),
     ("fsdp_offload_params", "bool"),
     ("fsdp_state_dict_type", "str"),
+    ("fsdp_cpu_ram_efficient_loading", "bool"),
     ("fsdp_activation_checkpointing", "bool"),
 ];
+/// Version 1: the sharding strategy's name under `fsdp_reshard_after_forward` and under
+/// `fsdp_sharding_strategy` (deprecated, but what the plugin reads under `accelerate launch`: the
+/// launcher's FSDP_SHARDING_STRATEGY defaults to FULL_SHARD), and the keys version 2 drops.
+const ACCELERATE_FSDP1_KEYS: &[(&str, &str)] = &[
+    ("fsdp_version", "int"),
+    ("fsdp_reshard_after_forward", "str"),
+    ("fsdp_sharding_strategy", "str"),
+    ("fsdp_backward_prefetch", "str"),
+    ("fsdp_forward_prefetch", "bool"),
+    ("fsdp_use_orig_params", "bool"),
+    ("fsdp_sync_module_states", "bool"),
+    ("fsdp_auto_wrap_policy", "str"),
+    ("fsdp_offload_params", "bool"),
+    ("fsdp_state_dict_type", "str"),
+    ("fsdp_cpu_ram_efficient_loading", "bool"),
+    ("fsdp_activation_checkpointing", "bool"),
+];
+/// accelerate/utils/constants.py: the accepted values.
+const FSDP_AUTO_WRAP_POLICY: &[&str] = &["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"];
+const FSDP_SHARDING_STRATEGY: &[&str] = &[
+    "FULL_SHARD",
+    "SHARD_GRAD_OP",
+    "NO_SHARD",
+    "HYBRID_SHARD",
+    "HYBRID_SHARD_ZERO2",
+];
+const FSDP_BACKWARD_PREFETCH: &[&str] = &["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"];
+const FSDP_STATE_DICT_TYPE: &[&str] =
+    &["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"];
+const FSDP2_STATE_DICT_TYPE: &[&str] = &["SHARDED_STATE_DICT", "FULL_STATE_DICT"];
+
+fn str_in(map: &Yaml, key: &str, allowed: &[&str]) {
+    match map.get(key) {
+        Some(Yaml::Str(v)) => assert!(
+            allowed.contains(&v.as_str()),
+            "{key}: {v} not in {allowed:?}"
+        ),
+        other => panic!("{key}: {other:?}"),
+    }
+}
+
+#[test]
+fn fsdp_yaml_has_each_versions_keys_and_values() {
+    for (zero, full) in [(Zero::FsdpFull, true), (Zero::FsdpGradOp, false)] {
+        let (_, s) = setup(zero, 3, false);
+        let y = load_yaml(&emit::accelerate(&s, FsdpVersion::V2));
+        assert_eq!(y.get("distributed_type"), Some(&Yaml::Str("FSDP".into())));
+        // FSDP's MixedPrecision policy comes from the top-level key, as HF's bf16 says
+        assert_eq!(y.get("mixed_precision"), Some(&Yaml::Str("bf16".into())));
+        let f = y.get("fsdp_config").unwrap();
+        check_types(f, ACCELERATE_FSDP2_KEYS, "fsdp_config v2");
+        assert_eq!(f.get("fsdp_version"), Some(&Yaml::Int(2)));
+        assert_eq!(f.get("fsdp_reshard_after_forward"), Some(&Yaml::Bool(full)));
+        str_in(f, "fsdp_auto_wrap_policy", FSDP_AUTO_WRAP_POLICY);
+        str_in(f, "fsdp_state_dict_type", FSDP2_STATE_DICT_TYPE);
+
+        let y = load_yaml(&emit::accelerate(&s, FsdpVersion::V1));
+        let f = y.get("fsdp_config").unwrap();
+        check_types(f, ACCELERATE_FSDP1_KEYS, "fsdp_config v1");
+        assert_eq!(f.get("fsdp_version"), Some(&Yaml::Int(1)));
+        str_in(f, "fsdp_reshard_after_forward", FSDP_SHARDING_STRATEGY);
+        let strategy = if full { "FULL_SHARD" } else { "SHARD_GRAD_OP" };
+        for key in ["fsdp_reshard_after_forward", "fsdp_sharding_strategy"] {
+            assert_eq!(f.get(key), Some(&Yaml::Str(strategy.into())), "{key}");
+        }
+        str_in(f, "fsdp_backward_prefetch", FSDP_BACKWARD_PREFETCH);
+        str_in(f, "fsdp_state_dict_type", FSDP_STATE_DICT_TYPE);
+    }
+}
+
+#[test]
+fn hf_fsdp_arguments_match_the_yaml() {
+    let (_, mut s) = setup(Zero::FsdpFull, 3, false);
+    s.offload_optimizer = true;
+    s.offload_params = true;
+    for (version, number) in [(FsdpVersion::V2, 2), (FsdpVersion::V1, 1)] {
+        let hyper = Hyper {
+            fsdp_version: version,
+            ..Hyper::defaults("t5-base", &s)
+        };
+        let v = emit::hf_training_args(&s, &hyper);
+        // `fsdp: true` with the settings in fsdp_config (transformers 5: a strategy string in
+        // `fsdp` is deprecated)
+        assert_eq!(v["fsdp"], true);
+        let c = &v["fsdp_config"];
+        assert_eq!(c["cpu_offload"], true);
+        assert_eq!(c["version"], number);
+        assert_eq!(c["activation_checkpointing"], true);
+        assert_eq!(v["gradient_checkpointing"], false);
+        assert!(v.get("deepspeed").is_none());
+        match version {
+            FsdpVersion::V2 => assert_eq!(c["reshard_after_forward"], true),
+            FsdpVersion::V1 => assert_eq!(c["reshard_after_forward"], "full_shard"),
+        }
+        let y = load_yaml(&emit::accelerate(&s, version));
+        let f = y.get("fsdp_config").unwrap();
+        assert_eq!(f.get("fsdp_offload_params"), Some(&Yaml::Bool(true)));
+    }
+}
 
 fn check_types(map: &Yaml, known: &[(&str, &str)], what: &str) {
     let Yaml::Map(entries) = map else {
@@ -231,7 +335,7 @@ fn accelerate_yaml_reads_as_pyyaml_reads_it() {
         (Zero::FsdpFull, 2, false),
     ] {
         let (_, s) = setup(zero, gpus, offload);
-        let text = emit::accelerate(&s);
+        let text = emit::accelerate(&s, FsdpVersion::V2);
         assert!(text.starts_with("# "), "names its target version: {text}");
         assert!(text.contains("accelerate 1.15"), "{text}");
         let y = load_yaml(&text);
@@ -240,7 +344,7 @@ fn accelerate_yaml_reads_as_pyyaml_reads_it() {
             check_types(ds, ACCELERATE_DS_KEYS, "deepspeed_config");
         }
         if let Some(fsdp) = y.get("fsdp_config") {
-            check_types(fsdp, ACCELERATE_FSDP_KEYS, "fsdp_config");
+            check_types(fsdp, ACCELERATE_FSDP2_KEYS, "fsdp_config");
             // checkpointing is FSDP's here (transformers refuses it in TrainingArguments too)
             assert_eq!(
                 fsdp.get("fsdp_activation_checkpointing"),
@@ -259,14 +363,14 @@ fn accelerate_yaml_reads_as_pyyaml_reads_it() {
             Some(&Yaml::Str(expected.into())),
             "{text}"
         );
-        if zero == Zero::Z0 {
+        if zero == Zero::Z0 || zero.is_fsdp() {
             assert_eq!(y.get("mixed_precision"), Some(&Yaml::Str("bf16".into())));
         }
     }
     // fp32 is accelerate's string "no", not YAML 1.1's false
     let (_, mut s) = setup(Zero::Z0, 1, false);
     s.precision = Precision::Fp32;
-    let y = load_yaml(&emit::accelerate(&s));
+    let y = load_yaml(&emit::accelerate(&s, FsdpVersion::V2));
     assert_eq!(y.get("mixed_precision"), Some(&Yaml::Str("no".into())));
 }
 
@@ -299,6 +403,8 @@ const HF_FIELDS: &[(&str, &str)] = &[
     ("save_strategy", "str"),
     ("logging_steps", "int"),
     ("deepspeed", "str"),
+    ("fsdp", "bool"),
+    ("fsdp_config", "map"),
 ];
 /// transformers OptimizerNames values.
 const HF_OPTIM: &[&str] = &[
@@ -323,6 +429,7 @@ fn hf_training_arguments() {
             "int" => val.is_i64(),
             "float" => val.is_f64(),
             "bool" => val.is_boolean(),
+            "map" => val.is_object(),
             _ => val.is_string(),
         };
         assert!(ok, "{k} = {val} is not {ty}");
@@ -336,6 +443,10 @@ fn hf_training_arguments() {
     assert!(v.get("activation_checkpointing").is_none());
     let (_, fsdp) = setup(Zero::FsdpFull, 2, false);
     let v = emit::hf_training_args(&fsdp, &Hyper::defaults("t5-base", &fsdp));
+    for k in v.as_object().unwrap().keys() {
+        assert!(HF_FIELDS.iter().any(|(n, _)| n == k), "not a field: {k}");
+    }
+    assert!(v["fsdp_config"].is_object());
     assert_eq!(
         v["gradient_checkpointing"], false,
         "the Trainer refuses it beside FSDP's activation checkpointing"

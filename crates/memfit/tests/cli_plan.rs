@@ -189,3 +189,70 @@ fn readme_tier_tables_are_current() {
         );
     }
 }
+
+/// The commands of docs/gpu.md "From one node to many", as printed there (with `--json`).
+fn plan_json(command: &str) -> serde_json::Value {
+    let mut args: Vec<&str> = command.split_whitespace().skip(2).collect();
+    args.insert(0, "plan");
+    args.push("--json");
+    json(&args)
+}
+
+#[test]
+fn data_parallel_figures_for_both_trainers_as_docs_gpu_prints_them() {
+    let docs = include_str!("../../../docs/gpu.md");
+    let base = "memfit plan --model chatlm-mini --gpus 3 --gpu-mem 20GiB --host-mem 64GiB --target-batch 96";
+    let memfit_cmd = format!("{base} --runtime memfit");
+    assert!(docs.contains(&memfit_cmd) && docs.contains(&format!("{base}\n")));
+    let memfit_dp = plan_json(&memfit_cmd)["chosen"]["data_parallel"].clone();
+    let torch_dp = plan_json(base)["chosen"]["data_parallel"].clone();
+    for dp in [&memfit_dp, &torch_dp] {
+        assert_eq!(dp["ranks"], 3, "{dp}");
+        let speedup = dp["speedup_vs_one_gpu"].as_f64().unwrap();
+        assert!(speedup > 1.0 && speedup < 3.0, "{dp}");
+        assert!(dp["allreduce_bytes_per_step"].as_f64().unwrap() > 0.0);
+        assert!(dp["allreduce_s_per_step"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(
+        memfit_dp["overlap"], 0.0,
+        "memfit train does not overlap its reduce"
+    );
+    assert!(torch_dp["overlap"].as_f64().unwrap() > 0.0, "{torch_dp}");
+    // the text report says it too
+    let args: Vec<&str> = base.split_whitespace().skip(1).collect();
+    let o = memfit(&args);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("data parallel over 3 ranks") && text.contains("the speed of one GPU"),
+        "{text}"
+    );
+}
+
+#[test]
+fn fsdp2_plan_of_docs_gpu_writes_version_2_configs() {
+    let docs = include_str!("../../../docs/gpu.md").replace("\\\n       ", "");
+    let cmd = "memfit plan --model t5-base --nodes 2 --gpus 4 --gpu-mem 6GiB --host-mem 64GiB --target-batch 128 --sharding fsdp2 --emit accelerate,hf,profiles --out run-config/";
+    assert!(docs.contains(cmd), "docs/gpu.md no longer prints: {cmd}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run-config");
+    let cmd = cmd.replace("run-config/", out.to_str().unwrap());
+    let v = plan_json(&cmd);
+    let s = &v["chosen"]["setup"];
+    assert!(
+        s["zero"].as_str().unwrap().starts_with("fsdp") || s["zero"] == "0",
+        "FSDP's options only: {s}"
+    );
+    assert_eq!(v["chosen"]["data_parallel"]["ranks"], 8);
+    let yaml = std::fs::read_to_string(out.join("accelerate.yaml")).unwrap();
+    assert!(
+        yaml.contains("num_machines: 2") && yaml.contains("num_processes: 8"),
+        "{yaml}"
+    );
+    if s["zero"] != "0" {
+        assert!(yaml.contains("fsdp_version: 2"), "{yaml}");
+        let hf: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("training_args.json")).unwrap())
+                .unwrap();
+        assert_eq!(hf["fsdp_config"]["version"], 2);
+    }
+}

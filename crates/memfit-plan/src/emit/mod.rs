@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 /// read every key of theirs.
 pub const TARGETS: &[(Kind, &str)] = &[
     (Kind::Deepspeed, "DeepSpeed 0.19"),
-    (Kind::Accelerate, "accelerate 1.15 (FSDP version 1 keys)"),
+    (Kind::Accelerate, "accelerate 1.15"),
     (Kind::Hf, "transformers 5.23"),
     (Kind::Memfit, "memfit train (this build)"),
     (Kind::Profiles, "memfit run --profiles (this build)"),
@@ -64,6 +64,24 @@ impl Kind {
     }
 }
 
+/// Which FSDP an FSDP setup is written for: `fully_shard` (version 2, accelerate's and
+/// transformers' default and recommendation) or the wrapper class of version 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FsdpVersion {
+    V1,
+    #[default]
+    V2,
+}
+
+impl FsdpVersion {
+    fn number(self) -> u8 {
+        match self {
+            FsdpVersion::V1 => 1,
+            FsdpVersion::V2 => 2,
+        }
+    }
+}
+
 /// Training hyper-parameters the planner does not choose but the files need.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hyper {
@@ -78,6 +96,8 @@ pub struct Hyper {
     pub data: Option<String>,
     pub valid: Option<String>,
     pub tokenizer: Option<String>,
+    /// The FSDP of an FSDP setup's accelerate YAML and TrainingArguments.
+    pub fsdp_version: FsdpVersion,
 }
 
 impl Hyper {
@@ -95,6 +115,7 @@ impl Hyper {
             data: None,
             valid: None,
             tokenizer: None,
+            fsdp_version: FsdpVersion::default(),
         }
     }
 }
@@ -150,7 +171,7 @@ pub fn deepspeed(arch: &Arch, setup: &Setup, hyper: &Hyper) -> Value {
 
 /// accelerate config YAML. Strings are single-quoted: accelerate reads the file with PyYAML, whose
 /// YAML 1.1 resolver turns a plain `NO` (`distributed_type`) or `no` into the boolean false.
-pub fn accelerate(setup: &Setup) -> String {
+pub fn accelerate(setup: &Setup, fsdp: FsdpVersion) -> String {
     let world = setup.world();
     let distributed = if setup.zero.is_fsdp() {
         "FSDP"
@@ -176,24 +197,12 @@ pub fn accelerate(setup: &Setup) -> String {
         y += "deepspeed_config:\n";
         y += "  deepspeed_config_file: 'deepspeed.json'\n";
         y += &format!("  zero3_init_flag: {}\n", setup.zero.stage() == 3);
+    } else {
+        // under FSDP the top-level precision is its MixedPrecision policy (ACCELERATE_MIXED_PRECISION)
+        y += &format!("mixed_precision: '{mixed}'\n");
     }
     if distributed == "FSDP" {
-        y += "fsdp_config:\n";
-        let strategy = if setup.zero == Zero::FsdpFull {
-            "FULL_SHARD"
-        } else {
-            "SHARD_GRAD_OP"
-        };
-        y += "  fsdp_version: 1\n";
-        y += &format!("  fsdp_sharding_strategy: '{strategy}'\n");
-        y += "  fsdp_auto_wrap_policy: 'TRANSFORMER_BASED_WRAP'\n";
-        y += &format!("  fsdp_offload_params: {}\n", setup.offload_params);
-        y += "  fsdp_state_dict_type: 'SHARDED_STATE_DICT'\n";
-        // Under FSDP, checkpointing is FSDP's: transformers refuses `gradient_checkpointing`
-        // together with it (Trainer.create_accelerator_and_postprocess), see hf_training_args.
-        y += &format!("  fsdp_activation_checkpointing: {}\n", setup.grad_ckpt);
-    } else if distributed != "DEEPSPEED" {
-        y += &format!("mixed_precision: '{mixed}'\n");
+        y += &fsdp_yaml(setup, fsdp);
     }
     y += "machine_rank: 0\n";
     y += "main_training_function: 'main'\n";
@@ -202,6 +211,42 @@ pub fn accelerate(setup: &Setup) -> String {
     y += "rdzv_backend: 'static'\n";
     y += "same_network: true\n";
     y += &format!("use_cpu: {}\n", setup.device == crate::memory::Device::Cpu);
+    y
+}
+
+/// The `fsdp_config` block, with the keys `accelerate config` writes for the version
+/// (accelerate/commands/config/cluster.py). Version 2 (`fully_shard`) says the sharding with
+/// `fsdp_reshard_after_forward` as a bool (true = FULL_SHARD, false = SHARD_GRAD_OP), where version
+/// 1 takes the strategy's name under the same key and, deprecated but the one its plugin reads
+/// under `accelerate launch` (checked with accelerate 1.15), `fsdp_sharding_strategy`; version 2 has no `fsdp_backward_prefetch`, `fsdp_forward_prefetch`,
+/// `fsdp_use_orig_params` or `fsdp_sync_module_states` (FullyShardedDataParallelPlugin refuses them).
+fn fsdp_yaml(setup: &Setup, fsdp: FsdpVersion) -> String {
+    let full = setup.zero == Zero::FsdpFull;
+    let mut y = "fsdp_config:\n".to_string();
+    y += &format!("  fsdp_version: {}\n", fsdp.number());
+    match fsdp {
+        FsdpVersion::V2 => y += &format!("  fsdp_reshard_after_forward: {full}\n"),
+        FsdpVersion::V1 => {
+            let strategy = if full { "FULL_SHARD" } else { "SHARD_GRAD_OP" };
+            y += &format!("  fsdp_reshard_after_forward: '{strategy}'\n");
+            // what the version-1 plugin reads through `accelerate launch`: FSDP_SHARDING_STRATEGY,
+            // whose launch default FULL_SHARD would otherwise override the key above
+            y += &format!("  fsdp_sharding_strategy: '{strategy}'\n");
+            y += "  fsdp_backward_prefetch: 'BACKWARD_PRE'\n";
+            y += "  fsdp_forward_prefetch: false\n";
+            y += "  fsdp_use_orig_params: true\n";
+            y += "  fsdp_sync_module_states: true\n";
+        }
+    }
+    y += "  fsdp_auto_wrap_policy: 'TRANSFORMER_BASED_WRAP'\n";
+    // FSDP's CPU offload moves parameters and gradients and steps the optimizer on the host: the
+    // planner's parameter + optimizer offload
+    y += &format!("  fsdp_offload_params: {}\n", setup.offload_params);
+    y += "  fsdp_state_dict_type: 'SHARDED_STATE_DICT'\n";
+    y += "  fsdp_cpu_ram_efficient_loading: false\n";
+    // Under FSDP, checkpointing is FSDP's: transformers refuses `gradient_checkpointing`
+    // together with it (Trainer.create_accelerator_and_postprocess), see hf_training_args.
+    y += &format!("  fsdp_activation_checkpointing: {}\n", setup.grad_ckpt);
     y
 }
 
@@ -237,6 +282,24 @@ pub fn hf_training_args(setup: &Setup, hyper: &Hyper) -> Value {
     });
     if setup.zero != Zero::Z0 && !setup.zero.is_fsdp() {
         v["deepspeed"] = json!("deepspeed.json");
+    }
+    if setup.zero.is_fsdp() {
+        // the same FSDP as the accelerate YAML, so the Trainer builds it under plain torchrun too
+        // (TrainingArguments._process_fsdp_args: `fsdp: true` and every setting in `fsdp_config`,
+        // keys without the `fsdp_` prefix; a strategy string in `fsdp` is deprecated)
+        let full = setup.zero == Zero::FsdpFull;
+        v["fsdp"] = json!(true);
+        v["fsdp_config"] = json!({
+            "version": hyper.fsdp_version.number(),
+            "reshard_after_forward": match hyper.fsdp_version {
+                FsdpVersion::V2 => json!(full),
+                FsdpVersion::V1 => json!(if full { "full_shard" } else { "shard_grad_op" }),
+            },
+            "cpu_offload": setup.offload_params,
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "state_dict_type": "SHARDED_STATE_DICT",
+            "activation_checkpointing": setup.grad_ckpt,
+        });
     }
     v
 }
@@ -381,7 +444,7 @@ pub fn render(
         .map(|k| {
             let text = match k {
                 Kind::Deepspeed => pretty(&deepspeed(arch, setup, hyper)),
-                Kind::Accelerate => accelerate(setup),
+                Kind::Accelerate => accelerate(setup, hyper.fsdp_version),
                 Kind::Hf => pretty(&hf_training_args(setup, hyper)),
                 Kind::Memfit => memfit_train(setup, hyper),
                 Kind::Profiles => profiles(setup),

@@ -6,6 +6,7 @@
 //! offload, loader workers and pinned memory. Fixed by the request: model, task, lengths, method
 //! (LoRA/QLoRA/freeze settings), optimizer, runtime, GPU count.
 
+pub mod data_parallel;
 pub mod policy;
 pub mod throughput;
 pub mod tiers;
@@ -143,9 +144,24 @@ fn micro_batches(per_rank: u64) -> Vec<u64> {
 /// model (fp32 master weights in the optimizer), which halves frozen weights: it is searched there
 /// too, so that an offload is always weighed against the same setup without it and only wins when
 /// the memory it moves off the GPU buys something.
+///
+/// A base setup that names FSDP (`memfit plan --sharding fsdp2|fsdp1`) searches FSDP's options
+/// instead: none (DDP), SHARD_GRAD_OP, FULL_SHARD, and FULL_SHARD with FSDP's CPU offload, which
+/// moves parameters and gradients and steps the optimizer on the host (both offloads at once).
 fn zero_options(setup: &Setup) -> Vec<(Zero, bool, bool)> {
     if setup.device == Device::Cpu {
         return vec![(Zero::Z0, false, false)];
+    }
+    if setup.zero.is_fsdp() {
+        let mut v = vec![(Zero::Z0, false, false)];
+        if setup.world() > 1 {
+            v.extend([
+                (Zero::FsdpGradOp, false, false),
+                (Zero::FsdpFull, false, false),
+            ]);
+        }
+        v.push((Zero::FsdpFull, true, true));
+        return v;
     }
     let mut v = vec![(Zero::Z0, false, false)];
     if setup.world() > 1 {

@@ -16,9 +16,11 @@
 //!   `async_accumulate_grad_in_cpu_via_gpu`, called from `copy_grads_in_partition` when
 //!   gradient_accumulation_steps > 1), then at the step the updated 16-bit weights go up; Adam runs
 //!   on the CPU. With parameter offload every parameter crosses twice per micro-batch;
-//! - data-parallel communication: ring all-reduce moves 2·(w−1)/w of the gradient bytes;
-//!   ZeRO-3 adds all-gathers of the parameters in forward and backward.
+//! - data-parallel communication ([`super::data_parallel`]): ring all-reduce moves 2·(w−1)/w of
+//!   the gradient bytes, overlapped with the backward in the PyTorch stack and not in memfit's
+//!   trainer; ZeRO-3 adds all-gathers of the parameters in forward and backward.
 
+use super::data_parallel::{Comm, comm};
 use crate::Task;
 use crate::arch::{Arch, Group};
 use crate::memory::states::{adapter_elements, base_trains, trainable};
@@ -123,10 +125,34 @@ pub fn offload_pcie_bytes(trainable: f64, setup: &Setup) -> f64 {
     trainable * (grad_b * (2.0 * accum - 1.0) + 2.0)
 }
 
-/// Tokens processed per second (higher is better) and the step time breakdown.
+/// One optimizer step on one rank, by part (seconds).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepTime {
+    /// Tokens one rank processes per optimizer step.
+    pub tokens_per_rank: f64,
+    pub compute_s: f64,
+    /// Optimizer step and parameter offload.
+    pub optimizer_s: f64,
+    pub comm: Comm,
+    /// Loader stall and unpinned copies, a fraction of the step.
+    pub stall: f64,
+}
+
+impl StepTime {
+    pub fn total_s(&self) -> f64 {
+        (self.compute_s + self.optimizer_s + self.comm.exposed_s()) * (1.0 + self.stall)
+    }
+}
+
+/// Tokens processed per second over all ranks (higher is better).
 pub fn tokens_per_second(arch: &Arch, setup: &Setup) -> f64 {
+    let step = step_time(arch, setup);
+    step.tokens_per_rank * setup.world() as f64 / step.total_s()
+}
+
+/// The step time breakdown of one rank.
+pub fn step_time(arch: &Arch, setup: &Setup) -> StepTime {
     use rates::*;
-    let world = setup.world() as f64;
     let tokens_per_sample = setup.seq
         + if setup.task == Task::Seq2seq {
             setup.tgt_seq
@@ -172,23 +198,6 @@ pub fn tokens_per_second(arch: &Arch, setup: &Setup) -> f64 {
     } else {
         0.0
     };
-    let comm = if world > 1.0 {
-        let bw = if setup.nodes > 1 {
-            INTER_NODE_BW
-        } else {
-            INTRA_NODE_BW
-        };
-        let ring = 2.0 * (world - 1.0) / world;
-        let grads = ring * tr * wb / bw;
-        let gathers = if setup.zero.stage() == 3 {
-            2.0 * params * wb * setup.accum as f64 * (world - 1.0) / world / bw
-        } else {
-            0.0
-        };
-        grads + gathers
-    } else {
-        0.0
-    };
     // Data loading on the training thread stalls the device; workers overlap it. pytorch
     // tokenises/collates in Python, memfit reads a memory-mapped store. Assumed shares of a step
     // (5% / 1%, not measured): they only break ties between otherwise equal setups.
@@ -204,6 +213,11 @@ pub fn tokens_per_second(arch: &Arch, setup: &Setup) -> f64 {
     } else {
         0.0
     };
-    let step = (compute + optimizer + param_offload + comm) * (1.0 + data_stall + pin);
-    step_tokens * world / step
+    StepTime {
+        tokens_per_rank: step_tokens,
+        compute_s: compute,
+        optimizer_s: optimizer + param_offload,
+        comm: comm(arch, setup, compute),
+        stall: data_stall + pin,
+    }
 }

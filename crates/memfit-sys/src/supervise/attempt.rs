@@ -254,6 +254,7 @@ fn stop_leftovers(
         job_bytes: 0,
         limit_bytes: 0,
         outside_group: Vec::new(),
+        ranks: Vec::new(),
     }))
 }
 

@@ -14,6 +14,7 @@ mod job_cgroup;
 mod members;
 mod own_usage;
 mod peak;
+mod ranks;
 mod shm_files;
 mod summary;
 mod watch;
@@ -31,6 +32,7 @@ pub use interval::{FAR_INTERVAL, MIN_INTERVAL, NEAR_INTERVAL, next_interval};
 pub use members::JOB_ENV;
 pub use own_usage::{own_cpu_seconds, own_peak_rss};
 pub use peak::{PEAK_POLL, PeakSources};
+pub use ranks::{RankPeak, RankUsage};
 pub use summary::{ActionRecord, AttemptSummary, EXIT_STOPPED, Outcome, ProcessPeak, RunSummary};
 
 use crate::probe::cgroup::{self, CgroupMemory};
@@ -50,6 +52,8 @@ struct Context<'a> {
     forwarded: Arc<AtomicUsize>,
     series: SeriesWriter,
     peaks: HashMap<(u32, i32), ProcessPeak>,
+    /// Each rank's peaks by (attempt, local rank), for a distributed job.
+    rank_peaks: HashMap<(u32, u32), RankPeak>,
     /// /dev/shm as the run found it: files created later are the job's.
     shm: shm_files::ShmFiles,
     /// Why `--cgroup` could not be honoured, once known.
@@ -101,6 +105,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunSummary, SuperviseError> {
         forwarded,
         series: SeriesWriter::new(cfg.jsonl.as_deref(), cfg.csv.as_deref())?,
         peaks: HashMap::new(),
+        rank_peaks: HashMap::new(),
         shm: shm_files::ShmFiles::snapshot(),
         cgroup_unavailable: None,
         samples: 0,
@@ -204,6 +209,8 @@ fn summarise(ctx: &Context, attempts: Vec<AttemptSummary>, interrupted: bool) ->
     let mut peak_by_process: Vec<ProcessPeak> = ctx.peaks.values().cloned().collect();
     peak_by_process.sort_by(|a, b| b.peak_bytes.cmp(&a.peak_bytes).then(a.pid.cmp(&b.pid)));
     peak_by_process.truncate(TOP_PROCESSES);
+    let mut peak_by_rank: Vec<RankPeak> = ctx.rank_peaks.values().cloned().collect();
+    peak_by_rank.sort_by_key(|p| (p.attempt, p.local_rank));
     RunSummary {
         outcome,
         exit_code,
@@ -212,6 +219,7 @@ fn summarise(ctx: &Context, attempts: Vec<AttemptSummary>, interrupted: bool) ->
         peak_job_bytes: attempts.iter().map(|a| a.peak_job_bytes).max().unwrap_or(0),
         attempts,
         peak_by_process,
+        peak_by_rank,
         samples: ctx.samples,
         cgroup_unavailable: ctx.cgroup_unavailable.clone(),
         tree_discovery: ctx.tree_discovery,

@@ -13,6 +13,9 @@ pub struct ActionRecord {
     pub limit_bytes: u64,
     /// PIDs signalled individually because they had left the job's process group.
     pub outside_group: Vec<i32>,
+    /// A distributed job's ranks when the guard acted (`LOCAL_RANK`/`RANK` of its processes).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<super::RankUsage>,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -79,6 +82,10 @@ pub struct RunSummary {
     pub attempts: Vec<AttemptSummary>,
     /// The processes with the largest peaks, largest first (at most `TOP_PROCESSES`).
     pub peak_by_process: Vec<ProcessPeak>,
+    /// A distributed job's ranks (processes with `LOCAL_RANK`, with their children), each attempt's
+    /// peaks by local rank; empty for a job without ranks.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub peak_by_rank: Vec<super::RankPeak>,
     pub samples: u64,
     /// Why `--cgroup` was asked for but the process tree alone was guarded.
     pub cgroup_unavailable: Option<String>,

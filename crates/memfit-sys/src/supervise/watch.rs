@@ -10,6 +10,7 @@ use nix::sys::signal::Signal;
 use super::interval::{Growth, MIN_INTERVAL, NEAR_INTERVAL, next_interval};
 use super::members::{Member, Members};
 use super::peak::PeakTracker;
+use super::ranks::{self, RankUsage, Ranks};
 use super::{ActionRecord, Context, ProcessPeak, StopSignal, SuperviseError};
 use crate::guard::{Action, Guard, GuardConfig, KillReason, Reading, Stage};
 use crate::probe::cgroup::CgroupMemory;
@@ -44,6 +45,7 @@ pub(super) struct Watch {
     pub(super) peak_gpu: Option<u64>,
     gpu_last: Option<Instant>,
     gpu_by_pid: HashMap<u32, u64>,
+    ranks: Ranks,
 }
 
 impl Watch {
@@ -68,6 +70,7 @@ impl Watch {
             peak_gpu: None,
             gpu_last: None,
             gpu_by_pid: HashMap::new(),
+            ranks: Ranks::default(),
         }
     }
 
@@ -98,9 +101,10 @@ impl Watch {
         let limit = job_limit(ctx, job, system);
         self.refresh_gpu(ctx, now);
         self.update_peaks(ctx, &procs);
+        let rank_usage = self.rank_usage(ctx, &live)?;
 
         let (reading, period) = self.reading(ctx, now, job, limit);
-        self.act(ctx, members, &live, reading)?;
+        self.act(ctx, members, &live, reading, rank_usage)?;
         self.poll_trigger = reading.projected + limit / POLL_MARGIN;
 
         // An action just taken moves the guard out of `Normal`, and a burst seen only through the
@@ -139,9 +143,29 @@ impl Watch {
                     job_bytes: 0,
                     limit_bytes: 0,
                     outside_group: outside,
+                    ranks: Vec::new(),
                 });
             }
         }
+    }
+
+    /// A distributed job's usage by rank, kept in the rank peaks and written to the time series as a
+    /// `ranks` record beside each sample; empty (and nothing written) for a job without ranks.
+    fn rank_usage(
+        &mut self,
+        ctx: &mut Context,
+        live: &[Member],
+    ) -> Result<Vec<RankUsage>, SuperviseError> {
+        let gpu = ctx.gpu.as_ref().map(|_| &self.gpu_by_pid);
+        let usage = self.ranks.usage(live, gpu);
+        if !usage.is_empty() {
+            ranks::update_peaks(&mut ctx.rank_peaks, self.attempt, &usage);
+            ctx.series.record(
+                "ranks",
+                &serde_json::json!({"t_s": ctx.t(), "attempt": self.attempt, "ranks": usage}),
+            )?;
+        }
+        Ok(usage)
     }
 
     /// Per-process GPU memory, queried at most once per `GPU_PERIOD`.
@@ -224,6 +248,7 @@ impl Watch {
         members: &Members,
         live: &[Member],
         reading: Reading,
+        rank_usage: Vec<RankUsage>,
     ) -> Result<(), SuperviseError> {
         // After a forwarded signal the user is in charge: keep recording, take no guard action.
         let action = if self.forwarded_done == 0 {
@@ -257,12 +282,18 @@ impl Watch {
                 job_bytes: reading.used,
                 limit_bytes: reading.limit,
                 outside_group: outside,
+                ranks: rank_usage,
             };
             tracing::warn!(
-                "guard: {name}{} at {} of {} limit",
+                "guard: {name}{} at {} of {} limit{}",
                 sig.map(|s| format!(" ({s})")).unwrap_or_default(),
                 crate::units::human_bytes(reading.used),
-                crate::units::human_bytes(reading.limit)
+                crate::units::human_bytes(reading.limit),
+                if record.ranks.is_empty() {
+                    String::new()
+                } else {
+                    format!(", every rank signalled; {}", ranks::describe(&record.ranks))
+                }
             );
             ctx.series.record("action", &record)?;
             self.actions.push(record);

@@ -12,9 +12,9 @@ use crate::exit::{Outcome, bad_input, does_not_fit};
 use anyhow::Context;
 use comfy_table::{Table, presets::ASCII_MARKDOWN, presets::UTF8_FULL_CONDENSED};
 use memfit_plan::Task;
-use memfit_plan::emit::{self, Hyper, Kind};
-use memfit_plan::memory::{Framework, Optimizer, Runtime, Setup, gib};
-use memfit_plan::search::{self, Budget, Candidate, Request, tiers};
+use memfit_plan::emit::{self, FsdpVersion, Hyper, Kind};
+use memfit_plan::memory::{Framework, Optimizer, Runtime, Setup, Zero, gib};
+use memfit_plan::search::{self, Budget, Candidate, Request, data_parallel, tiers};
 use memfit_sys::units::parse_size;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -51,6 +51,10 @@ pub struct Args {
     pub optimizer: Optimizer,
     #[arg(long, default_value = "pytorch", value_parser = parse_enum::<Runtime>)]
     pub runtime: Runtime,
+    /// How the PyTorch stack shards model states across GPUs: `deepspeed` (ZeRO stages 1–3),
+    /// `fsdp2` (`fully_shard`, accelerate's FSDP version 2) or `fsdp1` (FSDP version 1).
+    #[arg(long, default_value = "deepspeed", value_parser = parse_sharding)]
+    pub sharding: Sharding,
     /// Memory kept free on GPU and host: `10%` or `0.1`.
     #[arg(long, default_value = "10%", value_parser = parse_headroom)]
     pub headroom: f64,
@@ -79,6 +83,22 @@ pub struct Args {
     pub policy: String,
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--sharding`: DeepSpeed's ZeRO, or FSDP in one of its two versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharding {
+    Deepspeed,
+    Fsdp(FsdpVersion),
+}
+
+fn parse_sharding(s: &str) -> Result<Sharding, String> {
+    match s {
+        "deepspeed" => Ok(Sharding::Deepspeed),
+        "fsdp2" | "fsdp" => Ok(Sharding::Fsdp(FsdpVersion::V2)),
+        "fsdp1" => Ok(Sharding::Fsdp(FsdpVersion::V1)),
+        _ => Err(format!("{s:?}: one of deepspeed, fsdp2, fsdp1")),
+    }
 }
 
 pub(crate) fn parse_headroom(s: &str) -> Result<f64, String> {
@@ -130,6 +150,10 @@ impl Args {
         s.gpus = self.gpus;
         s.nodes = self.nodes;
         s.dataset = dataset_of(self.runtime);
+        if let Sharding::Fsdp(_) = self.sharding {
+            // the search then shards with FSDP's options instead of ZeRO's (search::zero_options)
+            s.zero = Zero::FsdpFull;
+        }
         s
     }
 }
@@ -217,7 +241,7 @@ pub fn run(args: Args) -> Outcome {
         });
         write_stdout(&format!("{}\n", serde_json::to_string_pretty(&v)?))?;
     } else {
-        write_stdout(&report(&arch.name, &budget, &plan))?;
+        write_stdout(&report(&arch, &budget, &plan))?;
     }
     let Some(chosen) = plan.chosen.as_ref() else {
         return Err(does_not_fit(
@@ -255,7 +279,35 @@ fn candidate_json(arch: &memfit_plan::arch::Arch, c: &Candidate) -> serde_json::
     let mut v = estimate_json(arch, &c.setup, &c.estimate);
     v["summary"] = c.summary().into();
     v["tokens_per_s"] = c.tokens_per_s.into();
+    v["data_parallel"] = serde_json::to_value(data_parallel::scaling(arch, &c.setup))
+        .unwrap_or(serde_json::Value::Null);
     v
+}
+
+/// The data-parallel line of the report: what crosses the link per step, how much of it the
+/// backward hides, and the speed-up over one GPU at the same effective batch.
+fn scaling_line(arch: &memfit_plan::arch::Arch, setup: &Setup) -> Option<String> {
+    let s = data_parallel::scaling(arch, setup);
+    if s.ranks <= 1 {
+        return None;
+    }
+    let hidden = match setup.runtime {
+        Runtime::Memfit => {
+            "reduced after the backward (memfit train does not overlap it)".to_string()
+        }
+        Runtime::Pytorch => format!(
+            "{:.0}% hidden behind the backward (DDP buckets)",
+            100.0 * s.comm.overlap
+        ),
+    };
+    Some(format!(
+        "data parallel over {} ranks: all-reduce {:.2} GB per rank per step at {:.0} GB/s nominal = {:.3} s, {hidden}; {:.2}× the speed of one GPU at the same effective batch (throughput model, docs/memory-model.md)",
+        s.ranks,
+        s.comm.allreduce_bytes_per_step / 1e9,
+        s.comm.link_bytes_per_s / 1e9,
+        s.comm.allreduce_s_per_step,
+        s.speedup_vs_one_gpu
+    ))
 }
 
 /// The estimate of one setup for people: its GPU peaks, band and components, then the host's.
@@ -303,6 +355,10 @@ fn hyper(args: &Args, setup: &Setup) -> anyhow::Result<Hyper> {
         data: path("data", &args.data)?,
         valid: path("valid", &args.valid)?,
         tokenizer: path("tokenizer", &args.tokenizer)?,
+        fsdp_version: match args.sharding {
+            Sharding::Fsdp(v) => v,
+            Sharding::Deepspeed => FsdpVersion::default(),
+        },
         ..Hyper::defaults(&model, setup)
     })
 }
@@ -333,7 +389,8 @@ fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
 }
 
 /// The human report: budget, choice with its components, alternatives, rejections.
-fn report(model: &str, budget: &Budget, plan: &search::Plan) -> String {
+fn report(arch: &memfit_plan::arch::Arch, budget: &Budget, plan: &search::Plan) -> String {
+    let model = &arch.name;
     let mut o = String::new();
     let gpu = budget
         .gpu_bytes
@@ -382,6 +439,9 @@ fn report(model: &str, budget: &Budget, plan: &search::Plan) -> String {
             c.summary(),
             c.tokens_per_s
         );
+        if let Some(line) = scaling_line(arch, &c.setup) {
+            out!(o, "{line}");
+        }
         describe_candidate(&mut o, c);
     }
     if !plan.alternatives.is_empty() {
