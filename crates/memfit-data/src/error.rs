@@ -64,6 +64,14 @@ pub enum DataError {
         column: String,
         reason: String,
     },
+    /// A row over the row limit where no policy can leave it out (tokenizer training, the
+    /// columns of a first line).
+    #[error("{}: {location}: {reason}", path.display())]
+    RowTooLarge {
+        path: PathBuf,
+        location: Location,
+        reason: String,
+    },
     #[error("tokenizer {}: {reason}", path.display())]
     Tokenizer { path: PathBuf, reason: String },
     #[error("tokenizer {}: has no {role} token (tried {tried}); the {format} format needs one", path.display())]
@@ -85,12 +93,18 @@ pub enum DataError {
     Options(String),
     #[error("tokenizer training failed: {0}")]
     Training(String),
+    /// Stopped from outside between two chunks (the memory guard); nothing was written.
+    #[error("stopped: {0}")]
+    Stopped(String),
 }
 
 impl DataError {
     /// True for problems with what the user handed us (exit 2); false for failures at run time.
     pub fn is_bad_input(&self) -> bool {
-        !matches!(self, DataError::Write { .. } | DataError::Training(_))
+        !matches!(
+            self,
+            DataError::Write { .. } | DataError::Training(_) | DataError::Stopped(_)
+        )
     }
 
     pub(crate) fn read(path: &Path, source: std::io::Error) -> Self {

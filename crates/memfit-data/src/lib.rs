@@ -68,7 +68,7 @@ pub use batch::{
 };
 pub use encode::{EncodeSettings, EncodedChunks, EncodedRow, RowEncoder, RowTokens};
 pub use error::{DataError, Location};
-pub use prepare::{InvalidPolicy, PrepareOptions, PrepareReport, prepare};
+pub use prepare::{InvalidPolicy, PrepareOptions, PrepareReport, prepare, prepare_until};
 pub use rows::{Columns, Mode, RowTexts};
 pub use sampler::{Batching, Cursor, Sampler, SamplerConfig};
 pub use store::{CausalRow, ClassificationRow, Row, RowBuf, StoreMeta, Task, TokenStore, Tokens};

@@ -10,7 +10,7 @@ use memfit_data::source::{self, ColumnSpec, Message, Value};
 use std::sync::Arc;
 
 fn read_all(path: &std::path::Path, specs: &[ColumnSpec], chunk: usize) -> Vec<Vec<Value>> {
-    let mut reader = source::open(path, specs, chunk).unwrap();
+    let mut reader = source::open(path, specs, source::ReadLimits::rows(chunk)).unwrap();
     let mut rows = Vec::new();
     while let Some(chunk_rows) = reader.next_chunk().unwrap() {
         assert!(!chunk_rows.is_empty() && chunk_rows.len() <= chunk);
@@ -152,10 +152,14 @@ fn columns_of_unusable_types_are_errors_naming_the_type() {
         )],
         5,
     );
-    let e = source::open(&path, &[ColumnSpec::label("x")], 4)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = source::open(
+        &path,
+        &[ColumnSpec::label("x")],
+        source::ReadLimits::rows(4),
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(
         e.contains("f.parquet") && e.contains("`x`") && e.contains("FLOAT"),
         "{e}"
@@ -165,9 +169,70 @@ fn columns_of_unusable_types_are_errors_naming_the_type() {
         vec![("m", conversations())],
         5,
     );
-    let e = source::open(&path, &[ColumnSpec::text("m")], 4)
+    let e = source::open(&path, &[ColumnSpec::text("m")], source::ReadLimits::rows(4))
         .err()
         .unwrap()
         .to_string();
     assert!(e.contains("m.parquet") && e.contains("group"), "{e}");
+}
+
+/// The rows of `path` as (values, problem, bytes) under a row limit of `max_row_bytes`.
+fn read_limited(
+    path: &std::path::Path,
+    specs: &[ColumnSpec],
+    max_row_bytes: u64,
+) -> Vec<(Vec<Value>, Option<source::RecordProblem>, u64)> {
+    let limits = source::ReadLimits {
+        chunk_rows: 2,
+        max_row_bytes,
+    };
+    let mut reader = source::open(path, specs, limits).unwrap();
+    let mut rows = Vec::new();
+    while let Some(chunk) = reader.next_chunk().unwrap() {
+        rows.extend(chunk.into_iter().map(|r| (r.values, r.problem, r.bytes)));
+    }
+    rows
+}
+
+#[test]
+fn rows_over_the_limit_are_refused_by_their_size_texts_and_messages_alike() {
+    let tmp = tempfile::tempdir().unwrap();
+    let texts = ["short", &"x".repeat(40), "also short"];
+    let path = common::write_parquet(
+        &tmp.path().join("t.parquet"),
+        vec![(
+            "t",
+            Arc::new(arrow_array::StringArray::from_iter_values(texts)) as ArrayRef,
+        )],
+        5,
+    );
+    let rows = read_limited(&path, &[ColumnSpec::text("t")], 10);
+    assert_eq!(rows[0], (vec![Value::Text("short".into())], None, 5));
+    let too_large = source::RecordProblem::TooLarge {
+        bytes: 40,
+        limit: 10,
+    };
+    assert_eq!(rows[1], (vec![Value::Null], Some(too_large), 40));
+    assert_eq!(rows[2].1, None, "the rows after it read on");
+    let message = rows[1].1.as_ref().unwrap().to_string();
+    assert!(message.contains("40 bytes") && message.contains("--max-row-bytes"));
+
+    // A conversation's size is its fields' bytes: "user"+"hi"+"assistant"+"hello" = 20.
+    let path = common::write_parquet(
+        &tmp.path().join("c.parquet"),
+        vec![("m", conversations())],
+        3,
+    );
+    let spec = [ColumnSpec::text_or_messages("m")];
+    let rows = read_limited(&path, &spec, 19);
+    assert_eq!(
+        rows[0].1,
+        Some(source::RecordProblem::TooLarge {
+            bytes: 20,
+            limit: 19
+        })
+    );
+    assert_eq!(rows[1].1, None);
+    let rows = read_limited(&path, &spec, 20);
+    assert!(matches!(&rows[0].0[0], Value::Messages(m) if m.len() == 2));
 }

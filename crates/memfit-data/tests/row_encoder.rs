@@ -27,8 +27,16 @@ fn predict_rows(
     let encoder = RowEncoder::new(Tokenizer::load(tok).unwrap(), task, settings).unwrap();
     let columns = Columns::resolve(task, Mode::Predict, None, Some(input)).unwrap();
     let inputs = [input.to_path_buf()];
-    let mut chunks =
-        EncodedChunks::open(&encoder, &inputs, columns, InvalidPolicy::Fail, None, 2).unwrap();
+    let limits = memfit_data::source::ReadLimits::rows(2);
+    let mut chunks = EncodedChunks::open(
+        &encoder,
+        &inputs,
+        columns,
+        InvalidPolicy::Fail,
+        None,
+        limits,
+    )
+    .unwrap();
     let mut out = Vec::new();
     while let Some(rows) = chunks.next_chunk().unwrap() {
         assert!(rows.len() <= 2, "one chunk at a time");

@@ -142,7 +142,7 @@ pub fn predict(
         columns,
         InvalidPolicy::Fail,
         None,
-        options.batch.max(1),
+        memfit_data::source::ReadLimits::rows(options.batch.max(1)),
     )?;
     let mut next = || -> Result<Option<Vec<EncodedRow>>, PredictError> {
         Ok(chunks

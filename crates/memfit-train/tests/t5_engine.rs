@@ -664,3 +664,27 @@ fn cached_decoding_equals_the_full_decoder_at_every_position() {
         }
     }
 }
+
+/// The validation loss runs the head in chunks (issue 29: whole logits made evaluation the run's
+/// peak); it is still the masked cross-entropy of the whole logits, computed here in f64.
+#[test]
+fn eval_loss_in_chunks_is_the_cross_entropy_of_the_whole_logits() {
+    let engine = t5_engine(tiny(json!({})), adamw(0.0), 5).unwrap();
+    let mut b = copy_batch_of(&mut SplitMix64::new(3), 6, 5, 8);
+    b.label_mask[7] = false; // a padded target is left out
+    let logits = engine.logits(&b).unwrap();
+    let (mut sum, mut n) = (0.0f64, 0usize);
+    for (row, (&label, &kept)) in b.labels.iter().zip(&b.label_mask).enumerate() {
+        if !kept {
+            continue;
+        }
+        let z = &logits[row * VOCAB..(row + 1) * VOCAB];
+        let max = z.iter().fold(f32::MIN, |a, &b| a.max(b)) as f64;
+        let log_sum = z.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+        sum += log_sum - z[label as usize] as f64;
+        n += 1;
+    }
+    let expected = sum / n as f64;
+    let got = f64::from(engine.eval_loss(&b).unwrap());
+    assert!((got - expected).abs() < 1e-5, "{got} vs {expected}");
+}

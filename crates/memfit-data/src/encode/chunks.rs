@@ -1,13 +1,19 @@
 //! Source files read as encoded rows, one chunk at a time: what `prepare` writes into a store and
 //! what `memfit predict` feeds a model, through the same row rules and the same encoder. Memory
-//! is bounded by the chunk, never the file.
+//! is bounded by the chunk, never the file, and a chunk's rows are tokenized a few MiB of text at a
+//! time ([`ENCODE_BATCH_BYTES`]).
 
 use super::{EncodedRow, RowEncoder};
 use crate::error::{DataError, Location, Result};
 use crate::rows::{Columns, InvalidPolicy, RowRules, RowTexts, Verdict};
-use crate::source::{self, RecordReader};
+use crate::source::{self, ReadLimits, RecordReader};
 use crate::store::meta::RowCounts;
 use std::path::PathBuf;
+
+/// Rows are tokenized in batches of at most this many bytes of text (or one row, when larger):
+/// tokenizing costs a multiple of the text (issue 29 measured up to ~180× on one line), so these
+/// batches, not the chunk, set the peak.
+pub const ENCODE_BATCH_BYTES: u64 = 4 << 20;
 
 /// The rows of a list of source files, encoded, chunk by chunk, in file order.
 pub struct EncodedChunks<'a> {
@@ -21,14 +27,15 @@ pub struct EncodedChunks<'a> {
 
 impl<'a> EncodedChunks<'a> {
     /// Opens every input first (a missing column in the last file fails before any work).
-    /// `label_names` fixes classification label ids (see [`RowRules::new`]).
+    /// `label_names` fixes classification label ids (see [`RowRules::new`]); `limits` bound the
+    /// rows of a chunk and each row's size.
     pub fn open(
         encoder: &'a RowEncoder,
         inputs: &[PathBuf],
         columns: Columns,
         policy: InvalidPolicy,
         label_names: Option<Vec<String>>,
-        chunk_rows: usize,
+        limits: ReadLimits,
     ) -> Result<Self> {
         if inputs.is_empty() {
             return Err(DataError::Options("no input files given".into()));
@@ -36,7 +43,7 @@ impl<'a> EncodedChunks<'a> {
         let mut readers = Vec::with_capacity(inputs.len());
         let mut rows_total = Some(0u64);
         for path in inputs {
-            let r = source::open(path, &columns.specs, chunk_rows)?;
+            let r = source::open(path, &columns.specs, limits)?;
             rows_total = rows_total.zip(r.total_rows()).map(|(a, b)| a + b);
             readers.push((path.clone(), r));
         }
@@ -96,20 +103,25 @@ impl<'a> EncodedChunks<'a> {
     ) -> Result<Vec<(Location, EncodedRow)>> {
         self.counts.read += chunk.len() as u64;
         let mut texts: Vec<RowTexts> = Vec::with_capacity(chunk.len());
+        let mut sizes = Vec::with_capacity(chunk.len());
         let mut kept = Vec::with_capacity(chunk.len());
         for rec in chunk {
-            let location = rec.location;
+            let (location, bytes) = (rec.location, rec.bytes);
             let (row, verdict) = self.rules.apply(path, rec)?;
             self.count(verdict);
             match row {
                 Some(r) => {
                     texts.push(r);
+                    sizes.push(bytes);
                     kept.push((location, verdict));
                 }
                 None => self.counts.skipped += 1,
             }
         }
-        let encoded = self.encoder.encode_batch(&texts)?;
+        let mut encoded = Vec::with_capacity(texts.len());
+        for range in byte_batches(&sizes, ENCODE_BATCH_BYTES) {
+            encoded.extend(self.encoder.encode_batch(&texts[range])?);
+        }
         let mut out = Vec::with_capacity(encoded.len());
         for ((location, verdict), row) in kept.into_iter().zip(encoded) {
             match row {
@@ -148,5 +160,36 @@ impl<'a> EncodedChunks<'a> {
             Verdict::Empty => self.counts.empty += 1,
             Verdict::Invalid => self.counts.invalid += 1,
         }
+    }
+}
+
+/// `sizes` cut into consecutive ranges of at most `max` bytes each (a larger row alone).
+fn byte_batches(sizes: &[u64], max: u64) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut held) = (0, 0u64);
+    for (i, &size) in sizes.iter().enumerate() {
+        if i > start && held + size > max {
+            out.push(start..i);
+            (start, held) = (i, 0);
+        }
+        held += size;
+    }
+    if start < sizes.len() {
+        out.push(start..sizes.len());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::byte_batches;
+
+    #[test]
+    fn batches_stay_under_the_bytes_and_cover_every_row_once() {
+        assert_eq!(byte_batches(&[], 10), Vec::<std::ops::Range<usize>>::new());
+        assert_eq!(byte_batches(&[3, 3, 3, 3], 6), vec![0..2, 2..4]);
+        // a row larger than the batch goes alone
+        assert_eq!(byte_batches(&[2, 50, 2, 2], 6), vec![0..1, 1..2, 2..4]);
+        assert_eq!(byte_batches(&[1; 5], 100), vec![0..5]);
     }
 }

@@ -14,7 +14,8 @@
 //! // Default columns for the task, chosen by what the file holds; `Mode::Predict` leaves out the
 //! // response (output, label, target).
 //! let columns = Columns::resolve(Task::CausalLm, Mode::Predict, None, Some(&input))?;
-//! let mut chunks = EncodedChunks::open(&encoder, &[input], columns, InvalidPolicy::Fail, None, 256)?;
+//! let limits = memfit_data::source::ReadLimits::rows(256);
+//! let mut chunks = EncodedChunks::open(&encoder, &[input], columns, InvalidPolicy::Fail, None, limits)?;
 //! while let Some(rows) = chunks.next_chunk()? {
 //!     for (location, row) in rows {
 //!         let prompt = row.causal().map(|r| r.ids); // the prompt, generation prompt included

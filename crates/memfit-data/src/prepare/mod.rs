@@ -47,6 +47,9 @@ pub struct PrepareOptions {
     pub out: PathBuf,
     /// Rows decoded and tokenized at once (bounds memory).
     pub chunk_rows: usize,
+    /// A row over this many bytes (a JSONL line; a parquet row's cells) is refused, or left out by
+    /// `skip`/`keep`, without being held whole ([`crate::source::ReadLimits`]).
+    pub max_row_bytes: u64,
     /// Rebuild even when an up-to-date store exists.
     pub force: bool,
 }
@@ -66,6 +69,7 @@ impl PrepareOptions {
             out,
             // 2048 rows of a few hundred tokens: a few MiB of text and ids in flight.
             chunk_rows: 2048,
+            max_row_bytes: crate::source::DEFAULT_MAX_ROW_BYTES,
             force: false,
         }
     }
@@ -135,6 +139,16 @@ fn remove_stale_siblings(out: &Path) {
 
 /// Prepares (or reuses) the store at `opts.out`. `progress` is called after every chunk.
 pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(Progress)) -> Result<PrepareReport> {
+    prepare_until(opts, progress, &|| None)
+}
+
+/// [`prepare`], asking `stop` after every chunk whether to stop (a memory guard's verdict): a reason
+/// ends the prepare with [`DataError::Stopped`], the partial store removed.
+pub fn prepare_until(
+    opts: &PrepareOptions,
+    progress: &mut dyn FnMut(Progress),
+    stop: &dyn Fn() -> Option<String>,
+) -> Result<PrepareReport> {
     if opts.inputs.is_empty() {
         return Err(DataError::Options("no --input files given".into()));
     }
@@ -172,7 +186,15 @@ pub fn prepare(opts: &PrepareOptions, progress: &mut dyn FnMut(Progress)) -> Res
     let tokenizer = encoder.tokenizer();
     let pair = matches!(columns.form, RowForm::Classification { pair: true });
     let segments = opts.task.segment_names(pair);
-    let written = write_rows(opts, &encoder, columns, segments.len(), &tmp_path, progress)?;
+    let written = write_rows(
+        opts,
+        &encoder,
+        columns,
+        segments.len(),
+        &tmp_path,
+        progress,
+        stop,
+    )?;
     let classification = opts.task == Task::Classification;
     let eos = encoder.eos_id().and_then(|id| {
         let token = tokenizer.inner().id_to_token(id)?;
@@ -235,6 +257,7 @@ fn write_rows(
     segments: usize,
     dir: &Path,
     progress: &mut dyn FnMut(Progress),
+    stop: &dyn Fn() -> Option<String>,
 ) -> Result<Written> {
     let width = if encoder.tokenizer().max_id() <= u16::MAX as u32 {
         2
@@ -249,7 +272,10 @@ fn write_rows(
         columns,
         opts.on_invalid,
         opts.label_names.clone(),
-        opts.chunk_rows,
+        crate::source::ReadLimits {
+            chunk_rows: opts.chunk_rows,
+            max_row_bytes: opts.max_row_bytes,
+        },
     )?;
     while let Some(rows) = chunks.next_chunk()? {
         for (_, row) in rows {
@@ -259,6 +285,9 @@ fn write_rows(
             rows_read: chunks.counts().read,
             rows_total: chunks.rows_total(),
         });
+        if let Some(reason) = stop() {
+            return Err(DataError::Stopped(reason));
+        }
     }
     let mut counts = chunks.counts().clone();
     if writer.rows == 0 {
@@ -326,6 +355,7 @@ fn content_options(
             .prompt_format()
             .and_then(|f| f.sha256())
             .map(str::to_string),
+        max_row_bytes: (opts.on_invalid != InvalidPolicy::Fail).then_some(opts.max_row_bytes),
     }
 }
 

@@ -3,7 +3,7 @@
 use super::{Columns, InvalidPolicy, Mode, RowForm, RowTexts, Verdict};
 use crate::chat::Conversation;
 use crate::error::{DataError, Location, Result};
-use crate::source::{Record, Value};
+use crate::source::{Record, RecordProblem, Value};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -103,8 +103,16 @@ impl RowRules {
             keepable: true,
             problem: None,
         };
-        if let Some(p) = &rec.problem {
-            cells.note(Verdict::Invalid, "(whole line)", p.clone());
+        match &rec.problem {
+            None => {}
+            Some(p @ RecordProblem::Unreadable(_)) => {
+                cells.note(Verdict::Invalid, "(whole line)", p.to_string());
+            }
+            Some(p @ RecordProblem::TooLarge { .. }) => {
+                // Nothing of it was read: there is nothing to keep.
+                cells.keepable = false;
+                cells.note(Verdict::Invalid, "(whole row)", p.to_string());
+            }
         }
         let label_at = self.label_index();
         for (k, value) in rec.values.into_iter().enumerate() {

@@ -6,6 +6,11 @@
 //! `values` follow the order of the specs. Problems of a single row (a null, bad UTF-8, a JSON line
 //! that does not parse) are not errors here: they come back as [`Value::Invalid`] or
 //! [`Record::problem`], and the caller applies its `--on-invalid` policy.
+//!
+//! Rows are bounded ([`ReadLimits`]): a row over `max_row_bytes` is never held whole — a JSONL line
+//! is read up to the limit and the rest skipped to its newline, a parquet value's length is checked
+//! before it is copied — and comes back as [`RecordProblem::TooLarge`], naming its size and the
+//! limit. A JSONL chunk also closes once its lines hold [`CHUNK_BYTES`], whatever its row count.
 
 mod jsonl;
 mod messages;
@@ -70,14 +75,72 @@ pub enum Value {
     },
 }
 
+/// The largest row read by default (`--max-row-bytes`): 1 MiB of a JSONL line, or of a parquet
+/// row's requested cells. Tokenizing a row costs up to ~180× its bytes (issue 29 measured a 50 MB
+/// line at 9 GiB of RSS), so this bounds one row's tokenization to under ~200 MiB; rows of any task
+/// memfit trains (a few thousand tokens) are far below it.
+pub const DEFAULT_MAX_ROW_BYTES: u64 = 1 << 20;
+
+/// A JSONL chunk closes once its lines hold this many bytes, even below `chunk_rows`: 2048 rows near
+/// the row limit would otherwise be 2 GiB of text in flight.
+pub const CHUNK_BYTES: u64 = 16 << 20;
+
+/// How much a reader holds at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadLimits {
+    /// Rows per chunk.
+    pub chunk_rows: usize,
+    /// A row over this many bytes is refused ([`RecordProblem::TooLarge`]) without being held whole.
+    pub max_row_bytes: u64,
+}
+
+impl ReadLimits {
+    /// `chunk_rows` per chunk, rows up to [`DEFAULT_MAX_ROW_BYTES`].
+    pub fn rows(chunk_rows: usize) -> Self {
+        ReadLimits {
+            chunk_rows,
+            max_row_bytes: DEFAULT_MAX_ROW_BYTES,
+        }
+    }
+}
+
+/// What is wrong with a whole row; its `values` are then all `Null`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordProblem {
+    /// A JSONL line that is not a JSON object (the text says why).
+    Unreadable(String),
+    /// A row over the row limit: it was skipped, not held.
+    TooLarge { bytes: u64, limit: u64 },
+}
+
+impl std::fmt::Display for RecordProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecordProblem::Unreadable(reason) => f.write_str(reason),
+            RecordProblem::TooLarge { bytes, limit } => write!(
+                f,
+                "the row is {bytes} bytes ({}), over the row limit of {limit} bytes ({}; see \
+                 --max-row-bytes)",
+                mib(*bytes),
+                mib(*limit)
+            ),
+        }
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
 /// One row, its cells in the order of the requested columns.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Record {
     pub location: Location,
     pub values: Vec<Value>,
-    /// A problem with the whole row (a JSONL line that is not a JSON object); `values` are then all
-    /// `Null`.
-    pub problem: Option<String>,
+    /// A problem with the whole row; `values` are then all `Null`.
+    pub problem: Option<RecordProblem>,
+    /// The row's size as read: a JSONL line's bytes, a parquet row's requested cells' bytes.
+    pub bytes: u64,
 }
 
 /// A source opened for reading, chunk by chunk.
@@ -118,16 +181,19 @@ impl SourceKind {
     }
 }
 
-/// Opens `path` for the given columns; `chunk_rows` bounds the rows held at once.
+/// Opens `path` for the given columns; `limits` bound the rows held at once and each row's size.
 pub fn open(
     path: &Path,
     columns: &[ColumnSpec],
-    chunk_rows: usize,
+    limits: ReadLimits,
 ) -> Result<Box<dyn RecordReader>> {
-    let chunk_rows = chunk_rows.max(1);
+    let limits = ReadLimits {
+        chunk_rows: limits.chunk_rows.max(1),
+        ..limits
+    };
     Ok(match SourceKind::detect(path)? {
-        SourceKind::Parquet => Box::new(parquet::ParquetReader::open(path, columns, chunk_rows)?),
-        SourceKind::Jsonl => Box::new(jsonl::JsonlReader::open(path, columns, chunk_rows)?),
+        SourceKind::Parquet => Box::new(parquet::ParquetReader::open(path, columns, limits)?),
+        SourceKind::Jsonl => Box::new(jsonl::JsonlReader::open(path, columns, limits)?),
     })
 }
 

@@ -93,6 +93,10 @@ pub struct ContentOptions {
     /// (`None`: the plain format).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template_sha256: Option<String>,
+    /// The row limit rows over which were left out, when the policy leaves rows out (`skip`,
+    /// `keep`); under `fail` a row over it stops the prepare, so it changes nothing written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_row_bytes: Option<u64>,
 }
 
 /// What happened to the source rows.

@@ -8,7 +8,7 @@
 
 use crate::error::{DataError, Result};
 use crate::fsutil::write_atomic;
-use crate::source::{self, ColumnSpec, Value};
+use crate::source::{self, ColumnSpec, RecordProblem, Value};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use tokenizers::decoders::DecoderWrapper;
@@ -48,6 +48,8 @@ pub struct TrainOptions {
     pub pad: String,
     /// Rows read per chunk.
     pub chunk_rows: usize,
+    /// A row over this many bytes stops training with an error naming it, unread.
+    pub max_row_bytes: u64,
     pub out: PathBuf,
 }
 
@@ -64,6 +66,7 @@ impl TrainOptions {
             eos: "[EOS]".into(),
             pad: "[PAD]".into(),
             chunk_rows: 4096,
+            max_row_bytes: source::DEFAULT_MAX_ROW_BYTES,
             out,
         }
     }
@@ -84,7 +87,7 @@ pub struct TrainReport {
 /// stops the stream and is kept for the caller.
 struct TextStream {
     inputs: Vec<(PathBuf, Vec<ColumnSpec>)>,
-    chunk_rows: usize,
+    limits: source::ReadLimits,
     next_input: usize,
     reader: Option<Box<dyn source::RecordReader>>,
     buffered: VecDeque<String>,
@@ -102,7 +105,7 @@ impl TextStream {
                     return Ok(false);
                 };
                 self.next_input += 1;
-                self.reader = Some(source::open(path, columns, self.chunk_rows)?);
+                self.reader = Some(source::open(path, columns, self.limits)?);
             }
             let Some(reader) = self.reader.as_mut() else {
                 return Ok(false);
@@ -111,6 +114,14 @@ impl TextStream {
                 None => self.reader = None,
                 Some(chunk) => {
                     for rec in chunk {
+                        if let Some(problem @ RecordProblem::TooLarge { .. }) = rec.problem {
+                            let (path, _) = &self.inputs[self.next_input - 1];
+                            return Err(DataError::RowTooLarge {
+                                path: path.clone(),
+                                location: rec.location,
+                                reason: problem.to_string(),
+                            });
+                        }
                         self.rows += 1;
                         for v in rec.values {
                             match v {
@@ -171,7 +182,7 @@ fn columns_for(path: &Path, wanted: &[String]) -> Result<Vec<ColumnSpec>> {
     let mut present = Vec::new();
     let mut last_err = None;
     for name in wanted {
-        match source::open(path, &[ColumnSpec::text(name)], 1) {
+        match source::open(path, &[ColumnSpec::text(name)], source::ReadLimits::rows(1)) {
             Ok(_) => present.push(ColumnSpec::text(name)),
             Err(e @ DataError::MissingColumn { .. }) => last_err = Some(e),
             Err(e) => return Err(e),
@@ -245,7 +256,10 @@ pub fn train(opts: &TrainOptions) -> Result<TrainReport> {
     }
     let mut stream = TextStream {
         inputs: plan,
-        chunk_rows: opts.chunk_rows.max(1),
+        limits: source::ReadLimits {
+            chunk_rows: opts.chunk_rows.max(1),
+            max_row_bytes: opts.max_row_bytes,
+        },
         next_input: 0,
         reader: None,
         buffered: VecDeque::new(),

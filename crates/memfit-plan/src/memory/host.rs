@@ -93,6 +93,7 @@ pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
     ));
     c.retain(|x| x.bytes > 0 || x.name == "dataset");
     HostEstimate {
+        eval_rss_bytes: 0,
         peak_rss_bytes: (train + largest * ranks).max(load),
         train_rss_bytes: train,
         components: c,

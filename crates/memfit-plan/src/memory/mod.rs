@@ -100,7 +100,16 @@ pub struct HostEstimate {
     /// Peak while training (after loading), what a mid-epoch RSS reading shows.
     #[serde(skip)]
     pub train_rss_bytes: u64,
+    /// memfit's trainer: evaluation as its own phase at the micro-batch (states, the weights'
+    /// evaluation copy, one forward pass without a graph; `memfit_host::eval`); 0 where not modelled.
+    /// Not in `peak_rss_bytes`: a start shrinks the evaluation batch to fit it instead.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub eval_rss_bytes: u64,
     pub components: Vec<Component>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// A whole estimate.

@@ -1,7 +1,7 @@
 //! `memfit tokenizer`: train a BPE/Unigram tokenizer from parquet/JSONL, encode text (or a sentence
 //! pair) with one, or show how a chat row is rendered and masked for causal-LM training.
 
-use super::data::data_error;
+use super::data::{data_error, parse_row_limit};
 use crate::exit::{Outcome, bad_input};
 use clap::{Subcommand, ValueEnum};
 use memfit_data::chat::Conversation;
@@ -64,6 +64,10 @@ struct TrainArgs {
     /// Output directory.
     #[arg(long)]
     out: PathBuf,
+    /// The largest row (a JSONL line; a parquet row's columns): a larger one stops training with
+    /// an error naming it, never held whole (as `memfit data prepare --max-row-bytes`).
+    #[arg(long, value_name = "SIZE", default_value = "1MiB")]
+    max_row_bytes: String,
     #[arg(long)]
     json: bool,
 }
@@ -119,6 +123,7 @@ fn run_train(a: TrainArgs) -> Outcome {
     opts.unk = a.unk;
     opts.eos = a.eos;
     opts.pad = a.pad;
+    opts.max_row_bytes = parse_row_limit(&a.max_row_bytes)?;
     let report = train(&opts).map_err(data_error)?;
     let over = over_vocab_size(report.vocab_size, requested, a.model);
     if a.json {

@@ -9,6 +9,20 @@ use parquet::data_type::{ByteArrayType, DataType, Int32Type, Int64Type};
 use parquet::errors::{ParquetError, Result};
 use parquet::file::reader::RowGroupReader;
 
+/// One cell and the bytes it takes in the file (text and message fields; 8 for a number). A value
+/// over the row limit is not copied out of its page: it stays `Null`, its size counted, and the
+/// row is refused by its size.
+pub(super) struct Cell {
+    pub value: Value,
+    pub bytes: u64,
+}
+
+impl Cell {
+    fn sized(value: Value, bytes: u64) -> Self {
+        Cell { value, bytes }
+    }
+}
+
 /// One requested column of the current row group.
 pub(super) enum ColumnCursor {
     Flat {
@@ -47,15 +61,16 @@ impl ColumnCursor {
         })
     }
 
-    /// The cells of the next (at most) `rows` rows; fewer only at the end of the row group.
-    pub(super) fn read(&mut self, rows: usize) -> Result<Vec<Value>> {
+    /// The cells of the next (at most) `rows` rows; fewer only at the end of the row group. Values
+    /// over `max_bytes` are sized but not copied.
+    pub(super) fn read(&mut self, rows: usize, max_bytes: u64) -> Result<Vec<Cell>> {
         match self {
-            ColumnCursor::Flat { reader, values } => read_flat(reader, *values, rows),
+            ColumnCursor::Flat { reader, values } => read_flat(reader, *values, rows, max_bytes),
             ColumnCursor::Messages {
                 leaves,
                 list_def,
                 element_def,
-            } => read_messages(leaves, *list_def, *element_def, rows),
+            } => read_messages(leaves, (*list_def, *element_def), rows, max_bytes),
         }
     }
 }
@@ -98,36 +113,48 @@ fn unsupported() -> ParquetError {
 }
 
 /// A top-level column's cells: null where undefined.
-fn read_flat(reader: &mut ColumnReader, kind: FlatValues, rows: usize) -> Result<Vec<Value>> {
-    fn cells<V>(levels: Levels<V>, cell: impl Fn(V) -> Value) -> Vec<Value> {
+fn read_flat(
+    reader: &mut ColumnReader,
+    kind: FlatValues,
+    rows: usize,
+    max_bytes: u64,
+) -> Result<Vec<Cell>> {
+    fn cells<V>(levels: Levels<V>, cell: impl Fn(V) -> Cell) -> Vec<Cell> {
         let max_def = i16::from(!levels.def.is_empty());
         let defined: Vec<bool> = levels.entries(max_def).map(|(_, d)| d == max_def).collect();
         let mut values = levels.values.into_iter();
+        let null = || Cell::sized(Value::Null, 0);
         defined
             .into_iter()
             .map(|d| {
                 if d {
-                    values.next().map_or(Value::Null, &cell)
+                    values.next().map_or_else(null, &cell)
                 } else {
-                    Value::Null
+                    null()
                 }
             })
             .collect()
     }
     let unsigned = kind == FlatValues::Unsigned;
+    let int = |v: i64| Cell::sized(Value::Int(v), 8);
     Ok(match reader {
-        ColumnReader::ByteArrayColumnReader(r) => {
-            cells(read_levels(r, rows)?, |v| text_from_bytes(v.data()))
-        }
+        ColumnReader::ByteArrayColumnReader(r) => cells(read_levels(r, rows)?, |v| {
+            let bytes = v.data().len() as u64;
+            if bytes > max_bytes {
+                Cell::sized(Value::Null, bytes)
+            } else {
+                Cell::sized(text_from_bytes(v.data()), bytes)
+            }
+        }),
         ColumnReader::Int32ColumnReader(r) => cells(read_levels::<Int32Type>(r, rows)?, |v| {
-            Value::Int(if unsigned {
+            int(if unsigned {
                 i64::from(v as u32)
             } else {
                 i64::from(v)
             })
         }),
         ColumnReader::Int64ColumnReader(r) => cells(read_levels::<Int64Type>(r, rows)?, |v| {
-            Value::Int(if unsigned {
+            int(if unsigned {
                 i64::try_from(v as u64).unwrap_or(i64::MAX)
             } else {
                 v
@@ -140,15 +167,17 @@ fn read_flat(reader: &mut ColumnReader, kind: FlatValues, rows: usize) -> Result
 /// One row's messages as JSON objects, built field by field.
 type Objects = Vec<serde_json::Map<String, serde_json::Value>>;
 
-/// A conversation column's cells: each leaf adds its field to the elements of every row.
+/// A conversation column's cells: each leaf adds its field to the elements of every row. A field
+/// value over `max_bytes` is sized, not copied (the row is refused by its size).
 fn read_messages(
     leaves: &mut [(String, ColumnReader, i16)],
-    list_def: i16,
-    element_def: i16,
+    (list_def, element_def): (i16, i16),
     rows: usize,
-) -> Result<Vec<Value>> {
+    max_bytes: u64,
+) -> Result<Vec<Cell>> {
     let mut conversations: Vec<Option<Objects>> = Vec::new();
     let mut bad_text: Vec<Option<String>> = Vec::new();
+    let mut sizes: Vec<u64> = Vec::new();
     for (k, (name, reader, max_def)) in leaves.iter_mut().enumerate() {
         let ColumnReader::ByteArrayColumnReader(r) = reader else {
             return Err(unsupported());
@@ -170,6 +199,7 @@ fn read_messages(
                 if k == 0 {
                     conversations.push((def >= list_def).then(Vec::new));
                     bad_text.push(None);
+                    sizes.push(0);
                 }
             }
             if def < element_def {
@@ -179,11 +209,20 @@ fn read_messages(
                 let bytes = values
                     .next()
                     .ok_or_else(|| ParquetError::General("missing value".into()))?;
-                let text = String::from_utf8_lossy(bytes.data());
-                if let (std::borrow::Cow::Owned(_), Some(slot)) = (&text, bad_text.get_mut(row)) {
-                    *slot = Some(format!("message {element}: `{name}` is not valid UTF-8"));
+                if let Some(size) = sizes.get_mut(row) {
+                    *size += bytes.data().len() as u64;
                 }
-                text.into_owned().into()
+                if bytes.data().len() as u64 > max_bytes {
+                    // sized, not copied: the row is refused by its size
+                    serde_json::Value::Null
+                } else {
+                    let text = String::from_utf8_lossy(bytes.data());
+                    if let (std::borrow::Cow::Owned(_), Some(slot)) = (&text, bad_text.get_mut(row))
+                    {
+                        *slot = Some(format!("message {element}: `{name}` is not valid UTF-8"));
+                    }
+                    text.into_owned().into()
+                }
             } else {
                 serde_json::Value::Null
             };
@@ -207,7 +246,8 @@ fn read_messages(
     Ok(conversations
         .into_iter()
         .zip(bad_text)
-        .map(conversation_cell)
+        .zip(sizes)
+        .map(|(conversation, bytes)| Cell::sized(conversation_cell(conversation), bytes))
         .collect())
 }
 

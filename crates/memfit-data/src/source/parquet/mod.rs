@@ -6,9 +6,9 @@
 mod columns;
 mod schema;
 
-use super::{ColumnSpec, Record, RecordReader};
+use super::{ColumnSpec, ReadLimits, Record, RecordProblem, RecordReader, Value};
 use crate::error::{DataError, Location, Result};
-use columns::ColumnCursor;
+use columns::{Cell, ColumnCursor};
 use parquet::errors::ParquetError;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use schema::ColumnPlan;
@@ -19,7 +19,7 @@ pub struct ParquetReader {
     path: PathBuf,
     file: SerializedFileReader<File>,
     plans: Vec<ColumnPlan>,
-    chunk_rows: usize,
+    limits: ReadLimits,
     /// The row group being read and its columns' cursors (`None` before it is opened).
     group: usize,
     cursors: Option<Vec<ColumnCursor>>,
@@ -41,7 +41,7 @@ fn corrupt(path: &Path, reason: String) -> DataError {
 }
 
 impl ParquetReader {
-    pub fn open(path: &Path, columns: &[ColumnSpec], chunk_rows: usize) -> Result<Self> {
+    pub fn open(path: &Path, columns: &[ColumnSpec], limits: ReadLimits) -> Result<Self> {
         let file = open_file(path)?;
         let meta = file.metadata().file_metadata();
         let plans = schema::plan(path, meta.schema_descr(), columns)?;
@@ -55,7 +55,7 @@ impl ParquetReader {
             path: path.to_path_buf(),
             file,
             plans,
-            chunk_rows,
+            limits,
             group: 0,
             cursors: None,
             total_rows,
@@ -65,7 +65,7 @@ impl ParquetReader {
 
     /// The next rows of the current row group, moving on to the next group when it is done;
     /// `None` after the last group.
-    fn read_rows(&mut self) -> std::result::Result<Option<Vec<Vec<super::Value>>>, ParquetError> {
+    fn read_rows(&mut self) -> std::result::Result<Option<Vec<Vec<Cell>>>, ParquetError> {
         while self.group < self.file.num_row_groups() {
             if self.cursors.is_none() {
                 let group = self.file.get_row_group(self.group)?;
@@ -75,7 +75,7 @@ impl ParquetReader {
             let cursors = self.cursors.as_mut().expect("opened above");
             let columns = cursors
                 .iter_mut()
-                .map(|c| c.read(self.chunk_rows))
+                .map(|c| c.read(self.limits.chunk_rows, self.limits.max_row_bytes))
                 .collect::<std::result::Result<Vec<_>, _>>()?;
             let rows = columns.first().map_or(0, Vec::len);
             if columns.iter().any(|c| c.len() != rows) {
@@ -94,8 +94,8 @@ impl ParquetReader {
 }
 
 /// Column-major cells into rows.
-fn transpose(columns: Vec<Vec<super::Value>>, rows: usize) -> Vec<Vec<super::Value>> {
-    let mut out: Vec<Vec<super::Value>> = (0..rows)
+fn transpose(columns: Vec<Vec<Cell>>, rows: usize) -> Vec<Vec<Cell>> {
+    let mut out: Vec<Vec<Cell>> = (0..rows)
         .map(|_| Vec::with_capacity(columns.len()))
         .collect();
     for column in columns {
@@ -118,6 +118,26 @@ pub fn column_names(path: &Path) -> Result<Vec<String>> {
         .collect())
 }
 
+/// A row of cells as a record: refused whole ([`RecordProblem::TooLarge`]) when its cells' bytes
+/// sum over `limit` (a cell over the limit alone was never copied out of its page).
+fn record(location: Location, cells: Vec<Cell>, limit: u64) -> Record {
+    let bytes: u64 = cells.iter().map(|c| c.bytes).sum();
+    if bytes > limit {
+        return Record {
+            location,
+            values: vec![Value::Null; cells.len()],
+            problem: Some(RecordProblem::TooLarge { bytes, limit }),
+            bytes,
+        };
+    }
+    Record {
+        location,
+        values: cells.into_iter().map(|c| c.value).collect(),
+        problem: None,
+        bytes,
+    }
+}
+
 impl RecordReader for ParquetReader {
     fn next_chunk(&mut self) -> Result<Option<Vec<Record>>> {
         let rows = self.read_rows().map_err(|e| {
@@ -130,14 +150,11 @@ impl RecordReader for ParquetReader {
         let Some(rows) = rows else { return Ok(None) };
         let first = self.next_row;
         self.next_row += rows.len() as u64;
+        let limit = self.limits.max_row_bytes;
         Ok(Some(
             rows.into_iter()
                 .enumerate()
-                .map(|(r, values)| Record {
-                    location: Location::Row(first + r as u64),
-                    values,
-                    problem: None,
-                })
+                .map(|(r, cells)| record(Location::Row(first + r as u64), cells, limit))
                 .collect(),
         ))
     }

@@ -32,6 +32,7 @@
 
 mod bert;
 mod decoder;
+pub mod eval;
 mod t5;
 
 use super::setup::{Method, Optimizer, Precision, Setup};
@@ -197,9 +198,13 @@ pub fn host_with(arch: &Arch, setup: &Setup, fit: &HostFit) -> HostEstimate {
         Scaling::Neither,
         "the largest tensor's f32 copy and serialised bytes while a checkpoint is written",
     ));
+    let eval_rss_bytes = states
+        + eval::eval_weight_copy(arch, setup)
+        + eval::eval_forward_bytes(arch, setup, fit, setup.batch);
     HostEstimate {
         peak_rss_bytes: train.max(checkpoint_peak),
         train_rss_bytes: train,
+        eval_rss_bytes,
         components: c,
     }
 }

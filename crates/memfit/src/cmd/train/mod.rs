@@ -6,12 +6,12 @@
 //! (`start`), the task's engine built here, and the run driven to its end (`launch`).
 
 mod args;
-mod budget;
+pub(crate) mod budget;
 mod fit;
 mod launch;
 mod output;
 mod ranks;
-mod setup;
+pub(crate) mod setup;
 mod start;
 
 pub use args::Args;

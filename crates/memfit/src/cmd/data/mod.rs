@@ -1,5 +1,7 @@
 //! `memfit data`: prepare a token store from parquet/JSONL, or show what a store holds.
 
+mod guard;
+
 use crate::exit::{Outcome, bad_input};
 use clap::{Subcommand, ValueEnum};
 use memfit_data::prepare::{PrepareOptions, Progress};
@@ -16,7 +18,7 @@ pub struct Args {
 #[derive(Subcommand)]
 enum DataCommand {
     /// Tokenize parquet/JSONL files into a token store (tokens.bin, index.bin, meta.json).
-    Prepare(PrepareArgs),
+    Prepare(Box<PrepareArgs>),
     /// Show a store's meta.json (rows, tokens, counts, length histogram).
     Info(InfoArgs),
 }
@@ -86,6 +88,16 @@ struct PrepareArgs {
     /// Rows tokenized at once (bounds memory).
     #[arg(long, default_value_t = 2048)]
     chunk_rows: usize,
+    /// The largest row (a JSONL line; a parquet row's columns), e.g. 1MiB, 8MiB: a larger one stops
+    /// the prepare with an error naming it (or is left out under --on-invalid skip/keep), without
+    /// ever being held or tokenized whole.
+    #[arg(long, value_name = "SIZE", default_value = "1MiB")]
+    max_row_bytes: String,
+    /// RAM budget the prepare keeps (e.g. 2GiB, 60%; default: 80% of the effective available
+    /// memory), watched by train's memory guard: past its hard limit (95%) the prepare stops,
+    /// exit 75, nothing written. `--budget` is an alias.
+    #[arg(long, alias = "budget", value_name = "SIZE|PCT")]
+    budget_ram: Option<String>,
     /// Rebuild even if an up-to-date store exists.
     #[arg(long)]
     force: bool,
@@ -102,18 +114,32 @@ struct InfoArgs {
     json: bool,
 }
 
-/// A library error with the exit code it deserves: 2 for the user's input, 1 otherwise.
+/// A library error with the exit code it deserves: 2 for the user's input, 75 for a memory guard
+/// stop, 1 otherwise.
 pub(crate) fn data_error(e: DataError) -> anyhow::Error {
     if e.is_bad_input() {
         bad_input(e.to_string())
+    } else if let DataError::Stopped(reason) = e {
+        guard::stopped(reason)
     } else {
         anyhow::Error::new(e)
     }
 }
 
+/// `--max-row-bytes` as typed → bytes; exit 2 naming the value.
+pub(crate) fn parse_row_limit(text: &str) -> anyhow::Result<u64> {
+    match memfit_sys::units::parse_size(text) {
+        Ok(0) => Err(bad_input(format!(
+            "--max-row-bytes {text:?}: must be more than 0 bytes"
+        ))),
+        Ok(bytes) => Ok(bytes),
+        Err(e) => Err(bad_input(format!("--max-row-bytes {text:?}: {e}"))),
+    }
+}
+
 pub fn run(args: Args) -> Outcome {
     match args.command {
-        DataCommand::Prepare(a) => prepare(a),
+        DataCommand::Prepare(a) => prepare(*a),
         DataCommand::Info(a) => info(a),
     }
 }
@@ -147,7 +173,9 @@ fn prepare(a: PrepareArgs) -> Outcome {
     opts.label_names = a.label_names;
     opts.chat_template = a.chat_template;
     opts.chunk_rows = a.chunk_rows;
+    opts.max_row_bytes = parse_row_limit(&a.max_row_bytes)?;
     opts.force = a.force;
+    let guard = guard::start(a.budget_ram.as_deref())?;
 
     let bar = indicatif::ProgressBar::new_spinner();
     if a.json {
@@ -167,7 +195,8 @@ fn prepare(a: PrepareArgs) -> Outcome {
         }
         bar.set_position(p.rows_read);
     };
-    let report = memfit_data::prepare(&opts, &mut on_progress).map_err(data_error);
+    let stop = || guard.stop_reason();
+    let report = memfit_data::prepare_until(&opts, &mut on_progress, &stop).map_err(data_error);
     bar.finish_and_clear();
     let report = report?;
     let m = &report.meta;
