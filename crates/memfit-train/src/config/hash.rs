@@ -8,13 +8,14 @@ impl TrainConfig {
     /// The settings that decide the trajectory of the weights, as name → value. Bookkeeping
     /// (save/eval cadence, retention, threads, budget) may change across a resume.
     fn trajectory(&self) -> BTreeMap<String, serde_json::Value> {
-        const BOOKKEEPING: [&str; 13] = [
+        const BOOKKEEPING: [&str; 14] = [
             "threads",
             "save_steps",
             "keep",
             "eval_steps",
             "eval_rows",
             "eval_loss_rows",
+            "eval_batch",
             "eval_at_start",
             "gen_max_tokens",
             "best_metric",

@@ -112,6 +112,11 @@ pub struct TrainConfig {
     /// (`eval::sizing`). Left out of config.toml when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_loss_rows: Option<usize>,
+    /// Rows per evaluation batch, when evaluation alone would pass the memory budget at the
+    /// training micro-batch (the planned start sets it); none: the micro-batch. Left out of
+    /// config.toml when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_batch: Option<usize>,
     /// Evaluate before the first step too (the "before" of the summary's BLEU).
     #[serde(default, skip_serializing_if = "is_false")]
     pub eval_at_start: bool,
@@ -187,6 +192,7 @@ impl Default for TrainConfig {
             eval_steps: None,
             eval_rows: 8,
             eval_loss_rows: None,
+            eval_batch: None,
             eval_at_start: false,
             gen_max_tokens: 24,
             best_metric: BestMetric::Bleu4,

@@ -313,6 +313,7 @@ pub fn planned_start(
     };
     apply(&mut out, &setup);
     let mut planning = planning;
+    planning["evaluation"] = plan_evaluation(&arch, &setup, soft_limit, &mut out, &mut lines);
     planning["budget"] = json!(budget);
     planning["planned_below_bytes"] = json!(soft_limit);
     planning["planned_below"] = json!(format!(
@@ -327,6 +328,38 @@ pub fn planned_start(
         predicted_peak_rss_bytes: peak,
         planning,
         lines,
+    })
+}
+
+/// Evaluation as its own phase of the planned start: its predicted peak at the training
+/// micro-batch and, where that passes `limit` (the guard's soft limit), the evaluation batch
+/// halved until it fits, set in `out` and said on a line. The `evaluation` object of plan.json.
+fn plan_evaluation(
+    arch: &Arch,
+    setup: &Setup,
+    limit: u64,
+    out: &mut TrainConfig,
+    lines: &mut Vec<String>,
+) -> Value {
+    use memory::memfit_host::eval::{eval_batch_within, eval_phase};
+    let phase = |batch: u64| eval_phase(arch, setup, batch);
+    let at_micro = phase(setup.batch);
+    let batch = eval_batch_within(arch, setup, limit);
+    if batch < setup.batch {
+        out.eval_batch = Some(batch as usize);
+        lines.push(format!(
+            "  evaluation alone would peak at {} at micro-batch {} (over {}): evaluation batch {batch} \
+             → {}",
+            gib(at_micro),
+            setup.batch,
+            gib(limit),
+            gib(phase(batch))
+        ));
+    }
+    json!({
+        "predicted_peak_rss_bytes_at_micro_batch": at_micro,
+        "batch": batch,
+        "predicted_peak_rss_bytes": phase(batch),
     })
 }
 
@@ -468,6 +501,45 @@ mod tests {
         assert_eq!(tight.config.memory_budget_bytes, Some(3 << 30));
         assert_eq!(tight.planning["policy"], "auto");
         assert!(tight.planning["considered"].as_u64().unwrap() > 4);
+    }
+
+    /// Evaluation is planned as its own phase: where it alone would pass the guard's soft limit at
+    /// the training micro-batch, the start halves the evaluation batch until it fits and says so.
+    #[test]
+    fn evaluation_over_the_budget_gets_a_smaller_batch_of_its_own() {
+        let (c, m) = t5_small();
+        let v8 = PolicyChoice::parse("chatlm-v8").unwrap();
+        let start = |b: &Budget| planned_start(&c, &m, b, Fixed::default(), v8, 12 << 30).unwrap();
+        let roomy = start(&budget(64));
+        assert_eq!(roomy.config.batch, 16);
+        assert_eq!(roomy.config.eval_batch, None);
+        let eval = &roomy.planning["evaluation"];
+        assert_eq!(eval["batch"], 16);
+        let arch = arch_of(&c, &m).unwrap();
+        let setup = setup_of(&roomy.config, &arch, 0);
+        let at = |batch: u64| memory::memfit_host::eval::eval_phase(&arch, &setup, batch);
+        assert_eq!(eval["predicted_peak_rss_bytes"], at(16));
+        assert!(
+            at(4) < at(8) && at(8) < at(16),
+            "the phase grows with its batch"
+        );
+        // a budget whose soft limit holds evaluation at 4 rows, not at 8
+        let tight = Budget {
+            ram_bytes: (at(4) as f64 / c.guard_soft_fraction).ceil() as u64,
+            ..budget(1)
+        };
+        let p = start(&tight);
+        assert_eq!(p.config.eval_batch, Some(4), "{:?}", p.lines);
+        assert_eq!(p.planning["evaluation"]["batch"], 4);
+        let line = p
+            .lines
+            .iter()
+            .find(|l| l.contains("evaluation alone"))
+            .unwrap();
+        assert!(
+            line.contains("at micro-batch 16") && line.contains("evaluation batch 4"),
+            "{line}"
+        );
     }
 
     #[test]

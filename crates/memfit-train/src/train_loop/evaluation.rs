@@ -37,8 +37,9 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         Ok(true)
     }
 
-    /// Validation at the current micro-batch size (a guard downgrade applies to evaluation too; the
-    /// loss is token-weighted, so the size does not change it).
+    /// Validation at the current micro-batch size, or the planned evaluation batch where smaller (a
+    /// guard downgrade applies to evaluation too; the loss is token-weighted, so the size does not
+    /// change it).
     fn evaluate(&mut self, s: &State) -> Result<Option<EvalReport>, LoopError> {
         let Some(valid) = self.valid else {
             unreachable!("evaluate is only called with validation data")
@@ -47,7 +48,7 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         let c = self.config;
         let size = eval_size(c.eval_loss_rows, c.eval_rows, valid.len());
         let plan = EvalPlan {
-            batch: s.p.micro,
+            batch: s.p.micro.min(c.eval_batch.unwrap_or(usize::MAX)),
             loss_rows: size.loss_rows,
             generate_rows: size.generate_rows,
             stop: Some(&self.stop),

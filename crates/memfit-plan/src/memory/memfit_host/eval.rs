@@ -56,18 +56,21 @@ pub fn eval_weight_copy(arch: &Arch, setup: &Setup) -> u64 {
     if lora { 0 } else { cb * arch.params_total() }
 }
 
-/// The largest evaluation batch, at most `batch` and halving from it, whose phase (`states` + the
-/// weight copy + the forward pass) stays at or below `limit`; 1 when none does.
-pub fn eval_batch_within(
-    arch: &Arch,
-    setup: &Setup,
-    fit: &HostFit,
-    states: u64,
-    limit: u64,
-) -> u64 {
-    let fixed = states + eval_weight_copy(arch, setup);
+/// The evaluation phase's predicted peak (the estimate's `eval_rss_bytes`) at `batch` rows.
+pub fn eval_phase(arch: &Arch, setup: &Setup, batch: u64) -> u64 {
+    let at = Setup {
+        batch,
+        ..setup.clone()
+    };
+    super::host(arch, &at).eval_rss_bytes
+}
+
+/// The largest evaluation batch, the training micro-batch (`setup.batch`) or a halving of it,
+/// whose phase (the estimate's `eval_rss_bytes`: states, the weight copy, one forward pass) stays
+/// at or below `limit`; 1 when none does.
+pub fn eval_batch_within(arch: &Arch, setup: &Setup, limit: u64) -> u64 {
     let mut batch = setup.batch.max(1);
-    while batch > 1 && fixed + eval_forward_bytes(arch, setup, fit, batch) > limit {
+    while batch > 1 && eval_phase(arch, setup, batch) > limit {
         batch /= 2;
     }
     batch
@@ -114,23 +117,14 @@ mod tests {
     #[test]
     fn the_eval_batch_shrinks_until_the_phase_fits() {
         let (arch, setup) = tiny_t5(16);
-        let states = 60 << 20;
-        let phase = |b| {
-            states + eval_weight_copy(&arch, &setup) + eval_forward_bytes(&arch, &setup, &FITTED, b)
-        };
+        let phase = |b| eval_phase(&arch, &setup, b);
         // Room for the whole batch: kept.
-        assert_eq!(
-            eval_batch_within(&arch, &setup, &FITTED, states, phase(16)),
-            16
-        );
+        assert_eq!(eval_batch_within(&arch, &setup, phase(16)), 16);
         // Room for a quarter of it: halved twice, and the result fits.
         let limit = phase(4);
-        assert_eq!(eval_batch_within(&arch, &setup, &FITTED, states, limit), 4);
-        assert_eq!(
-            eval_batch_within(&arch, &setup, &FITTED, states, limit - 1),
-            2
-        );
+        assert_eq!(eval_batch_within(&arch, &setup, limit), 4);
+        assert_eq!(eval_batch_within(&arch, &setup, limit - 1), 2);
         // Nothing fits: one row at a time.
-        assert_eq!(eval_batch_within(&arch, &setup, &FITTED, states, 1), 1);
+        assert_eq!(eval_batch_within(&arch, &setup, 1), 1);
     }
 }
