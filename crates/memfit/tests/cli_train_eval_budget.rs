@@ -49,15 +49,7 @@ fn a_300_mib_budget_the_planner_accepts_holds_through_evaluation() {
             "--eval-loss-rows",
             "96",
         ])
-        .args([
-            "--eval-rows",
-            "2",
-            "--gen-max-tokens",
-            "8",
-            "--threads",
-            "1",
-            "--json",
-        ])
+        .args(["--eval-rows", "2", "--threads", "1", "--json"])
         .arg("--out")
         .arg(&run)
         .output()
