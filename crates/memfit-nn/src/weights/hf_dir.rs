@@ -78,11 +78,7 @@ impl HfWeights {
                 return Self::open_file(&single);
             }
         }
-        let names: Vec<String> = LAYOUTS
-            .iter()
-            .flat_map(|(single, index)| [*single, *index])
-            .map(str::to_string)
-            .collect();
+        let names: Vec<&str> = LAYOUTS.iter().flat_map(|&(s, i)| [s, i]).collect();
         Err(ModelError::Io(format!(
             "{}: no {}",
             dir.display(),
