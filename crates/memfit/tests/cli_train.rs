@@ -236,9 +236,16 @@ fn report_draws_the_run_against_its_budget(run: &Path) {
         .collect();
     assert_eq!(labels.len(), 3, "{labels:?}");
     assert!(labels[0].starts_with("budget ") && labels[1..] == ["peak RSS", "RSS"]);
+    report_draws_the_evaluations(run, &report);
     let svg = std::fs::read_to_string(run.join("report.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("polyline"));
-    for text in ["peak RSS", "optimizer step", "learning rate"] {
+    for text in [
+        "peak RSS",
+        "optimizer step",
+        "learning rate",
+        "validation loss",
+        "BLEU-4 (standard)",
+    ] {
         assert!(svg.contains(text), "the SVG shows {text:?}");
     }
     let png = png::Decoder::new(std::io::BufReader::new(
@@ -252,6 +259,38 @@ fn report_draws_the_run_against_its_budget(run: &Path) {
             report["height"].as_u64().unwrap()
         )
     );
+}
+
+/// The validation loss beside the training loss and the BLEU scores, each with the values of the
+/// run's `eval` events.
+fn report_draws_the_evaluations(run: &Path, report: &serde_json::Value) {
+    let evals: Vec<serde_json::Value> = std::fs::read_to_string(run.join("events.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["kind"] == "eval")
+        .collect();
+    assert!(!evals.is_empty(), "the demo run evaluates");
+    let panels = report["panels"].as_array().unwrap();
+    let series = |key: &str| {
+        panels
+            .iter()
+            .flat_map(|p| p["series"].as_array().unwrap())
+            .find(|s| s["key"] == key)
+            .unwrap_or_else(|| panic!("no {key} series"))
+            .clone()
+    };
+    assert_eq!(panels[0]["series"][1]["key"], "valid_loss");
+    for (key, field) in [
+        ("valid_loss", "valid_loss"),
+        ("bleu4", "bleu4"),
+        ("bleu4_standard", "bleu4_standard"),
+    ] {
+        let s = series(key);
+        assert_eq!(s["points"].as_u64().unwrap() as usize, evals.len(), "{key}");
+        assert_eq!(s["first"], evals[0][field], "{key}");
+        assert_eq!(s["last"], evals[evals.len() - 1][field], "{key}");
+    }
 }
 
 #[test]

@@ -150,13 +150,25 @@ fn a_bad_init_directory_exits_2_naming_it_and_leaves_no_run() {
     std::fs::copy(ckpt.join("config.json"), cut.join("config.json")).unwrap();
     let bytes = std::fs::read(ckpt.join("model.safetensors")).unwrap();
     std::fs::write(cut.join("model.safetensors"), &bytes[..bytes.len() - 100]).unwrap();
+    // A pytorch_model.bin that is not a checkpoint (no safetensors beside it, so it is read).
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::fs::copy(ckpt.join("config.json"), bin.join("config.json")).unwrap();
+    std::fs::write(bin.join("pytorch_model.bin"), &bytes[..4096]).unwrap();
     // Another architecture than --model.
     for (init, model, needle) in [
         (&empty, None, "no model.safetensors"),
         (&cut, None, "truncated"),
+        (
+            &bin,
+            None,
+            "bin/pytorch_model.bin: not a PyTorch checkpoint",
+        ),
         (&ckpt, Some("t5-small"), "another model"),
     ] {
-        let run = dir.path().join(format!("run-{}", needle.replace(' ', "-")));
+        let run = dir
+            .path()
+            .join(format!("run-{}", needle.replace([' ', '/', ':'], "-")));
         let init_s = init.display().to_string();
         let data = demo_data(&pre);
         let mut extra = vec!["--init", init_s.as_str()];

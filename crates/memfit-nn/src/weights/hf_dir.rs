@@ -1,52 +1,95 @@
 //! A Hugging Face model directory's weights as one set of names: `model.safetensors`, or the shards
-//! that `model.safetensors.index.json` lists (its `weight_map`, as transformers writes it). A family
-//! takes the tensors it knows by name; what is left over is reported or refused by the family.
+//! that `model.safetensors.index.json` lists (its `weight_map`, as transformers writes it); without
+//! safetensors, `pytorch_model.bin` or the shards of `pytorch_model.bin.index.json` (read as data
+//! through burn's PyTorch reader, never run). A family takes the tensors it knows by name; what is
+//! left over is reported or refused by the family.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use super::pytorch::PytorchFile;
 use super::read::{LoadedTensor, SafetensorsFile};
 use crate::ModelError;
 
-const SINGLE: &str = "model.safetensors";
-const INDEX: &str = "model.safetensors.index.json";
+/// Where a directory's weights may lie, in the order transformers looks: (single file, shard index).
+const LAYOUTS: [(&str, &str); 2] = [
+    ("model.safetensors", "model.safetensors.index.json"),
+    ("pytorch_model.bin", "pytorch_model.bin.index.json"),
+];
+
+/// One weights file, in either format.
+enum WeightFile {
+    Safetensors(SafetensorsFile),
+    Pytorch(PytorchFile),
+}
+
+impl WeightFile {
+    /// A `.bin` (or `.pt`/`.pth`) file is a PyTorch checkpoint; anything else is read as safetensors.
+    fn open(path: &Path) -> Result<Self, ModelError> {
+        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+        if matches!(ext, "bin" | "pt" | "pth") {
+            PytorchFile::open(path).map(Self::Pytorch)
+        } else {
+            SafetensorsFile::open(path).map(Self::Safetensors)
+        }
+    }
+
+    fn names(&self) -> Vec<String> {
+        match self {
+            Self::Safetensors(f) => f.names().map(str::to_string).collect(),
+            Self::Pytorch(f) => f.names().map(str::to_string).collect(),
+        }
+    }
+
+    fn shape(&self, name: &str) -> Option<&[usize]> {
+        match self {
+            Self::Safetensors(f) => f.shape(name),
+            Self::Pytorch(f) => f.shape(name),
+        }
+    }
+
+    fn read(&self, name: &str) -> Result<LoadedTensor, ModelError> {
+        match self {
+            Self::Safetensors(f) => f.read(name),
+            Self::Pytorch(f) => f.read(name),
+        }
+    }
+}
 
 /// The weights of one model directory (or one file), read tensor by tensor.
 pub struct HfWeights {
     source: PathBuf,
-    files: Vec<SafetensorsFile>,
+    files: Vec<WeightFile>,
     /// Tensor name → index into `files`.
     by_name: BTreeMap<String, usize>,
     taken: BTreeSet<String>,
 }
 
 impl HfWeights {
-    /// `dir/model.safetensors`, or the shards of `dir/model.safetensors.index.json`.
+    /// `dir/model.safetensors` or the shards of `dir/model.safetensors.index.json`; failing both,
+    /// `dir/pytorch_model.bin` or the shards of `dir/pytorch_model.bin.index.json`.
     pub fn open_dir(dir: &Path) -> Result<Self, ModelError> {
-        let index = dir.join(INDEX);
-        if index.is_file() {
-            return Self::open_sharded(&index);
+        for (single, index) in LAYOUTS {
+            let (single, index) = (dir.join(single), dir.join(index));
+            if index.is_file() {
+                return Self::open_sharded(&index);
+            }
+            if single.is_file() {
+                return Self::open_file(&single);
+            }
         }
-        let single = dir.join(SINGLE);
-        if single.is_file() {
-            return Self::open_file(&single);
-        }
-        let hint = if dir.join("pytorch_model.bin").exists() {
-            " (pytorch_model.bin is a pickle, which memfit does not read: save the model with \
-             `save_pretrained(dir, safe_serialization=True)`)"
-        } else {
-            ""
-        };
+        let names: Vec<&str> = LAYOUTS.iter().flat_map(|&(s, i)| [s, i]).collect();
         Err(ModelError::Io(format!(
-            "{}: no {SINGLE} or {INDEX}{hint}",
-            dir.display()
+            "{}: no {}",
+            dir.display(),
+            names.join(", ")
         )))
     }
 
-    /// One safetensors file.
+    /// One weights file: safetensors, or a PyTorch checkpoint (`.bin`, `.pt`, `.pth`).
     pub fn open_file(path: &Path) -> Result<Self, ModelError> {
-        let file = SafetensorsFile::open(path)?;
-        let by_name = file.names().map(|n| (n.to_string(), 0)).collect();
+        let file = WeightFile::open(path)?;
+        let by_name = file.names().into_iter().map(|n| (n, 0)).collect();
         Ok(Self {
             source: path.to_path_buf(),
             files: vec![file],
@@ -75,7 +118,7 @@ impl HfWeights {
             let i = match shard_of.get(shard) {
                 Some(&i) => i,
                 None => {
-                    files.push(SafetensorsFile::open(&dir.join(shard))?);
+                    files.push(WeightFile::open(&dir.join(shard))?);
                     shard_of.insert(shard.to_string(), files.len() - 1);
                     files.len() - 1
                 }

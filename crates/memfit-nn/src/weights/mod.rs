@@ -1,9 +1,11 @@
 //! Named tensors in safetensors files with Hugging Face names: writing (`write`), reading any file
-//! tensor by tensor without mapping it whole (`read`), and a Hugging Face model directory, single file
-//! or sharded, as one set of names (`hf_dir`); LoRA adapters as PEFT writes them (`peft`).
+//! tensor by tensor without mapping it whole (`read`), PyTorch's `pytorch_model.bin` (`pytorch`), and a
+//! Hugging Face model directory, single file or sharded, as one set of names (`hf_dir`); LoRA adapters
+//! as PEFT writes them (`peft`).
 
 mod hf_dir;
 pub mod peft;
+mod pytorch;
 mod read;
 mod write;
 

@@ -147,7 +147,7 @@ fn parse_header(header: &[u8], file_len: u64) -> Result<Metadata, String> {
 }
 
 /// Appends `bytes` (little-endian values of `dtype`) to `out` as f32.
-fn convert_into(dtype: Dtype, bytes: &[u8], out: &mut Vec<f32>) {
+pub(super) fn convert_into(dtype: Dtype, bytes: &[u8], out: &mut Vec<f32>) {
     match dtype {
         Dtype::F32 => out.extend(
             bytes

@@ -4,6 +4,7 @@
 
 mod grads;
 mod parity;
+mod torch_bin;
 mod weights;
 
 use burn::prelude::*;

@@ -123,7 +123,7 @@ where
     DB::ErrorType: 'static,
 {
     let (width, dashed) = match s.stroke {
-        Stroke::Solid(w) => (w, false),
+        Stroke::Solid(w) | Stroke::Dotted(w) => (w, false),
         Stroke::Dashed(w) => (w, true),
     };
     let style = s.color.stroke_width(width);
@@ -134,6 +134,12 @@ where
     let runs: Vec<_> = segments
         .flat_map(|segment| strokes(chart, segment, width))
         .collect();
+    if let Stroke::Dotted(w) = s.stroke {
+        let dots = s.points.iter().filter(|p| p.1.is_finite());
+        chart
+            .draw_series(dots.map(|&p| Circle::new(p, w + 2, s.color.filled())))
+            .map_err(drawing)?;
+    }
     for (i, pts) in runs.into_iter().enumerate() {
         let drawn = if dashed {
             chart.draw_series(DashedLineSeries::new(pts, 10, 6, style))
@@ -234,7 +240,7 @@ mod tests {
                 json!({"step": s, "loss": 3.0 / s as f64, "lr": 1e-3, "rss_bytes": b, "peak_rss_bytes": b})
             })
             .collect();
-        let panels = metrics_panels(&rows, Some(512 << 20));
+        let panels = metrics_panels(&rows, &[], Some(512 << 20));
         let (w, h) = size(panels.len());
         let mut pixels = vec![0u8; (w * h * 3) as usize];
         let root = BitMapBackend::with_buffer(&mut pixels, (w, h)).into_drawing_area();
@@ -260,7 +266,8 @@ mod tests {
     #[test]
     fn the_picture_carries_text() {
         let (w, h, pixels) = rendered();
-        assert_eq!((w, h), (1000, 44 + 3 * 320));
+        // loss, lr, memory and the late loss (3/s flattens): four panels.
+        assert_eq!((w, h), (1000, 44 + 4 * 320));
         // The title row (above the first panel) holds dark glyph pixels only if the font drew text.
         let title_dark = pixels[..(w * 44 * 3) as usize]
             .chunks(3)

@@ -1,6 +1,7 @@
 //! `memfit report RUN_DIR [--guard TIMELINE.jsonl]`: loss, learning rate and memory over the steps of
-//! a run (its `metrics.jsonl`, against the budget in its `config.toml`), and a `memfit run` guard
-//! timeline (job memory and its limit over time), drawn to `report.svg` and `report.png`.
+//! a run (its `metrics.jsonl`, against the budget in its `config.toml`), its evaluations (validation
+//! loss and scores from `events.jsonl`), and a `memfit run` guard timeline (job memory and its limit
+//! over time), drawn to `report.svg` and `report.png`.
 //!
 //! [`panels`] decides what each chart shows (series, units, axis ranges); [`chart`] draws them with
 //! plotters; this module reads the files and prints what it wrote.
@@ -57,6 +58,16 @@ fn run_budget(run: &Path) -> Result<u64, String> {
         .ok_or_else(|| format!("{}: no memory_budget_bytes", path.display()))
 }
 
+/// The `eval` events of the run's `events.jsonl` (none without the file: a run that never evaluated).
+fn run_evals(run: &Path) -> anyhow::Result<Vec<Value>> {
+    let path = run.join("events.jsonl");
+    if !path.is_file() {
+        return Ok(Vec::new());
+    }
+    let is_eval = |e: &Value| e.get("kind").and_then(Value::as_str) == Some("eval");
+    Ok(read_jsonl(&path)?.into_iter().filter(is_eval).collect())
+}
+
 /// What the report draws and where, before drawing.
 struct Report {
     title: String,
@@ -79,7 +90,12 @@ fn collect(args: &Args) -> anyhow::Result<Report> {
         }
         budget = run_budget(&args.path);
         let metrics = read_jsonl(&metrics_path)?;
-        panels.extend(panels::metrics_panels(&metrics, budget.clone().ok()));
+        let evals = run_evals(&args.path)?;
+        panels.extend(panels::metrics_panels(
+            &metrics,
+            &evals,
+            budget.clone().ok(),
+        ));
         args.path.join("report")
     } else {
         // A guard timeline on its own.

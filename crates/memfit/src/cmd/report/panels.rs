@@ -1,6 +1,6 @@
 //! What `memfit report` draws, before any drawing: panels of named series built from a run's
-//! `metrics.jsonl` and budget, or from a `memfit run` guard timeline, with each panel's axis ranges and
-//! units. chart.rs turns them into pixels.
+//! `metrics.jsonl`, its evaluations (`eval` lines of `events.jsonl`) and budget, or from a `memfit run`
+//! guard timeline, with each panel's axis ranges and units. chart.rs turns them into pixels.
 
 use plotters::chart::SeriesLabelPosition;
 use plotters::style::RGBColor;
@@ -14,11 +14,14 @@ const GIB: f64 = (1u64 << 30) as f64;
 pub enum Stroke {
     Solid(u32),
     Dashed(u32),
+    /// A solid line with a dot at each point: evaluations are few, and one alone is still seen.
+    Dotted(u32),
 }
 
 /// One line of a panel. A NaN y separates segments (the guard's action marks).
 pub struct Series {
-    /// Stable name for `--json`: loss, lr, rss, peak_rss, budget, job, limit, actions.
+    /// Stable name for `--json`: loss, valid_loss, lr, rss, peak_rss, budget, accuracy, macro_f1,
+    /// bleu4, bleu4_standard, job, limit, actions.
     pub key: &'static str,
     /// The legend's text.
     pub label: String,
@@ -45,6 +48,26 @@ pub const RSS_BLUE: RGBColor = RGBColor(20, 60, 160);
 pub const PEAK_ORANGE: RGBColor = RGBColor(255, 170, 60);
 pub const BUDGET_RED: RGBColor = RGBColor(210, 30, 30);
 pub const ACTION_PURPLE: RGBColor = RGBColor(140, 60, 170);
+pub const VALID_GREEN: RGBColor = RGBColor(20, 140, 70);
+
+/// The scores of an evaluation the report draws (`eval` events carry them by these names), with
+/// their legend and colour. Perplexity is left out: it is exp(valid loss), drawn already.
+const SCORES: [(&str, &str, RGBColor); 4] = [
+    ("accuracy", "accuracy", VALID_GREEN),
+    ("macro_f1", "macro-F1", RGBColor(120, 70, 170)),
+    ("bleu4", "BLEU-4 (seed's)", VALID_GREEN),
+    (
+        "bleu4_standard",
+        "BLEU-4 (standard)",
+        RGBColor(120, 70, 170),
+    ),
+];
+
+/// The late part of training a second loss panel zooms into: the last half of the steps …
+const LATE_SHARE: f64 = 0.5;
+/// … drawn when the loss there spans less than this share of the whole run's loss axis (the fall of
+/// the first steps flattens the rest into a line along the bottom).
+const LATE_ZOOM_BELOW: f64 = 1.0 / 3.0;
 
 fn column(rows: &[Value], x: &str, y: &str, scale: f64) -> Vec<(f64, f64)> {
     // Only finite points (a NaN y would split a line).
@@ -93,10 +116,13 @@ fn fmt_value(v: f64) -> String {
 /// shows the run at its own scale (still from zero).
 const ZOOM_BELOW_SHARE: f64 = 0.25;
 
-/// Loss, learning rate and memory over the optimizer steps of a run.
-pub fn metrics_panels(metrics: &[Value], budget_bytes: Option<u64>) -> Vec<Panel> {
+/// Loss (training and validation), learning rate and memory over the optimizer steps of a run, in
+/// that order; then, where they apply, memory at the run's own scale, the loss over the late part of
+/// training, and the evaluations' scores. `evals` are the run's `eval` events (step, valid_loss and
+/// scores by name).
+pub fn metrics_panels(metrics: &[Value], evals: &[Value], budget_bytes: Option<u64>) -> Vec<Panel> {
     let mut panels = vec![
-        loss_panel(metrics),
+        loss_panel(metrics, evals),
         lr_panel(metrics),
         memory_panel(metrics, budget_bytes),
     ];
@@ -109,6 +135,8 @@ pub fn metrics_panels(metrics: &[Value], budget_bytes: Option<u64>) -> Vec<Panel
         );
         panels.push(own);
     }
+    panels.extend(late_loss_panel(&panels[0]));
+    panels.extend(scores_panel(evals));
     panels
 }
 
@@ -118,27 +146,106 @@ fn peak_rss(metrics: &[Value]) -> f64 {
         .unwrap_or(0.0)
 }
 
-fn loss_panel(metrics: &[Value]) -> Panel {
+/// `first → last` of a series' values, or nothing without points.
+fn ends(points: &[(f64, f64)]) -> Option<String> {
+    let (a, b) = (points.first()?, points.last()?);
+    Some(format!("{} → {}", fmt_value(a.1), fmt_value(b.1)))
+}
+
+fn loss_panel(metrics: &[Value], evals: &[Value]) -> Panel {
     let points = column(metrics, "step", "loss", 1.0);
-    let ends = match (points.first(), points.last()) {
-        (Some(a), Some(b)) => format!(": {} → {}", fmt_value(a.1), fmt_value(b.1)),
-        _ => String::new(),
+    let valid = column(evals, "step", "valid_loss", 1.0);
+    let title = match (ends(&points), ends(&valid)) {
+        (Some(t), Some(v)) => format!("Loss per optimizer step: training {t}, validation {v}"),
+        (Some(t), None) => format!("Training loss per optimizer step: {t}"),
+        _ => "Training loss per optimizer step".into(),
     };
+    let mut series = vec![Series {
+        key: "loss",
+        label: "training loss".into(),
+        points,
+        color: LOSS_RED,
+        // thin: a noisy loss of thousands of steps reads better 1 pixel wide
+        stroke: Stroke::Solid(1),
+    }];
+    if !valid.is_empty() {
+        series.push(Series {
+            key: "valid_loss",
+            label: "validation loss".into(),
+            points: valid,
+            color: VALID_GREEN,
+            stroke: Stroke::Dotted(2),
+        });
+    }
     Panel {
-        title: format!("Training loss per optimizer step{ends}"),
+        title,
         x_label: "optimizer step",
         y_label: "loss (cross-entropy)".into(),
         unit: None,
         y_from_zero: false,
-        series: vec![Series {
-            key: "loss",
-            label: "loss".into(),
-            points,
-            color: LOSS_RED,
-            // thin: a noisy loss of thousands of steps reads better 1 pixel wide
-            stroke: Stroke::Solid(1),
-        }],
+        series,
     }
+}
+
+/// `loss` (the first panel) over the last [`LATE_SHARE`] of its steps, with its axis fitted to those
+/// values, where they would be a flat line on the whole run's axis.
+fn late_loss_panel(loss: &Panel) -> Option<Panel> {
+    let ((x0, x1), (y0, y1)) = loss.ranges()?;
+    let from = x1 - LATE_SHARE * (x1 - x0);
+    let series: Vec<Series> = loss
+        .series
+        .iter()
+        .map(|s| Series {
+            points: s.points.iter().copied().filter(|p| p.0 >= from).collect(),
+            label: s.label.clone(),
+            ..*s
+        })
+        .collect();
+    let late = Panel {
+        series,
+        title: String::new(),
+        y_label: loss.y_label.clone(),
+        ..*loss
+    };
+    let (_, (l0, l1)) = late.ranges()?;
+    if l1 - l0 >= LATE_ZOOM_BELOW * (y1 - y0) {
+        return None;
+    }
+    let train = &late.series[0].points;
+    let ends = ends(train).map_or(String::new(), |e| format!(": training {e}"));
+    Some(Panel {
+        title: format!(
+            "Loss over the last half of training (steps {:.0}–{:.0}){ends}",
+            from.ceil(),
+            x1
+        ),
+        ..late
+    })
+}
+
+/// The evaluations' scores over the steps (0 to 1), where the run's evaluations carry any.
+fn scores_panel(evals: &[Value]) -> Option<Panel> {
+    let series: Vec<Series> = SCORES
+        .iter()
+        .map(|&(key, label, color)| Series {
+            key,
+            label: label.into(),
+            points: column(evals, "step", key, 1.0),
+            color,
+            stroke: Stroke::Dotted(2),
+        })
+        .filter(|s| !s.points.is_empty())
+        .collect();
+    let first = series.first()?;
+    let ends = ends(&first.points).unwrap_or_default();
+    Some(Panel {
+        title: format!("Validation scores: {} {ends}", first.label),
+        x_label: "optimizer step",
+        y_label: "score".into(),
+        unit: None,
+        y_from_zero: true,
+        series,
+    })
 }
 
 fn lr_panel(metrics: &[Value]) -> Panel {
@@ -381,7 +488,7 @@ mod tests {
     #[test]
     fn memory_axis_starts_at_zero_and_covers_the_budget() {
         let budget = 3u64 << 30;
-        let panels = metrics_panels(&creeping_run(), Some(budget));
+        let panels = metrics_panels(&creeping_run(), &[], Some(budget));
         let mem = memory(&panels);
         assert_eq!(mem.unit, Some("GiB"));
         let (_, (y0, y1)) = mem.ranges().unwrap();
@@ -402,7 +509,7 @@ mod tests {
 
     #[test]
     fn a_creep_of_one_mib_stays_a_sliver_of_the_axis() {
-        let panels = metrics_panels(&creeping_run(), None);
+        let panels = metrics_panels(&creeping_run(), &[], None);
         let mem = memory(&panels);
         assert_eq!(mem.unit, Some("MiB"));
         let (_, (y0, y1)) = mem.ranges().unwrap();
@@ -414,7 +521,7 @@ mod tests {
 
     #[test]
     fn legend_names_each_line_and_rss_is_drawn_last() {
-        let panels = metrics_panels(&creeping_run(), Some(1 << 30));
+        let panels = metrics_panels(&creeping_run(), &[], Some(1 << 30));
         let mem = memory(&panels);
         let labels: Vec<&str> = mem.series.iter().map(|s| s.label.as_str()).collect();
         assert_eq!(labels, ["budget 1.00 GiB", "peak RSS", "RSS"]);
@@ -426,13 +533,13 @@ mod tests {
 
     #[test]
     fn loss_axis_follows_the_values_and_titles_carry_numbers() {
-        let panels = metrics_panels(&creeping_run(), None);
+        let panels = metrics_panels(&creeping_run(), &[], None);
         let (_, (y0, _)) = panels[0].ranges().unwrap();
         assert_eq!(y0, 0.0, "loss 5.0 → 0.1: padding stops at zero");
         let flat: Vec<Value> = (1..=3)
             .map(|s| json!({"step": s, "loss": 2.31 - 0.01 * s as f64}))
             .collect();
-        let (_, (y0, y1)) = loss_panel(&flat).ranges().unwrap();
+        let (_, (y0, y1)) = loss_panel(&flat, &[]).ranges().unwrap();
         assert!(
             y0 > 2.2 && y1 < 2.4,
             "a small change fills the loss axis: {y0}..{y1}"
@@ -447,8 +554,9 @@ mod tests {
 
     #[test]
     fn far_below_the_budget_a_second_panel_shows_the_run_from_zero() {
-        let panels = metrics_panels(&creeping_run(), Some(16 << 30));
-        assert_eq!(panels.len(), 4);
+        let memory_panels = |panels: &[Panel]| panels.iter().filter(|p| p.unit.is_some()).count();
+        let panels = metrics_panels(&creeping_run(), &[], Some(16 << 30));
+        assert_eq!(memory_panels(&panels), 2);
         let own = &panels[3];
         assert!(
             own.title
@@ -457,12 +565,13 @@ mod tests {
         assert!(own.series.iter().all(|s| s.key != "budget"));
         assert_eq!(own.ranges().unwrap().1.0, 0.0);
         // Within a quarter of the budget one memory panel says it all.
-        assert_eq!(metrics_panels(&creeping_run(), Some(1 << 30)).len(), 3);
+        let panels = metrics_panels(&creeping_run(), &[], Some(1 << 30));
+        assert_eq!(memory_panels(&panels), 1);
     }
 
     #[test]
     fn the_legend_goes_where_no_line_is() {
-        let panels = metrics_panels(&creeping_run(), Some(16 << 30));
+        let panels = metrics_panels(&creeping_run(), &[], Some(16 << 30));
         // Budget line along the top, RSS along the bottom: the middle right is free.
         assert_eq!(
             panels[2].legend_position(),
@@ -470,6 +579,99 @@ mod tests {
         );
         // At its own scale the RSS runs along the top: the lower right is free.
         assert_eq!(panels[3].legend_position(), SeriesLabelPosition::LowerRight);
+    }
+
+    /// Evaluations every 10 steps of [`creeping_run`]: validation loss and classification scores.
+    fn evals() -> Vec<Value> {
+        (1..=5u64)
+            .map(|i| {
+                json!({"kind": "eval", "step": 10 * i, "valid_loss": 1.0 / i as f64,
+                       "accuracy": 0.5 + 0.1 * i as f64, "macro_f1": 0.4 + 0.1 * i as f64,
+                       "perplexity": (1.0 / i as f64).exp()})
+            })
+            .collect()
+    }
+
+    fn series<'a>(panel: &'a Panel, key: &str) -> &'a Series {
+        panel.series.iter().find(|s| s.key == key).unwrap()
+    }
+
+    #[test]
+    fn validation_loss_is_drawn_beside_the_training_loss() {
+        let panels = metrics_panels(&creeping_run(), &evals(), None);
+        let loss = &panels[0];
+        let valid = series(loss, "valid_loss");
+        assert_eq!(valid.points[0], (10.0, 1.0));
+        assert_eq!(valid.points[4], (50.0, 0.2));
+        assert_eq!(valid.stroke, Stroke::Dotted(2));
+        assert_eq!(
+            loss.title,
+            "Loss per optimizer step: training 5.0000 → 0.1000, validation 1.0000 → 0.2000"
+        );
+        // Without evaluations the panel is what it was: the training loss alone.
+        let plain = metrics_panels(&creeping_run(), &[], None);
+        assert_eq!(plain[0].series.len(), 1);
+    }
+
+    #[test]
+    fn scores_get_their_own_panel_from_zero() {
+        let panels = metrics_panels(&creeping_run(), &evals(), None);
+        let scores = panels.last().unwrap();
+        let keys: Vec<&str> = scores.series.iter().map(|s| s.key).collect();
+        assert_eq!(
+            keys,
+            ["accuracy", "macro_f1"],
+            "perplexity is not a score drawn"
+        );
+        assert_eq!(series(scores, "accuracy").points.len(), 5);
+        assert!((series(scores, "macro_f1").points[4].1 - 0.9).abs() < 1e-12);
+        assert_eq!(scores.ranges().unwrap().1.0, 0.0);
+        assert_eq!(scores.title, "Validation scores: accuracy 0.6000 → 1.0000");
+        let bleu = [
+            json!({"kind": "eval", "step": 3, "valid_loss": 2.0, "bleu4": 0.25,
+                            "bleu4_standard": 0.2}),
+        ];
+        let seq2seq = metrics_panels(&creeping_run(), &bleu, None);
+        let labels: Vec<&str> = seq2seq
+            .last()
+            .unwrap()
+            .series
+            .iter()
+            .map(|s| s.label.as_str())
+            .collect();
+        assert_eq!(labels, ["BLEU-4 (seed's)", "BLEU-4 (standard)"]);
+        // No scores, no panel.
+        let only_loss = [json!({"kind": "eval", "step": 3, "valid_loss": 2.0})];
+        let panels = metrics_panels(&creeping_run(), &only_loss, None);
+        assert!(panels.iter().all(|p| p.y_label != "score"));
+    }
+
+    #[test]
+    fn a_flattened_loss_gets_a_panel_at_the_scale_of_its_last_half() {
+        let panels = metrics_panels(&creeping_run(), &evals(), None);
+        let late = panels
+            .iter()
+            .find(|p| p.title.starts_with("Loss over the last half"))
+            .unwrap();
+        assert_eq!(
+            late.title,
+            "Loss over the last half of training (steps 26–50): training 0.1923 → 0.1000"
+        );
+        let ((x0, _), (y0, y1)) = late.ranges().unwrap();
+        assert!(x0 >= 25.5, "x from the middle of the run: {x0}");
+        // Training 0.19 → 0.10 and validation 0.33, 0.25, 0.2 fill the axis; the whole run's went to 5.
+        assert!(y0 > 0.05 && y1 < 0.4, "{y0}..{y1}");
+        assert_eq!(series(late, "valid_loss").points.len(), 3);
+        // A loss that falls evenly to the end reads on the whole run's axis: no second panel.
+        let linear: Vec<Value> = (1..=50u64)
+            .map(|s| json!({"step": s, "loss": 5.0 - 0.1 * s as f64}))
+            .collect();
+        let panels = metrics_panels(&linear, &[], None);
+        assert!(
+            panels
+                .iter()
+                .all(|p| !p.title.starts_with("Loss over the last half"))
+        );
     }
 
     #[test]

@@ -39,8 +39,9 @@ pub struct Args {
     #[arg(long)]
     pub model: Option<String>,
     /// Start from the weights of a Hugging Face model directory (config.json + model.safetensors or
-    /// its shards; f32, f16 or bf16) or of a memfit checkpoint (RUN/best). Names the model unless
-    /// --model is given too (then both must describe the same tensors).
+    /// its shards, else pytorch_model.bin or its shards, read without running the pickle; f32, f16 or
+    /// bf16) or of a memfit checkpoint (RUN/best). Names the model unless --model is given too (then
+    /// both must describe the same tensors).
     #[arg(long, value_name = "DIR", conflicts_with = "resume")]
     pub init: Option<PathBuf>,
     /// Training data: parquet/JSONL (prepared into the run) or a token store directory.
