@@ -40,7 +40,7 @@ pub const BANDS: &[Band] = &[
     Band {
         class: "qlora",
         rows: 48,
-        p90_abs_error: 0.226,
+        p90_abs_error: 0.170,
     },
     Band {
         class: "qlora+sharded",
@@ -55,6 +55,6 @@ pub const BANDS: &[Band] = &[
     Band {
         class: "any",
         rows: 146,
-        p90_abs_error: 0.175,
+        p90_abs_error: 0.170,
     },
 ];
