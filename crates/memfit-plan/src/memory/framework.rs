@@ -107,6 +107,10 @@ pub const NCCL_BUFFERS: u64 = 1450 * MIB;
 /// 10 MiB and rounds larger ones up to 2 MiB.
 pub const ALLOC_ROUND: u64 = 512;
 pub const LARGE_SEGMENT_ROUND: u64 = 2 * MIB;
+/// Requests from this size up get a segment of their own (rounded to `LARGE_SEGMENT_ROUND`);
+/// smaller large-pool requests share 20 MiB segments (`kMinLargeAlloc`, `kLargeBuffer` in
+/// c10/cuda/CUDACachingAllocator.cpp).
+pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
 
 /// Host RSS of a Python process that imported torch + transformers and created a CUDA context
 /// with eager module loading (CUDA 11): the kernels of cuBLAS/cuDNN are resident in host memory.

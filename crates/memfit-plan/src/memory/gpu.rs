@@ -1,6 +1,7 @@
 //! GPU peak of one rank: persistent state + the worst phase + overheads + allocator slack.
 
 use super::activations::{ActivationBytes, activations};
+use super::allocator;
 use super::framework::{self, Framework};
 use super::setup::{Method, Optimizer, Setup};
 use super::states::{self, StateBytes, Trainable, model_states, trainable};
@@ -185,7 +186,10 @@ fn peak(
         0
     };
     let gather_pool = fsdp_gather_pool_bytes(arch, setup);
-    let training_reserved = allocated + stranded + gather_pool;
+    // segments shorter steps left cached (lengths varying step to step) stay reserved beside
+    // the activation phase; the step phase runs in them once they are free
+    let spread = allocator::length_spread_reserved(arch, setup, fw);
+    let training_reserved = allocated.max(activation_phase + spread) + stranded + gather_pool;
     let load_reserved = nf4_load_reserved(arch, setup, fw, st.gpu_weights);
     GpuPeak {
         grads,
@@ -226,12 +230,16 @@ fn ddp_bucket_bytes(setup: &Setup, tr: &Trainable, grad_b: u64) -> u64 {
 
 fn zero_bucket_bytes(arch: &Arch, setup: &Setup, grad_b: u64) -> u64 {
     let hidden2 = arch.hidden * arch.hidden;
+    // reduce_bucket_size: the config's, else transformers' "auto" (hidden²)
+    let bucket = setup.zero_bucket_size.unwrap_or(hidden2);
     match setup.zero.stage() {
         0 => 0,
-        // ipg reduce bucket + all-gather bucket at reduce_bucket_size = hidden² ("auto")
-        1 | 2 => 2 * hidden2 * grad_b,
-        // reduce bucket + prefetch bucket (0.9·hidden²) of 16-bit parameters
-        _ => hidden2 * grad_b + 9 * hidden2 / 10 * 2,
+        // stage_1_and_2.py `backward`: with contiguous_gradients two `ipg_buffer`s of
+        // reduce_bucket_size elements (the second for overlap_comm, which the Trainer's and
+        // Qwen's configs set), allocated whatever the trainable size
+        1 | 2 => 2 * bucket * grad_b,
+        // reduce bucket + prefetch bucket (0.9·hidden², "auto") of 16-bit parameters
+        _ => bucket * grad_b + 9 * hidden2 / 10 * 2,
     }
 }
 
@@ -424,7 +432,7 @@ fn overhead_components(fw: &Framework, peak: &GpuPeak) -> Vec<Component> {
             } else if peak.gather_pool > 0 {
                 "reserved − allocated: a second block in FSDP's gather-stream pool, seq² temporaries stranded, 2 MiB segments"
             } else {
-                "reserved − allocated: seq² temporaries stranded by block splitting, 2 MiB segments"
+                "reserved − allocated: seq² temporaries stranded by block splitting, shorter steps' segments (--length-spread), 2 MiB segments"
             },
         ),
         Component::new(
@@ -476,4 +484,31 @@ fn block_params(arch: &Arch) -> u64 {
         .map(|t| t.elements())
         .sum();
     blocks / arch.layers_total().max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::preset;
+    use crate::memory::setup::{Precision, Zero};
+
+    /// ZeRO-2's two 16-bit ipg buffers follow the config's reduce_bucket_size, whatever the
+    /// trainable size (stage_1_and_2.py `backward`).
+    #[test]
+    fn zero2_holds_two_reduce_buckets_of_the_configured_size() {
+        let arch = preset("llama-2-7b").unwrap();
+        let mut auto = Setup::new(&arch);
+        auto.precision = Precision::AmpBf16;
+        auto.method = Method::Lora;
+        auto.zero = Zero::Z2;
+        let mut set = auto.clone();
+        set.zero_bucket_size = Some(200_000_000);
+        let fw = Framework::default();
+        let (a, s) = (gpu(&arch, &auto, &fw), gpu(&arch, &set, &fw));
+        let hidden2 = arch.hidden * arch.hidden;
+        assert_eq!(
+            s.peak_allocated_bytes - a.peak_allocated_bytes,
+            2 * (200_000_000 - hidden2) * 2
+        );
+    }
 }

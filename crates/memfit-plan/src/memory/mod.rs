@@ -16,6 +16,7 @@
 //! step with its temporaries) + framework overheads + allocator slack (DESIGN.md §2).
 
 pub mod activations;
+pub mod allocator;
 pub mod band;
 mod block;
 mod ffn;

@@ -272,6 +272,25 @@ pub struct Setup {
     /// apart from the activations' (`precision`); `None` = fp32.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_precision: Option<Precision>,
+    /// Sequence lengths vary from step to step: the shortest as a fraction of the longest
+    /// (`--length-spread`, in (0, 1]; 1 = every step at `seq`). `memory/allocator.rs`.
+    #[serde(default = "full_length", skip_serializing_if = "is_full_length")]
+    pub length_spread: f64,
+    /// `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (`--expandable-segments`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expandable_segments: bool,
+    /// DeepSpeed's `reduce_bucket_size` in elements as the run's config sets it
+    /// (`--zero-bucket-size`); `None` = transformers' "auto", hidden².
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_bucket_size: Option<u64>,
+}
+
+fn full_length() -> f64 {
+    1.0
+}
+
+fn is_full_length(spread: &f64) -> bool {
+    *spread >= 1.0
 }
 
 named_enum!(
@@ -327,6 +346,9 @@ impl Setup {
             optimizer_in_backward: None,
             chunked_loss: None,
             base_precision: None,
+            length_spread: 1.0,
+            expandable_segments: false,
+            zero_bucket_size: None,
         }
     }
 

@@ -148,8 +148,15 @@ pub fn optimizer_state_bytes(setup: &Setup, tr: &Trainable, adapter_bytes: u64) 
 
 /// Whether an fp32 master copy of the trainable weights exists beside half-precision weights
 /// (DeepSpeed/FSDP mixed precision with ZeRO ≥ 1 keeps fp32 master weights in the optimizer).
+/// A DeepSpeed ZeRO optimizer keeps them for a module loaded in 16 bit too: stage_1_and_2.py
+/// builds `single_partition_of_fp32_groups` and stage3.py `fp32_partitioned_groups_flat` with
+/// `.clone().float()` of the 16-bit partitions whatever dtype the weights were loaded in (the
+/// Trainer's `--bf16` under `--deepspeed` enables DeepSpeed's bf16 mode, never pure bf16 Adam).
 pub fn uses_master(setup: &Setup) -> bool {
-    setup.precision.is_amp() && (setup.zero.stage() >= 1 || setup.stack.profile().deepspeed(setup))
+    let deepspeed = setup.stack.profile().deepspeed(setup);
+    let zero_optimizer = deepspeed && setup.zero.stage() >= 1;
+    (setup.precision.is_amp() && (setup.zero.stage() >= 1 || deepspeed))
+        || (setup.precision.is_half() && zero_optimizer)
 }
 
 /// Elements FSDP keeps a gradient for, before sharding: (all blocks, the root unit of
@@ -234,7 +241,7 @@ pub fn model_states(arch: &Arch, setup: &Setup, fw: &Framework) -> StateBytes {
     let mixed_zero = uses_master(setup);
     // With ZeRO mixed precision DeepSpeed holds 16-bit model weights and 16-bit gradients.
     let (param_b, grad_b) = if mixed_zero { (2, 2) } else { (wb, wb) };
-    if mixed_zero {
+    if mixed_zero && wb == 4 {
         weights = weights * 2 / 4;
     }
     let grads = tr.base * grad_b + tr.adapters * if fp32_lora { 4 } else { grad_b };
@@ -408,6 +415,29 @@ mod tests {
     /// DeepSpeed's estimator has no runtime or staging in its offloaded CPU figure beyond the
     /// states; its `additional_buffer_factor` 1.5 is a margin we do not add, so compare ×1.5.
     const BUFFER: f64 = 1.5;
+
+    /// A module loaded in 16 bit under a DeepSpeed ZeRO optimizer keeps the same fp32
+    /// partitions as DeepSpeed's mixed precision (`.clone().float()` of the 16-bit partitions in
+    /// stage_1_and_2.py and stage3.py); without ZeRO pure bf16 keeps 16-bit Adam states.
+    #[test]
+    fn zero_optimizer_keeps_fp32_partitions_of_a_16_bit_module() {
+        let arch = preset("t5-3b").unwrap();
+        let fw = Framework::default();
+        for zero in [Zero::Z1, Zero::Z2, Zero::Z3] {
+            let mut amp = setup(&arch, zero, 1, false, false);
+            amp.precision = Precision::AmpBf16;
+            let mut half = amp.clone();
+            half.precision = Precision::Bf16;
+            assert_eq!(
+                model_states(&arch, &half, &fw),
+                model_states(&arch, &amp, &fw),
+                "{zero:?}"
+            );
+        }
+        let mut plain = setup(&arch, Zero::Z0, 1, false, false);
+        plain.precision = Precision::Bf16;
+        assert!(!uses_master(&plain));
+    }
 
     #[test]
     fn zero2_matches_deepspeed_estimator() {

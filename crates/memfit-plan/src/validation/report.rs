@@ -201,15 +201,15 @@ const WEAKEST: &str = "\n## Where the model is weakest\n\n\
 \x20 an epoch of batches padded to varying lengths is a candidate for `T3` too. The full\n\
 \x20 fine-tuning row with the step inside backward (`T4`) is within 5%.\n\
 - Qwen's (v1) README (`Q`, a fresh source: added after the model, nothing fitted to it; goals pinned\n\
-\x20 by `fresh_source_goals`): median 20%, p90 53%. The source does not say how memory was read (NV\n\
-\x20 GiB inferred, grade C). LoRA at 256–1,024 tokens is low by a constant that grows with vocabulary ×\n\
-\x20 hidden size (1.8 / 3.5 / 5.3 GiB for 1.8B / 7B / 14B, about 6 B per element of the embedding)\n\
-\x20 that no term of the model explains yet; at 8,192 tokens it is within 13% (the logits-side terms of\n\
-\x20 Qwen's own loss, `logits::own_shifted_loss_bytes`, give 1.7 MiB per token of 151,936-vocabulary\n\
-\x20 logits against a measured growth of 1.8 for the 1.8B model). Q-LoRA on the GPTQ checkpoints\n\
-\x20 is low by 7–47%, most at short sequences and small models; full fine-tuning of 1.8B under ZeRO-3 on\n\
-\x20 one GPU is half the measured 43.5 (a constant from 256 to 2,048 tokens: a state term, not\n\
-\x20 activations).\n\
+\x20 by `fresh_source_goals`): median 9%, p90 20%, one row low by more than 25% (`Q1`). The source\n\
+\x20 does not say how memory was read (NV GiB inferred, grade C). LoRA at 256–1,024 tokens is low by\n\
+\x20 about 6 B per element of the vocabulary × hidden matrix (1.8 / 3.5 GiB for 1.8B / 7B) that no\n\
+\x20 term of finetune.py (no `modules_to_save` for the chat models these rows trained), PEFT or the\n\
+\x20 Trainer explains yet; at 8,192 tokens it is within 13%. Full fine-tuning of 1.8B under ZeRO-3 on\n\
+\x20 one GPU was half the measured 43.5 GiB until a ZeRO optimizer's fp32 partitions counted for a\n\
+\x20 module loaded in bf16 (`stage3.py` `fp32_partitioned_groups_flat`): now −5% to −13%. The GPTQ\n\
+\x20 Q-LoRA rows gained ZeRO-2's two 16-bit `ipg_buffer`s of `reduce_bucket_size` = 2e8 elements\n\
+\x20 (`ds_config_zero2.json`, 763 MiB): 1.8B −15% to −24%, larger models within 15%.\n\
 - Answer.AI's FSDP+QLoRA note (`F`): within 10% for most rows; `F1` and `F3` (batch 1, 512 tokens)\n\
 \x20 are 17–18% low on reserved (their allocated peak `F3-ALLOC` is −3%: the pool, not the live\n\
 \x20 tensors, is what is missed). The largest QLoRA batches (`F6` batch 10, `F12` batch 12 with CPU\n\

@@ -37,8 +37,14 @@ pub struct Args {
     pub grad_ckpt: bool,
     #[command(flatten)]
     pub method: MethodArgs,
+    #[command(flatten)]
+    pub lengths: LengthArgs,
     #[arg(long, default_value = "0", value_parser = parse_enum::<Zero>)]
     pub zero: Zero,
+    /// DeepSpeed's `reduce_bucket_size` (elements) where the run's config sets one (default:
+    /// transformers' "auto", hidden²).
+    #[arg(long)]
+    pub zero_bucket_size: Option<u64>,
     /// Offload optimizer states to the host: `cpu`.
     #[arg(long, value_parser = parse_cpu)]
     pub offload_optimizer: Option<bool>,
@@ -95,6 +101,37 @@ pub struct MethodArgs {
     /// (what each keeps differently: docs/memory-model.md, "Training stacks").
     #[arg(long, default_value = "hf-trainer", value_parser = parse_enum::<Stack>)]
     pub stack: Stack,
+}
+
+/// How step lengths vary, for the caching allocator (`memory/allocator.rs`): shared by
+/// `memfit estimate` and `memfit plan`.
+#[derive(clap::Args)]
+pub struct LengthArgs {
+    /// The shortest sequence of a step as a fraction of the longest (--seq), in (0, 1]: below
+    /// 1 the caching allocator keeps the segments of shorter steps reserved beside the
+    /// longest's (1 = every step padded to --seq).
+    #[arg(long, default_value_t = 1.0, value_parser = parse_spread)]
+    pub length_spread: f64,
+    /// The run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow in place:
+    /// shorter steps leave nothing reserved).
+    #[arg(long)]
+    pub expandable_segments: bool,
+}
+
+impl LengthArgs {
+    pub fn apply(&self, s: &mut Setup) {
+        s.length_spread = self.length_spread;
+        s.expandable_segments = self.expandable_segments;
+    }
+}
+
+fn parse_spread(v: &str) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(r) if r > 0.0 && r <= 1.0 => Ok(r),
+        _ => Err(format!(
+            "{v:?}: the shortest step's length over the longest's, a number in (0, 1]"
+        )),
+    }
 }
 
 impl MethodArgs {
@@ -236,12 +273,14 @@ impl Args {
         let mut s = Setup::new(arch);
         apply_task(&mut s, self.task, self.seq, self.tgt_seq);
         self.method.apply(&mut s);
+        self.lengths.apply(&mut s);
         s.batch = self.batch;
         s.accum = self.accum;
         s.precision = self.precision;
         s.optimizer = self.optimizer;
         s.grad_ckpt = self.grad_ckpt;
         s.zero = self.zero;
+        s.zero_bucket_size = self.zero_bucket_size;
         s.offload_optimizer = self.offload_optimizer.unwrap_or(false);
         s.offload_params = self.offload_params.unwrap_or(false);
         s.gpus = self.gpus;

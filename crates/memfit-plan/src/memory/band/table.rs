@@ -10,7 +10,7 @@ pub const BANDS: &[Band] = &[
     Band {
         class: "full",
         rows: 19,
-        p90_abs_error: 0.526,
+        p90_abs_error: 0.108,
     },
     Band {
         class: "full+sharded",
@@ -40,7 +40,7 @@ pub const BANDS: &[Band] = &[
     Band {
         class: "qlora",
         rows: 48,
-        p90_abs_error: 0.318,
+        p90_abs_error: 0.170,
     },
     Band {
         class: "qlora+sharded",
@@ -55,6 +55,6 @@ pub const BANDS: &[Band] = &[
     Band {
         class: "any",
         rows: 146,
-        p90_abs_error: 0.284,
+        p90_abs_error: 0.170,
     },
 ];

@@ -5,8 +5,8 @@
 mod preset;
 
 use super::estimate::{
-    MethodArgs, apply_task, band_line, component_table, dataset_of, estimate_json, load_model, out,
-    parse_enum, parse_task, write_stdout,
+    LengthArgs, MethodArgs, apply_task, band_line, component_table, dataset_of, estimate_json,
+    load_model, out, parse_enum, parse_task, write_stdout,
 };
 use crate::exit::{Outcome, bad_input, does_not_fit};
 use anyhow::Context;
@@ -47,6 +47,8 @@ pub struct Args {
     pub target_batch: u64,
     #[command(flatten)]
     pub method: MethodArgs,
+    #[command(flatten)]
+    pub lengths: LengthArgs,
     #[arg(long, default_value = "adamw", value_parser = parse_enum::<Optimizer>)]
     pub optimizer: Optimizer,
     #[arg(long, default_value = "pytorch", value_parser = parse_enum::<Runtime>)]
@@ -145,6 +147,7 @@ impl Args {
         let mut s = Setup::new(arch);
         apply_task(&mut s, self.task, self.seq, self.tgt_seq);
         self.method.apply(&mut s);
+        self.lengths.apply(&mut s);
         s.optimizer = self.optimizer;
         s.runtime = self.runtime;
         s.gpus = self.gpus;
