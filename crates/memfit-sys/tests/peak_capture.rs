@@ -13,15 +13,9 @@ const TOLERANCE: f64 = 0.03;
 
 /// `burst(mib)` allocates and fills `mib` MiB, reads the process's own charged memory, frees it and
 /// returns the reading; `report(tag, **fields)` prints one JSON line.
-const PRELUDE: &str = r#"
-import json, sys, time
-def charged():
-    f = {}
-    for line in open('/proc/self/status'):
-        k, _, v = line.partition(':')
-        if k in ('RssAnon', 'RssShmem', 'VmSwap'):
-            f[k] = int(v.split()[0]) * 1024
-    return sum(f.values())
+const PRELUDE: &str = concat!(
+    include_str!("common/charged.py"),
+    r#"
 def burst(mib):
     b = b'\x01' * (mib << 20)
     top = charged()
@@ -29,7 +23,8 @@ def burst(mib):
     return top
 def report(tag, **fields):
     print(json.dumps(dict(tag=tag, **fields)), flush=True)
-"#;
+"#
+);
 
 /// Runs `sh -c script` under the default budget; returns the summary and the JSON lines printed.
 fn run_job(script: &str) -> (RunSummary, Vec<serde_json::Value>) {

@@ -107,15 +107,9 @@ fn the_fit_recovers_fixed_and_per_sample_and_writes_profiles() {
 /// A trainer-like job: 48 MiB held, and each step's activations (6 MiB per sample) allocated, filled and
 /// freed at once, so its peak lasts a fraction of a sample period. It prints the peak it read itself at
 /// the top of its largest step (RssAnon + RssShmem + VmSwap).
-const BURSTING_JOB: &str = r#"
-import sys, time
-def charged():
-    f = {}
-    for line in open('/proc/self/status'):
-        k, _, v = line.partition(':')
-        if k in ('RssAnon', 'RssShmem', 'VmSwap'):
-            f[k] = int(v.split()[0]) * 1024
-    return sum(f.values())
+const BURSTING_JOB: &str = concat!(
+    include_str!("../../memfit-sys/tests/common/charged.py"),
+    r#"
 batch = int(sys.argv[1])
 held = b'\x02' * (48 << 20)
 top = 0
@@ -125,7 +119,8 @@ for _ in range(4):
     top = max(top, charged())
     del act
 print(top)
-"#;
+"#
+);
 
 /// Issue 29: calibrate's prediction at batch 16 from batches 1, 2, 4 within 10% of the peak the job
 /// reads itself when run at 16 (with the malloc pin its profiles set).
