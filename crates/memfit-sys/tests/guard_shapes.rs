@@ -342,7 +342,13 @@ fn mmapped_disk_file_read_whole_is_not_charged() {
         ),
         Expect::Exits(0),
     );
-    assert!(s.peak_job_bytes < BUDGET / 2, "{}", s.peak_job_bytes);
+    // What the guard charges (its samples and 20 ms re-reads) leaves the file pages out. The
+    // kernel's high-water mark cannot: pages mapped, read and unmapped between two reads of the
+    // process look like anonymous memory to it (docs/guard.md, Limits), so the recorded peak may
+    // carry them when the reads miss the mapping.
+    let sources = &s.attempts[0].peak_sources;
+    let charged = sources.sampled_bytes.max(sources.polled_bytes);
+    assert!(charged < BUDGET / 2, "{sources:?}");
 }
 
 #[test]
