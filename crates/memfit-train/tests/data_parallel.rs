@@ -94,6 +94,14 @@ fn step_losses(dir: &Path) -> Vec<f64> {
     losses(&read_jsonl(&dir.join("metrics.jsonl")))
 }
 
+/// The `valid_loss` of every evaluation in `events.jsonl`.
+fn valid_losses(dir: &Path) -> Vec<f64> {
+    (read_jsonl(&dir.join("events.jsonl")).iter())
+        .filter(|e| e["kind"] == "eval")
+        .map(|e| e["valid_loss"].as_f64().unwrap())
+        .collect()
+}
+
 /// The model weights of checkpoint `step-N`.
 fn checkpoint_weights(dir: &Path, step: u64) -> Vec<(String, Vec<f32>)> {
     let path = dir.join(format!("checkpoints/step-{step}/model.safetensors"));
@@ -163,6 +171,17 @@ fn ranks_train_as_one_device_with_the_accumulation_times_the_ranks() {
                 assert_eq!(waits.len(), ranks, "{what}: a wait per rank: {m}");
                 assert!(waits.iter().all(|w| w.as_f64().unwrap() >= 0.0), "{m}");
             }
+            // the evaluations' loss, its batches shared out between the ranks
+            let (a, b) = (valid_losses(&dir), valid_losses(&one));
+            assert!(
+                a.len() >= 2,
+                "{what}: evaluations at epoch ends and every 10 steps"
+            );
+            let diff = max_rel_diff(&a, &b);
+            assert!(
+                diff <= 1e-5,
+                "{what}: valid losses differ by {diff}: {a:?} {b:?}"
+            );
             let got = step_losses(&dir);
             let diff = max_rel_diff(&got, &reference);
             assert!(

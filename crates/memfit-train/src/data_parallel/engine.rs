@@ -12,7 +12,7 @@ use crate::engine::{
 
 impl<E> Engine for DataParallel<E>
 where
-    E: Replica,
+    E: Replica + Sync,
     E::Batch: Sync,
 {
     type Batch = E::Batch;
@@ -91,6 +91,48 @@ where
         (self.first().eval_loss(batch)).map_err(|source| self.rank_error(0, source))
     }
 
+    /// Batch `i` on rank `i mod ranks`, the ranks side by side (their weights are the same).
+    fn eval_losses(&self, batches: &[E::Batch]) -> Result<Vec<f32>, Self::Error> {
+        let ranks = self.replicas.len();
+        if ranks == 1 {
+            let first = &self.replicas[0];
+            return (batches.iter())
+                .map(|b| first.eval_loss(b).map_err(|e| self.rank_error(0, e)))
+                .collect();
+        }
+        let per_rank: Vec<Result<Vec<(usize, f32)>, Self::Error>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (self.replicas.iter().enumerate())
+                .map(|(rank, replica)| {
+                    s.spawn(move || {
+                        (batches.iter().enumerate())
+                            .filter(|(i, _)| i % ranks == rank)
+                            .map(|(i, b)| replica.eval_loss(b).map(|l| (i, l)))
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(|source| DataParallelError::Rank {
+                                rank,
+                                ranks,
+                                source,
+                            })
+                    })
+                })
+                .collect();
+            (handles.into_iter().enumerate())
+                .map(|(rank, h)| {
+                    h.join().unwrap_or_else(|p| {
+                        let message = super::panic_message(&p);
+                        Err(DataParallelError::Panicked { rank, message })
+                    })
+                })
+                .collect()
+        });
+        let mut losses = Vec::with_capacity(batches.len());
+        for rank in per_rank {
+            losses.extend(rank?);
+        }
+        losses.sort_by_key(|(i, _)| *i);
+        Ok(losses.into_iter().map(|(_, l)| l).collect())
+    }
+
     fn param_counts(&self) -> ParamCounts {
         self.first().param_counts()
     }
@@ -131,7 +173,7 @@ where
 
 impl<E> Generate for DataParallel<E>
 where
-    E: Replica + Generate,
+    E: Replica + Generate + Sync,
     E::Batch: Sync,
 {
     fn generate(
@@ -145,7 +187,7 @@ where
 
 impl<E> Classify for DataParallel<E>
 where
-    E: Replica + Classify,
+    E: Replica + Classify + Sync,
     E::Batch: Sync,
 {
     fn labels(&self) -> Vec<String> {
@@ -159,7 +201,7 @@ where
 
 impl<E> Continue for DataParallel<E>
 where
-    E: Replica + Continue,
+    E: Replica + Continue + Sync,
     E::Batch: Sync,
 {
     fn continue_prompts(

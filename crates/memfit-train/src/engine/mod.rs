@@ -116,6 +116,12 @@ pub trait Engine {
     /// Mean loss without gradients or dropout.
     fn eval_loss(&self, batch: &Self::Batch) -> Result<f32, Self::Error>;
 
+    /// [`Engine::eval_loss`] of each batch, in order; at most [`Engine::ranks`] of them run side by
+    /// side, one per rank. On one device, one after the other.
+    fn eval_losses(&self, batches: &[Self::Batch]) -> Result<Vec<f32>, Self::Error> {
+        batches.iter().map(|b| self.eval_loss(b)).collect()
+    }
+
     fn param_counts(&self) -> ParamCounts;
 
     /// Writes the model's directory (what its family is loaded from) and `optimizer.safetensors`

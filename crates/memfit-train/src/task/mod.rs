@@ -129,15 +129,20 @@ pub fn mean_loss<E: Engine, T: Task<E>>(
     let n: usize = batches.iter().map(Vec::len).sum();
     let (mut loss_sum, mut weight, mut done) = (0.0f64, 0.0f64, 0);
     progress(crate::eval::EvalPhase::Loss, 0, n);
-    for indices in batches {
+    // one batch per data-parallel rank at a time (one on one device)
+    for group in batches.chunks(engine.ranks().max(1)) {
         if plan.stopped() {
             return Ok(None);
         }
-        let b = task.collate(&read_rows(valid, &indices)?);
-        let w = task.loss_weight(&b) as f64;
-        loss_sum += f64::from(engine.eval_loss(&b)?) * w;
-        weight += w;
-        done += indices.len();
+        let collated: Vec<E::Batch> = (group.iter())
+            .map(|indices| Ok(task.collate(&read_rows(valid, indices)?)))
+            .collect::<Result<_, DataError>>()?;
+        for (b, loss) in collated.iter().zip(engine.eval_losses(&collated)?) {
+            let w = task.loss_weight(b) as f64;
+            loss_sum += f64::from(loss) * w;
+            weight += w;
+        }
+        done += group.iter().map(Vec::len).sum::<usize>();
         progress(crate::eval::EvalPhase::Loss, done, n);
     }
     let loss = if weight > 0.0 {
