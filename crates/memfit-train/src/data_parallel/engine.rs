@@ -5,6 +5,9 @@
 use std::path::Path;
 
 use super::{DataParallel, DataParallelError, on_every_rank};
+
+/// Evaluation losses with the index of their batch.
+type IndexedLosses = Vec<(usize, f32)>;
 use crate::engine::{
     Classify, Continue, Engine, Generate, GenerateConfig, MicroBatch, ParamCounts, Replica,
     StepStats, TokenRows,
@@ -100,7 +103,7 @@ where
                 .map(|b| first.eval_loss(b).map_err(|e| self.rank_error(0, e)))
                 .collect();
         }
-        let per_rank: Vec<Result<Vec<(usize, f32)>, Self::Error>> = std::thread::scope(|s| {
+        let per_rank: Vec<Result<IndexedLosses, Self::Error>> = std::thread::scope(|s| {
             let handles: Vec<_> = (self.replicas.iter().enumerate())
                 .map(|(rank, replica)| {
                     s.spawn(move || {
