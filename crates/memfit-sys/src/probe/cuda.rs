@@ -231,21 +231,26 @@ pub fn nccl_under(root: &Path) -> Option<PathBuf> {
 
 /// The site-packages directories of `python3` on PATH (none when there is no Python).
 fn python_site_packages() -> Vec<PathBuf> {
-    let out = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import site; print('\\n'.join(site.getsitepackages() + [site.getusersitepackages()]))",
-        ])
-        .stderr(std::process::Stdio::null())
-        .output();
-    match out {
-        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .filter(|l| !l.is_empty())
-            .map(PathBuf::from)
-            .collect(),
-        _ => Vec::new(),
-    }
+    // asked of Python once: NVRTC's and NCCL's searches (and `memfit check`, which runs both) share it
+    static SITE: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+    SITE.get_or_init(|| {
+        let out = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import site; print('\\n'.join(site.getsitepackages() + [site.getusersitepackages()]))",
+            ])
+            .stderr(std::process::Stdio::null())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(PathBuf::from)
+                .collect(),
+            _ => Vec::new(),
+        }
+    })
+    .clone()
 }
 
 /// A shared library opened with `dlopen`.

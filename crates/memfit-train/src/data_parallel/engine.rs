@@ -6,8 +6,6 @@ use std::path::Path;
 
 use super::{DataParallel, DataParallelError, on_every_rank};
 
-/// Evaluation losses with the index of their batch.
-type IndexedLosses = Vec<(usize, f32)>;
 use crate::engine::{
     Classify, Continue, Engine, Generate, GenerateConfig, MicroBatch, ParamCounts, Replica,
     StepStats, TokenRows,
@@ -97,41 +95,13 @@ where
     /// Batch `i` on rank `i mod ranks`, the ranks side by side (their weights are the same).
     fn eval_losses(&self, batches: &[E::Batch]) -> Result<Vec<f32>, Self::Error> {
         let ranks = self.replicas.len();
-        if ranks == 1 {
-            let first = &self.replicas[0];
-            return (batches.iter())
-                .map(|b| first.eval_loss(b).map_err(|e| self.rank_error(0, e)))
-                .collect();
-        }
-        let per_rank: Vec<Result<IndexedLosses, Self::Error>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (self.replicas.iter().enumerate())
-                .map(|(rank, replica)| {
-                    s.spawn(move || {
-                        (batches.iter().enumerate())
-                            .filter(|(i, _)| i % ranks == rank)
-                            .map(|(i, b)| replica.eval_loss(b).map(|l| (i, l)))
-                            .collect::<Result<Vec<_>, _>>()
-                            .map_err(|source| DataParallelError::Rank {
-                                rank,
-                                ranks,
-                                source,
-                            })
-                    })
-                })
-                .collect();
-            (handles.into_iter().enumerate())
-                .map(|(rank, h)| {
-                    h.join().unwrap_or_else(|p| {
-                        let message = super::panic_message(&p);
-                        Err(DataParallelError::Panicked { rank, message })
-                    })
-                })
-                .collect()
+        let results = on_every_rank(&self.replicas, |rank, replica| {
+            (batches.iter().enumerate())
+                .filter(|(i, _)| i % ranks == rank)
+                .map(|(i, b)| replica.eval_loss(b).map(|l| (i, l)))
+                .collect::<Result<Vec<_>, _>>()
         });
-        let mut losses = Vec::with_capacity(batches.len());
-        for rank in per_rank {
-            losses.extend(rank?);
-        }
+        let mut losses: Vec<(usize, f32)> = Self::first_error(results)?.concat();
         losses.sort_by_key(|(i, _)| *i);
         Ok(losses.into_iter().map(|(_, l)| l).collect())
     }

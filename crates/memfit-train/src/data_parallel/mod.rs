@@ -144,21 +144,26 @@ impl<E: Replica> DataParallel<E> {
     }
 }
 
-/// Runs `work` for every rank on a thread of its own; the results in rank order (a rank that
-/// panicked: its panic's message as the error).
-fn on_every_rank<E, T, F>(replicas: &mut [E], work: F) -> RankResults<T>
+/// Runs `work` for every rank (its replica, `&` or `&mut`) on a thread of its own; the results in
+/// rank order (a rank that panicked: its panic's message as the error).
+fn on_every_rank<I, T, F>(replicas: impl IntoIterator<Item = I>, work: F) -> RankResults<T>
 where
-    E: Send,
+    I: Send,
     T: Send,
-    F: Fn(usize, &mut E) -> T + Sync,
+    F: Fn(usize, I) -> T + Sync,
 {
-    if let [only] = replicas {
+    let mut replicas: Vec<I> = replicas.into_iter().collect();
+    if replicas.len() == 1 {
         // one device: no thread, and a panic goes on up as it would without data parallelism
-        return vec![Ok(work(0, only))];
+        return replicas
+            .pop()
+            .map(|only| Ok(work(0, only)))
+            .into_iter()
+            .collect();
     }
     std::thread::scope(|s| {
         let work = &work;
-        let handles: Vec<_> = (replicas.iter_mut().enumerate())
+        let handles: Vec<_> = (replicas.into_iter().enumerate())
             .map(|(rank, replica)| s.spawn(move || work(rank, replica)))
             .collect();
         (handles.into_iter())
