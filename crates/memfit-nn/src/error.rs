@@ -13,4 +13,8 @@ pub enum ModelError {
     /// The device had no memory left for an allocation (a smaller micro-batch may fit).
     #[error("out of device memory: {0}")]
     OutOfMemory(String),
+    /// Handing finished gradients to a reduction between data-parallel ranks failed (the
+    /// reduction stopped, or a model declared a parameter final and then added to it).
+    #[error("gradient reduction: {0}")]
+    Reduction(String),
 }

@@ -18,8 +18,8 @@ use memfit_train::checkpoint::FreeSpace;
 use memfit_train::config::{ConfigLayer, TrainConfig};
 use memfit_train::data_parallel::{Collective, CollectiveError, DataParallel, HostCollective};
 use memfit_train::engine::{
-    Backend, Engine, EngineOptions, Generate, GenerateConfig, ModelEngine, ParamCounts, Placement,
-    Replica, Seq2SeqBatch, StepStats, TokenRows,
+    Backend, Engine, EngineOptions, Generate, GenerateConfig, GradBucket, ModelEngine, ParamCounts,
+    Placement, Replica, SendBucket, Seq2SeqBatch, StepStats, TokenRows,
 };
 use memfit_train::optim::Optimizer;
 use memfit_train::signals::StopFlag;
@@ -38,10 +38,12 @@ fn t5_config() -> T5Config {
     .unwrap()
 }
 
+/// With per-block gradient checkpointing: the backward the overlapped reduction follows.
 fn engine((backend, placement): (Backend, Placement)) -> T5Engine {
     let options = EngineOptions {
         backend,
         placement,
+        grad_ckpt: true,
         ..Default::default()
     };
     ModelEngine::new(T5Model::init(t5_config(), 3), options).unwrap()
@@ -50,6 +52,53 @@ fn engine((backend, placement): (Backend, Placement)) -> T5Engine {
 fn group(ranks: usize, at: (Backend, Placement)) -> DataParallel<T5Engine> {
     let collective = Arc::new(HostCollective::new(ranks, Duration::from_secs(60)));
     DataParallel::new((0..ranks).map(|_| engine(at)).collect(), collective)
+}
+
+/// The buckets of the tiny T5's overlapped reduction, in backward order: the head (final norm),
+/// decoder blocks 1 and 0, the decoder's relative bias, the encoder's final norm, encoder blocks
+/// 1 and 0, the encoder's relative bias, and last the shared embedding (tied to the head, used by
+/// both stacks).
+const T5_BUCKETS: usize = 9;
+
+/// The host collective, counting rank 0's all-reduces.
+struct Counting {
+    inner: HostCollective,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl Counting {
+    fn new(ranks: usize) -> Self {
+        Self {
+            inner: HostCollective::new(ranks, Duration::from_secs(60)),
+            calls: Default::default(),
+        }
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Collective for Counting {
+    fn ranks(&self) -> usize {
+        self.inner.ranks()
+    }
+    fn all_reduce_sum(
+        &self,
+        rank: usize,
+        bucket: GradBucket,
+    ) -> Result<GradBucket, CollectiveError> {
+        if rank == 0 {
+            self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.inner.all_reduce_sum(rank, bucket)
+    }
+    fn abort(&self, rank: usize, reason: &str) {
+        self.inner.abort(rank, reason)
+    }
+    fn reset(&self) {
+        self.inner.reset()
+    }
 }
 
 /// Micro-batch 2 × 4 micro-batches a step (on one device: accumulation 4; on 2 ranks: 2 each; on
@@ -130,15 +179,15 @@ fn engines() -> [(Backend, Placement); 2] {
 }
 
 /// Every replica computes with the same weights, bit for bit.
-fn assert_lockstep(group: &DataParallel<T5Engine>) {
+fn assert_lockstep(replicas: &[&T5Engine]) {
     let bits = |e: &T5Engine| -> Vec<u32> {
         (e.weights_on_device().into_iter())
             .flat_map(|t: Tensor<2>| to_f32_vec(t).unwrap())
             .map(f32::to_bits)
             .collect()
     };
-    let first = bits(&group.replicas()[0]);
-    for (r, replica) in group.replicas().iter().enumerate().skip(1) {
+    let first = bits(replicas[0]);
+    for (r, replica) in replicas.iter().enumerate().skip(1) {
         assert!(bits(replica) == first, "rank {r} drifted from rank 0");
     }
 }
@@ -162,9 +211,17 @@ fn ranks_train_as_one_device_with_the_accumulation_times_the_ranks() {
         for ranks in [2, 3] {
             let what = format!("{at:?} on {ranks} ranks");
             let dir = tmp.path().join(format!("ranks-{ranks}"));
-            let mut dp = group(ranks, at);
+            let counting = Arc::new(Counting::new(ranks));
+            let replicas = (0..ranks).map(|_| engine(at)).collect();
+            let mut dp = DataParallel::new(replicas, counting.clone());
             let finish = run(&dir, &mut dp, None, StopFlag::new(), &mut Silent).unwrap();
             assert_eq!(finish, Finish::Completed, "{what}");
+            // 2 ranks: every rank's last micro-batch in the step's last group, the reduction in
+            // buckets during its backward; 3 ranks (2, 1 and 1 micro-batches): one reduction
+            // after the last group
+            let per_step = counting.calls() as f64 / 20.0;
+            let expected = if ranks == 2 { T5_BUCKETS } else { 1 };
+            assert_eq!(per_step, expected as f64, "{what}: all-reduces a step");
             let metrics = read_jsonl(&dir.join("metrics.jsonl"));
             for m in &metrics {
                 let waits = m["rank_input_wait_s"].as_array().unwrap();
@@ -194,7 +251,7 @@ fn ranks_train_as_one_device_with_the_accumulation_times_the_ranks() {
                 &checkpoint_weights(&dir, 20),
                 &checkpoint_weights(&one, 20),
             );
-            assert_lockstep(&dp);
+            assert_lockstep(&dp.replicas().iter().collect::<Vec<_>>());
         }
     }
 }
@@ -246,7 +303,7 @@ fn zero1_shards_the_optimizer_state_and_trains_as_one_device() {
                 checkpoint_optimizer(&one, 20),
             );
             assert_same_weights(&format!("{what}: optimizer.safetensors"), &w, &o);
-            assert_lockstep(&dp);
+            assert_lockstep(&dp.replicas().iter().collect::<Vec<_>>());
         }
     }
 }
@@ -332,6 +389,24 @@ struct Failing {
     inner: T5Engine,
     fail_at: Option<usize>,
     calls: usize,
+    /// The injected error is the device running out of memory (else a lost device).
+    out_of_memory: bool,
+}
+
+impl Failing {
+    /// Counts a call; the injected failure at call `fail_at`.
+    fn call(&mut self) -> Result<(), memfit_nn::ModelError> {
+        self.calls += 1;
+        match (self.fail_at == Some(self.calls), self.out_of_memory) {
+            (false, _) => Ok(()),
+            (true, false) => Err(memfit_nn::ModelError::Io(
+                "injected: the rank's device was lost".into(),
+            )),
+            (true, true) => Err(memfit_nn::ModelError::OutOfMemory(
+                "injected: CUDA_ERROR_OUT_OF_MEMORY".into(),
+            )),
+        }
+    }
 }
 
 impl Engine for Failing {
@@ -339,13 +414,11 @@ impl Engine for Failing {
     type Error = memfit_nn::ModelError;
 
     fn accumulate(&mut self, b: &Seq2SeqBatch, scale: f32, seed: u64) -> Result<f32, Self::Error> {
-        self.calls += 1;
-        if self.fail_at == Some(self.calls) {
-            return Err(memfit_nn::ModelError::Io(
-                "injected: the rank's device was lost".into(),
-            ));
-        }
+        self.call()?;
         self.inner.accumulate(b, scale, seed)
+    }
+    fn is_out_of_memory(error: &Self::Error) -> bool {
+        T5Engine::is_out_of_memory(error)
     }
     fn discard_gradients(&mut self) {
         self.inner.discard_gradients()
@@ -368,6 +441,15 @@ impl Engine for Failing {
 }
 
 impl Replica for Failing {
+    fn accumulate_and_send(
+        &mut self,
+        b: &Seq2SeqBatch,
+        scale_and_seed: (f32, u64),
+        send: &mut SendBucket<'_>,
+    ) -> Result<f32, Self::Error> {
+        self.call()?;
+        self.inner.accumulate_and_send(b, scale_and_seed, send)
+    }
     fn take_gradients(&mut self) -> Result<Vec<Option<Tensor<2>>>, Self::Error> {
         self.inner.take_gradients()
     }
@@ -446,11 +528,13 @@ fn a_failing_rank_stops_every_rank_at_the_last_completed_step() {
             inner: engine(at),
             fail_at: None,
             calls: 0,
+            out_of_memory: false,
         },
         Failing {
             inner: engine(at),
             fail_at: Some(12),
             calls: 0,
+            out_of_memory: false,
         },
     ];
     let collective = Arc::new(HostCollective::new(2, Duration::from_secs(60)));
@@ -474,8 +558,54 @@ fn a_failing_rank_stops_every_rank_at_the_last_completed_step() {
     assert_resumes_as_uninterrupted(&dir, &one);
 }
 
+/// A rank out of device memory in its last micro-batch of a step, while the other is already
+/// reducing its first buckets: the group gives up the step, meets afresh and redoes it at half the
+/// micro-batch on every rank, and the run ends as one device out of memory in the same step does
+/// (the same smaller micro-batches, so the same dropout draws).
+#[test]
+fn a_rank_out_of_memory_during_the_overlapped_reduction_halves_every_rank() {
+    let at = (Backend::Flex, Placement::Host);
+    let tmp = tempfile::tempdir().unwrap();
+    let replica = |fail_at| Failing {
+        inner: engine(at),
+        fail_at,
+        calls: 0,
+        out_of_memory: true,
+    };
+    // one device: 4 calls a step, the 24th is step 6's last
+    let one = tmp.path().join("one-oom");
+    let finish = run(
+        &one,
+        &mut replica(Some(24)),
+        None,
+        StopFlag::new(),
+        &mut Silent,
+    )
+    .unwrap();
+    assert_eq!(finish, Finish::Completed);
+    let dir = tmp.path().join("oom");
+    // rank 1's 12th call: the second (last) group of step 6
+    let replicas = vec![replica(None), replica(Some(12))];
+    let collective = Arc::new(HostCollective::new(2, Duration::from_secs(60)));
+    let mut dp = DataParallel::new(replicas, collective);
+    let finish = run(&dir, &mut dp, None, StopFlag::new(), &mut Silent).unwrap();
+    let events = read_jsonl(&dir.join("events.jsonl"));
+    assert_eq!(finish, Finish::Completed, "{events:?}");
+    let downgrade = events.iter().find(|e| e["kind"] == "downgrade").unwrap();
+    assert_eq!(downgrade["step"], 5, "{downgrade}");
+    assert_eq!(downgrade["new_micro_batch"], 1, "{downgrade}");
+    assert!(
+        downgrade["message"].as_str().unwrap().contains("rank 1"),
+        "{downgrade}"
+    );
+    let diff = max_rel_diff(&step_losses(&dir), &step_losses(&one));
+    assert!(diff <= 1e-5, "losses differ by {diff}");
+    assert_lockstep(&dp.replicas().iter().map(|f| &f.inner).collect::<Vec<_>>());
+}
+
 /// The host collective, except that its `fail_at`-th all-reduce (1-based, counted on rank 0)
-/// fails as a timed-out one does.
+/// fails as a timed-out one does (the other rank, waiting in the same all-reduce, sees it
+/// abandoned).
 struct TimingOut {
     inner: HostCollective,
     fail_at: usize,
@@ -489,8 +619,8 @@ impl Collective for TimingOut {
     fn all_reduce_sum(
         &self,
         rank: usize,
-        grads: Vec<Option<Tensor<2>>>,
-    ) -> Result<Vec<Option<Tensor<2>>>, CollectiveError> {
+        bucket: GradBucket,
+    ) -> Result<GradBucket, CollectiveError> {
         if rank == 0
             && self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == self.fail_at
         {
@@ -503,10 +633,13 @@ impl Collective for TimingOut {
                 timeout,
             });
         }
-        self.inner.all_reduce_sum(rank, grads)
+        self.inner.all_reduce_sum(rank, bucket)
     }
     fn abort(&self, rank: usize, reason: &str) {
         self.inner.abort(rank, reason)
+    }
+    fn reset(&self) {
+        self.inner.reset()
     }
 }
 
@@ -518,7 +651,8 @@ fn a_collective_that_times_out_stops_every_rank_at_the_last_completed_step() {
     let dir = tmp.path().join("timing-out");
     let collective = Arc::new(TimingOut {
         inner: HostCollective::new(2, Duration::from_secs(60)),
-        fail_at: 4,
+        // in the middle of step 4's overlapped reduction
+        fail_at: 3 * T5_BUCKETS + 5,
         calls: Default::default(),
     });
     let mut dp = DataParallel::new(vec![engine(at), engine(at)], collective);

@@ -1,7 +1,8 @@
 //! The device placement of the training state (masters, gradients, optimizer states as device
 //! tensors: the engine a GPU runs) held to the host placement (today's CPU engine): the same losses
 //! over 20 steps for each family, on flex and on burn's portable ndarray backend (which takes every
-//! kernel's burn-op fallback, the code path of a GPU), and checkpoints that move between the two.
+//! kernel's burn-op fallback, the code path of a GPU), and checkpoints that move between the two;
+//! each family's gradients sent block by block as its backward goes (data parallelism's overlap).
 
 use burn::prelude::*;
 use memfit_nn::ModelError;
@@ -12,8 +13,8 @@ use memfit_nn::layers::lora::LoraSettings;
 use memfit_nn::model::TrainModel;
 use memfit_nn::t5::{T5Config, T5Model};
 use memfit_train::engine::{
-    Backend, CausalLmBatch, ClassificationBatch, Engine, EngineOptions, ModelEngine, Placement,
-    Precision, Seq2SeqBatch, TokenRows,
+    Backend, CausalLmBatch, ClassificationBatch, Engine, EngineOptions, GradBucket, ModelEngine,
+    Placement, Precision, Replica, Seq2SeqBatch, TokenRows,
 };
 use memfit_train::optim::{AdafactorConfig, AdamWConfig, OptimizerConfig};
 use serde_json::json;
@@ -315,4 +316,85 @@ fn bf16_on_the_device_placement_is_the_host_placements_mixed_precision() {
     };
     let reference = losses(Placement::Host);
     assert_same_losses("t5 bf16", &reference, &losses(Placement::Device), 1e-5);
+}
+
+/// Each trained parameter's gradient sent once, in more buckets than blocks: what
+/// [`Replica::accumulate_and_send`] hands a data-parallel reduction during the backward.
+struct Sent {
+    buckets: usize,
+    grads: Vec<Option<Vec<f32>>>,
+}
+
+/// Two micro-batches (per-block checkpointing on), the second sending its finished gradients:
+/// each trained parameter is sent exactly once, and what is sent is what plain accumulation of the
+/// same two micro-batches holds.
+fn sent_gradients<M: TrainModel + Send>(
+    model: impl Fn() -> M,
+    at: (Backend, Placement),
+    freeze: &[&str],
+    batches: &[M::Batch],
+) -> Sent {
+    let engine = || {
+        let mut opts = options(at.0, at.1, adamw());
+        opts.grad_ckpt = true;
+        opts.freeze = freeze.iter().map(|s| s.to_string()).collect();
+        ModelEngine::new(model(), opts).unwrap()
+    };
+    let mut plain = engine();
+    for (i, b) in batches[..2].iter().enumerate() {
+        plain.accumulate(b, 0.5, i as u64).unwrap();
+    }
+    let expected = plain.accumulated_gradients();
+    let mut sending = engine();
+    sending.accumulate(&batches[0], 0.5, 0).unwrap();
+    let mut sent: Vec<Option<Vec<f32>>> = vec![None; expected.len()];
+    let mut buckets = 0;
+    let mut send = |bucket: GradBucket| {
+        buckets += 1;
+        for (i, g) in bucket {
+            assert!(sent[i].is_none(), "parameter {i} sent twice");
+            sent[i] = Some(g.into_data().try_to_vec::<f32>().unwrap());
+        }
+        Ok(())
+    };
+    sending
+        .accumulate_and_send(&batches[1], (0.5, 1), &mut send)
+        .unwrap();
+    let trained = sending.trained_sizes();
+    for (i, (e, s)) in expected.iter().zip(&sent).enumerate() {
+        assert_eq!(s.is_some(), trained[i].is_some(), "parameter {i}");
+        if let (Some(e), Some(s)) = (e, s) {
+            let worst = (e.iter().zip(s))
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(worst <= 1e-6, "parameter {i}: sent differs by {worst}");
+        }
+    }
+    Sent {
+        buckets,
+        grads: sent,
+    }
+}
+
+#[test]
+fn every_family_sends_its_gradients_block_by_block_as_the_backward_goes() {
+    for at in [placements()[0], placements()[2]] {
+        // head, 2 decoder blocks, decoder bias, encoder norm, 2 encoder blocks, encoder bias, the
+        // shared embedding; frozen embeddings and encoder: the decoder side only
+        let t5 = || T5Model::init(t5_config(), 3);
+        let sent = sent_gradients(t5, at, &[], &t5_batches());
+        assert_eq!(sent.buckets, 9, "t5 {at:?}");
+        let sent = sent_gradients(t5, at, &["embeddings", "encoder"], &t5_batches());
+        assert_eq!(sent.buckets, 4, "t5 frozen encoder {at:?}");
+        assert!(sent.grads.iter().any(Option::is_none));
+        // head, 2 layers, the embeddings
+        let bert = || BertModel::init(bert_config(), 11);
+        assert_eq!(sent_gradients(bert, at, &[], &bert_batches()).buckets, 4);
+        // LoRA: the adapters of each layer, nothing else trains
+        let lora = || decoder_model(at.0.device()).unwrap();
+        assert_eq!(sent_gradients(lora, at, &[], &decoder_batches()).buckets, 2);
+        // full: head (final norm, untied head), 2 layers, the embedding
+        let full = || DecoderModel::init(decoder_config(), &DecoderOptions::full()).unwrap();
+        assert_eq!(sent_gradients(full, at, &[], &decoder_batches()).buckets, 4);
+    }
 }

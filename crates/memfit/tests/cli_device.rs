@@ -187,15 +187,26 @@ fn cpu_ranks_train_as_one_device_and_resume_on_another_rank_count() {
         "config.toml keeps a step's micro-batches: {config}"
     );
     let sharded = dir.path().join("zero1");
-    let out = train_with(&sharded, "cpu:2", "1", &["--shard-optimizer"]);
+    assert!(
+        err.contains("all-reduced after each step's last backward"),
+        "{err}"
+    );
+    // ZeRO-1 with per-block checkpointing: the reduce overlapped with the backward
+    let out = train_with(
+        &sharded,
+        "cpu:2",
+        "1",
+        &["--shard-optimizer", "--grad-ckpt"],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(
         err.contains("optimizer state sharded between the ranks (ZeRO-1)"),
         "{err}"
     );
+    assert!(err.contains("all-reduced block by block"), "{err}");
     assert_same_losses(
-        "cpu:2 ZeRO-1 against cpu × accum 2",
+        "cpu:2 ZeRO-1 with --grad-ckpt against cpu × accum 2",
         &losses(&sharded),
         &losses(&one),
     );

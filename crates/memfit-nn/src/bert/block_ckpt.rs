@@ -64,7 +64,9 @@ pub fn loss(
     let loss = masked_cross_entropy(logits, labels, &vec![true; x.batch]);
     let mut grads = loss.clone().mul_scalar(pass.loss_scale).backward();
     sink.gradients(&mut grads)?;
+    sink.finished(&model.layout.head_params())?;
     let mut cotangent = last.grad(&grads);
+    let layer_params = model.layout.layer_params();
 
     // Layers, last first, each recomputed from its saved input.
     for (i, (input, layer_drops)) in inputs.into_iter().enumerate().rev() {
@@ -75,6 +77,7 @@ pub fn loss(
             sink.gradients(&mut grads)?;
             cotangent = x_leaf.grad(&grads);
         }
+        sink.finished(&layer_params[i])?;
     }
     // The embeddings, recomputed with their parameters tracked (the word rows as a leaf).
     if let Some(cot) = cotangent {

@@ -148,6 +148,19 @@ impl Builder {
 }
 
 impl BertLayout {
+    /// The head's parameters (pooler or dense, classifier): final once the loss's backward is done.
+    pub fn head_params(&self) -> Vec<usize> {
+        let Head { dense, out } = self.head;
+        vec![dense.weight, dense.bias, out.weight, out.bias]
+    }
+
+    /// Each encoder layer's parameters, final once that layer's backward is done.
+    pub fn layer_params(&self) -> Vec<Vec<usize>> {
+        let names: Vec<&str> = self.specs.iter().map(|s| s.name.as_str()).collect();
+        let part = |i| format!(".encoder.layer.{i}.");
+        crate::layers::grad_sink::block_params(&names, self.layers.len(), part, &[])
+    }
+
     pub fn new(cfg: &BertConfig) -> Self {
         let mut b = Builder {
             specs: Vec::new(),

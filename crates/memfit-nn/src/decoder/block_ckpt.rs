@@ -64,7 +64,9 @@ pub fn loss(
     };
     let out = tracked_fwd.final_norm(last.clone());
     let (loss, grads) = loss_through_head(&tracked_fwd.lm_head(), out, head, &mut sink)?;
+    sink.finished(&model.head_params())?;
     let mut cotangent = grads.and_then(|g| last.grad(&g));
+    let layer_params = model.layer_params();
 
     // Layers, last first, each recomputed from its saved input.
     for (i, (input, layer_drops)) in inputs.into_iter().enumerate().rev() {
@@ -75,6 +77,7 @@ pub fn loss(
             sink.gradients(&mut grads)?;
             cotangent = x_leaf.grad(&grads);
         }
+        sink.finished(&layer_params[i])?;
     }
     if let Some(cot) = cotangent.filter(|_| embed_trains) {
         let [bt, d] = [rows.batch * rows.len, model.config.hidden_size];

@@ -51,6 +51,7 @@ pub use lora::LoraLayout;
 pub use crate::layers::lora::LoraSettings;
 
 use crate::ModelError;
+use crate::layers::grad_sink::block_params;
 use crate::layers::params;
 use crate::weights::{HfWeights, LoadReport};
 
@@ -308,6 +309,29 @@ impl DecoderModel {
             State::Full { .. } => &self.layout.specs,
             State::Lora { layout, .. } => &layout.specs,
         }
+    }
+
+    /// The trained parameters final once the head's backward is done (the final norm and an
+    /// untied LM head; none under LoRA, whose adapters are all in the layers).
+    pub fn head_params(&self) -> Vec<usize> {
+        match &self.state {
+            State::Full { .. } => std::iter::once(self.layout.norm)
+                .chain(self.layout.lm_head)
+                .collect(),
+            State::Lora { .. } => Vec::new(),
+        }
+    }
+
+    /// Each layer's trained parameters (its weights, or its LoRA adapters), final once that
+    /// layer's backward is done.
+    pub fn layer_params(&self) -> Vec<Vec<usize>> {
+        let names: Vec<&str> = self
+            .trained_specs()
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        let layers = self.layout.layers.len();
+        block_params(&names, layers, |i| format!("model.layers.{i}."), &[])
     }
 
     /// [`Self::trained`] uploaded to `device` as `dtype`, untracked: the parameters a pass reads.

@@ -16,6 +16,15 @@ pub trait GradSink {
     /// Gradients of some rows of parameter `index` (an embedding table): row `r` of `grad`
     /// `[ids.len(), width]` adds to the parameter's row `ids[r]` (ids may repeat).
     fn rows(&mut self, index: usize, ids: &[usize], grad: Tensor<2>) -> Result<(), Self::Error>;
+
+    /// The parameters `params` receive nothing more in this micro-batch's backward: a
+    /// data-parallel trainer may reduce their gradients between ranks while the rest of the
+    /// backward runs. A model calls it where its structure says so; never calling it is correct
+    /// (everything is final when the backward returns), calling it early is a bug the trainer
+    /// reports.
+    fn finished(&mut self, _params: &[usize]) -> Result<(), Self::Error> {
+        Ok(())
+    }
 }
 
 /// Where a trainer collects a micro-batch's parameter gradients, indexed as the model's
@@ -31,6 +40,32 @@ pub trait GradTarget {
         ids: &[usize],
         grad: Tensor<2>,
     ) -> Result<(), crate::ModelError>;
+
+    /// As [`GradSink::finished`].
+    fn finished(&mut self, _params: &[usize]) -> Result<(), crate::ModelError> {
+        Ok(())
+    }
+}
+
+/// Each of `count` blocks' parameter indices, from the parameters' transformers names (in
+/// parameter order): block `i`'s names contain `part(i)` (`model.layers.3.`, which its LoRA
+/// adapters' names contain too); `except` are left out (a parameter of block 0 that every block
+/// uses, as T5's relative attention bias).
+pub fn block_params(
+    names: &[&str],
+    count: usize,
+    part: impl Fn(usize) -> String,
+    except: &[usize],
+) -> Vec<Vec<usize>> {
+    (0..count)
+        .map(|block| {
+            let part = part(block);
+            (names.iter().enumerate())
+                .filter(|(i, name)| name.contains(&part) && !except.contains(i))
+                .map(|(i, _)| i)
+                .collect()
+        })
+        .collect()
 }
 
 /// A [`GradSink`] over a model's tracked parameter leaves: takes each trainable leaf's gradient
@@ -74,6 +109,10 @@ impl GradSink for LeafSink<'_> {
             self.target.rows(index, ids, grad)?;
         }
         Ok(())
+    }
+
+    fn finished(&mut self, params: &[usize]) -> Result<(), crate::ModelError> {
+        self.target.finished(params)
     }
 }
 

@@ -112,7 +112,9 @@ pub fn loss_and_grads<E>(
         chunk_logits: CHUNK_LOGITS,
     };
     let (loss, grads) = loss_through_head(tracked, out, head, sink)?;
+    sink.finished(&layout.head_params())?;
     let mut cotangent = grads.and_then(|g| y_leaf.grad(&g));
+    let (dec_params, enc_params) = (layout.block_params(true), layout.block_params(false));
 
     // Decoder blocks, last first; the encoder output and the bias gather their cotangents.
     let encoded_leaf = leaf(&encoded, trainable.encoder || trainable.shared);
@@ -135,12 +137,14 @@ pub fn loss_and_grads<E>(
             collect(&mut encoded_cot, &encoded_leaf, &grads);
             collect(&mut dec_bias_cot, &dec_bias_leaf, &grads);
         }
+        sink.finished(&dec_params[i])?;
     }
     if let Some(cot) = dec_bias_cot
         && let Some(mut grads) = pull(tracked.decoder_bias(t, &device), &cot)
     {
         sink.gradients(&mut grads)?;
     }
+    sink.finished(&[layout.decoder_rel_bias])?;
     if let Some(cot) = cotangent {
         embedding_backward(tracked, batch.decoder_ids, dec_embed_drop, &cot, sink)?;
     }
@@ -158,6 +162,7 @@ pub fn loss_and_grads<E>(
             cotangent = x_leaf.grad(&grads);
         }
     }
+    sink.finished(&[layout.encoder_norm])?;
     let enc_bias_leaf = leaf(&enc_bias, trainable.encoder_rel_bias);
     let mut enc_bias_cot = None;
     for (i, (input, block_drop)) in enc_inputs.into_iter().enumerate().rev() {
@@ -169,12 +174,14 @@ pub fn loss_and_grads<E>(
             cotangent = x_leaf.grad(&grads);
             collect(&mut enc_bias_cot, &enc_bias_leaf, &grads);
         }
+        sink.finished(&enc_params[i])?;
     }
     if let Some(cot) = enc_bias_cot
         && let Some(mut grads) = pull(tracked.encoder_bias(s, &batch.mask), &cot)
     {
         sink.gradients(&mut grads)?;
     }
+    sink.finished(&[layout.encoder_rel_bias])?;
     if let Some(cot) = cotangent {
         embedding_backward(tracked, batch.input_ids, enc_embed_drop, &cot, sink)?;
     }

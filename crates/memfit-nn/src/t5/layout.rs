@@ -79,6 +79,27 @@ pub struct T5Layout {
 }
 
 impl T5Layout {
+    /// Each encoder (`decoder`) block's parameters, final once that block's backward is done:
+    /// block 0's relative attention bias is left out (every block uses it).
+    pub fn block_params(&self, decoder: bool) -> Vec<Vec<usize>> {
+        let names: Vec<&str> = self.specs.iter().map(|s| s.name.as_str()).collect();
+        let (stack, blocks) = match decoder {
+            false => ("encoder", self.encoder.len()),
+            true => ("decoder", self.decoder.len()),
+        };
+        let biases = [self.encoder_rel_bias, self.decoder_rel_bias];
+        let part = |i| format!("{stack}.block.{i}.");
+        crate::layers::grad_sink::block_params(&names, blocks, part, &biases)
+    }
+
+    /// The parameters final once the head's backward is done: the decoder's final norm and an
+    /// untied LM head.
+    pub fn head_params(&self) -> Vec<usize> {
+        std::iter::once(self.decoder_norm)
+            .chain(self.lm_head)
+            .collect()
+    }
+
     /// Whether two layouts hold the same tensors (names and shapes, in order): weights of one fit the
     /// other, whatever their init scales or other hyper-parameters.
     pub fn same_tensors(&self, other: &T5Layout) -> bool {

@@ -4,8 +4,12 @@
 //! rank (w = ranks); ZeRO-1/2 reduce-scatter the gradients and all-gather the updated weights, the
 //! same volume. The reduced bytes are the trained parameters' gradients:
 //! - memfit train (`--runtime memfit`, `memfit_train::data_parallel`): dense f32 gradients, reduced
-//!   once per optimizer step after the last backward, before any optimizer runs — nothing of it
-//!   overlaps the backward (`overlap` 0).
+//!   once per optimizer step. With per-block gradient checkpointing its backward runs block by
+//!   block, and each block's gradients are all-reduced as soon as that block is done, during the
+//!   last micro-batch's backward (`memfit_train::data_parallel::overlap`): what stays exposed is
+//!   what outlasts the backward and at least the tail — the first block's bucket and the embedding
+//!   table, whose backward comes last. Without checkpointing the backward is one autodiff pass and
+//!   the reduce runs after it (`overlap` 0).
 //! - the PyTorch stack: gradients in the weights' dtype (fp32 master gradients under AMP), reduced
 //!   once per step (accelerate's `accumulate` wraps the accumulation micro-batches in `no_sync`).
 //!   DDP all-reduces its gradient buckets asynchronously as each bucket's gradients become ready in
@@ -25,7 +29,8 @@
 
 use super::throughput::rates::{INTER_NODE_BW, INTRA_NODE_BW};
 use crate::arch::Arch;
-use crate::memory::states::trainable;
+use crate::arch::params::Role;
+use crate::memory::states::{base_trains, trainable};
 use crate::memory::{Runtime, Setup};
 use serde::Serialize;
 
@@ -44,7 +49,8 @@ pub struct Comm {
     pub allreduce_bytes_per_step: f64,
     /// That reduce at the nominal link rate.
     pub allreduce_s_per_step: f64,
-    /// The fraction of the reduce hidden behind the backward (0 for memfit train).
+    /// The fraction of the reduce hidden behind the backward (memfit train: 0 without gradient
+    /// checkpointing).
     pub overlap: f64,
     /// ZeRO-3 / FSDP full-shard parameter all-gathers, charged in full.
     pub gather_s_per_step: f64,
@@ -90,18 +96,17 @@ pub fn comm(arch: &Arch, setup: &Setup, compute_s: f64) -> Comm {
     let grads = gradient_bytes(arch, setup);
     let bytes = 2.0 * shard * grads;
     let reduce_s = bytes / link;
-    let overlap = match setup.runtime {
-        Runtime::Memfit => 0.0,
-        Runtime::Pytorch => {
-            let backward_window = compute_s / setup.accum.max(1) as f64 * BACKWARD_SHARE;
-            let last_bucket_s = reduce_s * (DDP_BUCKET_BYTES / grads).min(1.0);
-            let exposed = (reduce_s - backward_window).max(last_bucket_s);
-            if reduce_s > 0.0 {
-                1.0 - exposed / reduce_s
-            } else {
-                0.0
-            }
-        }
+    let backward_window = compute_s / setup.accum.max(1) as f64 * BACKWARD_SHARE;
+    let tail_bytes = match setup.runtime {
+        Runtime::Memfit if !setup.grad_ckpt => grads,
+        Runtime::Memfit => memfit_tail_bytes(arch, setup).min(grads),
+        Runtime::Pytorch => DDP_BUCKET_BYTES.min(grads),
+    };
+    let overlap = if reduce_s > 0.0 {
+        let exposed = (reduce_s - backward_window).max(reduce_s * tail_bytes / grads);
+        1.0 - exposed / reduce_s
+    } else {
+        0.0
     };
     let gather_s = if setup.zero.stage() == 3 {
         let params = arch.params_total() as f64 * setup.precision.weight_bytes() as f64;
@@ -116,6 +121,18 @@ pub fn comm(arch: &Arch, setup: &Setup, compute_s: f64) -> Comm {
         gather_s_per_step: gather_s,
         link_bytes_per_s: link,
     }
+}
+
+/// What memfit train reduces after its backward ends (f32): the embedding table, trained, whose
+/// backward comes last, and one block's share of the rest, reduced as that first block finishes.
+fn memfit_tail_bytes(arch: &Arch, setup: &Setup) -> f64 {
+    let embedding: u64 = (arch.tensors.iter())
+        .filter(|t| t.role == Role::Embedding && base_trains(t, setup))
+        .map(|t| t.elements())
+        .sum();
+    let blocks = (arch.encoder_layers + arch.decoder_layers).max(1);
+    let rest = trainable(arch, setup).total().saturating_sub(embedding);
+    4.0 * (embedding + rest / blocks) as f64
 }
 
 /// The same training on one GPU at the same effective batch: the accumulation takes the ranks'

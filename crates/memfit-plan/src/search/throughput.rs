@@ -17,8 +17,8 @@
 //!   gradient_accumulation_steps > 1), then at the step the updated 16-bit weights go up; Adam runs
 //!   on the CPU. With parameter offload every parameter crosses twice per micro-batch;
 //! - data-parallel communication ([`super::data_parallel`]): ring all-reduce moves 2·(w−1)/w of
-//!   the gradient bytes, overlapped with the backward in the PyTorch stack and not in memfit's
-//!   trainer; ZeRO-3 adds all-gathers of the parameters in forward and backward.
+//!   the gradient bytes, overlapped with the backward (in memfit's trainer only under per-block
+//!   gradient checkpointing); ZeRO-3 adds all-gathers of the parameters in forward and backward.
 
 use super::data_parallel::{Comm, comm};
 use crate::Task;

@@ -11,6 +11,8 @@ use burn::prelude::*;
 use burn::tensor::DType;
 use memfit_nn::layers::host::{float_tensor, to_f32_vec};
 
+use crate::engine::GradBucket;
+
 pub use super::rendezvous::CollectiveError;
 use super::rendezvous::Rendezvous;
 
@@ -23,26 +25,47 @@ pub const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(600);
 pub trait Collective: Send + Sync {
     fn ranks(&self) -> usize;
 
-    /// The element-wise sum of every rank's `grads` (same shapes, same order, `None` at the same
-    /// places on every rank), as this rank's copy on the device its tensors were on.
+    /// The element-wise sum of every rank's `bucket` (the same parameters, in the same order and
+    /// shapes, on every rank: else an error naming the first difference), as this rank's copy on
+    /// the device its tensors were on.
     fn all_reduce_sum(
         &self,
         rank: usize,
-        grads: Vec<Option<Tensor<2>>>,
-    ) -> Result<Vec<Option<Tensor<2>>>, CollectiveError>;
+        bucket: GradBucket,
+    ) -> Result<GradBucket, CollectiveError>;
 
     /// `rank` will not take part in the next collective: the others fail at once instead of at
     /// the timeout.
     fn abort(&self, rank: usize, reason: &str);
+
+    /// After a step abandoned on every rank (every rank's work joined): the next collective meets
+    /// afresh, as if no rank had aborted.
+    fn reset(&self);
 }
 
-/// One rank's gradients on the host.
-type HostGrads = Vec<Option<(Vec<f32>, [usize; 2])>>;
+/// Parameter `i`'s tensor at place `i` of the list, for every `Some` (frozen parameters: `None`).
+pub fn bucket_of(grads: Vec<Option<Tensor<2>>>) -> GradBucket {
+    (grads.into_iter().enumerate())
+        .filter_map(|(i, g)| g.map(|g| (i, g)))
+        .collect()
+}
+
+/// A bucket back as a list of `len` places (`None` where it has no parameter).
+pub fn places_of(bucket: GradBucket, len: usize) -> Vec<Option<Tensor<2>>> {
+    let mut places = vec![None; len];
+    for (i, g) in bucket {
+        places[i] = Some(g);
+    }
+    places
+}
+
+/// One rank's bucket on the host: parameter index, values, shape.
+type HostBucket = Vec<(usize, Vec<f32>, [usize; 2])>;
 
 /// The all-reduce through host memory: each rank's gradients are read back, summed in rank order
 /// (the same sum on every rank, whatever the arrival order) and uploaded to each rank's device.
 pub struct HostCollective {
-    meeting: Rendezvous<HostGrads, Result<HostGrads, String>>,
+    meeting: Rendezvous<HostBucket, Result<HostBucket, String>>,
 }
 
 impl HostCollective {
@@ -61,10 +84,10 @@ impl Collective for HostCollective {
     fn all_reduce_sum(
         &self,
         rank: usize,
-        grads: Vec<Option<Tensor<2>>>,
-    ) -> Result<Vec<Option<Tensor<2>>>, CollectiveError> {
-        let device = grads.iter().flatten().next().map(Tensor::device);
-        let host = match to_host(grads) {
+        bucket: GradBucket,
+    ) -> Result<GradBucket, CollectiveError> {
+        let device = bucket.first().map(|(_, t)| t.device());
+        let host = match to_host(bucket) {
             Ok(host) => host,
             Err(e) => {
                 self.meeting.abort(rank, &e);
@@ -77,116 +100,148 @@ impl Collective for HostCollective {
             .as_ref()
             .map_err(|e| CollectiveError::Device(e.clone()))?;
         let Some(device) = device else {
-            return Ok(vec![None; sum.len()]);
+            return Ok(Vec::new());
         };
         Ok((sum.iter())
-            .map(|g| {
-                g.as_ref()
-                    .map(|(v, dims)| float_tensor(v, *dims, &device, DType::F32))
-            })
+            .map(|(i, v, dims)| (*i, float_tensor(v, *dims, &device, DType::F32)))
             .collect())
     }
 
     fn abort(&self, rank: usize, reason: &str) {
         self.meeting.abort(rank, reason);
     }
+
+    fn reset(&self) {
+        self.meeting.reset();
+    }
 }
 
-fn to_host(grads: Vec<Option<Tensor<2>>>) -> Result<HostGrads, String> {
-    (grads.into_iter())
-        .map(|g| {
-            g.map(|g| {
-                let dims = g.dims();
-                to_f32_vec(g).map(|v| (v, dims)).map_err(|e| e.to_string())
-            })
-            .transpose()
+fn to_host(bucket: GradBucket) -> Result<HostBucket, String> {
+    (bucket.into_iter())
+        .map(|(i, g)| {
+            let dims = g.dims();
+            to_f32_vec(g)
+                .map(|v| (i, v, dims))
+                .map_err(|e| e.to_string())
         })
         .collect()
 }
 
-/// Rank 0's gradients plus rank 1's, plus rank 2's, …; ranks that disagree on a shape are an
-/// error (they would be different models).
-fn sum_in_rank_order(ranks: Vec<HostGrads>) -> Result<HostGrads, String> {
+/// Rank 0's gradients plus rank 1's, plus rank 2's, …; ranks that disagree on a parameter or a
+/// shape are an error (different models, or buckets out of step).
+fn sum_in_rank_order(ranks: Vec<HostBucket>) -> Result<HostBucket, String> {
+    let keys: Vec<Vec<(usize, [usize; 2])>> = (ranks.iter())
+        .map(|b| b.iter().map(|(i, _, d)| (*i, *d)).collect())
+        .collect();
+    if let Some(r) = (1..keys.len()).find(|&r| keys[r] != keys[0]) {
+        return Err(disagreement(&keys[0], &keys[r], r));
+    }
     let mut ranks = ranks.into_iter();
     let mut total = ranks.next().unwrap_or_default();
-    for (r, grads) in ranks.enumerate() {
-        if grads.len() != total.len() {
-            return Err(format!(
-                "rank {} has {} parameters, rank 0 has {}",
-                r + 1,
-                grads.len(),
-                total.len()
-            ));
-        }
-        for (p, (acc, g)) in total.iter_mut().zip(grads).enumerate() {
-            match (acc, g) {
-                (Some((a, da)), Some((g, dg))) if *da == dg => {
-                    a.iter_mut().zip(&g).for_each(|(a, g)| *a += g);
-                }
-                (None, None) => {}
-                (acc, g) => {
-                    return Err(format!(
-                        "parameter {p}: rank {} sent {:?}, rank 0 {:?}",
-                        r + 1,
-                        g.map(|(_, d)| d),
-                        acc.as_ref().map(|(_, d)| *d)
-                    ));
-                }
-            }
+    for bucket in ranks {
+        for ((_, acc, _), (_, g, _)) in total.iter_mut().zip(bucket) {
+            acc.iter_mut().zip(&g).for_each(|(a, g)| *a += g);
         }
     }
     Ok(total)
+}
+
+/// The first parameter (index and shape) where rank `r`'s bucket differs from rank 0's.
+pub(super) fn disagreement(
+    first: &[(usize, [usize; 2])],
+    other: &[(usize, [usize; 2])],
+    r: usize,
+) -> String {
+    let at = (first.iter().zip(other))
+        .position(|(a, b)| a != b)
+        .unwrap_or(first.len().min(other.len()));
+    format!(
+        "the ranks reduce different gradients: place {at} is parameter {:?} on rank {r}, {:?} on \
+         rank 0 ({} and {} parameters in the bucket)",
+        other.get(at),
+        first.get(at),
+        other.len(),
+        first.len()
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn grads(values: &[f32], device: &Device) -> Vec<Option<Tensor<2>>> {
-        vec![
-            Some(float_tensor(values, [1, values.len()], device, DType::F32)),
-            None,
-        ]
+    fn bucket(values: &[f32], device: &Device) -> GradBucket {
+        vec![(
+            3,
+            float_tensor(values, [1, values.len()], device, DType::F32),
+        )]
     }
 
     #[test]
     fn every_rank_gets_the_sum_on_its_own_device() {
         let devices = [Device::flex(), Device::flex(), Device::flex()];
         let collective = HostCollective::new(3, Duration::from_secs(10));
-        let out: Vec<Vec<Option<Tensor<2>>>> = std::thread::scope(|s| {
+        let out: Vec<GradBucket> = std::thread::scope(|s| {
             let handles: Vec<_> = (devices.iter().enumerate())
                 .map(|(r, d)| {
                     let collective = &collective;
                     let values = [r as f32, 10.0 * r as f32];
-                    s.spawn(move || collective.all_reduce_sum(r, grads(&values, d)).unwrap())
+                    s.spawn(move || collective.all_reduce_sum(r, bucket(&values, d)).unwrap())
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         for rank in out {
-            assert!(
-                rank[1].is_none(),
-                "a frozen parameter stays without a gradient"
-            );
-            let sum = to_f32_vec(rank[0].clone().unwrap()).unwrap();
+            assert_eq!(rank.len(), 1);
+            assert_eq!(rank[0].0, 3, "the parameter index comes back");
+            let sum = to_f32_vec(rank[0].1.clone()).unwrap();
             assert_eq!(sum, vec![3.0, 30.0]);
         }
     }
 
     #[test]
-    fn ranks_that_disagree_on_a_shape_fail_with_the_parameter() {
+    fn ranks_that_disagree_on_a_shape_or_a_parameter_fail_naming_it() {
         let collective = HostCollective::new(2, Duration::from_secs(10));
         let d = Device::flex();
         let errs = std::thread::scope(|s| {
-            let a = s.spawn(|| collective.all_reduce_sum(0, grads(&[1.0, 2.0], &d)));
-            let b = s.spawn(|| collective.all_reduce_sum(1, grads(&[1.0, 2.0, 3.0], &d)));
+            let a = s.spawn(|| collective.all_reduce_sum(0, bucket(&[1.0, 2.0], &d)));
+            let b = s.spawn(|| collective.all_reduce_sum(1, bucket(&[1.0, 2.0, 3.0], &d)));
             [
                 a.join().unwrap().unwrap_err(),
                 b.join().unwrap().unwrap_err(),
             ]
         });
         for e in errs {
-            assert!(e.to_string().contains("parameter 0"), "{e}");
+            assert!(e.to_string().contains("(3, [1, 3]) on rank 1"), "{e}");
+        }
+        collective.reset();
+        let errs = std::thread::scope(|s| {
+            let other = vec![(4, float_tensor(&[1.0, 2.0], [1, 2], &d, DType::F32))];
+            let a = s.spawn(|| collective.all_reduce_sum(0, bucket(&[1.0, 2.0], &d)));
+            let b = s.spawn(|| collective.all_reduce_sum(1, other));
+            [
+                a.join().unwrap().unwrap_err(),
+                b.join().unwrap().unwrap_err(),
+            ]
+        });
+        for e in errs {
+            assert!(e.to_string().contains("parameter Some((4, [1, 2]))"), "{e}");
+        }
+    }
+
+    #[test]
+    fn after_a_reset_an_aborted_group_meets_again() {
+        let collective = HostCollective::new(2, Duration::from_secs(10));
+        let d = Device::flex();
+        collective.abort(1, "rank 1 ran out of memory");
+        assert!(collective.all_reduce_sum(0, bucket(&[1.0], &d)).is_err());
+        collective.reset();
+        let sums = std::thread::scope(|s| {
+            let a = s.spawn(|| collective.all_reduce_sum(0, bucket(&[1.0], &d)));
+            let b = s.spawn(|| collective.all_reduce_sum(1, bucket(&[2.0], &d)));
+            [a.join().unwrap().unwrap(), b.join().unwrap().unwrap()]
+        });
+        for sum in sums {
+            assert_eq!(to_f32_vec(sum[0].1.clone()).unwrap(), vec![3.0]);
         }
     }
 }

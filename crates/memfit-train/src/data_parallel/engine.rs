@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use super::{DataParallel, DataParallelError, on_every_rank};
+use super::{DataParallel, DataParallelError, on_every_rank, overlap};
 
 use crate::engine::{
     Classify, Continue, Engine, Generate, GenerateConfig, MicroBatch, ParamCounts, Replica,
@@ -50,8 +50,31 @@ where
         Ok(Self::first_error(results)?.into_iter().flatten().collect())
     }
 
+    /// With a micro-batch for every rank, each rank's last of the step: the gradients are
+    /// reduced during its backward ([`super::overlap`]); else as any group, reduced at the step.
+    fn accumulate_last_group(
+        &mut self,
+        group: &[MicroBatch<'_, E::Batch>],
+    ) -> Result<Vec<f32>, Self::Error> {
+        let ranks = self.replicas.len();
+        if ranks == 1 || group.len() < ranks {
+            return self.accumulate_group(group);
+        }
+        let collective = self.collective.as_ref();
+        let results = on_every_rank(&mut self.replicas, |rank, replica| {
+            overlap::accumulate_reducing(replica, &group[rank], collective, (rank, ranks))
+        });
+        let losses = Self::first_failure(results)?;
+        self.reduced = true;
+        Ok(losses)
+    }
+
+    /// Also makes the collective meet afresh: a rank that gave up part-way through an overlapped
+    /// reduction aborted it.
     fn discard_gradients(&mut self) {
         self.replicas.iter_mut().for_each(E::discard_gradients);
+        self.reduced = false;
+        self.collective.reset();
     }
 
     fn is_out_of_memory(error: &Self::Error) -> bool {
@@ -67,7 +90,7 @@ where
     }
 
     fn step(&mut self, lr: f64, max_grad_norm: Option<f64>) -> Result<StepStats, Self::Error> {
-        if self.replicas.len() > 1 {
+        if self.replicas.len() > 1 && !std::mem::take(&mut self.reduced) {
             self.reduce_gradients()?;
         }
         let results = on_every_rank(&mut self.replicas, |_, r| r.step(lr, max_grad_norm));

@@ -18,10 +18,12 @@ mod collective;
 mod engine;
 #[cfg(feature = "cuda")]
 pub mod nccl;
+mod overlap;
 mod rendezvous;
 mod shards;
 
 pub use collective::{COLLECTIVE_TIMEOUT, Collective, CollectiveError, HostCollective};
+use collective::{bucket_of, places_of};
 
 use std::sync::Arc;
 
@@ -77,6 +79,8 @@ pub struct DataParallel<E: Replica> {
     collective: Arc<dyn Collective>,
     /// Under ZeRO-1, each rank's mask of the parameters whose optimizer state it keeps and steps.
     shards: Option<Vec<Vec<bool>>>,
+    /// This step's gradients were reduced during its last backward ([`overlap`]).
+    reduced: bool,
 }
 
 impl<E: Replica> DataParallel<E> {
@@ -92,6 +96,7 @@ impl<E: Replica> DataParallel<E> {
             replicas,
             collective,
             shards: None,
+            reduced: false,
         }
     }
 
@@ -185,24 +190,46 @@ impl<E: Replica> DataParallel<E> {
         results: RankResults<Result<T, E::Error>>,
     ) -> Result<Vec<T>, DataParallelError<E::Error>> {
         let ranks = results.len();
+        let lifted = (results.into_iter().enumerate())
+            .map(|(rank, r)| {
+                r.map(|r| {
+                    r.map_err(|source| DataParallelError::Rank {
+                        rank,
+                        ranks,
+                        source,
+                    })
+                })
+            })
+            .collect();
+        Self::first_failure(lifted)
+    }
+
+    /// The error that explains the others: an out-of-memory first (the loop halves the
+    /// micro-batch on every rank), then a rank's own failure, then the collective's (which the
+    /// other ranks see when one gives up), each in rank order.
+    fn first_failure<T>(
+        results: RankResults<Result<T, DataParallelError<E::Error>>>,
+    ) -> Result<Vec<T>, DataParallelError<E::Error>> {
         let mut oks = Vec::with_capacity(results.len());
         let mut errors = Vec::new();
         for (rank, r) in results.into_iter().enumerate() {
             match r {
                 Ok(Ok(t)) => oks.push(t),
-                Ok(Err(source)) => errors.push(DataParallelError::Rank {
-                    rank,
-                    ranks,
-                    source,
-                }),
+                Ok(Err(e)) => errors.push(e),
                 Err(message) => errors.push(DataParallelError::Panicked { rank, message }),
             }
         }
-        let oom = errors.iter().position(|e| match e {
-            DataParallelError::Rank { source, .. } => E::is_out_of_memory(source),
-            _ => false,
-        });
-        match oom.or((!errors.is_empty()).then_some(0)) {
+        let rank = |oom: bool| {
+            move |e: &DataParallelError<E::Error>| match e {
+                DataParallelError::Rank { source, .. } => E::is_out_of_memory(source) == oom,
+                DataParallelError::Panicked { .. } => !oom,
+                _ => false,
+            }
+        };
+        let first = (errors.iter().position(rank(true)))
+            .or_else(|| errors.iter().position(rank(false)))
+            .or((!errors.is_empty()).then_some(0));
+        match first {
             Some(i) => Err(errors.swap_remove(i)),
             None => Ok(oks),
         }
@@ -222,8 +249,9 @@ impl<E: Replica> DataParallel<E> {
                 source,
             };
             let mine = replica.masters_for_gather(&masks[rank]).map_err(fail)?;
-            let all = collective.all_reduce_sum(rank, mine)?;
-            replica.put_masters(all).map_err(fail)
+            let places = mine.len();
+            let all = collective.all_reduce_sum(rank, bucket_of(mine))?;
+            replica.put_masters(places_of(all, places)).map_err(fail)
         });
         Self::flatten(results)
     }
@@ -258,9 +286,10 @@ impl<E: Replica> DataParallel<E> {
                     });
                 }
             };
-            let summed = collective.all_reduce_sum(rank, grads)?;
+            let places = grads.len();
+            let summed = collective.all_reduce_sum(rank, bucket_of(grads))?;
             replica
-                .put_gradients(summed)
+                .put_gradients(places_of(summed, places))
                 .map_err(|source| DataParallelError::Rank {
                     rank,
                     ranks,

@@ -10,13 +10,18 @@ use std::time::Duration;
 use burn::prelude::*;
 use burn::tensor::distributed::{self, ReduceOperation};
 
-use super::collective::Collective;
+use super::collective::{Collective, disagreement};
 use super::rendezvous::{CollectiveError, Rendezvous};
+use crate::engine::GradBucket;
 
 pub struct NcclCollective {
     devices: Vec<Device>,
-    meeting: Rendezvous<(), ()>,
+    /// Each rank brings its bucket's parameters and shapes: ranks out of step fail here, before
+    /// NCCL (which would hang or mix gradients).
+    meeting: Rendezvous<BucketKey, Result<(), String>>,
 }
+
+type BucketKey = Vec<(usize, [usize; 2])>;
 
 impl NcclCollective {
     /// `devices[r]` is rank `r`'s GPU.
@@ -28,6 +33,14 @@ impl NcclCollective {
     }
 }
 
+/// Every rank's key the same as rank 0's.
+fn agree(keys: Vec<BucketKey>) -> Result<(), String> {
+    match (1..keys.len()).find(|&r| keys[r] != keys[0]) {
+        Some(r) => Err(disagreement(&keys[0], &keys[r], r)),
+        None => Ok(()),
+    }
+}
+
 impl Collective for NcclCollective {
     fn ranks(&self) -> usize {
         self.devices.len()
@@ -36,19 +49,27 @@ impl Collective for NcclCollective {
     fn all_reduce_sum(
         &self,
         rank: usize,
-        grads: Vec<Option<Tensor<2>>>,
-    ) -> Result<Vec<Option<Tensor<2>>>, CollectiveError> {
-        self.meeting.exchange(rank, (), |_| ())?;
-        Ok((grads.into_iter())
-            .map(|g| {
-                g.map(|g| {
-                    distributed::all_reduce(g, ReduceOperation::Sum, self.devices.clone()).resolve()
-                })
+        bucket: GradBucket,
+    ) -> Result<GradBucket, CollectiveError> {
+        let key = bucket.iter().map(|(i, g)| (*i, g.dims())).collect();
+        let agreed = self.meeting.exchange(rank, key, agree)?;
+        (agreed.as_ref().clone()).map_err(CollectiveError::Device)?;
+        Ok((bucket.into_iter())
+            .map(|(i, g)| {
+                let devices = self.devices.clone();
+                (
+                    i,
+                    distributed::all_reduce(g, ReduceOperation::Sum, devices).resolve(),
+                )
             })
             .collect())
     }
 
     fn abort(&self, rank: usize, reason: &str) {
         self.meeting.abort(rank, reason);
+    }
+
+    fn reset(&self) {
+        self.meeting.reset();
     }
 }

@@ -129,6 +129,17 @@ impl<T, R> Rendezvous<T, R> {
     }
 }
 
+impl<T, R> Rendezvous<T, R> {
+    /// Clears an abort and any deposit: the next meeting starts afresh. Only while no rank is
+    /// inside [`Rendezvous::exchange`] (a step abandoned on every rank, their work joined).
+    pub fn reset(&self) {
+        let mut m = self.lock();
+        m.aborted = None;
+        m.deposits.iter_mut().for_each(|d| *d = None);
+        m.round += 1;
+    }
+}
+
 fn aborted(by: usize, reason: &str) -> CollectiveError {
     CollectiveError::Aborted {
         by,

@@ -210,6 +210,13 @@ impl DeviceState {
     }
 }
 
+impl super::sending::TakeGradient for DeviceAccumulators<'_> {
+    fn take_dense(&mut self, index: usize) -> Tensor<2> {
+        let dims = self.shapes[index].dims;
+        (self.acc[index].take()).unwrap_or_else(|| Tensor::zeros(dims, (self.device, DType::F32)))
+    }
+}
+
 /// The device accumulators a micro-batch's gradients are added to, one per parameter.
 pub(super) struct DeviceAccumulators<'a> {
     acc: &'a mut [Option<Tensor<2>>],

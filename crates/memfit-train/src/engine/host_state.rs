@@ -56,10 +56,15 @@ impl HostState {
         *self.uploaded.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    pub(super) fn accumulators<'a>(&'a mut self, shapes: &'a [ParamShape]) -> HostAccumulators<'a> {
+    pub(super) fn accumulators<'a>(
+        &'a mut self,
+        shapes: &'a [ParamShape],
+        device: &'a Device,
+    ) -> HostAccumulators<'a> {
         HostAccumulators {
             acc: &mut self.grads,
             shapes,
+            device,
         }
     }
 
@@ -109,14 +114,7 @@ impl HostState {
         device: &Device,
     ) -> Vec<Option<Tensor<2>>> {
         (self.grads.iter_mut().zip(shapes).zip(trainable))
-            .map(|((g, s), &t)| {
-                t.then(|| {
-                    let dense = g
-                        .take()
-                        .map_or_else(|| vec![0.0; s.numel()], |g| g.to_dense(s.numel()));
-                    Tensor::from_data(TensorData::new(dense, s.dims), (device, DType::F32))
-                })
-            })
+            .map(|((g, s), &t)| t.then(|| dense_tensor(g.take(), s, device)))
             .collect()
     }
 
@@ -165,6 +163,19 @@ pub(super) fn reclaim_weights(
 pub(super) struct HostAccumulators<'a> {
     acc: &'a mut [Option<Gradient>],
     shapes: &'a [ParamShape],
+    device: &'a Device,
+}
+
+/// An accumulated gradient (zeros if none) as a dense f32 tensor on `device`.
+fn dense_tensor(g: Option<Gradient>, shape: &ParamShape, device: &Device) -> Tensor<2> {
+    let dense = g.map_or_else(|| vec![0.0; shape.numel()], |g| g.to_dense(shape.numel()));
+    Tensor::from_data(TensorData::new(dense, shape.dims), (device, DType::F32))
+}
+
+impl super::sending::TakeGradient for HostAccumulators<'_> {
+    fn take_dense(&mut self, index: usize) -> Tensor<2> {
+        dense_tensor(self.acc[index].take(), &self.shapes[index], self.device)
+    }
 }
 
 impl GradTarget for HostAccumulators<'_> {

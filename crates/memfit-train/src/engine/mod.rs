@@ -16,6 +16,8 @@ mod host_state;
 mod model_engine;
 mod options;
 mod out_of_memory;
+mod sending;
+pub use sending::{GradBucket, SendBucket};
 
 pub use model_engine::ModelEngine;
 pub use options::{Backend, EngineOptions, Placement, Precision, set_threads};
@@ -92,6 +94,15 @@ pub trait Engine {
             .collect()
     }
 
+    /// [`Engine::accumulate_group`] for the last group of a step, just before [`Engine::step`]: a
+    /// data-parallel engine reduces the gradients between ranks during this group's backward.
+    fn accumulate_last_group(
+        &mut self,
+        group: &[MicroBatch<'_, Self::Batch>],
+    ) -> Result<Vec<f32>, Self::Error> {
+        self.accumulate_group(group)
+    }
+
     /// Drops the gradients accumulated so far: a step abandoned part-way (the device ran out of
     /// memory) is redone from its first micro-batch.
     fn discard_gradients(&mut self);
@@ -138,6 +149,19 @@ pub trait Engine {
 /// ([`DataParallel`](crate::data_parallel::DataParallel)): its accumulated gradients go out to a
 /// collective and come back reduced before the optimizer step.
 pub trait Replica: Engine + Send {
+    /// [`Engine::accumulate`] for a rank's last micro-batch of a step: each trained parameter's
+    /// accumulated gradient (this micro-batch's added) is taken out and handed to `send` as soon as
+    /// the model declares it final, the rest after the backward, so that the reduction between
+    /// ranks runs while the backward goes on. Every trained parameter is sent exactly once, in the
+    /// same buckets on every rank (the model's structure decides them); the reduced gradients come
+    /// back through [`Replica::put_gradients`].
+    fn accumulate_and_send(
+        &mut self,
+        batch: &Self::Batch,
+        loss_scale_and_seed: (f32, u64),
+        send: &mut SendBucket<'_>,
+    ) -> Result<f32, Self::Error>;
+
     /// The accumulated gradients taken out, dense f32 tensors on this replica's device in parameter
     /// order (a trained parameter without a gradient yet: zeros; frozen: `None`, on every rank).
     fn take_gradients(&mut self) -> Result<Vec<Option<Tensor<2>>>, Self::Error>;

@@ -14,6 +14,7 @@ use burn::tensor::DType;
 use super::device_state::DeviceState;
 use super::host_state::{self, HostState};
 use super::out_of_memory;
+use super::sending::{SendBucket, accumulate_into};
 use super::{
     Classify, Continue, Engine, EngineOptions, Generate, GenerateConfig, ParamCounts, Placement,
     Replica, StepStats, TokenRows,
@@ -205,42 +206,87 @@ impl<M: TrainModel> ModelEngine<M> {
     }
 
     /// A micro-batch with the state in host RAM.
-    fn accumulate_host(&mut self, batch: &M::Batch, pass: &Pass) -> Result<f32, ModelError> {
+    fn accumulate_host(
+        &mut self,
+        batch: &M::Batch,
+        pass: &Pass,
+        send: Option<&mut SendBucket<'_>>,
+    ) -> Result<f32, ModelError> {
         let lends = self.lends_weights();
         let TrainingState::Host(host) = &mut self.state else {
             unreachable!("called for the host placement")
         };
+        let (model, trainable, shapes) = (&self.model, &self.trainable, &self.shapes);
+        let train = (trainable.as_slice(), shapes.as_slice());
         if !lends {
-            let plain = host.weights(
-                self.model.params(),
-                &self.shapes,
-                (&self.device, self.options.precision.dtype()),
-            );
-            let mut target = host.accumulators(&self.shapes);
-            let model = &self.model;
-            let trainable = &self.trainable;
-            return in_pool(|| model.accumulate(&plain, trainable, batch, pass, &mut target));
+            let dtype = self.options.precision.dtype();
+            let plain = host.weights(model.params(), shapes, (&self.device, dtype));
+            let acc = host.accumulators(shapes, &self.device);
+            return in_pool(|| {
+                accumulate_into(acc, send, train, |target| {
+                    model.accumulate(&plain, trainable, batch, pass, target)
+                })
+            });
         }
         host.invalidate();
-        let plain = host_state::lend_weights(self.model.params_mut(), &self.shapes, &self.device);
-        let mut target = host.accumulators(&self.shapes);
+        let plain = host_state::lend_weights(self.model.params_mut(), shapes, &self.device);
+        let acc = host.accumulators(shapes, &self.device);
         let model = &self.model;
-        let trainable = &self.trainable;
-        let loss = in_pool(|| model.accumulate(&plain, trainable, batch, pass, &mut target));
+        let loss = in_pool(|| {
+            accumulate_into(acc, send, train, |target| {
+                model.accumulate(&plain, trainable, batch, pass, target)
+            })
+        });
         host_state::reclaim_weights(self.model.params_mut(), plain)?;
         loss
     }
 
     /// A micro-batch with the state on the device.
-    fn accumulate_device(&mut self, batch: &M::Batch, pass: &Pass) -> Result<f32, ModelError> {
+    fn accumulate_device(
+        &mut self,
+        batch: &M::Batch,
+        pass: &Pass,
+        send: Option<&mut SendBucket<'_>>,
+    ) -> Result<f32, ModelError> {
         let TrainingState::Device(dev) = &mut self.state else {
             unreachable!("called for the device placement")
         };
         let plain = dev.weights();
-        let mut target = dev.accumulators(&self.shapes);
-        let model = &self.model;
-        let trainable = &self.trainable;
-        in_pool(|| model.accumulate(&plain, trainable, batch, pass, &mut target))
+        let acc = dev.accumulators(&self.shapes);
+        let (model, trainable) = (&self.model, &self.trainable);
+        let train = (trainable.as_slice(), self.shapes.as_slice());
+        in_pool(|| {
+            accumulate_into(acc, send, train, |target| {
+                model.accumulate(&plain, trainable, batch, pass, target)
+            })
+        })
+    }
+
+    /// [`Engine::accumulate`], sending finished gradients to `send` when given.
+    fn accumulate_sending(
+        &mut self,
+        batch: &M::Batch,
+        (loss_scale, seed): (f32, u64),
+        send: Option<&mut SendBucket<'_>>,
+    ) -> Result<f32, ModelError> {
+        self.model.check_batch(batch)?;
+        let pass = self.pass(loss_scale, seed);
+        match self.state {
+            TrainingState::Host(_) => self.accumulate_host(batch, &pass, send),
+            TrainingState::Device(_) => {
+                // burn's tensor ops panic where an allocation fails on the device; that one
+                // failure becomes an error the loop can act on (any other panic goes on up).
+                let device = self.device.clone();
+                let run =
+                    std::panic::AssertUnwindSafe(|| self.accumulate_device(batch, &pass, send));
+                std::panic::catch_unwind(run).unwrap_or_else(|payload| {
+                    let message = out_of_memory::message(&payload)
+                        .unwrap_or_else(|| std::panic::resume_unwind(payload));
+                    device.memory_cleanup();
+                    Err(ModelError::OutOfMemory(message))
+                })
+            }
+        }
     }
 }
 
@@ -263,23 +309,7 @@ impl<M: TrainModel> Engine for ModelEngine<M> {
         loss_scale: f32,
         seed: u64,
     ) -> Result<f32, ModelError> {
-        self.model.check_batch(batch)?;
-        let pass = self.pass(loss_scale, seed);
-        match self.state {
-            TrainingState::Host(_) => self.accumulate_host(batch, &pass),
-            TrainingState::Device(_) => {
-                // burn's tensor ops panic where an allocation fails on the device; that one
-                // failure becomes an error the loop can act on (any other panic goes on up).
-                let device = self.device.clone();
-                let run = std::panic::AssertUnwindSafe(|| self.accumulate_device(batch, &pass));
-                std::panic::catch_unwind(run).unwrap_or_else(|payload| {
-                    let message = out_of_memory::message(&payload)
-                        .unwrap_or_else(|| std::panic::resume_unwind(payload));
-                    device.memory_cleanup();
-                    Err(ModelError::OutOfMemory(message))
-                })
-            }
-        }
+        self.accumulate_sending(batch, (loss_scale, seed), None)
     }
 
     fn discard_gradients(&mut self) {
@@ -355,6 +385,15 @@ impl<M: TrainModel> Engine for ModelEngine<M> {
 }
 
 impl<M: TrainModel + Send> Replica for ModelEngine<M> {
+    fn accumulate_and_send(
+        &mut self,
+        batch: &M::Batch,
+        (loss_scale, seed): (f32, u64),
+        send: &mut SendBucket<'_>,
+    ) -> Result<f32, ModelError> {
+        self.accumulate_sending(batch, (loss_scale, seed), Some(send))
+    }
+
     fn take_gradients(&mut self) -> Result<Vec<Option<Tensor<2>>>, ModelError> {
         Ok(match &mut self.state {
             TrainingState::Host(h) => h.take_gradients(&self.shapes, &self.trainable, &self.device),

@@ -207,6 +207,7 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         let scales = task::shares(&weights);
         let of = micro_batches.len() as u64;
         let ranks = self.engine.ranks().max(1);
+        let groups = micro_batches.len().div_ceil(ranks);
         let (mut loss_sum, mut tokens) = (0.0f64, 0u64);
         for (g, chunk) in micro_batches.chunks(ranks).enumerate() {
             let first = g * ranks;
@@ -224,7 +225,11 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
                 })
                 .collect();
             tokens += chunk.iter().map(|b| self.task.tokens(b)).sum::<u64>();
-            match self.engine.accumulate_group(&group) {
+            let accumulated = match g + 1 == groups {
+                true => self.engine.accumulate_last_group(&group),
+                false => self.engine.accumulate_group(&group),
+            };
+            match accumulated {
                 Ok(losses) => {
                     for (loss, scale) in losses.iter().zip(&scales[first..]) {
                         loss_sum += f64::from(*loss) * scale;

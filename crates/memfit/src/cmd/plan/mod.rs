@@ -295,9 +295,14 @@ fn scaling_line(arch: &memfit_plan::arch::Arch, setup: &Setup) -> Option<String>
         return None;
     }
     let hidden = match setup.runtime {
-        Runtime::Memfit => {
-            "reduced after the backward (memfit train does not overlap it)".to_string()
+        Runtime::Memfit if s.comm.overlap == 0.0 => {
+            "reduced after the backward (memfit train overlaps it only under per-block checkpointing)"
+                .to_string()
         }
+        Runtime::Memfit => format!(
+            "{:.0}% hidden behind the backward (block by block)",
+            100.0 * s.comm.overlap
+        ),
         Runtime::Pytorch => format!(
             "{:.0}% hidden behind the backward (DDP buckets)",
             100.0 * s.comm.overlap

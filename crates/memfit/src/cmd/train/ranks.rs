@@ -49,8 +49,15 @@ pub fn line(config: &TrainConfig, device: &ChosenDevice, sharded: bool) -> Optio
         } else {
             format!(" (the last group of a step leaves {} rank(s) idle)", ranks - config.accum % ranks)
         };
+        // data_parallel::overlap: block by block under per-block checkpointing, when the last
+        // group holds every rank's last micro-batch
+        let reduce = match (config.grad_ckpt, config.accum.is_multiple_of(ranks)) {
+            (true, true) => "gradients all-reduced block by block during each step's last backward",
+            (false, _) => "gradients all-reduced after each step's last backward (overlapped only with --grad-ckpt)",
+            (true, false) => "gradients all-reduced after each step's last backward",
+        };
         format!(
-            "data parallel: {ranks} ranks ({}), micro-batch {} × {} micro-batches a step = accumulation {per_rank} per rank{uneven}; effective batch {} (a planned start is per rank)",
+            "data parallel: {ranks} ranks ({}), micro-batch {} × {} micro-batches a step = accumulation {per_rank} per rank{uneven}; effective batch {} (a planned start is per rank); {reduce}",
             device.label,
             config.batch,
             config.accum,

@@ -1,0 +1,64 @@
+//! The gradient reduction overlapped with the last backward of a step, as DDP's buckets are:
+//! while a rank runs its last micro-batch, the gradients the model declares final go, bucket by
+//! bucket, to a thread of the rank's own that reduces them through the collective in the order
+//! they were sent (the same on every rank: the model's structure decides it, and the collective
+//! checks it), so that the reduction of the last blocks runs while the first blocks' backward
+//! does. The reduced buckets then become the replica's gradients.
+
+use std::sync::mpsc;
+
+use super::{Collective, CollectiveError, DataParallelError};
+use crate::engine::{GradBucket, MicroBatch, Replica};
+
+/// Rank `rank` (of `ranks`) runs `m`, its last micro-batch of the step, reducing as it goes.
+pub(super) fn accumulate_reducing<E: Replica>(
+    replica: &mut E,
+    m: &MicroBatch<'_, E::Batch>,
+    collective: &dyn Collective,
+    (rank, ranks): (usize, usize),
+) -> Result<f32, DataParallelError<E::Error>> {
+    let places = replica.trained_sizes().len();
+    let (tx, rx) = mpsc::channel::<GradBucket>();
+    let (loss, reduced) = std::thread::scope(|s| {
+        let reducer = s.spawn(move || -> Result<GradBucket, CollectiveError> {
+            let mut reduced = Vec::new();
+            for bucket in rx {
+                reduced.extend(collective.all_reduce_sum(rank, bucket)?);
+            }
+            Ok(reduced)
+        });
+        let loss = {
+            let mut send = |bucket: GradBucket| {
+                (tx.send(bucket)).map_err(|_| "the reduction between ranks stopped".to_string())
+            };
+            replica.accumulate_and_send(m.batch, (m.loss_scale, m.seed), &mut send)
+        };
+        drop(tx);
+        if let Err(e) = &loss {
+            // the others must not wait for this rank's buckets until the timeout
+            collective.abort(rank, &e.to_string());
+        }
+        let reduced = reducer.join().unwrap_or_else(|_| {
+            Err(CollectiveError::Device(format!(
+                "rank {rank}: the reducing thread panicked"
+            )))
+        });
+        (loss, reduced)
+    });
+    let rank_error = |source| DataParallelError::Rank {
+        rank,
+        ranks,
+        source,
+    };
+    match (loss, reduced) {
+        (Err(e), _) if E::is_out_of_memory(&e) => Err(rank_error(e)),
+        // the cause is the collective's (another rank gave up, a timeout), not this rank's send
+        (_, Err(e)) => Err(DataParallelError::Collective(e)),
+        (Err(e), Ok(_)) => Err(rank_error(e)),
+        (Ok(loss), Ok(reduced)) => {
+            let grads = super::collective::places_of(reduced, places);
+            replica.put_gradients(grads).map_err(rank_error)?;
+            Ok(loss)
+        }
+    }
+}
