@@ -289,7 +289,7 @@ fn leave_one_source_out_goals() {
     // the sources the model was built against; the fresh ones are gated (and pinned) below
     let scored: Vec<&validation::Compared> = loso
         .iter()
-        .filter(|r| r.is_scored() && !FRESH_SOURCES.contains(&r.source))
+        .filter(|r| r.is_scored() && !is_fresh(r.source))
         .collect();
     let s = stats::summarize(&scored);
     println!(
@@ -325,11 +325,11 @@ fn leave_one_source_out_goals() {
 }
 
 /// Sources added after the model was written, never used to change it (issue 31: "rows of a
-/// source the estimator has never seen").
-const FRESH_SOURCES: &[&str] = &["QwenLM/Qwen"];
-
-/// What the fresh sources give today (leave-one-source-out), pinned because issue 31's goal is
-/// not met on them: median |error| 9.3% (goal 8%), p90 20.2% (goal 20%), 1 row low by more than
+/// source the estimator has never seen"), each with what it gives today (leave-one-source-out),
+/// pinned where issue 31's goal is not met on it. A model change that moves these figures must
+/// update the pins (and may not be fitted to them).
+///
+/// `QwenLM/Qwen`: median |error| 9.3% (goal 8%), p90 20.2% (goal 20%), 1 row low by more than
 /// 25% (Q1 −26.3%; goal none), the upper band of the other sources holding 23 of 48 rows (goal
 /// 80%). Reasons (docs/accuracy.md, "Where the model is weakest"): the Q rows' metric and unit
 /// are not stated by the source (inferred NV GiB, grade C); at 256–1024 tokens the LoRA rows are
@@ -338,49 +338,84 @@ const FRESH_SOURCES: &[&str] = &["QwenLM/Qwen"];
 /// History: 20.1%, 52.6%, 19 rows, 7/48 when the source was added; 11.7%, 26.3%, 5, 21/48 once a
 /// ZeRO optimizer's fp32 partitions counted for a 16-bit module; these once ZeRO-2's two ipg
 /// buffers follow the config's reduce_bucket_size (Qwen's 2e8).
-/// A model change that moves these figures must update the pins (and may not be fitted to them).
-const FRESH_PINNED: FreshFigures = FreshFigures {
-    median: 0.093,
-    p90: 0.202,
-    low_beyond_25: 1,
-    band_holds: 23,
-};
+///
+/// `THUDM/ChatGLM3 + THUDM/GLM-4 finetune demos` (rows `Y`, added with the model unchanged; these
+/// are the first-contact figures): 4 rows, not the 10 a fresh source should give — the two
+/// repositories publish four measured setups that the columns express (p-tuning v2 is not one,
+/// GLM-4's SFT figure is the card's ceiling and is in boundaries.csv). Median 16.8%, p90 33.1%,
+/// 1 row low by more than 25% (Y4 −33.1%, whose "23GB" names neither tool nor unit), band holds
+/// 1 of 4; every row is grade C (the README names no measuring tool; the longest sample of a
+/// per-batch-padded dataset is estimated; evaluation with generation runs inside the measured
+/// span). docs/accuracy.md, "Where the model is weakest", says what the low rows point at.
+const FRESH: &[(&str, FreshFigures)] = &[
+    (
+        "QwenLM/Qwen",
+        FreshFigures {
+            rows: 48,
+            median: 0.093,
+            p90: 0.202,
+            low_beyond_25: 1,
+            band_holds: 23,
+        },
+    ),
+    (
+        "THUDM/ChatGLM3 + THUDM/GLM-4 finetune demos",
+        FreshFigures {
+            rows: 4,
+            median: 0.168,
+            p90: 0.331,
+            low_beyond_25: 1,
+            band_holds: 1,
+        },
+    ),
+];
+
+/// Issue 31 asks for at least 30 fresh rows in all; each fresh source should give at least 10
+/// (fewer is pinned: `FreshFigures::rows`).
+const FRESH_ROWS_PER_SOURCE: usize = 10;
+const FRESH_ROWS_IN_ALL: usize = 30;
 
 struct FreshFigures {
+    rows: usize,
     median: f64,
     p90: f64,
     low_beyond_25: usize,
     band_holds: usize,
 }
 
+fn is_fresh(source: &str) -> bool {
+    FRESH.iter().any(|(s, _)| *s == source)
+}
+
 /// Issue 31's goal on rows of a source the estimator has never seen: every row estimable,
 /// median |error| ≤ 8%, p90 ≤ 20%, no row low by more than 25%, and the band — taken from the
 /// rows of the *other* sources only — holds at least 80% of the rows (the measurement under
 /// predicted / (1 − p90 of the row's class)). Where the goal is not met the figure is pinned
-/// (`FRESH_PINNED`): the test fails when it changes either way.
+/// (`FRESH`): the test fails when it changes either way.
 #[test]
 fn fresh_source_goals() {
     let loso = rows_in(Mode::LeaveOneSourceOut);
-    for source in FRESH_SOURCES {
+    let others: Vec<validation::Compared> = loso
+        .iter()
+        .filter(|r| !is_fresh(r.source))
+        .cloned()
+        .collect();
+    let bands = stats::bands(&others);
+    let band_of = |class: &str| {
+        bands
+            .iter()
+            .find(|(c, n, _)| c == class && *n >= 5)
+            .or_else(|| bands.iter().find(|(c, _, _)| c == "any"))
+            .map(|(_, _, p90)| *p90)
+            .unwrap()
+    };
+    let mut in_all = 0;
+    for (source, pin) in FRESH {
         let fresh: Vec<&validation::Compared> = loso
             .iter()
             .filter(|r| r.source == *source && r.is_scored())
             .collect();
-        assert!(fresh.len() >= 30, "{source}: {} rows", fresh.len());
-        let others: Vec<validation::Compared> = loso
-            .iter()
-            .filter(|r| !FRESH_SOURCES.contains(&r.source))
-            .cloned()
-            .collect();
-        let bands = stats::bands(&others);
-        let band_of = |class: &str| {
-            bands
-                .iter()
-                .find(|(c, n, _)| c == class && *n >= 5)
-                .or_else(|| bands.iter().find(|(c, _, _)| c == "any"))
-                .map(|(_, _, p90)| *p90)
-                .unwrap()
-        };
+        in_all += fresh.len();
         let holds = fresh
             .iter()
             .filter(|r| r.measured_bytes <= r.predicted_bytes / (1.0 - band_of(&r.class)))
@@ -403,22 +438,24 @@ fn fresh_source_goals() {
             );
         };
         goal_or_pin(
-            s.median <= 0.08,
-            near(s.median, FRESH_PINNED.median),
-            "median",
+            fresh.len() >= FRESH_ROWS_PER_SOURCE,
+            fresh.len() == pin.rows,
+            "row count",
         );
-        goal_or_pin(s.p90 <= 0.20, near(s.p90, FRESH_PINNED.p90), "p90");
+        goal_or_pin(s.median <= 0.08, near(s.median, pin.median), "median");
+        goal_or_pin(s.p90 <= 0.20, near(s.p90, pin.p90), "p90");
         goal_or_pin(
             s.low_beyond_25.is_empty(),
-            s.low_beyond_25.len() == FRESH_PINNED.low_beyond_25,
+            s.low_beyond_25.len() == pin.low_beyond_25,
             "rows low by > 25%",
         );
         goal_or_pin(
             holds * 10 >= fresh.len() * 8,
-            holds == FRESH_PINNED.band_holds,
+            holds == pin.band_holds,
             "band coverage",
         );
     }
+    assert!(in_all >= FRESH_ROWS_IN_ALL, "{in_all} fresh rows in all");
 }
 
 /// A row that is the measurement of a constant is never scored; in leave-one-source-out mode no

@@ -183,6 +183,7 @@ pub const SOURCES: &[(char, &str)] = &[
     ('T', "pytorch/torchtune"),
     ('S', "modelscope/ms-swift"),
     ('Q', "QwenLM/Qwen"),
+    ('Y', "THUDM/ChatGLM3 + THUDM/GLM-4 finetune demos"),
     (
         'H',
         "memfit, measured on a lent GPU (validation/measured_here.csv)",

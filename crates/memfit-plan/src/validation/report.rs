@@ -210,6 +210,19 @@ const WEAKEST: &str = "\n## Where the model is weakest\n\n\
 \x20 module loaded in bf16 (`stage3.py` `fp32_partitioned_groups_flat`): now −5% to −13%. The GPTQ\n\
 \x20 Q-LoRA rows gained ZeRO-2's two 16-bit `ipg_buffer`s of `reduce_bucket_size` = 2e8 elements\n\
 \x20 (`ds_config_zero2.json`, 763 MiB): 1.8B −15% to −24%, larger models within 15%.\n\
+- THUDM's ChatGLM3 and GLM-4 fine-tuning demos (`Y`, a fresh source: added with the model\n\
+\x20 unchanged, these are its first-contact errors; four rows, all grade C): ChatGLM3-6B LoRA in fp16\n\
+\x20 without checkpointing (`Y1`) is within 1%. GLM-4-9B LoRA in bf16 with checkpointing and\n\
+\x20 `enable_input_require_grads` (`Y3`) is 11% low (2.4 GiB, about 4 B per element of its\n\
+\x20 151,552 × 4096 vocabulary matrix): the same direction as Qwen's LoRA rows above, and not\n\
+\x20 identified either; its sequence is an estimate and its run evaluates with generation. ChatGLM3\n\
+\x20 full fine-tuning in fp32 under ZeRO-3 on 4 GPUs (`Y2`) is 22% low (10.4 GiB): a candidate is\n\
+\x20 DeepSpeed's `stage3.py` `_create_fp32_partitions`, which clones each partition to fp32 even\n\
+\x20 when the parameters are fp32 already (a second copy, 5.8 GiB per rank here), where the model\n\
+\x20 counts the fp32 master only under mixed precision; not checked on a GPU. The base model's\n\
+\x20 4-GPU DDP LoRA demo (`Y4`, fixed 641 tokens) is 33% low against a \"23GB\" that names neither\n\
+\x20 tool nor unit; nothing in its script (fp16 layers from `config.torch_dtype`, checkpointing,\n\
+\x20 LoRA on `query_key_value`) accounts for 7 GiB beyond the weights.\n\
 - Answer.AI's FSDP+QLoRA note (`F`): within 10% for most rows; `F1` and `F3` (batch 1, 512 tokens)\n\
 \x20 are 17–18% low on reserved (their allocated peak `F3-ALLOC` is −3%: the pool, not the live\n\
 \x20 tensors, is what is missed). The largest QLoRA batches (`F6` batch 10, `F12` batch 12 with CPU\n\
