@@ -326,10 +326,13 @@ fn leave_one_source_out_goals() {
 
 /// Sources added after the model was written, never used to change it (issue 31: "rows of a
 /// source the estimator has never seen").
-const FRESH_SOURCES: &[&str] = &["QwenLM/Qwen"];
+const FRESH_SOURCES: &[&str] = &["QwenLM/Qwen", "unslothai/unsloth"];
 
-/// What the fresh sources give today (leave-one-source-out), pinned because issue 31's goal is
-/// not met on them: median |error| 9.3% (goal 8%), p90 20.2% (goal 20%), 1 row low by more than
+/// What each fresh source gives today (leave-one-source-out), pinned where issue 31's goal is not
+/// met on it. A model change that moves these figures must update the pins (and may not be fitted
+/// to them).
+///
+/// `QwenLM/Qwen`: median |error| 9.3% (goal 8%), p90 20.2% (goal 20%), 1 row low by more than
 /// 25% (Q1 −26.3%; goal none), the upper band of the other sources holding 23 of 48 rows (goal
 /// 80%). Reasons (docs/accuracy.md, "Where the model is weakest"): the Q rows' metric and unit
 /// are not stated by the source (inferred NV GiB, grade C); at 256–1024 tokens the LoRA rows are
@@ -338,13 +341,36 @@ const FRESH_SOURCES: &[&str] = &["QwenLM/Qwen"];
 /// History: 20.1%, 52.6%, 19 rows, 7/48 when the source was added; 11.7%, 26.3%, 5, 21/48 once a
 /// ZeRO optimizer's fp32 partitions counted for a 16-bit module; these once ZeRO-2's two ipg
 /// buffers follow the config's reduce_bucket_size (Qwen's 2e8).
-/// A model change that moves these figures must update the pins (and may not be fitted to them).
-const FRESH_PINNED: FreshFigures = FreshFigures {
-    median: 0.093,
-    p90: 0.202,
-    low_beyond_25: 1,
-    band_holds: 23,
-};
+///
+/// `unslothai/unsloth` (the Hugging Face QLoRA baseline of Unsloth's README, Llama-2-7B on one
+/// and on two T4s; first contact, nothing changed since): median 11.9% (goal 8%), p90 33.1%
+/// (goal 20%), 2 rows low by more than 25% (U10 −36.4%, U12 −33.0%: the 2xT4 DDP rows with
+/// SDPA at batch 1; goal none), the band holding 9 of 12 (goal 80%). Reasons: every row is grade C (the
+/// notebooks are not readable; sequence lengths, metric and unit are inferred); the 2xT4 rows
+/// measure about 2 GiB more than the one-T4 rows of the same stated setup (U7 9176 vs U1 7199
+/// MiB), more than DDP's buckets for 40M LoRA parameters explain, and the estimate adds
+/// 0.15 GiB; the Alpaca rows take the longest Alpaca sample (1304 tokens) as the length, an
+/// upper bound for a run shorter than an epoch (U1 +33.1%).
+const FRESH_PINNED: &[(&str, FreshFigures)] = &[
+    (
+        "QwenLM/Qwen",
+        FreshFigures {
+            median: 0.093,
+            p90: 0.202,
+            low_beyond_25: 1,
+            band_holds: 23,
+        },
+    ),
+    (
+        "unslothai/unsloth",
+        FreshFigures {
+            median: 0.119,
+            p90: 0.331,
+            low_beyond_25: 2,
+            band_holds: 9,
+        },
+    ),
+];
 
 struct FreshFigures {
     median: f64,
@@ -357,16 +383,24 @@ struct FreshFigures {
 /// median |error| ≤ 8%, p90 ≤ 20%, no row low by more than 25%, and the band — taken from the
 /// rows of the *other* sources only — holds at least 80% of the rows (the measurement under
 /// predicted / (1 − p90 of the row's class)). Where the goal is not met the figure is pinned
-/// (`FRESH_PINNED`): the test fails when it changes either way.
+/// (`FRESH_PINNED`): the test fails when it changes either way. Each fresh source gives at least
+/// 10 rows, all of them together at least 30.
 #[test]
 fn fresh_source_goals() {
     let loso = rows_in(Mode::LeaveOneSourceOut);
+    let mut fresh_rows = 0;
     for source in FRESH_SOURCES {
         let fresh: Vec<&validation::Compared> = loso
             .iter()
             .filter(|r| r.source == *source && r.is_scored())
             .collect();
-        assert!(fresh.len() >= 30, "{source}: {} rows", fresh.len());
+        assert!(fresh.len() >= 10, "{source}: {} rows", fresh.len());
+        fresh_rows += fresh.len();
+        let pinned = &FRESH_PINNED
+            .iter()
+            .find(|(s, _)| s == source)
+            .unwrap_or_else(|| panic!("{source}: no pin in FRESH_PINNED"))
+            .1;
         let others: Vec<validation::Compared> = loso
             .iter()
             .filter(|r| !FRESH_SOURCES.contains(&r.source))
@@ -402,23 +436,20 @@ fn fresh_source_goals() {
                 "{source}: {what} neither meets the goal nor the pin"
             );
         };
-        goal_or_pin(
-            s.median <= 0.08,
-            near(s.median, FRESH_PINNED.median),
-            "median",
-        );
-        goal_or_pin(s.p90 <= 0.20, near(s.p90, FRESH_PINNED.p90), "p90");
+        goal_or_pin(s.median <= 0.08, near(s.median, pinned.median), "median");
+        goal_or_pin(s.p90 <= 0.20, near(s.p90, pinned.p90), "p90");
         goal_or_pin(
             s.low_beyond_25.is_empty(),
-            s.low_beyond_25.len() == FRESH_PINNED.low_beyond_25,
+            s.low_beyond_25.len() == pinned.low_beyond_25,
             "rows low by > 25%",
         );
         goal_or_pin(
             holds * 10 >= fresh.len() * 8,
-            holds == FRESH_PINNED.band_holds,
+            holds == pinned.band_holds,
             "band coverage",
         );
     }
+    assert!(fresh_rows >= 30, "{fresh_rows} rows from fresh sources");
 }
 
 /// A row that is the measurement of a constant is never scored; in leave-one-source-out mode no

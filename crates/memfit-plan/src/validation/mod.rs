@@ -183,6 +183,7 @@ pub const SOURCES: &[(char, &str)] = &[
     ('T', "pytorch/torchtune"),
     ('S', "modelscope/ms-swift"),
     ('Q', "QwenLM/Qwen"),
+    ('U', "unslothai/unsloth"),
     (
         'H',
         "memfit, measured on a lent GPU (validation/measured_here.csv)",
