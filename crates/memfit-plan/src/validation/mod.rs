@@ -184,6 +184,7 @@ pub const SOURCES: &[(char, &str)] = &[
     ('S', "modelscope/ms-swift"),
     ('Q', "QwenLM/Qwen"),
     ('Y', "THUDM/ChatGLM3 + THUDM/GLM-4 finetune demos"),
+    ('U', "unslothai/unsloth"),
     (
         'H',
         "memfit, measured on a lent GPU (validation/measured_here.csv)",

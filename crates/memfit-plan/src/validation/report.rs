@@ -223,6 +223,19 @@ const WEAKEST: &str = "\n## Where the model is weakest\n\n\
 \x20 4-GPU DDP LoRA demo (`Y4`, fixed 641 tokens) is 33% low against a \"23GB\" that names neither\n\
 \x20 tool nor unit; nothing in its script (fp16 layers from `config.torch_dtype`, checkpointing,\n\
 \x20 LoRA on `query_key_value`) accounts for 7 GiB beyond the weights.\n\
+- Unsloth's README, its Hugging Face QLoRA baseline (`U`, a fresh source, nothing fitted to it;\n\
+\x20 pinned by `fresh_source_goals`): Llama-2-7B, r 16 on every linear, 8-bit AdamW, one T4 (`U1`-`U6`)\n\
+\x20 and two T4s under DDP (`U7`-`U12`): median 12%, p90 33%, two rows low by more than 25%. Every\n\
+\x20 row is grade C: the notebooks are not readable, so the lengths (2,048 = the truncation for Open\n\
+\x20 Assistant and SlimOrca, 1,304 = the longest Alpaca sample), metric and unit are inferred. On one\n\
+\x20 T4 the long-sequence rows are within 7% with eager attention and with SDPA; Alpaca is 13–33% high,\n\
+\x20 its length an upper bound for a run shorter than an epoch. The 2xT4 rows are 11–36% low with SDPA\n\
+\x20 (`U10` −36%, `U12` −33%): those runs measure about 2 GiB more than one T4 with the same stated\n\
+\x20 setup (Alpaca 9,176 vs 7,199 MiB) where DDP's buckets for 40 M LoRA parameters are 0.15 GiB, and\n\
+\x20 eager and SDPA are equal at batch 1 and 2,048 tokens (11,896 vs 11,628 MiB) while one T4 at\n\
+\x20 batch 2 shows 4.3 GiB between them: the Kaggle runs' lengths or setup differ from what the README\n\
+\x20 states, and what holds the 2 GiB is not identified. Left out: the README's A100 tables, whose\n\
+\x20 figures for the same stated setup are 1.5–2.5× the T4's (validation/README.md).\n\
 - Answer.AI's FSDP+QLoRA note (`F`): within 10% for most rows; `F1` and `F3` (batch 1, 512 tokens)\n\
 \x20 are 17–18% low on reserved (their allocated peak `F3-ALLOC` is −3%: the pool, not the live\n\
 \x20 tensors, is what is missed). The largest QLoRA batches (`F6` batch 10, `F12` batch 12 with CPU\n\
