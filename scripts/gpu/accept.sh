@@ -6,6 +6,8 @@
 #   speed.jsonl   memfit and PyTorch on the same card, bf16, the issue's three shapes
 #   memory.jsonl  memfit's pool and NVML peaks, three sizes per family
 #   resume.jsonl  a run killed by SIGTERM and resumed, beside the same run uninterrupted
+#   oom.jsonl     a run whose micro-batch does not fit the card: its real CUDA out-of-memory
+#                 errors caught, the micro-batch halved until a step fits, the run finished
 #   gpu.md        the tables (scripts/gpu/tables.py), accept.log everything printed
 # MEMFIT_ACCEPT_DEVICE=cpu runs the same steps on the CPU (a dry run of the script itself).
 set -uo pipefail
@@ -31,7 +33,13 @@ MEMORY_RUNS=("--model tiny --batch 8 --seq 128" "--model tiny --batch 32 --seq 1
     "--model qwen2-small --method lora --batch 8 --seq 512"
     "--model qwen2.5-0.5b --method lora --batch 4 --seq 512")
 STEPS="--steps 12"
+# The out-of-memory run: a 2-layer Llama (chat-tiny's words) on rows of about 1,900 tokens at micro-batch
+# 2048, which the host plan allows (its CPU attention streams; --budget-ram above what the run uses on
+# the host): on the device one block's attention scores alone are 2048 x 4 heads x 2048^2 x 4 B = 137 GB,
+# past an H200, so each halving until a step fits is one caught CUDA out-of-memory error.
+OOM_WORDS=950; OOM_SEQ=2048; OOM_BATCH=2048; OOM_ROWS=2048
 if [ "$DEVICE" = cpu ]; then
+    OOM_WORDS=20; OOM_SEQ=64; OOM_BATCH=4; OOM_ROWS=16
     SPEED_T5="--model tiny --batch 2 --seq 16"; TORCH_T5="--batch 2 --seq 16"
     SPEED_BERT="--model bert-small --batch 2 --seq 16"; TORCH_BERT="--batch 2 --seq 16"
     SPEED_LORA="--model qwen2-small --method lora --batch 1 --seq 16"; TORCH_LORA="--batch 1 --seq 16 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 1000"
@@ -121,7 +129,7 @@ done
 
 # 4. A run stopped by SIGTERM and resumed, beside the same run uninterrupted (same data order,
 # same losses to 1e-4 relative).
-: > "$OUT/resume.jsonl"
+: > "$OUT/resume.jsonl"; : > "$OUT/oom.jsonl"
 runs=$(mktemp -d)
 "$BIN" train --demo classification --device "$DEVICE" --out "$runs/whole" --max-steps 120 \
     --save-steps 40 --json > "$runs/whole.json" 2>>"$LOG"
@@ -150,6 +158,41 @@ print(json.dumps({"stopped_exit": stopped, "resumed_exit": resumed, "steps_whole
                   "steps_resumed": len(cut), "worst_rel_loss_diff": worst}))
 PYEOF
 log "resume: $(tail -1 "$OUT/resume.jsonl")"
+
+# 5. A micro-batch that does not fit the card: CUDA's out-of-memory errors are caught, the last
+# completed step checkpointed, the micro-batch halved (effective batch kept) until a step fits.
+oom=$(mktemp -d)
+$PY - "$oom" "$OOM_WORDS" "$OOM_SEQ" "$OOM_ROWS" <<'PYEOF'
+import json, random, sys
+out, words, seq, rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+config = json.load(open("examples/chat-tiny/config.json"))
+config.update(max_position_embeddings=seq, hidden_size=64, intermediate_size=128)
+json.dump(config, open(f"{out}/config.json", "w"))
+vocab, r = "moon red dog tree sun cat blue green".split(), random.Random(0)
+with open(f"{out}/long.jsonl", "w") as f:
+    for _ in range(rows):
+        text = [r.choice(vocab) for _ in range(words)]
+        f.write(json.dumps({"instruction": " ".join(text), "output": " ".join(text[::-1])}) + "\n")
+PYEOF
+"$BIN" train --task causal-lm --model "$oom/config.json" --tokenizer examples/chat-tiny/tokenizer \
+    --data "$oom/long.jsonl" --seq "$OOM_SEQ" --batch "$OOM_BATCH" --max-steps 1 --budget-ram 120GiB \
+    --device "$DEVICE" --out "$oom/run" --json > "$oom/run.json" 2>>"$LOG"
+ran=$?
+$PY - "$oom/run" "$ran" "$OOM_BATCH" >> "$OUT/oom.jsonl" <<'PYEOF'
+import json, sys
+run, code, asked = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+try:
+    events = [json.loads(line) for line in open(f"{run}/events.jsonl")]
+except OSError:
+    events = []
+print(json.dumps({"exit": code, "asked_micro_batch": asked,
+                  "downgrades": [{k: e.get(k) for k in ("step", "reason", "old_micro_batch",
+                                                       "new_micro_batch", "message")}
+                                 for e in events if e["kind"] == "downgrade"],
+                  "stop": next((e for e in events if e["kind"] == "stop"), None),
+                  "checkpoints": [e["step"] for e in events if e["kind"] == "checkpoint"]}))
+PYEOF
+log "out of memory: $(tail -1 "$OUT/oom.jsonl" | cut -c1-300)"
 
 $PY scripts/gpu/tables.py "$OUT" > "$OUT/gpu.md" 2>>"$LOG"
 rm -f "$OUT/.poll"

@@ -101,6 +101,22 @@ def resume(records):
     print()
 
 
+def out_of_memory(records):
+    print("## A micro-batch that does not fit: CUDA out-of-memory caught and halved\n")
+    for r in records:
+        downs = r["downgrades"]
+        start = downs[0]["old_micro_batch"] if downs else r["asked_micro_batch"]
+        chain = " → ".join([str(start)] + [str(d["new_micro_batch"]) for d in downs])
+        reasons = sorted({d["reason"] for d in downs if d.get("reason")})
+        stop = r["stop"]
+        print(f"- exit {r['exit']}; micro-batch {chain} ({len(downs)} caught error(s), reason "
+              f"{', '.join(reasons) or '—'}); checkpoints at steps {r['checkpoints']}; "
+              f"{'stopped: ' + str(stop.get('reason')) if stop else 'finished'}")
+        if downs:
+            print(f"  first error: {str(downs[0].get('message'))[:200]}")
+    print()
+
+
 def main():
     folder = sys.argv[1]
     gpu = card(folder)
@@ -108,6 +124,7 @@ def main():
     parity(rows(folder, "parity.jsonl"))
     speed(rows(folder, "speed.jsonl"), gpu)
     memory(rows(folder, "memory.jsonl"))
+    out_of_memory(rows(folder, "oom.jsonl"))
     resume(rows(folder, "resume.jsonl"))
 
 

@@ -125,7 +125,7 @@ pub struct Budget {
     pub ram_bytes: u64,
     /// How it was set: the flag as typed, or the default and what it was computed from.
     pub ram_source: String,
-    /// `--budget-gpu`: recorded; this trainer computes on the CPU (burn's flex backend).
+    /// `--budget-gpu`: recorded; on a GPU the guard keeps it (the start is planned for RAM).
     pub gpu_bytes: Option<u64>,
 }
 
@@ -285,8 +285,9 @@ pub fn planned_start(
     out.memory_budget_bytes = Some(budget.ram_bytes);
     if budget.gpu_bytes.is_some() {
         lines.push(
-            "--budget-gpu is recorded in plan.json; this trainer computes on the CPU (burn's flex \
-             backend), so only the RAM budget is planned for"
+            "--budget-gpu is recorded in plan.json and, on a GPU, sets the memory guard's limits per \
+             GPU; the start itself is planned for the RAM budget only (memfit's GPU runtime has no \
+             planner yet: docs/gpu.md)"
                 .to_string(),
         );
     }

@@ -153,7 +153,9 @@ pub struct Args {
     /// 80% of the effective available memory, cgroup limits included). `--budget` is an alias.
     #[arg(long, alias = "budget", value_name = "SIZE|PCT")]
     pub budget_ram: Option<String>,
-    /// GPU memory budget (recorded in plan.json; this trainer computes on the CPU).
+    /// GPU memory budget, per GPU (default on a GPU: 90% of the smallest rank's free memory): the
+    /// memory guard's limits on the device; below the model's weights → exit 3. Recorded in
+    /// plan.json; the start is planned for the RAM budget.
     #[arg(long, value_name = "SIZE")]
     pub budget_gpu: Option<String>,
     /// How the start is chosen: auto (the planner: fastest setup predicted to fit the budget),
