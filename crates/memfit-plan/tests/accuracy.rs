@@ -328,22 +328,23 @@ fn leave_one_source_out_goals() {
 /// source the estimator has never seen").
 const FRESH_SOURCES: &[&str] = &["QwenLM/Qwen"];
 
-/// What the fresh sources give today (leave-one-source-out), pinned because issue 31's goal is
-/// not met on them: median |error| 9.3% (goal 8%), p90 20.2% (goal 20%), 1 row low by more than
-/// 25% (Q1 −26.3%; goal none), the upper band of the other sources holding 23 of 48 rows (goal
-/// 80%). Reasons (docs/accuracy.md, "Where the model is weakest"): the Q rows' metric and unit
-/// are not stated by the source (inferred NV GiB, grade C); at 256–1024 tokens the LoRA rows are
-/// low by about 6 B × vocabulary × hidden (1.8 / 3.5 GiB for Qwen 1.8B / 7B), which no term of
-/// finetune.py, PEFT or the Trainer explains yet; the 1.8B GPTQ Q-LoRA rows are low by 15–24%.
-/// History: 20.1%, 52.6%, 19 rows, 7/48 when the source was added; 11.7%, 26.3%, 5, 21/48 once a
-/// ZeRO optimizer's fp32 partitions counted for a 16-bit module; these once ZeRO-2's two ipg
-/// buffers follow the config's reduce_bucket_size (Qwen's 2e8).
+/// What the fresh sources give (leave-one-source-out): every goal of issue 31 is met — median
+/// |error| 7.7% (goal 8%), p90 19.2% (goal 20%), no row low by more than 25%, the band of the
+/// other sources holding 46 of 48 rows (goal 80%) — so the pins only record the figures; a source
+/// that misses a goal must be pinned here with its reasons. History: 20.1%, 52.6%, 19 rows, 7/48
+/// when the source was added; 11.7%, 26.3%, 5, 21/48 once a ZeRO optimizer's fp32 partitions
+/// counted for a 16-bit module; 9.3%, 20.2%, 1 (Q1 −26.3%), 23/48 once ZeRO-2's two ipg buffers
+/// followed the config's reduce_bucket_size (Qwen's 2e8); 7.7%, 19.2%, 0, 27/48 once PEFT 0.5–0.6's
+/// fp32 LoRA weights counted (`Framework::TORCH_2_0_PEFT_05`); 46/48 with the band that counts the
+/// sources' biases (`stats::band_width`). Still open (docs/accuracy.md, "Where the model is
+/// weakest"): the Q rows' metric and unit are inferred (NV GiB, grade C); LoRA at 256–1,024 tokens
+/// is still low by about 1.2 GiB (1.8B) to 3.6 GiB (14B), the 1.8B GPTQ Q-LoRA rows by 15–24%.
 /// A model change that moves these figures must update the pins (and may not be fitted to them).
 const FRESH_PINNED: FreshFigures = FreshFigures {
-    median: 0.093,
-    p90: 0.202,
-    low_beyond_25: 1,
-    band_holds: 23,
+    median: 0.077,
+    p90: 0.192,
+    low_beyond_25: 0,
+    band_holds: 46,
 };
 
 struct FreshFigures {
@@ -373,14 +374,7 @@ fn fresh_source_goals() {
             .cloned()
             .collect();
         let bands = stats::bands(&others);
-        let band_of = |class: &str| {
-            bands
-                .iter()
-                .find(|(c, n, _)| c == class && *n >= 5)
-                .or_else(|| bands.iter().find(|(c, _, _)| c == "any"))
-                .map(|(_, _, p90)| *p90)
-                .unwrap()
-        };
+        let band_of = |class: &str| stats::width_for(&bands, class);
         let holds = fresh
             .iter()
             .filter(|r| r.measured_bytes <= r.predicted_bytes / (1.0 - band_of(&r.class)))
@@ -417,6 +411,28 @@ fn fresh_source_goals() {
             holds * 10 >= fresh.len() * 8,
             holds == FRESH_PINNED.band_holds,
             "band coverage",
+        );
+    }
+}
+
+/// Sources whose held-out rows the band does not hold to 80% (docs/accuracy.md, "Where the model
+/// is weakest": torchtune's reserved pool, 13–37% low on 3 of its 5 rows).
+const KNOWN_BAND_MISSES: &[&str] = &["pytorch/torchtune"];
+
+/// The band as every validated source meets it when it is the fresh one: computed without its
+/// rows, it holds at least 80% of them — for every source with 5 rows or more but the known ones.
+#[test]
+fn band_holds_each_held_out_source() {
+    let loso = rows_in(Mode::LeaveOneSourceOut);
+    let coverage = stats::held_out_coverage(&loso);
+    assert!(coverage.len() >= 5, "{coverage:?}");
+    for (source, held, n) in coverage {
+        println!("{source}: band holds {held}/{n}");
+        let met = held * 10 >= n * 8;
+        assert_eq!(
+            met,
+            !KNOWN_BAND_MISSES.contains(&source),
+            "{source}: {held}/{n} under the band of the other sources"
         );
     }
 }
