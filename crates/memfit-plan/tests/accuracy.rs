@@ -329,29 +329,31 @@ fn leave_one_source_out_goals() {
 /// pinned where issue 31's goal is not met on it. A model change that moves these figures must
 /// update the pins (and may not be fitted to them).
 ///
-/// `QwenLM/Qwen`: median |error| 9.3% (goal 8%), p90 20.2% (goal 20%), 1 row low by more than
-/// 25% (Q1 −26.3%; goal none), the upper band of the other sources holding 23 of 48 rows (goal
-/// 80%). Reasons (docs/accuracy.md, "Where the model is weakest"): the Q rows' metric and unit
-/// are not stated by the source (inferred NV GiB, grade C); at 256–1024 tokens the LoRA rows are
-/// low by about 6 B × vocabulary × hidden (1.8 / 3.5 GiB for Qwen 1.8B / 7B), which no term of
-/// finetune.py, PEFT or the Trainer explains yet; the 1.8B GPTQ Q-LoRA rows are low by 15–24%.
-/// History: 20.1%, 52.6%, 19 rows, 7/48 when the source was added; 11.7%, 26.3%, 5, 21/48 once a
-/// ZeRO optimizer's fp32 partitions counted for a 16-bit module; these once ZeRO-2's two ipg
-/// buffers follow the config's reduce_bucket_size (Qwen's 2e8).
+/// `QwenLM/Qwen`: every goal of issue 31 is met — median |error| 7.7% (goal 8%), p90 19.2% (goal
+/// 20%), no row low by more than 25%, the band of the other sources holding 46 of 48 rows (goal
+/// 80%). History: 20.1%, 52.6%, 19 rows, 7/48 when the source was added; 11.7%, 26.3%, 5, 21/48
+/// once a ZeRO optimizer's fp32 partitions counted for a 16-bit module; 9.3%, 20.2%, 1 (Q1
+/// −26.3%), 23/48 once ZeRO-2's two ipg buffers followed the config's reduce_bucket_size (Qwen's
+/// 2e8); 7.7%, 19.2%, 0, 27/48 once PEFT 0.5–0.6's fp32 LoRA weights counted
+/// (`Framework::TORCH_2_0_PEFT_05`); 46/48 with the band that counts the sources' biases
+/// (`stats::band_width`). Still open (docs/accuracy.md, "Where the model is weakest"): the Q rows'
+/// metric and unit are inferred (NV GiB, grade C); LoRA at 256–1,024 tokens is still low by about
+/// 1.2 GiB (1.8B) to 3.6 GiB (14B), the 1.8B GPTQ Q-LoRA rows by 15–24%.
 ///
 /// `THUDM/ChatGLM3 + THUDM/GLM-4 finetune demos` (rows `Y`, added with the model unchanged; these
 /// are the first-contact figures): 4 rows, not the 10 a fresh source should give — the two
 /// repositories publish four measured setups that the columns express (p-tuning v2 is not one,
 /// GLM-4's SFT figure is the card's ceiling and is in boundaries.csv). Median 16.8%, p90 33.1%,
 /// 1 row low by more than 25% (Y4 −33.1%, whose "23GB" names neither tool nor unit), band holds
-/// 1 of 4; every row is grade C (the README names no measuring tool; the longest sample of a
+/// 2 of 4 (1 of 4 under the band before it counted the sources' biases); every row is grade C (the README names no measuring tool; the longest sample of a
 /// per-batch-padded dataset is estimated; evaluation with generation runs inside the measured
 /// span). docs/accuracy.md, "Where the model is weakest", says what the low rows point at.
 ///
 /// `unslothai/unsloth` (the Hugging Face QLoRA baseline of Unsloth's README, Llama-2-7B on one
 /// and on two T4s; first contact, nothing changed since): median 11.9% (goal 8%), p90 33.1%
 /// (goal 20%), 2 rows low by more than 25% (U10 −36.4%, U12 −33.0%: the 2xT4 DDP rows with
-/// SDPA at batch 1; goal none), the band holding 9 of 12 (goal 80%). Reasons: every row is grade
+/// SDPA at batch 1; goal none), the band holding 10 of 12 (goal 80%: met; 9 under the band before
+/// it counted the sources' biases). Reasons: every row is grade
 /// C (the notebooks are not readable; sequence lengths, metric and unit are inferred); the 2xT4
 /// rows measure about 2 GiB more than the one-T4 rows of the same stated setup (U7 9176 vs U1
 /// 7199 MiB), more than DDP's buckets for 40M LoRA parameters explain; the Alpaca rows take the
@@ -362,10 +364,10 @@ const FRESH: &[(&str, FreshFigures)] = &[
         "QwenLM/Qwen",
         FreshFigures {
             rows: 48,
-            median: 0.093,
-            p90: 0.202,
-            low_beyond_25: 1,
-            band_holds: 23,
+            median: 0.077,
+            p90: 0.192,
+            low_beyond_25: 0,
+            band_holds: 46,
         },
     ),
     (
@@ -375,7 +377,7 @@ const FRESH: &[(&str, FreshFigures)] = &[
             median: 0.168,
             p90: 0.331,
             low_beyond_25: 1,
-            band_holds: 1,
+            band_holds: 2,
         },
     ),
     (
@@ -385,7 +387,7 @@ const FRESH: &[(&str, FreshFigures)] = &[
             median: 0.119,
             p90: 0.331,
             low_beyond_25: 2,
-            band_holds: 9,
+            band_holds: 10,
         },
     ),
 ];
@@ -421,14 +423,7 @@ fn fresh_source_goals() {
         .cloned()
         .collect();
     let bands = stats::bands(&others);
-    let band_of = |class: &str| {
-        bands
-            .iter()
-            .find(|(c, n, _)| c == class && *n >= 5)
-            .or_else(|| bands.iter().find(|(c, _, _)| c == "any"))
-            .map(|(_, _, p90)| *p90)
-            .unwrap()
-    };
+    let band_of = |class: &str| stats::width_for(&bands, class);
     let mut in_all = 0;
     for (source, pin) in FRESH {
         let fresh: Vec<&validation::Compared> = loso
@@ -476,6 +471,28 @@ fn fresh_source_goals() {
         );
     }
     assert!(in_all >= FRESH_ROWS_IN_ALL, "{in_all} fresh rows in all");
+}
+
+/// Sources whose held-out rows the band does not hold to 80% (docs/accuracy.md, "Where the model
+/// is weakest": torchtune's reserved pool, 13–37% low on 3 of its 5 rows).
+const KNOWN_BAND_MISSES: &[&str] = &["pytorch/torchtune"];
+
+/// The band as every validated source meets it when it is the fresh one: computed without its
+/// rows, it holds at least 80% of them — for every source with 5 rows or more but the known ones.
+#[test]
+fn band_holds_each_held_out_source() {
+    let loso = rows_in(Mode::LeaveOneSourceOut);
+    let coverage = stats::held_out_coverage(&loso);
+    assert!(coverage.len() >= 5, "{coverage:?}");
+    for (source, held, n) in coverage {
+        println!("{source}: band holds {held}/{n}");
+        let met = held * 10 >= n * 8;
+        assert_eq!(
+            met,
+            !KNOWN_BAND_MISSES.contains(&source),
+            "{source}: {held}/{n} under the band of the other sources"
+        );
+    }
 }
 
 /// A row that is the measurement of a constant is never scored; in leave-one-source-out mode no

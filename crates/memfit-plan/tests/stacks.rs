@@ -361,3 +361,28 @@ fn peft_adapters_are_fp32_on_a_bf16_base() {
     s.stack = Stack::Litgpt;
     assert_eq!(total(&s, &now), total(&s, &before));
 }
+
+/// PEFT 0.5–0.6 (`Framework::TORCH_2_0_PEFT_05`) builds LoRA weights in fp32 on a bf16 base: the
+/// adapters' weights, gradients and AdamW states are twice the base dtype's bytes — 2 + 2 + 4 B
+/// more per adapter parameter — while PEFT 0.7–0.11 (`TORCH_2_BNB_LT_044`) follows the base.
+/// Under a DeepSpeed engine the module is cast to 16 bit before training, so neither differs.
+#[test]
+fn peft_05_adapters_are_fp32_except_under_a_deepspeed_engine() {
+    use memfit_plan::memory::states::{model_states, trainable};
+    let a = llama(false);
+    let s = lora(&a, Stack::HfTrainer);
+    let adapters = trainable(&a, &s).adapters;
+    assert!(adapters > 0);
+    let total = |s: &Setup, fw: &Framework| {
+        let st = model_states(&a, s, fw);
+        st.gpu_weights + st.gpu_grads + st.gpu_optimizer
+    };
+    let (peft05, peft07) = (Framework::TORCH_2_0_PEFT_05, Framework::TORCH_2_BNB_LT_044);
+    assert_eq!(
+        total(&s, &peft05) - total(&s, &peft07),
+        adapters * (2 + 2 + 4)
+    );
+    let mut ds = lora(&a, Stack::AccelerateDeepspeed);
+    ds.zero = Zero::Z2;
+    assert_eq!(total(&ds, &peft05), total(&ds, &peft07));
+}

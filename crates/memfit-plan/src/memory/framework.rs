@@ -43,7 +43,14 @@ pub struct Framework {
     /// autocast_adapter_dtype=True)`, the default since PEFT 0.12, July 2024) and casts each
     /// adapter's input to that dtype (`peft/tuners/lora/layer.py` `Linear.forward`:
     /// `_cast_input_dtype(x, lora_A.weight.dtype)`): without autocast an adapted linear's LoRA
-    /// dropout output is fp32 (measured: `H1`, `H18`, validation/measured_here.csv).
+    /// dropout output is fp32 (measured: `H1`, `H18`, validation/measured_here.csv). PEFT 0.5–0.6
+    /// (August–November 2023) kept them fp32 too, by omission: `update_layer` builds
+    /// `nn.Linear(in_features, r)` in the default dtype and moves it only to the weight's device
+    /// (v0.5.0 `tuners/lora.py`: `self.to(self.weight.device)`; v0.6.x `tuners/lora/layer.py`
+    /// casts to `self.weight`'s dtype, which a LoRA `Linear` does not have yet when its
+    /// `__init__` calls `update_layer`); 0.7–0.11 cast them to the base layer's dtype
+    /// (v0.7.0 `update_layer`: `self.to(weight.device, dtype=weight.dtype)` of
+    /// `get_base_layer().weight`).
     pub peft_fp32_adapters: bool,
 }
 
@@ -70,6 +77,14 @@ impl Framework {
         sdpa_gqa_unrepeated: false,
         peft_fp32_adapters: false,
         ..Framework::TORCH_2
+    };
+
+    /// PyTorch 2.0 with PEFT 0.5–0.6 (August–November 2023): as
+    /// [`Framework::TORCH_2_BNB_LT_044`], but PEFT's LoRA weights are fp32 on a 16-bit base
+    /// (see `peft_fp32_adapters`).
+    pub const TORCH_2_0_PEFT_05: Framework = Framework {
+        peft_fp32_adapters: true,
+        ..Framework::TORCH_2_BNB_LT_044
     };
 
     /// PyTorch 1.x / transformers 4.1x-4.2x (2022), eager CUDA module loading: the software of the

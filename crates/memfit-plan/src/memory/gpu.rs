@@ -14,7 +14,12 @@ pub fn optimizer_step_transient(arch: &Arch, setup: &Setup, fw: &Framework) -> u
         return 0;
     }
     let tr = trainable(arch, setup);
-    let state_b = if setup.precision.weight_bytes() == 2 && !states::uses_master(setup) {
+    // states follow the parameter: 16-bit in pure 16-bit training, fp32 under a master copy or
+    // for PEFT's fp32 adapters on a 16-bit base
+    let state_b = if setup.precision.weight_bytes() == 2
+        && !states::uses_master(setup)
+        && !states::fp32_adapters(setup, fw)
+    {
         2
     } else {
         4

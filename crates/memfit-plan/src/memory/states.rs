@@ -213,10 +213,14 @@ pub struct StateBytes {
 }
 
 /// PEFT's LoRA weights are fp32 on a 16-bit base without autocast
-/// (`Framework::peft_fp32_adapters`); LitGPT's and torchtune's follow the base.
+/// (`Framework::peft_fp32_adapters`); LitGPT's and torchtune's follow the base, and so do they
+/// under a DeepSpeed engine, which casts the whole module to 16 bit before training
+/// (`deepspeed/runtime/engine.py` `_configure_distributed_model`: `self.module.half()` /
+/// `.bfloat16()`), keeping the fp32 copies in its optimizer.
 pub fn fp32_adapters(setup: &Setup, fw: &Framework) -> bool {
     fw.peft_fp32_adapters
         && setup.stack.runs_transformers_code()
+        && !setup.stack.profile().deepspeed(setup)
         && matches!(setup.method, Method::Lora | Method::Qlora)
         && setup.precision.weight_bytes() == 2
         && !setup.precision.is_amp()

@@ -398,7 +398,7 @@ fn rejection(
             "needs {:.2} GiB per GPU, {:.2} GiB with the {:.0}% validation band of {} > {:.2} GiB usable ({:.0}% headroom of {:.2} GiB)",
             need as f64 / GIB,
             banded as f64 / GIB,
-            100.0 * band.p90_abs_error,
+            100.0 * band.width,
             band.class,
             have as f64 / GIB,
             100.0 * budget.headroom,

@@ -2,7 +2,8 @@
 //! row into a [`Setup`], estimates it, and compares the metric the row names.
 //!
 //! A row's `software` column picks the framework profile (`torch1`: [`Framework::torch_1x`], the
-//! 2022 rows; `torch2`: [`Framework::TORCH_2_BNB_LT_044`], 2023 to mid-2024; `torch2.4`:
+//! 2022 rows; `torch2.0`: [`Framework::TORCH_2_0_PEFT_05`], PyTorch 2.0 with PEFT 0.5–0.6 (late
+//! 2023); `torch2`: [`Framework::TORCH_2_BNB_LT_044`], 2023 to mid-2024; `torch2.4`:
 //! [`Framework::TORCH_2`]), its `stack` column the training stack (`memory::stack`). The only value taken from measurements is the CUDA
 //! context (NVML rows only), read from `constants.csv`; in [`Mode::LeaveOneSourceOut`] a row never
 //! gets a context measured by its own source ([`context`]). [`stats`] summarises errors per mode
@@ -251,6 +252,15 @@ pub fn unscored_reason(id: &str, metric: &str, mode: Mode) -> Result<Option<&'st
         .then_some("its runtime RSS constant is its own project's measurement"))
 }
 
+/// The CUDA module loading a `software` value implies: PyTorch 2.0 loads lazily as 2.1+ does,
+/// so a `torch2.0` row takes the `torch2` context measurements.
+fn loading_era(software: &str) -> &str {
+    match software {
+        "torch2.0" => "torch2",
+        other => other,
+    }
+}
+
 /// The CUDA context for a row: a `constants.csv` row with no model, metric NV, one GPU and the
 /// row's `software`, measured on the row's GPU if one is (else the median of those there are);
 /// in leave-one-source-out mode only rows of other sources count. `None`: no such row, the
@@ -263,7 +273,7 @@ pub fn context(constants: &[Record], row: &Record, mode: Mode) -> Result<Option<
         if get(c, "model").is_empty()
             && get(c, "metric") == "NV"
             && get(c, "gpus") == "1"
-            && get(c, "software") == get(row, "software")
+            && loading_era(get(c, "software")) == loading_era(get(row, "software"))
             && (mode == Mode::AllSources || other)
         {
             let bytes = to_bytes(get(c, "measured_value"), get(c, "measured_unit"))?;
@@ -291,12 +301,16 @@ pub fn framework_of(row: &Record, context: Option<u64>) -> Result<Framework, Str
             cuda_context_bytes: ctx,
             ..Framework::TORCH_2_BNB_LT_044
         }),
+        "torch2.0" => Ok(Framework {
+            cuda_context_bytes: ctx,
+            ..Framework::TORCH_2_0_PEFT_05
+        }),
         "torch2.4" => Ok(Framework {
             cuda_context_bytes: ctx,
             ..Framework::TORCH_2
         }),
         other => Err(format!(
-            "{}: software = {other:?} not understood (torch1, torch2 or torch2.4)",
+            "{}: software = {other:?} not understood (torch1, torch2.0, torch2 or torch2.4)",
             get(row, "id")
         )),
     }

@@ -346,15 +346,16 @@ fn gpu_json(setup: &Setup, est: &Estimate) -> serde_json::Value {
     v
 }
 
-/// The human line of the band: the class, its p90 and the widened peaks.
+/// The human line of the band: the class, its width and the widened peaks.
 pub fn band_line(setup: &Setup, g: &memory::GpuEstimate) -> String {
     let b = memory::band::report(setup, g);
     format!(
-        "validation band ({}, p90 |error| {:.0}% over {} published rows, leave-one-source-out): \
+        "validation band ({}, {:.0}% over {} published rows and the biases of {} sources, leave-one-source-out): \
          allocated ≤ {} GiB · reserved ≤ {} GiB · nvml ≤ {} GiB in 90% of them",
         b.band.class,
-        100.0 * b.band.p90_abs_error,
+        100.0 * b.band.width,
         b.band.rows,
+        b.band.sources,
         gib(b.peak_allocated_high_bytes),
         gib(b.peak_reserved_high_bytes),
         gib(b.nvml_used_high_bytes)

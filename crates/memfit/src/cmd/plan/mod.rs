@@ -415,7 +415,7 @@ fn report(arch: &memfit_plan::arch::Arch, budget: &Budget, plan: &search::Plan) 
     if budget.gpu_bytes.is_some() {
         out!(
             o,
-            "each setup's GPU need is widened by the validation band of its class (p90 |error|, docs/accuracy.md) and kept within the usable memory, on top of the headroom"
+            "each setup's GPU need is widened by the validation band of its class (docs/accuracy.md, Uncertainty band) and kept within the usable memory, on top of the headroom"
         );
     }
     let row_table = |rows: &[Candidate], with_reason: bool| {
