@@ -54,6 +54,60 @@ fn nothing_fits_exits_3_with_the_reason() {
     assert!(err.contains("nothing fits") && err.contains("GiB"), "{err}");
 }
 
+/// `--zero-bucket-size`: planned for (ZeRO-1/2 hold two 16-bit buckets of it through the backward)
+/// and written into the emitted DeepSpeed config; without it, hidden² as before.
+#[test]
+fn the_zero_bucket_size_is_planned_and_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = |bucket: Option<&str>, name: &str| {
+        let out_dir = dir.path().join(name);
+        let mut args = vec![
+            "plan",
+            "--model",
+            "t5-small",
+            "--gpus",
+            "2",
+            "--gpu-mem",
+            "8GiB",
+            "--host-mem",
+            "16GiB",
+            "--emit",
+            "deepspeed",
+            "--json",
+            "--out",
+        ];
+        args.push(out_dir.to_str().unwrap());
+        if let Some(b) = bucket {
+            args.extend(["--zero-bucket-size", b]);
+        }
+        let out = memfit(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ds: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out_dir.join("deepspeed.json")).unwrap())
+                .unwrap();
+        let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            plan,
+            ds["zero_optimization"]["reduce_bucket_size"]
+                .as_u64()
+                .unwrap(),
+        )
+    };
+    let (_, auto) = plan(None, "auto");
+    assert_eq!(auto, 512 * 512, "t5-small's hidden²");
+    let (p, big) = plan(Some("200000000"), "big");
+    assert_eq!(big, 200_000_000);
+    assert_eq!(
+        p["chosen"]["setup"]["zero_bucket_size"], 200_000_000,
+        "{}",
+        p["chosen"]["setup"]
+    );
+}
+
 #[test]
 fn emits_every_config_atomically() {
     let dir = tempfile::tempdir().unwrap();

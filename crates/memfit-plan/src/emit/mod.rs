@@ -127,7 +127,8 @@ pub fn deepspeed(arch: &Arch, setup: &Setup, hyper: &Hyper) -> Value {
         "stage": setup.zero.stage(),
         "overlap_comm": true,
         "contiguous_gradients": true,
-        "reduce_bucket_size": h2,
+        // the bucket the estimate planned for (`--zero-bucket-size`), else hidden² ("auto")
+        "reduce_bucket_size": setup.zero_bucket_size.unwrap_or(h2),
     });
     if setup.zero.stage() == 3 {
         zero["stage3_prefetch_bucket_size"] = json!(9 * h2 / 10);

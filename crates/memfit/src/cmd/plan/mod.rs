@@ -57,6 +57,11 @@ pub struct Args {
     /// `fsdp2` (`fully_shard`, accelerate's FSDP version 2) or `fsdp1` (FSDP version 1).
     #[arg(long, default_value = "deepspeed", value_parser = parse_sharding)]
     pub sharding: Sharding,
+    /// DeepSpeed's `reduce_bucket_size` (elements) to plan for and write into the emitted config
+    /// (default: transformers' "auto", hidden²). ZeRO-1/2 hold two 16-bit buckets of it through
+    /// the backward.
+    #[arg(long)]
+    pub zero_bucket_size: Option<u64>,
     /// Memory kept free on GPU and host: `10%` or `0.1`.
     #[arg(long, default_value = "10%", value_parser = parse_headroom)]
     pub headroom: f64,
@@ -152,6 +157,7 @@ impl Args {
         s.runtime = self.runtime;
         s.gpus = self.gpus;
         s.nodes = self.nodes;
+        s.zero_bucket_size = self.zero_bucket_size;
         s.dataset = dataset_of(self.runtime);
         if let Sharding::Fsdp(_) = self.sharding {
             // the search then shards with FSDP's options instead of ZeRO's (search::zero_options)
