@@ -389,22 +389,35 @@ struct Failing {
     inner: T5Engine,
     fail_at: Option<usize>,
     calls: usize,
-    /// The injected error is the device running out of memory (else a lost device).
-    out_of_memory: bool,
+    injected: Injected,
+}
+
+/// What [`Failing`] does at its failing call.
+#[derive(Clone, Copy)]
+enum Injected {
+    /// An error: the rank's device was lost.
+    Lost,
+    /// The device's out-of-memory error.
+    OutOfMemory,
+    /// The rank's thread panics.
+    Panic,
 }
 
 impl Failing {
     /// Counts a call; the injected failure at call `fail_at`.
     fn call(&mut self) -> Result<(), memfit_nn::ModelError> {
         self.calls += 1;
-        match (self.fail_at == Some(self.calls), self.out_of_memory) {
-            (false, _) => Ok(()),
-            (true, false) => Err(memfit_nn::ModelError::Io(
+        if self.fail_at != Some(self.calls) {
+            return Ok(());
+        }
+        match self.injected {
+            Injected::Lost => Err(memfit_nn::ModelError::Io(
                 "injected: the rank's device was lost".into(),
             )),
-            (true, true) => Err(memfit_nn::ModelError::OutOfMemory(
+            Injected::OutOfMemory => Err(memfit_nn::ModelError::OutOfMemory(
                 "injected: CUDA_ERROR_OUT_OF_MEMORY".into(),
             )),
+            Injected::Panic => panic!("injected: a bug on this rank"),
         }
     }
 }
@@ -528,13 +541,13 @@ fn a_failing_rank_stops_every_rank_at_the_last_completed_step() {
             inner: engine(at),
             fail_at: None,
             calls: 0,
-            out_of_memory: false,
+            injected: Injected::Lost,
         },
         Failing {
             inner: engine(at),
             fail_at: Some(12),
             calls: 0,
-            out_of_memory: false,
+            injected: Injected::Lost,
         },
     ];
     let collective = Arc::new(HostCollective::new(2, Duration::from_secs(60)));
@@ -570,7 +583,7 @@ fn a_rank_out_of_memory_during_the_overlapped_reduction_halves_every_rank() {
         inner: engine(at),
         fail_at,
         calls: 0,
-        out_of_memory: true,
+        injected: Injected::OutOfMemory,
     };
     // one device: 4 calls a step, the 24th is step 6's last
     let one = tmp.path().join("one-oom");
@@ -601,6 +614,38 @@ fn a_rank_out_of_memory_during_the_overlapped_reduction_halves_every_rank() {
     let diff = max_rel_diff(&step_losses(&dir), &step_losses(&one));
     assert!(diff <= 1e-5, "losses differ by {diff}");
     assert_lockstep(&dp.replicas().iter().map(|f| &f.inner).collect::<Vec<_>>());
+}
+
+/// A rank whose thread panics in its last micro-batch, the other rank already waiting in the
+/// overlapped reduction for its buckets: the panicking rank gives the collective up at once, the
+/// run stops at the last completed step (exit 75) long before the collective's timeout.
+#[test]
+fn a_rank_panicking_during_the_overlapped_reduction_stops_the_group_at_once() {
+    let at = (Backend::Flex, Placement::Host);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("panic");
+    let replica = |fail_at| Failing {
+        inner: engine(at),
+        fail_at,
+        calls: 0,
+        injected: Injected::Panic,
+    };
+    let collective = Arc::new(HostCollective::new(2, Duration::from_secs(120)));
+    let mut dp = DataParallel::new(vec![replica(None), replica(Some(12))], collective);
+    let started = std::time::Instant::now();
+    let finish = run(&dir, &mut dp, None, StopFlag::new(), &mut Silent).unwrap();
+    assert_eq!(finish, Finish::Stopped);
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    let (stop, step) = rank_failure_stop(&dir);
+    assert_eq!(step, 5, "{stop}");
+    assert!(
+        stop["message"].as_str().unwrap().contains("panicked"),
+        "{stop}"
+    );
 }
 
 /// The host collective, except that its `fail_at`-th all-reduce (1-based, counted on rank 0)

@@ -27,22 +27,27 @@ pub(super) fn accumulate_reducing<E: Replica>(
             }
             Ok(reduced)
         });
-        let loss = {
+        let run = std::panic::AssertUnwindSafe(|| {
             let mut send = |bucket: GradBucket| {
                 (tx.send(bucket)).map_err(|_| "the reduction between ranks stopped".to_string())
             };
             replica.accumulate_and_send(m.batch, (m.loss_scale, m.seed), &mut send)
-        };
+        });
+        let loss = std::panic::catch_unwind(run);
         drop(tx);
-        if let Err(e) = &loss {
-            // the others must not wait for this rank's buckets until the timeout
-            collective.abort(rank, &e.to_string());
+        // the others must not wait for this rank's buckets until the timeout (nor this scope for
+        // its reducer, waiting on them)
+        match &loss {
+            Ok(Err(e)) => collective.abort(rank, &e.to_string()),
+            Err(_) => collective.abort(rank, "the rank's thread panicked"),
+            Ok(Ok(_)) => {}
         }
         let reduced = reducer.join().unwrap_or_else(|_| {
             Err(CollectiveError::Device(format!(
                 "rank {rank}: the reducing thread panicked"
             )))
         });
+        let loss = loss.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         (loss, reduced)
     });
     let rank_error = |source| DataParallelError::Rank {
