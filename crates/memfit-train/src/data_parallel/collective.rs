@@ -155,11 +155,15 @@ pub(super) fn disagreement(
     let at = (first.iter().zip(other))
         .position(|(a, b)| a != b)
         .unwrap_or(first.len().min(other.len()));
+    let name = |p: Option<&(usize, [usize; 2])>| match p {
+        Some((i, dims)) => format!("parameter {i} {dims:?}"),
+        None => "nothing".to_string(),
+    };
     format!(
-        "the ranks reduce different gradients: place {at} is parameter {:?} on rank {r}, {:?} on \
+        "the ranks reduce different gradients: place {at} of the bucket is {} on rank {r}, {} on \
          rank 0 ({} and {} parameters in the bucket)",
-        other.get(at),
-        first.get(at),
+        name(other.get(at)),
+        name(first.get(at)),
         other.len(),
         first.len()
     )
@@ -211,7 +215,10 @@ mod tests {
             ]
         });
         for e in errs {
-            assert!(e.to_string().contains("(3, [1, 3]) on rank 1"), "{e}");
+            assert!(
+                e.to_string().contains("parameter 3 [1, 3] on rank 1"),
+                "{e}"
+            );
         }
         collective.reset();
         let errs = std::thread::scope(|s| {
@@ -224,7 +231,10 @@ mod tests {
             ]
         });
         for e in errs {
-            assert!(e.to_string().contains("parameter Some((4, [1, 2]))"), "{e}");
+            assert!(
+                e.to_string().contains("parameter 4 [1, 2] on rank 1"),
+                "{e}"
+            );
         }
     }
 
