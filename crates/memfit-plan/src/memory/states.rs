@@ -250,8 +250,16 @@ pub fn model_states(arch: &Arch, setup: &Setup, fw: &Framework) -> StateBytes {
     }
     let grads = tr.base * grad_b + tr.adapters * if fp32_lora { 4 } else { grad_b };
     // fp32 master weights + fp32 gradient partition (the optimizer's view) under ZeRO mixed precision:
-    // DeepSpeed counts 16 B/param = master 4 + momentum 4 + variance 4 + fp32 grad 4.
-    let master = if mixed_zero { 4 * tr.total() * 2 } else { 0 };
+    // DeepSpeed counts 16 B/param = master 4 + momentum 4 + variance 4 + fp32 grad 4. Its ZeRO
+    // optimizer builds that partition with `.clone().float()` whatever the weights' dtype
+    // (stage_1_and_2.py `single_partition_of_fp32_groups`, stage3.py `_create_fp32_partitions`):
+    // under fp32 training too it is a second fp32 copy beside the weights.
+    let zero_optimizer = setup.stack.profile().deepspeed(setup) && stage >= 1;
+    let master = if mixed_zero || zero_optimizer {
+        4 * tr.total() * 2
+    } else {
+        0
+    };
     let optim = optimizer_state_bytes(setup, &tr, adapter_b) + master;
     let paged = matches!(
         setup.optimizer,

@@ -265,19 +265,19 @@ const WEAKEST: &str = "\n## Where the model is weakest\n\n\
 \x20 LoRA and GPTQ alike: a fixed amount outside the tensors counted, of the size a CUDA context with\n\
 \x20 the kernels of training loaded (flash attention, auto-gptq, DeepSpeed's ops) would add to the\n\
 \x20 `torch.ones(1).cuda()` context measured in `K5`; no measurement of such a context was found.\n\
-- THUDM's ChatGLM3 and GLM-4 fine-tuning demos (`Y`, a fresh source: added with the model\n\
-\x20 unchanged, these are its first-contact errors; four rows, all grade C): ChatGLM3-6B LoRA in fp16\n\
-\x20 without checkpointing (`Y1`) is within 1%. GLM-4-9B LoRA in bf16 with checkpointing and\n\
-\x20 `enable_input_require_grads` (`Y3`) is 11% low (2.4 GiB, about 4 B per element of its\n\
-\x20 151,552 × 4096 vocabulary matrix): the same direction as Qwen's LoRA rows above, and not\n\
-\x20 identified either; its sequence is an estimate and its run evaluates with generation. ChatGLM3\n\
-\x20 full fine-tuning in fp32 under ZeRO-3 on 4 GPUs (`Y2`) is 22% low (10.4 GiB): a candidate is\n\
-\x20 DeepSpeed's `stage3.py` `_create_fp32_partitions`, which clones each partition to fp32 even\n\
-\x20 when the parameters are fp32 already (a second copy, 5.8 GiB per rank here), where the model\n\
-\x20 counts the fp32 master only under mixed precision; not checked on a GPU. The base model's\n\
-\x20 4-GPU DDP LoRA demo (`Y4`, fixed 641 tokens) is 33% low against a \"23GB\" that names neither\n\
-\x20 tool nor unit; nothing in its script (fp16 layers from `config.torch_dtype`, checkpointing,\n\
-\x20 LoRA on `query_key_value`) accounts for 7 GiB beyond the weights.\n\
+- THUDM's ChatGLM3 and GLM-4 fine-tuning demos (`Y`, a fresh source; four rows, all grade C):\n\
+\x20 ChatGLM3-6B LoRA in fp16 without checkpointing (`Y1`) is within 1%. GLM-4-9B LoRA in bf16\n\
+\x20 with checkpointing and `enable_input_require_grads` (`Y3`) is 11% low (2.4 GiB, about 4 B\n\
+\x20 per element of its 151,552 × 4096 vocabulary matrix): the same direction as Qwen's LoRA rows\n\
+\x20 above, and not identified either; its sequence is an estimate and its run evaluates with\n\
+\x20 generation. ChatGLM3 full fine-tuning in fp32 under ZeRO-3 on 4 GPUs (`Y2`) was 22% low at\n\
+\x20 first contact: DeepSpeed's ZeRO optimizer builds its partition with `.clone().float()`\n\
+\x20 whatever the weights' dtype (stage3.py `_create_fp32_partitions`, stage_1_and_2.py\n\
+\x20 `single_partition_of_fp32_groups`), a second fp32 copy and its gradient partition under fp32\n\
+\x20 training too, which the model now counts for every ZeRO run: +2.5%. The base model's 4-GPU\n\
+\x20 DDP LoRA demo (`Y4`, fixed 641 tokens) is 33% low against a \"23GB\" that names neither tool\n\
+\x20 nor unit; nothing in its script (fp16 layers from `config.torch_dtype`, checkpointing, LoRA on\n\
+\x20 `query_key_value`) accounts for 7 GiB beyond the weights.\n\
 - Unsloth's README, its Hugging Face QLoRA baseline (`U`, a fresh source, nothing fitted to it;\n\
 \x20 pinned by `fresh_source_goals`): Llama-2-7B, r 16 on every linear, 8-bit AdamW, one T4 (`U1`-`U6`)\n\
 \x20 and two T4s under DDP (`U7`-`U12`): median 12%, p90 33%, two rows low by more than 25%. Every\n\
