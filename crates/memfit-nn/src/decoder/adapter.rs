@@ -92,7 +92,7 @@ impl DecoderModel {
             )));
         };
         check_same_adapter(dir, &config, &ours)?;
-        let path = dir.join(peft::WEIGHTS_FILE);
+        let path = peft::weights_path(dir);
         let mut source = HfWeights::open_file(&path)?;
         let layout = self.lora_layout().expect("checked: LoRA");
         let mut weights = Vec::with_capacity(layout.specs.len());

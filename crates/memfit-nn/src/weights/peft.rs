@@ -1,5 +1,5 @@
 //! LoRA adapters as PEFT writes and reads them: `adapter_config.json` (the `LoraConfig` fields
-//! PEFT 0.21 reads) and `adapter_model.safetensors`, whose keys are the adapted modules' paths under
+//! PEFT 0.21 reads) and `adapter_model.safetensors` (or the `adapter_model.bin` older PEFT wrote), whose keys are the adapted modules' paths under
 //! `base_model.model.` with `.lora_A.weight` `[r, in]` / `.lora_B.weight` `[out, r]`.
 //! `PeftModel.from_pretrained(base, dir)` loads such a directory.
 
@@ -12,6 +12,20 @@ use crate::layers::lora::LoraSettings;
 
 pub const CONFIG_FILE: &str = "adapter_config.json";
 pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
+/// What PEFT before 0.7 wrote by default (torch.save's pickle, read as data, never run).
+pub const PICKLE_WEIGHTS_FILE: &str = "adapter_model.bin";
+
+/// The adapter's weights in `dir`: `adapter_model.safetensors`, else `adapter_model.bin` (as PEFT
+/// looks for them); the safetensors name when neither exists, for the error.
+pub fn weights_path(dir: &Path) -> std::path::PathBuf {
+    let safetensors = dir.join(WEIGHTS_FILE);
+    let pickle = dir.join(PICKLE_WEIGHTS_FILE);
+    if !safetensors.is_file() && pickle.is_file() {
+        pickle
+    } else {
+        safetensors
+    }
+}
 
 /// The prefix PEFT's `PeftModelForCausalLM` puts before the base model's parameter names.
 pub const KEY_PREFIX: &str = "base_model.model.";

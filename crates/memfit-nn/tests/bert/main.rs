@@ -5,6 +5,8 @@
 mod grads;
 mod parity;
 mod torch_bin;
+#[path = "../support/torch_save.rs"]
+mod torch_save;
 mod weights;
 
 use burn::prelude::*;

@@ -11,6 +11,7 @@ use memfit_nn::model::{Pass, Precision, TrainModel};
 use memfit_nn::weights::SafetensorsFile;
 use serde_json::json;
 
+use crate::torch_save::{Storage, write_bin};
 use crate::{Grads, full, params, rel_diff, rows, tiny, wiggle};
 
 fn settings() -> LoraSettings {
@@ -203,6 +204,34 @@ fn the_adapter_is_written_under_peft_names_and_read_back() {
     other.params_mut()[3][1] = 9.0;
     other.load(dir.path()).unwrap();
     assert_eq!(other.params(), model.params());
+}
+
+/// PEFT before 0.7 saved `adapter_model.bin` (torch.save): read as data when no safetensors file is
+/// there, the same weights; with both, the safetensors file is read, as PEFT does.
+#[test]
+fn an_adapter_saved_by_torch_save_is_read_as_its_safetensors() {
+    let model = lora_model(&["q", "down"], BasePrecision::F32);
+    let dir = tempfile::tempdir().unwrap();
+    model.save(dir.path()).unwrap();
+    let safetensors = dir.path().join("adapter_model.safetensors");
+    let (tensors, _) = memfit_nn::weights::read_f32(&safetensors).unwrap();
+    let tensors = (tensors.into_iter())
+        .map(|(n, t)| (n, (Storage::F32, t)))
+        .collect();
+    write_bin(&dir.path().join("adapter_model.bin"), &tensors, &[]);
+    std::fs::remove_file(&safetensors).unwrap();
+    let mut other = lora_model(&["q", "down"], BasePrecision::F32);
+    other.params_mut()[3][1] = 9.0;
+    other.load(dir.path()).unwrap();
+    assert_eq!(other.params(), model.params());
+    // both files: the safetensors one wins (written from other weights, to tell them apart)
+    let mut changed = lora_model(&["q", "down"], BasePrecision::F32);
+    changed.params_mut()[3][1] = 9.0;
+    let fresh = tempfile::tempdir().unwrap();
+    changed.save(fresh.path()).unwrap();
+    std::fs::copy(fresh.path().join("adapter_model.safetensors"), &safetensors).unwrap();
+    other.load(dir.path()).unwrap();
+    assert_eq!(other.params(), changed.params());
 }
 
 #[test]

@@ -6,6 +6,8 @@ mod counts;
 mod generation;
 mod lora;
 mod parity;
+#[path = "../support/torch_save.rs"]
+mod torch_save;
 mod training;
 
 use std::path::{Path, PathBuf};
