@@ -57,9 +57,11 @@ pub(super) fn accumulate_reducing<E: Replica>(
     };
     match (loss, reduced) {
         (Err(e), _) if E::is_out_of_memory(&e) => Err(rank_error(e)),
+        // this rank's own failure, which it made the collective give up for
+        (Err(e), Err(CollectiveError::Aborted { by, .. })) if by == rank => Err(rank_error(e)),
+        (Err(e), Ok(_)) => Err(rank_error(e)),
         // the cause is the collective's (another rank gave up, a timeout), not this rank's send
         (_, Err(e)) => Err(DataParallelError::Collective(e)),
-        (Err(e), Ok(_)) => Err(rank_error(e)),
         (Ok(loss), Ok(reduced)) => {
             let grads = super::collective::places_of(reduced, places);
             replica.put_gradients(grads).map_err(rank_error)?;
