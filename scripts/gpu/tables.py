@@ -59,8 +59,9 @@ def speed(records, gpu_name):
     peak = peak_for(gpu_name)
     memfit = [r for r in records if "placement" in r]
     torch = [r for r in records if "bench" in r]
-    print("| shape | memfit tokens/s | PyTorch tokens/s | ratio | memfit NVML peak MiB | PyTorch | ratio | memfit MFU |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| shape | memfit tokens/s | PyTorch tokens/s | ratio | memfit NVML peak MiB | PyTorch | ratio | memfit MFU "
+          "| memfit first step s (kernel compiles) / median s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for i, m in enumerate(memfit):
         t = torch[i] if i < len(torch) else {}
         s = m.get("setup", {})
@@ -70,8 +71,10 @@ def speed(records, gpu_name):
         tps, ttps = m.get("tokens_per_s"), t.get("tokens_per_s")
         mm, tm = m.get("nvml_peak_mib"), t.get("nvml_peak_mib")
         ratio = lambda a, b: f"{a / b:.2f}" if a and b else "—"
+        steps = m.get("step_seconds") or []
+        first = f"{steps[0]:.2f} / {m['sec_per_step_median']:.3f}" if steps else "—"
         print(f"| {shape} | {tps or 0:.0f} | {ttps or 0:.0f} | {ratio(tps, ttps)} | {mm} | {tm or '—'} | "
-              f"{ratio(mm, tm)} | {f'{mfu:.1%}' if mfu else '—'} |")
+              f"{ratio(mm, tm)} | {f'{mfu:.1%}' if mfu else '—'} | {first} |")
     print()
 
 
