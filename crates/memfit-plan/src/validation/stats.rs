@@ -207,11 +207,12 @@ pub fn held_out_coverage(rows: &[Compared]) -> Vec<(&'static str, usize, usize)>
                 .cloned()
                 .collect();
             let own: Vec<&&Compared> = gpu.iter().filter(|r| r.source == b.source).collect();
+            let others_bands = bands(&others);
             let held = own
                 .iter()
                 .filter(|r| {
                     r.measured_bytes
-                        <= r.predicted_bytes / (1.0 - width_for(&bands(&others), &r.class))
+                        <= r.predicted_bytes / (1.0 - width_for(&others_bands, &r.class))
                 })
                 .count();
             (b.source, held, own.len())
