@@ -8,6 +8,7 @@
 #   resume.jsonl  a run killed by SIGTERM and resumed, beside the same run uninterrupted
 #   oom.jsonl     a run whose micro-batch does not fit the card: its real CUDA out-of-memory
 #                 errors caught, the micro-batch halved until a step fits, the run finished
+#   profile-*.log cubecl's per-kernel time summaries of each speed shape (where the GPU time goes)
 #   gpu.md        the tables (scripts/gpu/tables.py), accept.log everything printed
 # MEMFIT_ACCEPT_DEVICE=cpu runs the same steps on the CPU (a dry run of the script itself).
 set -uo pipefail
@@ -193,6 +194,19 @@ print(json.dumps({"exit": code, "asked_micro_batch": asked,
                   "checkpoints": [e["step"] for e in events if e["kind"] == "checkpoint"]}))
 PYEOF
 log "out of memory: $(tail -1 "$OUT/oom.jsonl" | cut -c1-300)"
+
+# 6. Where the GPU time goes: cubecl's own profile of each speed shape (level basic: every kernel timed
+# on the device with a sync after it, so the run is slower; the shares are the figure), written by
+# cubecl from a cubecl.toml in the directory the run starts in.
+prof=$(mktemp -d)
+for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
+    name=$(echo "$shape" | awk '{print $2}')
+    printf '[profiling]\nlogger = { level = "basic", file = "%s" }\n' "$OUT/profile-$name.log" \
+        > "$prof/cubecl.toml"
+    # shellcheck disable=SC2086
+    (cd "$prof" && "$BIN" bench train $shape --precision bf16 --device "$DEVICE" --steps 5 --json \
+        > /dev/null 2>>"$LOG") || log "profile of $name: exit $?"
+done
 
 $PY scripts/gpu/tables.py "$OUT" > "$OUT/gpu.md" 2>>"$LOG"
 rm -f "$OUT/.poll"

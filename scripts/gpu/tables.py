@@ -3,8 +3,10 @@
 
 usage: tables.py OUT_DIR > gpu.md
 """
+import glob
 import json
 import os
+import re
 import sys
 import time
 
@@ -120,6 +122,42 @@ def out_of_memory(records):
     print()
 
 
+def kernel_times(log):
+    """Each kernel's device time summed over every summary cubecl wrote (one per sync) in `log`."""
+    units = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+    totals = {}
+    for line in open(log, encoding="utf-8", errors="replace"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or cells[0] in ("Name", "Total"):
+            continue
+        m = re.fullmatch(r"([0-9.]+)(ns|µs|us|ms|s)", cells[1])
+        if not m or not cells[2].isdigit():
+            continue
+        name, seconds = cells[0], float(m.group(1)) * units[m.group(2)]
+        t = totals.setdefault(name, [0.0, 0])
+        t[0] += seconds
+        t[1] += int(cells[2])
+    return totals
+
+
+def profiles(folder):
+    print("## Where the GPU time goes (cubecl's per-kernel profile, bf16, 5 steps)\n")
+    logs = sorted(glob.glob(os.path.join(folder, "profile-*.log")))
+    if not logs:
+        print("- no cubecl profile: the runs did not compute on a cubecl device\n")
+        return
+    for log in logs:
+        shape = os.path.basename(log)[len("profile-"):-len(".log")]
+        totals = kernel_times(log)
+        whole = sum(t for t, _ in totals.values()) or 1.0
+        print(f"**{shape}** — {whole:.3f} s of kernels\n")
+        print("| kernel | launches | s | share |")
+        print("| --- | ---: | ---: | ---: |")
+        for name, (t, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:12]:
+            print(f"| `{name[:90]}` | {n} | {t:.4f} | {t / whole:.1%} |")
+        print()
+
+
 def main():
     folder = sys.argv[1]
     gpu = card(folder)
@@ -129,6 +167,7 @@ def main():
     memory(rows(folder, "memory.jsonl"))
     out_of_memory(rows(folder, "oom.jsonl"))
     resume(rows(folder, "resume.jsonl"))
+    profiles(folder)
 
 
 if __name__ == "__main__":
