@@ -321,7 +321,7 @@ fn state_components(setup: &Setup, st: &StateBytes, peak: &GpuPeak) -> Vec<Compo
             st.gpu_optimizer,
             Scaling::Neither,
             format!(
-                "{} (+ fp32 master under ZeRO mixed precision)",
+                "{} (+ a DeepSpeed ZeRO optimizer's fp32 partition copy and gradient)",
                 setup.optimizer
             ),
         ),
