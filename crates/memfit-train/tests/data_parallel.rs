@@ -60,17 +60,21 @@ fn group(ranks: usize, at: (Backend, Placement)) -> DataParallel<T5Engine> {
 /// both stacks).
 const T5_BUCKETS: usize = 9;
 
-/// The host collective, counting rank 0's all-reduces.
+/// The host collective, counting rank 0's all-reduces; with `fail_at`, that one (1-based) fails
+/// as a timed-out all-reduce does (the other rank, waiting in the same all-reduce, sees it
+/// abandoned).
 struct Counting {
     inner: HostCollective,
     calls: std::sync::atomic::AtomicUsize,
+    fail_at: Option<usize>,
 }
 
 impl Counting {
-    fn new(ranks: usize) -> Self {
+    fn new(ranks: usize, fail_at: Option<usize>) -> Self {
         Self {
             inner: HostCollective::new(ranks, Duration::from_secs(60)),
             calls: Default::default(),
+            fail_at,
         }
     }
 
@@ -89,7 +93,17 @@ impl Collective for Counting {
         bucket: GradBucket,
     ) -> Result<GradBucket, CollectiveError> {
         if rank == 0 {
-            self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let call = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            if self.fail_at == Some(call) {
+                let timeout = Duration::from_millis(1);
+                self.inner.abort(0, "timed out");
+                return Err(CollectiveError::Timeout {
+                    rank: 0,
+                    missing: vec![1],
+                    waited: timeout,
+                    timeout,
+                });
+            }
         }
         self.inner.all_reduce_sum(rank, bucket)
     }
@@ -211,7 +225,7 @@ fn ranks_train_as_one_device_with_the_accumulation_times_the_ranks() {
         for ranks in [2, 3] {
             let what = format!("{at:?} on {ranks} ranks");
             let dir = tmp.path().join(format!("ranks-{ranks}"));
-            let counting = Arc::new(Counting::new(ranks));
+            let counting = Arc::new(Counting::new(ranks, None));
             let replicas = (0..ranks).map(|_| engine(at)).collect();
             let mut dp = DataParallel::new(replicas, counting.clone());
             let finish = run(&dir, &mut dp, None, StopFlag::new(), &mut Silent).unwrap();
@@ -648,58 +662,14 @@ fn a_rank_panicking_during_the_overlapped_reduction_stops_the_group_at_once() {
     );
 }
 
-/// The host collective, except that its `fail_at`-th all-reduce (1-based, counted on rank 0)
-/// fails as a timed-out one does (the other rank, waiting in the same all-reduce, sees it
-/// abandoned).
-struct TimingOut {
-    inner: HostCollective,
-    fail_at: usize,
-    calls: std::sync::atomic::AtomicUsize,
-}
-
-impl Collective for TimingOut {
-    fn ranks(&self) -> usize {
-        self.inner.ranks()
-    }
-    fn all_reduce_sum(
-        &self,
-        rank: usize,
-        bucket: GradBucket,
-    ) -> Result<GradBucket, CollectiveError> {
-        if rank == 0
-            && self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == self.fail_at
-        {
-            let timeout = Duration::from_millis(1);
-            self.inner.abort(0, "timed out");
-            return Err(CollectiveError::Timeout {
-                rank: 0,
-                missing: vec![1],
-                waited: timeout,
-                timeout,
-            });
-        }
-        self.inner.all_reduce_sum(rank, bucket)
-    }
-    fn abort(&self, rank: usize, reason: &str) {
-        self.inner.abort(rank, reason)
-    }
-    fn reset(&self) {
-        self.inner.reset()
-    }
-}
-
 #[test]
 fn a_collective_that_times_out_stops_every_rank_at_the_last_completed_step() {
     let at = (Backend::Flex, Placement::Host);
     let tmp = tempfile::tempdir().unwrap();
     let one = one_device_run(tmp.path(), at);
     let dir = tmp.path().join("timing-out");
-    let collective = Arc::new(TimingOut {
-        inner: HostCollective::new(2, Duration::from_secs(60)),
-        // in the middle of step 4's overlapped reduction
-        fail_at: 3 * T5_BUCKETS + 5,
-        calls: Default::default(),
-    });
+    // in the middle of step 4's overlapped reduction
+    let collective = Arc::new(Counting::new(2, Some(3 * T5_BUCKETS + 5)));
     let mut dp = DataParallel::new(vec![engine(at), engine(at)], collective);
     let finish = run(&dir, &mut dp, None, StopFlag::new(), &mut Silent).unwrap();
     assert_eq!(finish, Finish::Stopped);

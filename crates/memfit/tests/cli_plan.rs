@@ -54,33 +54,36 @@ fn nothing_fits_exits_3_with_the_reason() {
     assert!(err.contains("nothing fits") && err.contains("GiB"), "{err}");
 }
 
+/// `memfit plan --json` of t5-small on two 8 GiB GPUs, writing the `emit` configs into `out`.
+fn t5_small_on_two_gpus(emit: &str, out: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "plan",
+        "--model",
+        "t5-small",
+        "--gpus",
+        "2",
+        "--gpu-mem",
+        "8GiB",
+        "--host-mem",
+        "16GiB",
+        "--emit",
+        emit,
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend(extra);
+    memfit(&args)
+}
+
 /// `--zero-bucket-size`: planned for (ZeRO-1/2 hold two 16-bit buckets of it through the backward)
 /// and written into the emitted DeepSpeed config; without it, hidden² as before.
 #[test]
 fn the_zero_bucket_size_is_planned_and_written() {
     let dir = tempfile::tempdir().unwrap();
-    let plan = |bucket: Option<&str>, name: &str| {
+    let plan = |bucket: &[&str], name: &str| {
         let out_dir = dir.path().join(name);
-        let mut args = vec![
-            "plan",
-            "--model",
-            "t5-small",
-            "--gpus",
-            "2",
-            "--gpu-mem",
-            "8GiB",
-            "--host-mem",
-            "16GiB",
-            "--emit",
-            "deepspeed",
-            "--json",
-            "--out",
-        ];
-        args.push(out_dir.to_str().unwrap());
-        if let Some(b) = bucket {
-            args.extend(["--zero-bucket-size", b]);
-        }
-        let out = memfit(&args);
+        let out = t5_small_on_two_gpus("deepspeed", &out_dir, bucket);
         assert!(
             out.status.success(),
             "{}",
@@ -97,9 +100,9 @@ fn the_zero_bucket_size_is_planned_and_written() {
                 .unwrap(),
         )
     };
-    let (_, auto) = plan(None, "auto");
+    let (_, auto) = plan(&[], "auto");
     assert_eq!(auto, 512 * 512, "t5-small's hidden²");
-    let (p, big) = plan(Some("200000000"), "big");
+    let (p, big) = plan(&["--zero-bucket-size", "200000000"], "big");
     assert_eq!(big, 200_000_000);
     assert_eq!(
         p["chosen"]["setup"]["zero_bucket_size"], 200_000_000,
@@ -112,22 +115,7 @@ fn the_zero_bucket_size_is_planned_and_written() {
 fn emits_every_config_atomically() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("cfg");
-    let out = memfit(&[
-        "plan",
-        "--model",
-        "t5-small",
-        "--gpus",
-        "2",
-        "--gpu-mem",
-        "8GiB",
-        "--host-mem",
-        "16GiB",
-        "--emit",
-        "deepspeed,accelerate,hf,memfit,profiles",
-        "--out",
-        out_dir.to_str().unwrap(),
-        "--json",
-    ]);
+    let out = t5_small_on_two_gpus("deepspeed,accelerate,hf,memfit,profiles", &out_dir, &[]);
     assert!(
         out.status.success(),
         "{}",

@@ -202,35 +202,38 @@ mod tests {
         }
     }
 
+    /// Ranks 0 and 1 all-reduce `a` and `b` side by side.
+    fn two_ranks(
+        collective: &HostCollective,
+        a: GradBucket,
+        b: GradBucket,
+    ) -> [Result<GradBucket, CollectiveError>; 2] {
+        std::thread::scope(|s| {
+            let a = s.spawn(|| collective.all_reduce_sum(0, a));
+            let b = s.spawn(|| collective.all_reduce_sum(1, b));
+            [a.join().unwrap(), b.join().unwrap()]
+        })
+    }
+
     #[test]
     fn ranks_that_disagree_on_a_shape_or_a_parameter_fail_naming_it() {
         let collective = HostCollective::new(2, Duration::from_secs(10));
         let d = Device::flex();
-        let errs = std::thread::scope(|s| {
-            let a = s.spawn(|| collective.all_reduce_sum(0, bucket(&[1.0, 2.0], &d)));
-            let b = s.spawn(|| collective.all_reduce_sum(1, bucket(&[1.0, 2.0, 3.0], &d)));
-            [
-                a.join().unwrap().unwrap_err(),
-                b.join().unwrap().unwrap_err(),
-            ]
-        });
-        for e in errs {
+        let errs = two_ranks(
+            &collective,
+            bucket(&[1.0, 2.0], &d),
+            bucket(&[1.0, 2.0, 3.0], &d),
+        );
+        for e in errs.map(Result::unwrap_err) {
             assert!(
                 e.to_string().contains("parameter 3 [1, 3] on rank 1"),
                 "{e}"
             );
         }
         collective.reset();
-        let errs = std::thread::scope(|s| {
-            let other = vec![(4, float_tensor(&[1.0, 2.0], [1, 2], &d, DType::F32))];
-            let a = s.spawn(|| collective.all_reduce_sum(0, bucket(&[1.0, 2.0], &d)));
-            let b = s.spawn(|| collective.all_reduce_sum(1, other));
-            [
-                a.join().unwrap().unwrap_err(),
-                b.join().unwrap().unwrap_err(),
-            ]
-        });
-        for e in errs {
+        let other = vec![(4, float_tensor(&[1.0, 2.0], [1, 2], &d, DType::F32))];
+        let errs = two_ranks(&collective, bucket(&[1.0, 2.0], &d), other);
+        for e in errs.map(Result::unwrap_err) {
             assert!(
                 e.to_string().contains("parameter 4 [1, 2] on rank 1"),
                 "{e}"
@@ -245,12 +248,8 @@ mod tests {
         collective.abort(1, "rank 1 ran out of memory");
         assert!(collective.all_reduce_sum(0, bucket(&[1.0], &d)).is_err());
         collective.reset();
-        let sums = std::thread::scope(|s| {
-            let a = s.spawn(|| collective.all_reduce_sum(0, bucket(&[1.0], &d)));
-            let b = s.spawn(|| collective.all_reduce_sum(1, bucket(&[2.0], &d)));
-            [a.join().unwrap().unwrap(), b.join().unwrap().unwrap()]
-        });
-        for sum in sums {
+        let sums = two_ranks(&collective, bucket(&[1.0], &d), bucket(&[2.0], &d));
+        for sum in sums.map(Result::unwrap) {
             assert_eq!(to_f32_vec(sum[0].1.clone()).unwrap(), vec![3.0]);
         }
     }

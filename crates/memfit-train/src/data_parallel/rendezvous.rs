@@ -127,9 +127,7 @@ impl<T, R> Rendezvous<T, R> {
         m.aborted.get_or_insert_with(|| (rank, reason.to_string()));
         self.moved.notify_all();
     }
-}
 
-impl<T, R> Rendezvous<T, R> {
     /// Clears an abort and any deposit: the next meeting starts afresh. Only while no rank is
     /// inside [`Rendezvous::exchange`] (a step abandoned on every rank, their work joined).
     pub fn reset(&self) {

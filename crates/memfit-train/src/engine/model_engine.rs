@@ -14,7 +14,7 @@ use burn::tensor::DType;
 use super::device_state::DeviceState;
 use super::host_state::{self, HostState};
 use super::out_of_memory;
-use super::sending::{SendBucket, accumulate_into};
+use super::sending::{SendBucket, TakeGradient, accumulate_into};
 use super::{
     Classify, Continue, Engine, EngineOptions, Generate, GenerateConfig, ParamCounts, Placement,
     Replica, StepStats, TokenRows,
@@ -216,27 +216,17 @@ impl<M: TrainModel> ModelEngine<M> {
         let TrainingState::Host(host) = &mut self.state else {
             unreachable!("called for the host placement")
         };
-        let (model, trainable, shapes) = (&self.model, &self.trainable, &self.shapes);
-        let train = (trainable.as_slice(), shapes.as_slice());
+        let train = (self.trainable.as_slice(), self.shapes.as_slice());
         if !lends {
             let dtype = self.options.precision.dtype();
-            let plain = host.weights(model.params(), shapes, (&self.device, dtype));
-            let acc = host.accumulators(shapes, &self.device);
-            return in_pool(|| {
-                accumulate_into(acc, send, train, |target| {
-                    model.accumulate(&plain, trainable, batch, pass, target)
-                })
-            });
+            let plain = host.weights(self.model.params(), &self.shapes, (&self.device, dtype));
+            let acc = host.accumulators(&self.shapes, &self.device);
+            return run_pass(&self.model, &plain, (acc, send), train, (batch, pass));
         }
         host.invalidate();
-        let plain = host_state::lend_weights(self.model.params_mut(), shapes, &self.device);
-        let acc = host.accumulators(shapes, &self.device);
-        let model = &self.model;
-        let loss = in_pool(|| {
-            accumulate_into(acc, send, train, |target| {
-                model.accumulate(&plain, trainable, batch, pass, target)
-            })
-        });
+        let plain = host_state::lend_weights(self.model.params_mut(), &self.shapes, &self.device);
+        let acc = host.accumulators(&self.shapes, &self.device);
+        let loss = run_pass(&self.model, &plain, (acc, send), train, (batch, pass));
         host_state::reclaim_weights(self.model.params_mut(), plain)?;
         loss
     }
@@ -253,13 +243,8 @@ impl<M: TrainModel> ModelEngine<M> {
         };
         let plain = dev.weights();
         let acc = dev.accumulators(&self.shapes);
-        let (model, trainable) = (&self.model, &self.trainable);
-        let train = (trainable.as_slice(), self.shapes.as_slice());
-        in_pool(|| {
-            accumulate_into(acc, send, train, |target| {
-                model.accumulate(&plain, trainable, batch, pass, target)
-            })
-        })
+        let train = (self.trainable.as_slice(), self.shapes.as_slice());
+        run_pass(&self.model, &plain, (acc, send), train, (batch, pass))
     }
 
     /// [`Engine::accumulate`], sending finished gradients to `send` when given.
@@ -288,6 +273,22 @@ impl<M: TrainModel> ModelEngine<M> {
             }
         }
     }
+}
+
+/// One forward + backward of `model` over `plain` in rayon's pool, its gradients into `acc` (and
+/// out to `send` as they are final, when given).
+fn run_pass<M: TrainModel, A: TakeGradient + Send>(
+    model: &M,
+    plain: &[Tensor<2>],
+    (acc, send): (A, Option<&mut SendBucket<'_>>),
+    (trainable, shapes): (&[bool], &[ParamShape]),
+    (batch, pass): (&M::Batch, &Pass),
+) -> Result<f32, ModelError> {
+    in_pool(|| {
+        accumulate_into(acc, send, (trainable, shapes), |target| {
+            model.accumulate(plain, trainable, batch, pass, target)
+        })
+    })
 }
 
 /// Runs `work` on a thread of rayon's pool (the caller waits): the many parallel sections inside

@@ -23,17 +23,17 @@ pub(super) trait TakeGradient: GradTarget {
 }
 
 /// [`TakeGradient`] accumulators that send each finished trained parameter's gradient out.
-pub(super) struct Sending<'a, 's, A> {
-    pub inner: A,
-    pub trainable: &'a [bool],
-    pub shapes: &'a [ParamShape],
-    pub sent: Vec<bool>,
-    pub send: &'a mut SendBucket<'s>,
+struct Sending<'a, 's, A> {
+    inner: A,
+    trainable: &'a [bool],
+    shapes: &'a [ParamShape],
+    sent: Vec<bool>,
+    send: &'a mut SendBucket<'s>,
 }
 
 impl<A: TakeGradient> Sending<'_, '_, A> {
     /// The trained parameters not sent yet, sent (after the backward: the last bucket).
-    pub(super) fn send_the_rest(&mut self) -> Result<(), ModelError> {
+    fn send_the_rest(&mut self) -> Result<(), ModelError> {
         let all: Vec<usize> = (0..self.sent.len()).collect();
         self.finished(&all)
     }
@@ -77,12 +77,11 @@ impl<A: TakeGradient> GradTarget for Sending<'_, '_, A> {
 
 /// `run` over `acc`, or, with `send`, over `acc` sending finished gradients out, the rest after.
 pub(super) fn accumulate_into<A: TakeGradient>(
-    acc: A,
+    mut acc: A,
     send: Option<&mut SendBucket<'_>>,
     (trainable, shapes): (&[bool], &[ParamShape]),
     run: impl FnOnce(&mut dyn GradTarget) -> Result<f32, ModelError>,
 ) -> Result<f32, ModelError> {
-    let mut acc = acc;
     let Some(send) = send else {
         return run(&mut acc);
     };
