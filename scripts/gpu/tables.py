@@ -61,9 +61,9 @@ def speed(records, gpu_name):
     peak = peak_for(gpu_name)
     memfit = [r for r in records if "placement" in r]
     torch = [r for r in records if "bench" in r]
-    print("| shape | memfit tokens/s | PyTorch tokens/s | ratio | memfit NVML peak MiB | PyTorch | ratio | memfit MFU "
-          "| memfit first step s (kernel compiles) / median s |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| shape | memfit tokens/s | PyTorch tokens/s | ratio | memfit NVML peak MiB | (predicted) | PyTorch "
+          "| ratio | memfit MFU | memfit first step s (kernel compiles) / median s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for i, m in enumerate(memfit):
         t = torch[i] if i < len(torch) else {}
         s = m.get("setup", {})
@@ -75,24 +75,40 @@ def speed(records, gpu_name):
         ratio = lambda a, b: f"{a / b:.2f}" if a and b else "—"
         steps = m.get("step_seconds") or []
         first = f"{steps[0]:.2f} / {m['sec_per_step_median']:.3f}" if steps else "—"
-        print(f"| {shape} | {tps or 0:.0f} | {ttps or 0:.0f} | {ratio(tps, ttps)} | {mm} | {tm or '—'} | "
-              f"{ratio(mm, tm)} | {f'{mfu:.1%}' if mfu else '—'} | {first} |")
+        predicted = m.get("predicted_gpu_nvml_bytes")
+        predicted = f"{predicted / 2**20:.0f}" if predicted else "—"
+        print(f"| {shape} | {tps or 0:.0f} | {ttps or 0:.0f} | {ratio(tps, ttps)} | {mm} | {predicted} | "
+              f"{tm or '—'} | {ratio(mm, tm)} | {f'{mfu:.1%}' if mfu else '—'} | {first} |")
     print()
 
 
 def memory(records):
-    print("## memfit's GPU memory at three sizes per family (fp32)\n")
-    print("| model | batch × seq | pool in use MiB | pool reserved MiB | NVML peak MiB | s/step |")
-    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    print("## memfit's GPU memory at three sizes per family (fp32), beside memfit's GPU model\n")
+    print("Predicted: `memfit estimate --runtime memfit --device cuda` for the same run (the planner's "
+          "`memfit_device` model; allocated = its tensors, NVML = + the CUDA context). Error = "
+          "predicted / measured − 1.\n")
+    print("| model | batch × seq | pool in use MiB | pool reserved MiB | predicted allocated MiB | "
+          "error vs reserved | NVML peak MiB | predicted NVML MiB | error vs NVML | s/step |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     mib = lambda b: f"{b / 2**20:.0f}" if b is not None else "—"
+
+    def error(predicted, measured):
+        if predicted is None or not measured:
+            return "—"
+        return f"{100 * (predicted / measured - 1):+.1f}%"
+
     for r in records:
         s = r.get("setup", {})
         if not s:
-            print(f"| failed: {r.get('command', '')[:60]} | | | | | |")
+            print(f"| failed: {r.get('command', '')[:60]} | | | | | | | | | |")
             continue
+        reserved, nvml = r.get("gpu_pool_reserved_bytes"), r.get("nvml_peak_mib")
+        allocated, nvml_predicted = r.get("predicted_gpu_allocated_bytes"), r.get("predicted_gpu_nvml_bytes")
+        nvml_bytes = nvml * 2**20 if isinstance(nvml, (int, float)) else None
         print(f"| {s.get('model')} {'LoRA' if 'Lora' in str(s.get('training')) else ''} | "
               f"{s.get('batch')} × {s.get('seq')} | {mib(r.get('gpu_pool_in_use_bytes'))} | "
-              f"{mib(r.get('gpu_pool_reserved_bytes'))} | {r.get('nvml_peak_mib')} | "
+              f"{mib(reserved)} | {mib(allocated)} | {error(allocated, reserved)} | {nvml} | "
+              f"{mib(nvml_predicted)} | {error(nvml_predicted, nvml_bytes)} | "
               f"{r.get('sec_per_step_median', 0):.3f} |")
     print()
 

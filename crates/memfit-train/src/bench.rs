@@ -67,6 +67,47 @@ pub struct BenchSetup {
 }
 
 impl BenchSetup {
+    /// The run as `memfit train` would be configured for it (what the planner reads).
+    pub fn train_config(&self) -> Result<crate::config::TrainConfig, ModelError> {
+        use crate::config::{Method, OptimizerKind, Precision as ConfigPrecision, TrainConfig};
+        let mut c = TrainConfig {
+            model: self.model_name.clone(),
+            task: self.task()?,
+            batch: self.batch,
+            seq: self.src_len,
+            tgt_seq: self.tgt_len,
+            accum: self.accum,
+            grad_ckpt: self.grad_ckpt,
+            precision: match self.precision {
+                Precision::Bf16 => ConfigPrecision::Bf16,
+                Precision::Fp32 => ConfigPrecision::Fp32,
+            },
+            optimizer: match self.optimizer.as_str() {
+                "adafactor" => OptimizerKind::Adafactor,
+                _ => OptimizerKind::Adamw,
+            },
+            freeze: self.freeze.clone(),
+            ..TrainConfig::default()
+        };
+        if let Training::Lora {
+            settings,
+            targets,
+            base_bf16,
+        } = &self.training
+        {
+            c.method = Method::Lora;
+            c.lora_r = Some(settings.r);
+            c.lora_alpha = Some(settings.alpha);
+            c.lora_targets = Some(targets.clone());
+            c.base_precision = Some(if *base_bf16 {
+                ConfigPrecision::Bf16
+            } else {
+                ConfigPrecision::Fp32
+            });
+        }
+        Ok(c)
+    }
+
     /// The task the model trains for.
     pub fn task(&self) -> Result<TaskKind, ModelError> {
         match families::task_of(&self.model_config) {
@@ -135,6 +176,10 @@ pub struct BenchReport {
     pub gpu_pool_in_use_bytes: Option<u64>,
     pub gpu_pool_reserved_bytes: Option<u64>,
     pub params_total: u64,
+    /// The planner's model of this run on a GPU (`memfit_device`): its peak allocated bytes and
+    /// what NVML would show; `None` where the model does not cover the family.
+    pub predicted_gpu_allocated_bytes: Option<u64>,
+    pub predicted_gpu_nvml_bytes: Option<u64>,
     /// Model FLOPs of one optimizer step (forward + backward matmuls; no recomputation).
     pub model_flops_per_step: f64,
     /// One core's peak FLOP/s for the run's products, measured on the core ([`crate::peak_flops`]):
@@ -477,6 +522,8 @@ fn run_steps<M: TrainModel>(
         .is_gpu()
         .then(|| setup.device.backend.device().memory_pool_usage())
         .flatten();
+    let predicted =
+        crate::plan_file::gpu_estimate(&setup.train_config()?, &setup.model_config).ok();
     let peak = Some(
         crate::peak_flops::peak_flops_per_core(bf16_peak)
             .0
@@ -507,6 +554,8 @@ fn run_steps<M: TrainModel>(
         placement: setup.device.placement.name().into(),
         gpu_pool_in_use_bytes: pool.as_ref().map(|p| p.bytes_in_use),
         gpu_pool_reserved_bytes: pool.as_ref().map(|p| p.bytes_reserved),
+        predicted_gpu_allocated_bytes: predicted.as_ref().map(|g| g.peak_allocated_bytes),
+        predicted_gpu_nvml_bytes: predicted.as_ref().map(|g| g.nvml_used_bytes),
         losses,
         model_flops_per_step: model_flops,
         cpu_peak_flops_per_core: peak,

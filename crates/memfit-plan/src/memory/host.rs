@@ -3,7 +3,7 @@
 use super::activations::activations;
 use super::framework::{self, Framework, MIB};
 use super::gpu::optimizer_step_transient;
-use super::setup::{DatasetMode, Device, Runtime, Setup};
+use super::setup::{DatasetMode, Device, Method, Runtime, Setup};
 use super::states::{StateBytes, model_states};
 use super::{Component, HostEstimate, Scaling};
 use crate::Task;
@@ -57,6 +57,21 @@ pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
     );
     if setup.device == Device::Cpu {
         add_cpu_training(&mut l, arch, setup, fw, &st);
+    } else if setup.runtime == Runtime::Memfit {
+        // the model's host copy of its weights (f32), refreshed when a checkpoint is written;
+        // a LoRA base is built on the device and has none
+        let lora = matches!(setup.method, Method::Lora | Method::Qlora);
+        let params = if lora {
+            super::states::trainable(arch, setup).adapters
+        } else {
+            arch.params_total()
+        };
+        l.add(
+            "host weights",
+            4 * params * ranks,
+            neither,
+            "memfit's f32 host copy of the weights (the adapters under LoRA), per rank",
+        );
     }
     let offloaded = (st.host_weights + st.host_grads + st.host_optimizer) * ranks;
     l.add(

@@ -24,6 +24,7 @@ pub mod framework;
 pub mod gpu;
 pub mod host;
 mod logits;
+pub mod memfit_device;
 pub mod memfit_host;
 pub mod setup;
 pub mod stack;
@@ -126,21 +127,21 @@ pub fn estimate(arch: &Arch, setup: &Setup, fw: &Framework) -> Result<Estimate, 
     setup.validate()?;
     memfit_runtime_modeled(arch, setup)?;
     let arch = &*stack::model_view(arch, &setup.stack.profile());
-    let gpu = match setup.device {
-        Device::Cuda => Some(gpu::gpu(arch, setup, fw)),
-        Device::Cpu => None,
+    let gpu = match (setup.device, setup.runtime) {
+        (Device::Cuda, Runtime::Memfit) => Some(memfit_device::device(arch, setup, fw)),
+        (Device::Cuda, Runtime::Pytorch) => Some(gpu::gpu(arch, setup, fw)),
+        (Device::Cpu, _) => None,
     };
     let host = host::host(arch, setup, fw);
     Ok(Estimate { gpu, host })
 }
 
-/// memfit's own trainer on the CPU is modeled term by term from its code (memfit_host/) for the
-/// families it was measured on (`memfit bench memory-grid`): T5, the BERT family and the
-/// Llama-style decoders memfit trains (llama, qwen2, mistral, qwen3; measured under LoRA on a
-/// fp32 and a bf16 base, with and without checkpointing). Other families would be a guess.
+/// memfit's own trainer is modeled term by term from its code (memfit_host/ on the CPU,
+/// memfit_device/ on a GPU) for the families it trains: T5, the BERT family and the Llama-style
+/// decoders (llama, qwen2, mistral, qwen3). Other families would be a guess.
 pub fn memfit_runtime_modeled(arch: &Arch, setup: &Setup) -> Result<(), String> {
     use crate::arch::Family;
-    if (setup.runtime, setup.device) != (Runtime::Memfit, Device::Cpu) {
+    if setup.runtime != Runtime::Memfit {
         return Ok(());
     }
     let decoder = matches!(

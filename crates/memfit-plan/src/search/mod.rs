@@ -149,7 +149,9 @@ fn micro_batches(per_rank: u64) -> Vec<u64> {
 /// instead: none (DDP), SHARD_GRAD_OP, FULL_SHARD, and FULL_SHARD with FSDP's CPU offload, which
 /// moves parameters and gradients and steps the optimizer on the host (both offloads at once).
 fn zero_options(setup: &Setup) -> Vec<(Zero, bool, bool)> {
-    if setup.device == Device::Cpu {
+    // memfit's trainer has no ZeRO stages or offload to choose among (its --shard-optimizer over
+    // several GPUs is not planned: each rank is planned with the whole optimizer state)
+    if setup.device == Device::Cpu || setup.runtime == memory::Runtime::Memfit {
         return vec![(Zero::Z0, false, false)];
     }
     if setup.zero.is_fsdp() {
@@ -181,11 +183,13 @@ fn zero_options(setup: &Setup) -> Vec<(Zero, bool, bool)> {
     v
 }
 
-fn precisions(device: Device) -> &'static [Precision] {
-    match device {
+fn precisions(base: &Setup) -> &'static [Precision] {
+    match (base.runtime, base.device) {
+        // memfit's bf16 on a GPU is mixed precision (f32 masters), one precision it names bf16
+        (memory::Runtime::Memfit, Device::Cuda) => &[Precision::Bf16, Precision::Fp32],
         // amp-fp16 costs what amp-bf16 costs; bf16-capable GPUs are assumed (emit fp16 by hand for V100)
-        Device::Cuda => &[Precision::AmpBf16, Precision::Fp32],
-        Device::Cpu => &[Precision::Fp32, Precision::Bf16],
+        (_, Device::Cuda) => &[Precision::AmpBf16, Precision::Fp32],
+        (_, Device::Cpu) => &[Precision::Fp32, Precision::Bf16],
     }
 }
 
@@ -235,7 +239,7 @@ pub fn plan_with(
     let usable_host = req.budget.usable_host();
     let mut all = Vec::new();
     for &(zero, off_opt, off_params) in &zero_options(&base) {
-        for &precision in precisions(base.device) {
+        for &precision in precisions(&base) {
             for grad_ckpt in [false, true] {
                 let mut micros = micro_batches(per_rank);
                 if let Some(b) = fixed.batch

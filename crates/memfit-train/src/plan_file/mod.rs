@@ -28,6 +28,23 @@ pub fn gpu_weight_bytes(config: &TrainConfig, model_config: &Value) -> Result<u6
     Ok(arch.params_total() * width(base))
 }
 
+/// memfit's GPU model (`memfit_device`) of `config` trained on one GPU: what a run of it should
+/// hold there at its worst moment.
+pub fn gpu_estimate(
+    config: &TrainConfig,
+    model_config: &Value,
+) -> Result<memory::GpuEstimate, String> {
+    let arch = arch_of(config, model_config)?;
+    let mut setup = setup_of(config, &arch, 0);
+    setup.device = Device::Cuda;
+    memory::memfit_runtime_modeled(&arch, &setup)?;
+    Ok(memory::memfit_device::device(
+        &arch,
+        &setup,
+        &Framework::default(),
+    ))
+}
+
 fn arch_of(config: &TrainConfig, model_config: &Value) -> Result<Arch, String> {
     memfit_plan::arch::config::from_value("config.json", model_config, &config.model)
         .map_err(|e| e.to_string())
@@ -125,8 +142,19 @@ pub struct Budget {
     pub ram_bytes: u64,
     /// How it was set: the flag as typed, or the default and what it was computed from.
     pub ram_source: String,
-    /// `--budget-gpu`: recorded; on a GPU the guard keeps it (the start is planned for RAM).
+    /// `--budget-gpu` (on a GPU, by default 90% of its free memory): the start is planned for it
+    /// when the run computes on a GPU, and the guard keeps it per GPU.
     pub gpu_bytes: Option<u64>,
+    /// The run computes on a GPU (`--device`): its start is planned for `gpu_bytes` too.
+    #[serde(skip)]
+    pub on_gpu: bool,
+}
+
+impl Budget {
+    /// The GPU budget the start is planned for: `gpu_bytes` on a GPU run.
+    fn planned_gpu_bytes(&self) -> Option<u64> {
+        self.gpu_bytes.filter(|_| self.on_gpu)
+    }
 }
 
 /// Which start-up policy decides the setup.
@@ -205,13 +233,17 @@ fn settings(s: &Setup) -> Value {
 }
 
 fn candidate(c: &Candidate) -> Value {
-    json!({
+    let mut v = json!({
         "settings": settings(&c.setup),
         "summary": c.summary(),
         "predicted_peak_rss_bytes": c.host_need(),
         "tokens_per_s_model": c.tokens_per_s,
         "rejected": c.rejected,
-    })
+    });
+    if let Some(gpu) = c.gpu_need() {
+        v["predicted_peak_gpu_bytes"] = json!(gpu);
+    }
+    v
 }
 
 fn apply(config: &mut TrainConfig, s: &Setup) {
@@ -273,21 +305,20 @@ pub fn planned_start(
         return Ok(unplanned(config, budget, &why));
     }
     // MiB (or less) for a small budget: "0.00 GiB" hid what was given
-    let budget_line = format!(
-        "budget {} ({})",
-        memfit_sys::units::human_bytes(budget.ram_bytes),
-        budget.ram_source
-    );
+    let human = memfit_sys::units::human_bytes;
+    let mut budget_line = format!("budget {} ({})", human(budget.ram_bytes), budget.ram_source);
+    if let Some(gpu) = budget.planned_gpu_bytes() {
+        budget_line += &format!(", GPU {}", human(gpu));
+    }
     // the memory guard halves the micro-batch above this share of the budget: plan below it
     let soft_limit = (budget.ram_bytes as f64 * config.guard_soft_fraction) as u64;
     let mut lines = Vec::new();
     let mut out = config.clone();
     out.memory_budget_bytes = Some(budget.ram_bytes);
-    if budget.gpu_bytes.is_some() {
+    if budget.gpu_bytes.is_some() && !budget.on_gpu {
         lines.push(
-            "--budget-gpu is recorded in plan.json and, on a GPU, sets the memory guard's limits per \
-             GPU; the start itself is planned for the RAM budget only (memfit's GPU runtime has no \
-             planner yet: docs/gpu.md)"
+            "--budget-gpu is recorded in plan.json; this run computes on the CPU, so its start is \
+             planned for the RAM budget"
                 .to_string(),
         );
     }
@@ -324,6 +355,9 @@ pub fn planned_start(
     planning["available_bytes"] = json!(available_bytes);
     planning["data_loading"] = data_loading();
     planning["predicted_peak_rss_bytes"] = json!(peak);
+    if let Some(gpu) = planning["chosen"]["predicted_peak_gpu_bytes"].as_u64() {
+        planning["predicted_peak_gpu_bytes"] = json!(gpu);
+    }
     Ok(PlannedStart {
         config: out,
         predicted_peak_rss_bytes: peak,
@@ -381,7 +415,7 @@ fn auto_start(
         target_batch: effective,
         // plan below the memory guard's soft limit, where it would halve the micro-batch
         budget: search::Budget {
-            gpu_bytes: None,
+            gpu_bytes: budget.planned_gpu_bytes(),
             host_bytes: budget.ram_bytes,
             headroom: 1.0 - config.guard_soft_fraction,
         },
@@ -394,21 +428,22 @@ fn auto_start(
             .clone()
             .unwrap_or_else(|| "no setup agrees with the flags given".into());
         return Err(PlanError::DoesNotFit(format!(
-            "{why} — {budget_line}; give a larger --budget-ram, a shorter --seq/--tgt-seq, \
-             or drop flags that fix the setup"
+            "{why} — {budget_line}; give a larger {}, a shorter --seq/--tgt-seq, or drop flags \
+             that fix the setup",
+            if budget.on_gpu {
+                "--budget-gpu (or --budget-ram)"
+            } else {
+                "--budget-ram"
+            }
         )));
     };
     lines.push(format!(
         "planned start (auto, {budget_line}): {} (effective batch {effective}) → predicted peak {}",
         chosen.summary(),
-        gib(chosen.host_need())
+        needs(chosen)
     ));
     for a in &plan.alternatives {
-        lines.push(format!(
-            "  alternative: {} → {}",
-            a.summary(),
-            gib(a.host_need())
-        ));
+        lines.push(format!("  alternative: {} → {}", a.summary(), needs(a)));
     }
     let planning = json!({
         "policy": "auto",
@@ -419,6 +454,15 @@ fn auto_start(
         "fixed_by_flags": fixed,
     });
     Ok((chosen.setup.clone(), planning, chosen.host_need()))
+}
+
+/// A candidate's predicted peaks as the start line says them: host RAM, and on a GPU the GPU's
+/// (what NVML shows) first.
+fn needs(c: &search::Candidate) -> String {
+    match c.gpu_need() {
+        Some(gpu) => format!("GPU {} (NVML), host {}", gib(gpu), gib(c.host_need())),
+        None => gib(c.host_need()),
+    }
 }
 
 #[cfg(test)]
@@ -472,6 +516,7 @@ mod tests {
             ram_bytes: gib << 30,
             ram_source: format!("--budget-ram {gib}GiB"),
             gpu_bytes: None,
+            on_gpu: false,
         }
     }
 
@@ -502,6 +547,48 @@ mod tests {
         assert_eq!(tight.config.memory_budget_bytes, Some(3 << 30));
         assert_eq!(tight.planning["policy"], "auto");
         assert!(tight.planning["considered"].as_u64().unwrap() > 4);
+    }
+
+    /// On a GPU the start is planned for the GPU budget as for RAM: a smaller card, a leaner
+    /// start with the same effective batch, its predicted GPU peak (memfit's GPU model) under the
+    /// guard's soft limit; a card too small for anything is refused naming the GPU need.
+    #[test]
+    fn on_a_gpu_the_start_is_planned_for_the_gpu_budget() {
+        let (c, m) = t5_small();
+        let on_gpu = |gib: f64| Budget {
+            gpu_bytes: Some((gib * (1u64 << 30) as f64) as u64),
+            on_gpu: true,
+            ..budget(64)
+        };
+        let roomy = auto(&c, &m, &on_gpu(40.0), Fixed::default()).unwrap();
+        let tight = auto(&c, &m, &on_gpu(2.5), Fixed::default()).unwrap();
+        for (p, gib) in [(&roomy, 40.0), (&tight, 2.5)] {
+            assert_eq!(p.config.batch * p.config.accum, 32);
+            let gpu = p.planning["predicted_peak_gpu_bytes"].as_u64().unwrap();
+            assert!(gpu as f64 <= gib * (1u64 << 30) as f64 * c.guard_soft_fraction);
+            assert!(p.lines[0].contains("GPU"), "{:?}", p.lines);
+        }
+        assert_eq!((roomy.config.batch, roomy.config.accum), (32, 1));
+        let leaner = tight.config.batch < roomy.config.batch
+            || tight.config.grad_ckpt && !roomy.config.grad_ckpt;
+        assert!(leaner, "{:?} vs {:?}", tight.lines, roomy.lines);
+        // the same budgets on the CPU: no GPU figure, planned for RAM
+        let cpu = auto(
+            &c,
+            &m,
+            &Budget {
+                on_gpu: false,
+                ..on_gpu(2.5)
+            },
+            Fixed::default(),
+        )
+        .unwrap();
+        assert!(cpu.planning.get("predicted_peak_gpu_bytes").is_none());
+        assert_eq!((cpu.config.batch, cpu.config.accum), (32, 1));
+        let Err(PlanError::DoesNotFit(why)) = auto(&c, &m, &on_gpu(0.5), Fixed::default()) else {
+            panic!("a 0.5 GiB card fits t5-small training");
+        };
+        assert!(why.contains("per GPU"), "{why}");
     }
 
     /// Evaluation is planned as its own phase: where it alone would pass the guard's soft limit at

@@ -349,6 +349,14 @@ fn gpu_json(setup: &Setup, est: &Estimate) -> serde_json::Value {
 /// The human line of the band: the class, its width and the widened peaks.
 pub fn band_line(setup: &Setup, g: &memory::GpuEstimate) -> String {
     let b = memory::band::report(setup, g);
+    if b.band.class == memory::band::MEMFIT_DEVICE.class {
+        return format!(
+            "band ({}): allocated ≤ {} GiB · nvml ≤ {} GiB",
+            b.basis,
+            gib(b.peak_allocated_high_bytes),
+            gib(b.nvml_used_high_bytes)
+        );
+    }
     format!(
         "validation band ({}, {:.0}% over {} published rows and the biases of {} sources, leave-one-source-out): \
          allocated ≤ {} GiB · reserved ≤ {} GiB · nvml ≤ {} GiB in 90% of them",
@@ -413,7 +421,12 @@ fn human(arch: &Arch, setup: &Setup, est: &Estimate) -> String {
         },
         where_it_runs(setup)
     );
-    out!(o, "stack: {}", setup.stack);
+    match setup.runtime {
+        memory::Runtime::Memfit => {
+            out!(o, "trainer: memfit train ({})", where_memfit_trains(setup))
+        }
+        memory::Runtime::Pytorch => out!(o, "stack: {}", setup.stack),
+    }
     match &est.gpu {
         Some(g) => {
             out!(o, "\nGPU (per rank)");
@@ -433,6 +446,14 @@ fn human(arch: &Arch, setup: &Setup, est: &Estimate) -> String {
     out!(o, "{}", component_table(&est.host.components));
     out!(o, "peak RSS {} GiB", gib(est.host.peak_rss_bytes));
     o
+}
+
+/// Where memfit's trainer keeps its training state on this device.
+fn where_memfit_trains(setup: &Setup) -> &'static str {
+    match setup.device {
+        Device::Cuda => "weights, gradients and optimizer states on the GPU, burn's CUDA backend",
+        Device::Cpu => "on the CPU, burn's flex backend",
+    }
 }
 
 /// "CPU" on `--device cpu` (no GPU takes part), else "N GPU(s) × M node(s)".

@@ -33,7 +33,7 @@
 mod bert;
 mod decoder;
 pub mod eval;
-mod t5;
+pub(crate) mod t5;
 
 use super::setup::{Method, Optimizer, Precision, Setup};
 use super::states::{Trainable, base_trains, trainable};
@@ -103,7 +103,7 @@ fn attention_bytes(rows: u64) -> u64 {
 }
 
 /// Whether any tensor of `group` trains.
-fn group_trains(arch: &Arch, setup: &Setup, group: Group) -> bool {
+pub(crate) fn group_trains(arch: &Arch, setup: &Setup, group: Group) -> bool {
     arch.tensors
         .iter()
         .any(|t| t.group == group && base_trains(t, setup))

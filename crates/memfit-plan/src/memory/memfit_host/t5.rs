@@ -105,7 +105,7 @@ fn attention_elements(arch: &Arch, setup: &Setup) -> (u64, u64) {
 }
 
 /// (source, target) lengths: seq2seq has both; other tasks one stream of `seq`.
-fn lengths(arch: &Arch, setup: &Setup) -> (u64, u64) {
+pub(crate) fn lengths(arch: &Arch, setup: &Setup) -> (u64, u64) {
     if setup.task == Task::Seq2seq && arch.encoder_layers > 0 {
         (setup.seq, setup.tgt_seq.max(1))
     } else {
@@ -115,7 +115,7 @@ fn lengths(arch: &Arch, setup: &Setup) -> (u64, u64) {
 
 /// Whether the graph exists in the (encoder, decoder) stack: from the first trained tensor on
 /// (a frozen encoder still records its ops when the shared embedding it reads trains).
-fn live_stacks(arch: &Arch, setup: &Setup) -> (bool, bool) {
+pub(crate) fn live_stacks(arch: &Arch, setup: &Setup) -> (bool, bool) {
     let trains = |g| group_trains(arch, setup, g);
     let enc = trains(Group::Embeddings) || trains(Group::Encoder);
     let dec = enc || trains(Group::Decoder) || trains(Group::Head);

@@ -45,15 +45,17 @@ pub fn parse_ram(
         ram_bytes: bytes,
         ram_source: source,
         gpu_bytes: None,
+        on_gpu: false,
     })
 }
 
 /// The budget of a run: the flag (`ram`, already parsed), else the `--config` file's
-/// `memory_budget_bytes`, else 80% of the effective available memory.
+/// `memory_budget_bytes`, else 80% of the effective available memory; `gpu` = (the GPU budget, the
+/// run computes on a GPU).
 pub fn resolve(
     ram: Option<Budget>,
     from_config_file: Option<u64>,
-    gpu_bytes: Option<u64>,
+    (gpu_bytes, on_gpu): (Option<u64>, bool),
     available: &Available,
 ) -> anyhow::Result<Budget> {
     let mut budget = match (ram, from_config_file) {
@@ -62,6 +64,7 @@ pub fn resolve(
             ram_bytes: bytes,
             ram_source: "memory_budget_bytes of the --config file".into(),
             gpu_bytes: None,
+            on_gpu: false,
         },
         (None, None) => {
             let avail = available.bytes()?;
@@ -72,10 +75,12 @@ pub fn resolve(
                     avail as f64 / GIB
                 ),
                 gpu_bytes: None,
+                on_gpu: false,
             }
         }
     };
     budget.gpu_bytes = gpu_bytes;
+    budget.on_gpu = on_gpu;
     Ok(budget)
 }
 

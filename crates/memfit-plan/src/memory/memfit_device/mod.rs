@@ -1,0 +1,244 @@
+//! GPU memory of memfit's own trainer on a CUDA device (`--runtime memfit --device cuda`).
+//!
+//! On a GPU the engine runs its device placement (crates/memfit-train/src/engine/device_state.rs)
+//! and memfit-nn's generic path (burn ops, none of the CPU fast paths). The terms follow what that
+//! code holds on the device:
+//!
+//! - **master weights**: the trained parameters (or LoRA adapters) as f32 tensors, 4 B each;
+//! - **compute weights**: under bf16 the masters cast to bf16 once per optimizer step (2 B per
+//!   trained parameter; in fp32 the masters are read as they are);
+//! - **frozen weights**: a frozen part (a LoRA base, `--freeze` groups) once, at its dtype;
+//! - **optimizer states**: AdamW's two f32 moments, Adafactor's f32 factors;
+//! - **gradients**: the f32 accumulators, and at the end of a backward pass that pass's
+//!   gradients in the compute dtype before they are added in;
+//! - **activations**: what burn's autodiff keeps for backward, counted op by op from each family's
+//!   generic forward pass (T5 in [`t5`], BERT in [`bert`], Llama-style decoders in [`decoder`]):
+//!   materialised `q·kᵀ` matrices, composite norms, boolean dropout masks (1 B per element);
+//! - **LM head**: one chunk of logits at a time (`HEAD_CHUNK_LOGITS`, f32) and the weight's
+//!   gradient, while every activation is alive.
+//!
+//! Counted against a real allocator on the CPU (burn's ndarray backend runs this same code path:
+//! crates/memfit-train/tests/device_memory.rs). Not counted, because only a card can measure
+//! them: cubecl's pool rounding (reserved beyond the tensors) and the CUDA context, taken here as
+//! PyTorch's (`Framework::cuda_context_bytes`) until `scripts/gpu/accept.sh` measures memfit's.
+
+mod bert;
+mod decoder;
+mod t5;
+
+use super::memfit_host::HEAD_CHUNK_LOGITS;
+use super::setup::{Method, Optimizer, Precision, Setup};
+use super::states::trainable;
+use super::{Component, Framework, GpuEstimate, Scaling};
+use crate::arch::{Arch, Family, Head, Role};
+
+/// Bytes of the activation dtype, and of the dtype masks and biases are built in.
+pub(super) struct Widths {
+    pub compute: u64,
+}
+
+/// Elements of the activation dtype, and bytes of anything else (1-byte masks).
+pub(super) struct Kept {
+    pub elements: u64,
+    pub bytes: u64,
+}
+
+impl Kept {
+    pub fn at(&self, w: &Widths) -> u64 {
+        self.elements * w.compute + self.bytes
+    }
+}
+
+/// A boolean mask of `n` elements where dropout `p` draws one.
+pub(super) fn dropout_mask(p: f64, n: u64) -> u64 {
+    if p > 0.0 { n } else { 0 }
+}
+
+/// Bytes one query token's attention keeps over `keys` (heads × key positions): burn's composite
+/// softmax keeps two matrices (the shifted scores `exp` reads, its output `div` reads), and the
+/// probabilities' product with v keeps its input — the probabilities, or with dropout the
+/// dropped-out copy and the 1-byte mask. Measured on ndarray: 3 matrices (+ the mask) per attention
+/// (crates/memfit-train/tests/device_memory.rs).
+pub(super) fn attention_kept(w: &Widths, keys: u64, p: f64) -> u64 {
+    3 * w.compute * keys + dropout_mask(p, keys)
+}
+
+/// The f32 buffers of one head chunk alive at once, a chunk's worth each: its logits and their
+/// gradient (`kernels/xent.rs` on the device builds the gradient as a new tensor).
+const HEAD_CHUNK_COPIES: u64 = 2;
+
+/// One micro-batch's forward pass as a family counts it.
+pub(super) struct Forward {
+    /// Everything autodiff keeps for backward (no checkpointing).
+    pub saved: u64,
+    /// Under per-block checkpointing: what the forward pass keeps (each block's input, the shared
+    /// biases and masks, the embeddings' and final norm's tensors) ...
+    pub boundaries: u64,
+    /// ... and the largest block recomputed with its graph in backward.
+    pub largest_block: u64,
+    /// Rows the LM head reads (0: no LM head).
+    pub head_tokens: u64,
+    /// One `batch × heads × q × k` matrix of the largest attention, in the activation dtype: its
+    /// backward holds two beside what is kept (the probabilities' gradient and the scores').
+    pub matrix: u64,
+}
+
+/// memfit's trainer on one GPU, by component: the model states and the worst of a step's
+/// moments ([`moments`]).
+pub fn device(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
+    let tr = trainable(arch, setup);
+    let pt = tr.base + tr.adapters;
+    // memfit's bf16 is mixed precision (bf16 compute over f32 masters), what AMP names amp-bf16
+    let w = Widths {
+        compute: setup.precision.compute_bytes(),
+    };
+    let mut c = states(arch, setup, &w, pt, tr.adafactor_elements);
+    let worst = moments(arch, setup, &w, pt)
+        .into_iter()
+        .max_by_key(|m| m.iter().map(|x| x.bytes).sum::<u64>())
+        .expect("three moments");
+    c.extend(worst.into_iter().filter(|x| x.bytes > 0));
+    let allocated: u64 = c.iter().map(|x| x.bytes).sum();
+    c.push(Component::new(
+        "cuda context",
+        fw.cuda_context_bytes,
+        Scaling::Neither,
+        "the driver's context, taken as PyTorch's (lazy loading) until measured for memfit",
+    ));
+    GpuEstimate {
+        peak_allocated_bytes: allocated,
+        peak_reserved_bytes: allocated,
+        nvml_used_bytes: allocated + fw.cuda_context_bytes,
+        components: c,
+    }
+}
+
+/// What a step holds beside the model states at each of its three moments: the head's loss
+/// beside every kept activation; the last block's attention backward beside them (under
+/// `--grad-ckpt`, the largest block recomputed with its graph, beside the accumulators the later
+/// blocks filled); the end of a backward pass (its gradients beside the f32 accumulators).
+fn moments(arch: &Arch, setup: &Setup, w: &Widths, pt: u64) -> [Vec<Component>; 3] {
+    let f = forward(arch, setup, w);
+    let bs = Scaling::BatchAndSequence;
+    let accumulated = 4 * pt;
+    let earlier = if setup.accum > 1 { accumulated } else { 0 };
+    let grads =
+        |bytes, note| Component::new("accumulated gradients", bytes, Scaling::Neither, note);
+    let kept = if setup.grad_ckpt {
+        let note = "each block's input, the shared biases and masks (per-block checkpointing)";
+        Component::new("activations", f.boundaries, bs, note)
+    } else {
+        let note = "what burn's autodiff keeps for backward on the generic path: q·kᵀ matrices, \
+                    composite norms, 1-byte dropout masks";
+        Component::new("activations", f.saved, bs, note)
+    };
+    let head_note = "one f32 logits chunk and its gradient, the hidden states' cotangent, the head \
+                     weight's gradient";
+    let head = Component::new(
+        "LM head",
+        head(arch, setup, w, f.head_tokens),
+        bs,
+        head_note,
+    );
+    let backward = if setup.grad_ckpt {
+        let note = "the largest block's graph recomputed in backward, and its attention's \
+                    backward (two q × k matrices)";
+        vec![
+            Component::new("recomputed block", f.largest_block + 2 * f.matrix, bs, note),
+            grads(accumulated, "f32, filled by the blocks after it"),
+        ]
+    } else {
+        let note = "the last block's attention backward: two q × k matrices";
+        vec![
+            Component::new("attention backward", 2 * f.matrix, bs, note),
+            grads(earlier, "f32, from the second micro-batch of a step on"),
+        ]
+    };
+    let end = Component::new(
+        "gradients",
+        w.compute * pt + accumulated,
+        Scaling::Neither,
+        "one backward pass's (compute dtype) beside the f32 accumulators",
+    );
+    [
+        vec![
+            kept.clone(),
+            head,
+            grads(earlier, "f32, from the second micro-batch of a step on"),
+        ],
+        [vec![kept], backward].concat(),
+        vec![end],
+    ]
+}
+
+/// The model states on the device.
+fn states(arch: &Arch, setup: &Setup, w: &Widths, pt: u64, adafactor: u64) -> Vec<Component> {
+    let lora = matches!(setup.method, Method::Lora | Method::Qlora);
+    let frozen_dtype = match (lora, setup.base_precision) {
+        (true, Some(Precision::Bf16)) => 2,
+        (true, _) => 4,
+        (false, _) => w.compute,
+    };
+    let frozen = arch.params_total() - if lora { 0 } else { pt };
+    let optimizer = match setup.optimizer {
+        Optimizer::Adafactor => 4 * adafactor,
+        Optimizer::Sgd => 4 * pt,
+        _ => 8 * pt,
+    };
+    let n = Scaling::Neither;
+    vec![
+        Component::new("master weights", 4 * pt, n, "trained parameters, f32"),
+        Component::new(
+            "compute weights",
+            if w.compute < 4 { w.compute * pt } else { 0 },
+            n,
+            "the masters cast to bf16 once per step (fp32 reads the masters)",
+        ),
+        Component::new(
+            "frozen weights",
+            frozen_dtype * frozen,
+            n,
+            "frozen parameters once, at their dtype",
+        ),
+        Component::new(
+            "optimizer states",
+            optimizer,
+            n,
+            format!("{} states, f32", setup.optimizer),
+        ),
+    ]
+}
+
+/// One micro-batch's forward pass, by family.
+fn forward(arch: &Arch, setup: &Setup, w: &Widths) -> Forward {
+    match arch.family {
+        Family::Bert => bert::forward(arch, setup, w),
+        Family::Llama => decoder::forward(arch, setup, w),
+        _ => t5::forward(arch, setup, w),
+    }
+}
+
+/// The LM head beside the activations: one chunk's f32 logits and their gradient, the hidden
+/// states' cotangent (assembled from the chunks), the head weight's gradient beside its
+/// accumulator when it trains.
+fn head(arch: &Arch, setup: &Setup, w: &Widths, tokens: u64) -> u64 {
+    if tokens == 0 {
+        return 0;
+    }
+    let chunk = (tokens * arch.vocab).min(HEAD_CHUNK_LOGITS);
+    let weight_grad = if head_trains(arch, setup) {
+        2 * w.compute * arch.vocab * arch.hidden
+    } else {
+        0
+    };
+    HEAD_CHUNK_COPIES * 4 * chunk + 2 * w.compute * tokens * arch.hidden + weight_grad
+}
+
+/// Whether the LM head's weight trains (its own, or the tied embedding).
+fn head_trains(arch: &Arch, setup: &Setup) -> bool {
+    use crate::memory::states::base_trains;
+    arch.tensors.iter().any(|t| {
+        (t.role == Role::LmHead || (arch.head == Head::LmTied && t.role == Role::Embedding))
+            && base_trains(t, setup)
+    })
+}

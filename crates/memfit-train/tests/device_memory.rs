@@ -1,0 +1,254 @@
+//! The planner's model of memfit's GPU runtime (memfit-plan `memory/memfit_device`) held to what
+//! the device placement really allocates on the code path a GPU runs: burn's ndarray backend takes
+//! every kernel's burn-op fallback, and a counting allocator sees each tensor it creates. Every
+//! family at three sizes, with and without per-block checkpointing, within 10%; and the one count
+//! the model takes from burn's composite ops (attention keeps 3 matrices and its mask) pinned.
+//!
+//! What only a card shows (cubecl's pool rounding, the CUDA context) is `scripts/gpu/accept.sh`'s.
+
+use burn::prelude::*;
+use memfit_nn::bert::{BertConfig, BertModel};
+use memfit_nn::decoder::{DecoderConfig, DecoderModel, DecoderOptions};
+use memfit_nn::kernels::dropout::SplitMix64;
+use memfit_nn::layers::lora::LoraSettings;
+use memfit_nn::model::TrainModel;
+use memfit_nn::t5::{T5Config, T5Model};
+use memfit_plan::memory::{self, Method, Precision as PlanPrecision, Runtime, Setup};
+use memfit_train::engine::{
+    Backend, CausalLmBatch, ClassificationBatch, Engine, EngineOptions, ModelEngine, Placement,
+    Seq2SeqBatch, TokenRows,
+};
+use memfit_train::optim::{AdamWConfig, OptimizerConfig};
+use serde_json::{Value, json};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+/// The system allocator, counting live bytes and their peak.
+struct Counting;
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// One measurement at a time: the counters are process-wide.
+static MEASURING: Mutex<()> = Mutex::new(());
+
+fn counted(bytes: usize) {
+    let now = LIVE.fetch_add(bytes, Relaxed) + bytes;
+    PEAK.fetch_max(now, Relaxed);
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        counted(l.size());
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        counted(l.size());
+        unsafe { System.alloc_zeroed(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, l) };
+        LIVE.fetch_sub(l.size(), Relaxed);
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Bytes allocated beyond what was live when the counting started.
+fn since(base: usize) -> usize {
+    PEAK.load(Relaxed).saturating_sub(base)
+}
+
+fn rows(rng: &mut SplitMix64, batch: usize, len: usize, vocab: u64) -> TokenRows {
+    let ids = (0..batch * len)
+        .map(|_| 2 + rng.below(vocab - 2) as u32)
+        .collect();
+    TokenRows {
+        batch,
+        len,
+        ids,
+        mask: vec![true; batch * len],
+    }
+}
+
+/// Peak bytes of two optimizer steps of the device placement on ndarray, beyond what was live
+/// before the engine, less the host copy of the weights the engine keeps (4 B per parameter: on a
+/// GPU it is host memory).
+fn measured<M: TrainModel>(make: impl Fn() -> M, batch: &M::Batch, grad_ckpt: bool) -> u64 {
+    let _one = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+    // one compute thread: the GEMM's per-thread packing buffers do not depend on the machine
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build_global();
+    let host_weights: usize = make().params().iter().map(|p| 4 * p.len()).sum();
+    let base = LIVE.load(Relaxed);
+    PEAK.store(base, Relaxed);
+    let options = EngineOptions {
+        optimizer: OptimizerConfig::AdamW(AdamWConfig::default()),
+        backend: Backend::Ndarray,
+        placement: Placement::Device,
+        grad_ckpt,
+        ..Default::default()
+    };
+    let mut engine = ModelEngine::new(make(), options).unwrap();
+    for step in 0..2 {
+        engine.accumulate(batch, 1.0, step).unwrap();
+        engine.step(1e-3, Some(1.0)).unwrap();
+    }
+    (since(base) - host_weights) as u64
+}
+
+/// The planner's peak allocated GPU bytes for `config` (a config.json) at `batch × seq`.
+fn predicted(config: &Value, (batch, seq): (usize, usize), lora: bool, grad_ckpt: bool) -> u64 {
+    let arch = memfit_plan::arch::config::from_value("config.json", config, "test").unwrap();
+    let mut setup = Setup::new(&arch);
+    (setup.batch, setup.seq, setup.tgt_seq) = (batch as u64, seq as u64, seq as u64);
+    setup.grad_ckpt = grad_ckpt;
+    if lora {
+        setup.method = Method::Lora;
+        setup.lora_r = LORA_R as u64;
+        setup.lora_targets = memfit_plan::grid::memfit_lora_targets();
+        setup.base_precision = Some(PlanPrecision::Fp32);
+    }
+    setup.device = memory::Device::Cuda;
+    setup.runtime = Runtime::Memfit;
+    let e = memory::estimate(&arch, &setup, &memory::Framework::default()).unwrap();
+    e.gpu.unwrap().peak_allocated_bytes
+}
+
+const SIZES: [(usize, usize); 3] = [(4, 32), (8, 64), (8, 128)];
+const LORA_R: usize = 8;
+
+/// Every size, with and without checkpointing: the prediction within 10% of the measurement.
+fn assert_within_ten_percent(
+    family: &str,
+    config: &Value,
+    lora: bool,
+    measure: impl Fn((usize, usize), bool) -> u64,
+) {
+    let mut worst: f64 = 0.0;
+    for grad_ckpt in [false, true] {
+        for size in SIZES {
+            let m = measure(size, grad_ckpt);
+            let p = predicted(config, size, lora, grad_ckpt);
+            let error = p as f64 / m as f64 - 1.0;
+            println!(
+                "| {family} | b{} s{} | {grad_ckpt} | {m} | {p} | {:+.1}% |",
+                size.0,
+                size.1,
+                100.0 * error
+            );
+            worst = worst.max(error.abs());
+        }
+    }
+    assert!(
+        worst <= 0.10,
+        "{family}: worst |error| {:.1}%",
+        100.0 * worst
+    );
+}
+
+#[test]
+fn t5_device_peak_is_predicted_within_ten_percent() {
+    let config = json!({
+        "model_type": "t5", "vocab_size": 1000, "d_model": 128, "d_kv": 32, "d_ff": 512,
+        "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
+        "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
+        "dropout_rate": 0.1, "feed_forward_proj": "relu",
+        "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0
+    });
+    let model = || T5Model::init(T5Config::from_json(&config).unwrap(), 3);
+    assert_within_ten_percent("t5", &config, false, |(b, s), ckpt| {
+        let source = rows(&mut SplitMix64::new(5), b, s, 1000);
+        let batch = Seq2SeqBatch {
+            labels: source.ids.clone(),
+            label_mask: source.mask.clone(),
+            tgt_len: s,
+            source,
+        };
+        measured(model, &batch, ckpt)
+    });
+}
+
+#[test]
+fn bert_device_peak_is_predicted_within_ten_percent() {
+    let config = json!({
+        "model_type": "bert", "vocab_size": 1000, "hidden_size": 128, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "intermediate_size": 512, "max_position_embeddings": 256,
+        "type_vocab_size": 2, "num_labels": 3,
+        "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1
+    });
+    let model = || BertModel::init(BertConfig::from_json(&config).unwrap(), 11);
+    assert_within_ten_percent("bert", &config, false, |(b, s), ckpt| {
+        let input = rows(&mut SplitMix64::new(7), b, s, 1000);
+        let labels = (0..b).map(|r| input.ids[r * s] % 3).collect();
+        let batch = ClassificationBatch {
+            input,
+            token_types: None,
+            labels,
+        };
+        measured(model, &batch, ckpt)
+    });
+}
+
+#[test]
+fn decoder_lora_device_peak_is_predicted_within_ten_percent() {
+    let config = json!({
+        "model_type": "qwen2", "vocab_size": 1000, "hidden_size": 128, "intermediate_size": 352,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 512, "pad_token_id": 0, "tie_word_embeddings": true
+    });
+    let model = || {
+        let settings = LoraSettings {
+            r: LORA_R,
+            alpha: 16.0,
+            dropout: 0.05,
+            use_rslora: false,
+        };
+        let targets = ["q", "k", "v", "o", "gate", "up", "down"].map(String::from);
+        let mut options = DecoderOptions::lora(settings, &targets)
+            .unwrap()
+            .with_seed(4);
+        options.device = Backend::Ndarray.device();
+        DecoderModel::init(DecoderConfig::from_json(&config).unwrap(), &options).unwrap()
+    };
+    assert_within_ten_percent("decoder lora", &config, true, |(b, s), ckpt| {
+        let input = rows(&mut SplitMix64::new(9), b, s, 1000);
+        // every position after a row's first is trained
+        let target_mask = (0..b * s).map(|i| i % s != 0).collect();
+        measured(model, &CausalLmBatch { input, target_mask }, ckpt)
+    });
+}
+
+/// burn's composite softmax keeps two `q × k` matrices and the product with v keeps the
+/// (dropped-out) probabilities: 3 matrices and the 1-byte mask per attention, as
+/// `memfit_device::attention_kept` counts.
+#[test]
+fn an_attention_keeps_three_matrices_and_its_mask() {
+    let _one = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+    let device = Backend::Ndarray.device();
+    let [b, h, t, d] = [4, 4, 64, 32];
+    let input = |seed| {
+        let mut rng = SplitMix64::new(seed);
+        let v: Vec<f32> = (0..b * h * t * d).map(|_| rng.next_f64() as f32).collect();
+        Tensor::<4>::from_data(TensorData::new(v, [b, h, t, d]), &device)
+            .autodiff()
+            .require_grad()
+    };
+    let (q, k, v) = (input(1), input(2), input(3));
+    let base = LIVE.load(Relaxed);
+    let dropped = Tensor::<4, Bool>::from_data(
+        TensorData::new(vec![false; b * h * t * t], [b, h, t, t]),
+        &device,
+    );
+    let probs = burn::tensor::activation::softmax(q.matmul(k.swap_dims(2, 3)), 3);
+    let out = probs.mask_fill(dropped, 0.0).mul_scalar(1.1).matmul(v);
+    let kept = LIVE.load(Relaxed) - base - out.shape().num_elements() * 4;
+    // 3 f32 matrices, the mask, and little more: the softmax's row statistics
+    let matrix = b * h * t * t;
+    let rows = b * h * t;
+    assert!(
+        (13 * matrix..=13 * matrix + 4 * 4 * rows).contains(&kept),
+        "{kept} bytes kept, {matrix} elements a matrix"
+    );
+}
