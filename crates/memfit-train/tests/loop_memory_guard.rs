@@ -490,3 +490,85 @@ fn out_of_device_memory_at_micro_batch_1_stops_resumable() {
     assert_eq!(s.finish, Finish::Completed);
     same_losses(&f.root, &want);
 }
+
+/// The device out of memory while evaluating (injected: more than 1 row an evaluation batch): the
+/// evaluation batch halves (4 → 2 → 1) and the evaluation is redone; training keeps its micro-batch
+/// and its losses, and the validation losses are those of an evaluation that fit at once (to f32
+/// sums in another order).
+#[test]
+fn a_device_out_of_memory_in_evaluation_halves_the_evaluation_batch() {
+    let f = fixture(CALM);
+    let cfg = config(4, 2);
+    let want = reference(f.dir.path(), &cfg);
+    let mut engine = quiet_engine();
+    engine.eval_device_rows = Some(1);
+    let mut obs = watch();
+    let s = go(&f.root, &cfg, &mut engine, false, None, &mut obs);
+    assert_eq!(s.finish, Finish::Completed);
+    for g in same_losses(&f.root, &want) {
+        assert_eq!(g["micro_batch"], 4, "training kept its micro-batch");
+    }
+    let downgrades = events(&f.root, "downgrade");
+    assert_eq!(downgrades.len(), 2, "4 → 2 → 1 once: {downgrades:?}");
+    for (d, (old, new)) in downgrades.iter().zip([(4, 2), (2, 1)]) {
+        assert_eq!(
+            (d["reason"].as_str(), d["phase"].as_str()),
+            (Some("device_out_of_memory"), Some("evaluation"))
+        );
+        assert_eq!(
+            (d["old_eval_batch"].as_u64(), d["new_eval_batch"].as_u64()),
+            (Some(old), Some(new))
+        );
+    }
+    let reference_root = f.dir.path().join(format!("ref-4x2-{}", cfg.seed));
+    let reference_evals = events(&reference_root, "eval");
+    let evals = events(&f.root, "eval");
+    assert_eq!(evals.len(), reference_evals.len());
+    for (a, b) in evals.iter().zip(&reference_evals) {
+        let (a, b) = (
+            a["valid_loss"].as_f64().unwrap(),
+            b["valid_loss"].as_f64().unwrap(),
+        );
+        assert!((a - b).abs() <= TOL * b.abs(), "valid loss {a} vs {b}");
+    }
+    assert!(
+        obs.messages
+            .iter()
+            .any(|m| m.contains("evaluation batch 4 → 2")),
+        "{:?}",
+        obs.messages
+    );
+}
+
+/// Out of device memory evaluating one row at a time: the step is checkpointed with its
+/// evaluation pending, the run stops resumable (exit 75's event), and a resume on a device with
+/// room runs that evaluation and finishes as the uninterrupted run.
+#[test]
+fn out_of_device_memory_evaluating_one_row_stops_resumable() {
+    let f = fixture(CALM);
+    let cfg = config(4, 2);
+    let want = reference(f.dir.path(), &cfg);
+    let mut first = quiet_engine();
+    first.eval_device_rows = Some(0);
+    let s = go(&f.root, &cfg, &mut first, false, None, &mut watch());
+    assert_eq!(s.finish, Finish::Stopped);
+    let stop = events(&f.root, "stop");
+    assert_eq!(stop.len(), 1);
+    assert_eq!(
+        (stop[0]["reason"].as_str(), stop[0]["exit"].as_u64()),
+        (Some("device_out_of_memory"), Some(75))
+    );
+    let step = stop[0]["step"].as_u64().unwrap();
+    assert!(
+        state(&f.root, step).eval_pending,
+        "checkpointed with its evaluation pending"
+    );
+    let s = go(&f.root, &cfg, &mut quiet_engine(), true, None, &mut watch());
+    assert_eq!(s.finish, Finish::Completed);
+    same_losses(&f.root, &want);
+    let evals = events(&f.root, "eval");
+    assert!(
+        evals.iter().any(|e| e["step"].as_u64() == Some(step)),
+        "the pending evaluation ran"
+    );
+}

@@ -247,6 +247,18 @@ impl<M: TrainModel> ModelEngine<M> {
         run_pass(&self.model, &plain, (acc, send), train, (batch, pass))
     }
 
+    /// `work` over the weights on the device, without autodiff (evaluation, prediction), in
+    /// rayon's pool; the device running out of memory is an error, not a panic.
+    fn on_device<T: Send>(
+        &self,
+        work: impl FnOnce(&[Tensor<2>]) -> Result<T, ModelError> + Send,
+    ) -> Result<T, ModelError> {
+        out_of_memory::caught(&self.device, || {
+            let params = self.weights_on_device();
+            in_pool(|| work(&params))
+        })
+    }
+
     /// [`Engine::accumulate`], sending finished gradients to `send` when given.
     fn accumulate_sending(
         &mut self,
@@ -262,14 +274,7 @@ impl<M: TrainModel> ModelEngine<M> {
                 // burn's tensor ops panic where an allocation fails on the device; that one
                 // failure becomes an error the loop can act on (any other panic goes on up).
                 let device = self.device.clone();
-                let run =
-                    std::panic::AssertUnwindSafe(|| self.accumulate_device(batch, &pass, send));
-                std::panic::catch_unwind(run).unwrap_or_else(|payload| {
-                    let message = out_of_memory::message(&payload)
-                        .unwrap_or_else(|| std::panic::resume_unwind(payload));
-                    device.memory_cleanup();
-                    Err(ModelError::OutOfMemory(message))
-                })
+                out_of_memory::caught(&device, || self.accumulate_device(batch, &pass, send))
             }
         }
     }
@@ -336,8 +341,7 @@ impl<M: TrainModel> Engine for ModelEngine<M> {
 
     fn eval_loss(&self, batch: &M::Batch) -> Result<f32, ModelError> {
         self.model.check_batch(batch)?;
-        let params = self.weights_on_device();
-        in_pool(|| self.model.eval_loss(&params, batch, self.options.precision))
+        self.on_device(|params| self.model.eval_loss(params, batch, self.options.precision))
     }
 
     fn param_counts(&self) -> ParamCounts {
@@ -475,10 +479,8 @@ impl<M: Seq2SeqGenerate> Generate for ModelEngine<M> {
         sources: &TokenRows,
         config: &GenerateConfig,
     ) -> Result<Vec<Vec<u32>>, ModelError> {
-        let params = self.weights_on_device();
-        in_pool(|| {
-            self.model
-                .generate(&params, sources, config, self.options.precision)
+        self.on_device(|params| {
+            (self.model).generate(params, sources, config, self.options.precision)
         })
     }
 }
@@ -490,8 +492,7 @@ impl<M: SequenceClassifier> Classify for ModelEngine<M> {
 
     fn logits(&self, batch: &M::Batch) -> Result<Vec<f32>, ModelError> {
         self.model.check_batch(batch)?;
-        let params = self.weights_on_device();
-        in_pool(|| self.model.logits(&params, batch, self.options.precision))
+        self.on_device(|params| self.model.logits(params, batch, self.options.precision))
     }
 }
 
@@ -501,10 +502,8 @@ impl<M: CausalGenerate> Continue for ModelEngine<M> {
         prompts: &[Vec<u32>],
         config: &GenerateConfig,
     ) -> Result<Vec<Vec<u32>>, ModelError> {
-        let params = self.weights_on_device();
-        in_pool(|| {
-            self.model
-                .generate(&params, prompts, config, self.options.precision)
+        self.on_device(|params| {
+            (self.model).generate(params, prompts, config, self.options.precision)
         })
     }
 }

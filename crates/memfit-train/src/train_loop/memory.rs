@@ -175,6 +175,17 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         self.stop_for_memory(s, None, Some((done, of)), DEVICE_OUT_OF_MEMORY)
     }
 
+    /// Out of device memory evaluating one row at a time: the step is checkpointed with its
+    /// evaluation pending (a resume runs it) and the run stops resumable.
+    pub(super) fn stop_for_device_memory_in_evaluation(
+        &mut self,
+        s: &mut State,
+    ) -> Result<(), LoopError> {
+        s.l.saved_step = None;
+        self.save_once(s)?;
+        self.stop_for_memory(s, None, None, DEVICE_OUT_OF_MEMORY)
+    }
+
     /// Takes the guard's step-boundary reading and records budget changes.
     fn guard_boundary(&mut self, guard: &MemoryGuard, step: u64) -> Result<GuardStatus, LoopError> {
         let status = guard.check_now();

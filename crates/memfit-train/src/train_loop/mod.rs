@@ -202,6 +202,8 @@ struct Ledger {
     last_checkpoint: Option<PathBuf>,
     last_eval: Option<EvalReport>,
     warned_budget: bool,
+    /// The evaluation batch after the device ran out of memory evaluating (this process only).
+    eval_batch_cap: Option<usize>,
     /// The step whose exact state the newest checkpoint holds.
     saved_step: Option<u64>,
     /// The last step checkpoint attempted was skipped for lack of disk (path, needed, free).
@@ -284,13 +286,26 @@ impl<'a, E: Engine, T: Task<E>> Trainer<'a, E, T> {
         })
     }
 
+    /// Runs the evaluation due; where it cannot finish (a stop requested, the device out of memory
+    /// at one row), the run stops with it pending, checkpointed.
+    fn evaluation_stops(&mut self, s: &mut State) -> Result<Option<Finish>, LoopError> {
+        match self.evaluate_due(s)? {
+            evaluation::Evaluated::Done => Ok(None),
+            evaluation::Evaluated::Abandoned => self.stop_on_signal(s, None).map(Some),
+            evaluation::Evaluated::OutOfMemory => {
+                self.stop_for_device_memory_in_evaluation(s)?;
+                Ok(Some(Finish::Stopped))
+            }
+        }
+    }
+
     /// The steps, evaluations, checkpoints and stops of the run, up to its end.
     fn drive(&mut self, s: &mut State, fresh: bool) -> Result<Finish, LoopError> {
         let start_eval = fresh && self.config.eval_at_start;
         if self.valid.is_some() && (s.p.eval_pending || start_eval) {
             let resumed_pending = s.p.eval_pending;
-            if !self.evaluate_due(s)? {
-                return self.stop_on_signal(s, None);
+            if let Some(finish) = self.evaluation_stops(s)? {
+                return Ok(finish);
             }
             if resumed_pending {
                 // the checkpoint still says "pending": record the evaluation's outcome
@@ -331,8 +346,10 @@ impl<'a, E: Engine, T: Task<E>> Trainer<'a, E, T> {
                     return Ok(Finish::Stopped);
                 }
             };
-            if self.eval_due(s, epoch_end) && !self.evaluate_due(s)? {
-                return self.stop_on_signal(s, None);
+            if self.eval_due(s, epoch_end)
+                && let Some(finish) = self.evaluation_stops(s)?
+            {
+                return Ok(finish);
             }
             let action = self.memory_boundary(s)?;
             let save_due = epoch_end

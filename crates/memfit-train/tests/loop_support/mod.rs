@@ -46,6 +46,8 @@ pub struct LinearEngine {
     pub on_call: RefCell<Option<(usize, Hook)>>,
     /// A micro-batch of more rows than this fails as a device out of memory would.
     pub device_rows: Option<usize>,
+    /// An evaluation batch (loss or generation) of more rows than this fails the same way.
+    pub eval_device_rows: Option<usize>,
 }
 
 pub const VOCAB: usize = 32;
@@ -72,6 +74,17 @@ impl LinearEngine {
             log: RefCell::new(Vec::new()),
             on_call: RefCell::new(None),
             device_rows: None,
+            eval_device_rows: None,
+        }
+    }
+
+    /// The injected out-of-memory error of an evaluation batch of `rows` rows, if it is one.
+    fn eval_out_of_memory(&self, rows: usize) -> Result<(), MockError> {
+        match self.eval_device_rows.filter(|&n| rows > n) {
+            Some(limit) => Err(MockError(format!(
+                "{OUT_OF_MEMORY}: evaluating {rows} rows, room for {limit}"
+            ))),
+            None => Ok(()),
         }
     }
 
@@ -210,6 +223,7 @@ impl Engine for LinearEngine {
     }
 
     fn eval_loss(&self, b: &Seq2SeqBatch) -> Result<f32, MockError> {
+        self.eval_out_of_memory(b.source.batch)?;
         self.called("eval_loss");
         Ok(self.loss_and_grad(b, None).0)
     }
@@ -260,6 +274,7 @@ impl Generate for LinearEngine {
         sources: &TokenRows,
         config: &GenerateConfig,
     ) -> Result<Vec<Vec<u32>>, MockError> {
+        self.eval_out_of_memory(sources.batch)?;
         self.called("generate");
         // Echo the source: deterministic, so BLEU is a fixed function of the data. A row stands for
         // a token: a stop ends the generation early, as the real engine's does between tokens.
