@@ -148,6 +148,10 @@ pub struct Budget {
     /// The run computes on a GPU (`--device`): its start is planned for `gpu_bytes` too.
     #[serde(skip)]
     pub on_gpu: bool,
+    /// Data-parallel ranks (one model replica each): the start is planned per rank, within what
+    /// the other ranks leave of the RAM budget.
+    #[serde(skip)]
+    pub ranks: usize,
 }
 
 impl Budget {
@@ -410,13 +414,14 @@ fn auto_start(
     lines: &mut Vec<String>,
 ) -> Result<(Setup, Value, u64), PlanError> {
     let effective = base.batch * base.accum;
+    let host_bytes = rank_share(arch, base, budget, lines);
     let request = search::Request {
         base: base.clone(),
         target_batch: effective,
         // plan below the memory guard's soft limit, where it would halve the micro-batch
         budget: search::Budget {
             gpu_bytes: budget.planned_gpu_bytes(),
-            host_bytes: budget.ram_bytes,
+            host_bytes,
             headroom: 1.0 - config.guard_soft_fraction,
         },
     };
@@ -454,6 +459,39 @@ fn auto_start(
         "fixed_by_flags": fixed,
     });
     Ok((chosen.setup.clone(), planning, chosen.host_need()))
+}
+
+/// The RAM one rank is planned within: the whole budget for one; for several on the CPU an equal
+/// share (each rank holds a whole replica there); for several GPUs what the other ranks' host
+/// copies of the weights leave (memfit keeps an f32 copy per replica: the adapters under LoRA).
+/// A line says which.
+fn rank_share(arch: &Arch, base: &Setup, budget: &Budget, lines: &mut Vec<String>) -> u64 {
+    let ranks = budget.ranks.max(1) as u64;
+    if ranks == 1 {
+        return budget.ram_bytes;
+    }
+    let human = memfit_sys::units::human_bytes;
+    if !budget.on_gpu {
+        let share = budget.ram_bytes / ranks;
+        lines.push(format!(
+            "{ranks} ranks on the CPU, a replica each: each planned within {} of the RAM budget",
+            human(share)
+        ));
+        return share;
+    }
+    let lora = matches!(base.method, Method::Lora | Method::Qlora);
+    let host_params = if lora {
+        memory::states::trainable(arch, base).adapters
+    } else {
+        arch.params_total()
+    };
+    let others = (ranks - 1) * 4 * host_params;
+    lines.push(format!(
+        "{ranks} GPU ranks: the other {} ranks' host copies of the weights ({}) are set aside from the RAM budget",
+        ranks - 1,
+        human(others)
+    ));
+    budget.ram_bytes.saturating_sub(others)
 }
 
 /// A candidate's predicted peaks as the start line says them: host RAM, and on a GPU the GPU's
@@ -517,6 +555,7 @@ mod tests {
             ram_source: format!("--budget-ram {gib}GiB"),
             gpu_bytes: None,
             on_gpu: false,
+            ranks: 1,
         }
     }
 
@@ -589,6 +628,50 @@ mod tests {
             panic!("a 0.5 GiB card fits t5-small training");
         };
         assert!(why.contains("per GPU"), "{why}");
+    }
+
+    /// Several ranks: on GPUs the other ranks' host copies of the weights come out of the RAM
+    /// budget (a budget that holds one rank's plan but not three copies is refused); on the CPU
+    /// each rank is planned within an equal share.
+    #[test]
+    fn several_ranks_share_the_ram_budget() {
+        let (c, m) = t5_small();
+        let weights = 4 * arch_of(&c, &m).unwrap().params_total();
+        let gpus = |ram: u64, ranks| Budget {
+            ram_bytes: ram,
+            gpu_bytes: Some(40 << 30),
+            on_gpu: true,
+            ranks,
+            ..budget(1)
+        };
+        let one = auto(&c, &m, &gpus(1 << 30, 1), Fixed::default()).unwrap();
+        let host = one.predicted_peak_rss_bytes;
+        assert!(host > weights, "one rank holds its host copy: {host}");
+        let three = auto(&c, &m, &gpus(3 * host, 3), Fixed::default()).unwrap();
+        assert!(
+            three.lines.iter().any(|l| l.contains("3 GPU ranks")),
+            "{:?}",
+            three.lines
+        );
+        let short = auto(&c, &m, &gpus(host + weights, 3), Fixed::default());
+        assert!(
+            matches!(short, Err(PlanError::DoesNotFit(_))),
+            "two more copies do not fit"
+        );
+        let cpu = Budget {
+            ranks: 2,
+            ..budget(8)
+        };
+        let p = auto(&c, &m, &cpu, Fixed::default()).unwrap();
+        assert!(
+            p.predicted_peak_rss_bytes <= 4 << 30,
+            "planned within half of 8 GiB"
+        );
+        assert!(
+            p.lines.iter().any(|l| l.contains("2 ranks on the CPU")),
+            "{:?}",
+            p.lines
+        );
     }
 
     /// Evaluation is planned as its own phase: where it alone would pass the guard's soft limit at

@@ -26,7 +26,7 @@ pub fn start(budget_ram: Option<&str>) -> anyhow::Result<PrepareGuard> {
     let ram = budget_ram
         .map(|t| budget::parse_ram(t, &|| available.bytes()))
         .transpose()?;
-    let budget = budget::resolve(ram, None, (None, false), &available)?;
+    let budget = budget::resolve(ram, None, budget::Compute::cpu(), &available)?;
     let settings = GuardSettings {
         budget_bytes: Some(budget.ram_bytes),
         gpu_budget_bytes: None,

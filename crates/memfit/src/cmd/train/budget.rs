@@ -46,16 +46,36 @@ pub fn parse_ram(
         ram_source: source,
         gpu_bytes: None,
         on_gpu: false,
+        ranks: 1,
     })
 }
 
+/// What the run computes on, as its start is planned.
+pub struct Compute {
+    /// `--budget-gpu`, or on a GPU its default.
+    pub gpu_bytes: Option<u64>,
+    pub on_gpu: bool,
+    /// Data-parallel ranks (1 without data parallelism).
+    pub ranks: usize,
+}
+
+impl Compute {
+    /// One process on the CPU.
+    pub fn cpu() -> Self {
+        Self {
+            gpu_bytes: None,
+            on_gpu: false,
+            ranks: 1,
+        }
+    }
+}
+
 /// The budget of a run: the flag (`ram`, already parsed), else the `--config` file's
-/// `memory_budget_bytes`, else 80% of the effective available memory; `gpu` = (the GPU budget, the
-/// run computes on a GPU).
+/// `memory_budget_bytes`, else 80% of the effective available memory; with what it computes on.
 pub fn resolve(
     ram: Option<Budget>,
     from_config_file: Option<u64>,
-    (gpu_bytes, on_gpu): (Option<u64>, bool),
+    compute: Compute,
     available: &Available,
 ) -> anyhow::Result<Budget> {
     let mut budget = match (ram, from_config_file) {
@@ -65,6 +85,7 @@ pub fn resolve(
             ram_source: "memory_budget_bytes of the --config file".into(),
             gpu_bytes: None,
             on_gpu: false,
+            ranks: 1,
         },
         (None, None) => {
             let avail = available.bytes()?;
@@ -76,11 +97,13 @@ pub fn resolve(
                 ),
                 gpu_bytes: None,
                 on_gpu: false,
+                ranks: 1,
             }
         }
     };
-    budget.gpu_bytes = gpu_bytes;
-    budget.on_gpu = on_gpu;
+    budget.gpu_bytes = compute.gpu_bytes;
+    budget.on_gpu = compute.on_gpu;
+    budget.ranks = compute.ranks;
     Ok(budget)
 }
 

@@ -179,7 +179,12 @@ fn new_run(
     fit::check_seq(&config, positions)?;
     // a budget written in the --config file counts when no flag gives one
     let file_budget = file.as_ref().and_then(|f| f.memory_budget_bytes);
-    let budget = budget::resolve(ram, file_budget, (gpu, device.is_gpu()), available)?;
+    let compute = budget::Compute {
+        gpu_bytes: gpu,
+        on_gpu: device.is_gpu(),
+        ranks: device.rank_count(),
+    };
+    let budget = budget::resolve(ram, file_budget, compute, available)?;
     let root = args.out.clone().unwrap_or_else(default_out);
     let from_data = fit.seq_from_data || fit.tgt_seq_from_data;
     if from_data && !args.plan_only && args.policy == "auto" {
