@@ -136,8 +136,11 @@ fn run_plan(
         }
     }
     if runtime == "memfit" {
-        // memfit train computes on the CPU: its plan is for RAM, whatever GPU the machine has
-        cmd.args(["--gpu-mem", "none"]);
+        // memfit train computes on a GPU where this binary can (`--device auto`): its plan then
+        // reads the GPU's memory; elsewhere on the CPU, planned for RAM
+        if gpu_training().ready.is_err() {
+            cmd.args(["--gpu-mem", "none"]);
+        }
         for (flag, value) in [
             ("--data", &args.data),
             ("--valid", &args.valid),
