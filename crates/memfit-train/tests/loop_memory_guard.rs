@@ -471,24 +471,45 @@ fn a_device_out_of_memory_halves_the_micro_batch_and_redoes_the_step() {
 /// resume on a device with room continues exactly.
 #[test]
 fn out_of_device_memory_at_micro_batch_1_stops_resumable() {
+    stopped_then_resumed(
+        config(1, 8),
+        |e| e.device_rows = Some(0),
+        |f, stop| {
+            assert_eq!(stop["step"], 0);
+            assert!(
+                f.root.join("checkpoints/step-0").is_dir(),
+                "the start was checkpointed"
+            );
+        },
+    );
+}
+
+/// A run of `cfg` whose engine `limit` leaves no room: it stops for the device's memory (exit 75's
+/// event, which `stopped` checks further), then a resume on a device with room finishes with the
+/// uninterrupted run's losses. The fixture and the stop event.
+fn stopped_then_resumed(
+    cfg: TrainConfig,
+    limit: impl FnOnce(&mut LinearEngine),
+    stopped: impl FnOnce(&Fixture, &serde_json::Value),
+) -> (Fixture, serde_json::Value) {
     let f = fixture(CALM);
-    let cfg = config(1, 8);
     let want = reference(f.dir.path(), &cfg);
     let mut first = quiet_engine();
-    first.device_rows = Some(0);
+    limit(&mut first);
     let s = go(&f.root, &cfg, &mut first, false, None, &mut watch());
     assert_eq!(s.finish, Finish::Stopped);
     let stop = events(&f.root, "stop");
     assert_eq!(stop.len(), 1);
-    assert_eq!(stop[0]["reason"], "device_out_of_memory");
-    assert_eq!(stop[0]["exit"], 75);
-    assert!(
-        f.root.join("checkpoints/step-0").is_dir(),
-        "the start was checkpointed"
+    assert_eq!(
+        (stop[0]["reason"].as_str(), stop[0]["exit"].as_u64()),
+        (Some("device_out_of_memory"), Some(75))
     );
+    stopped(&f, &stop[0]);
     let s = go(&f.root, &cfg, &mut quiet_engine(), true, None, &mut watch());
     assert_eq!(s.finish, Finish::Completed);
     same_losses(&f.root, &want);
+    let stop = stop[0].clone();
+    (f, stop)
 }
 
 /// The device out of memory while evaluating (injected: more than 1 row an evaluation batch): the
@@ -545,27 +566,18 @@ fn a_device_out_of_memory_in_evaluation_halves_the_evaluation_batch() {
 /// room runs that evaluation and finishes as the uninterrupted run.
 #[test]
 fn out_of_device_memory_evaluating_one_row_stops_resumable() {
-    let f = fixture(CALM);
-    let cfg = config(4, 2);
-    let want = reference(f.dir.path(), &cfg);
-    let mut first = quiet_engine();
-    first.eval_device_rows = Some(0);
-    let s = go(&f.root, &cfg, &mut first, false, None, &mut watch());
-    assert_eq!(s.finish, Finish::Stopped);
-    let stop = events(&f.root, "stop");
-    assert_eq!(stop.len(), 1);
-    assert_eq!(
-        (stop[0]["reason"].as_str(), stop[0]["exit"].as_u64()),
-        (Some("device_out_of_memory"), Some(75))
+    let (f, stop) = stopped_then_resumed(
+        config(4, 2),
+        |e| e.eval_device_rows = Some(0),
+        |f, stop| {
+            let step = stop["step"].as_u64().unwrap();
+            assert!(
+                state(&f.root, step).eval_pending,
+                "checkpointed with its evaluation pending"
+            );
+        },
     );
-    let step = stop[0]["step"].as_u64().unwrap();
-    assert!(
-        state(&f.root, step).eval_pending,
-        "checkpointed with its evaluation pending"
-    );
-    let s = go(&f.root, &cfg, &mut quiet_engine(), true, None, &mut watch());
-    assert_eq!(s.finish, Finish::Completed);
-    same_losses(&f.root, &want);
+    let step = stop["step"].as_u64().unwrap();
     let evals = events(&f.root, "eval");
     assert!(
         evals.iter().any(|e| e["step"].as_u64() == Some(step)),
