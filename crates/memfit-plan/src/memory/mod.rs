@@ -152,7 +152,7 @@ pub fn memfit_runtime_modeled(arch: &Arch, setup: &Setup) -> Result<(), String> 
         Family::T5 | Family::Bert => Ok(()),
         Family::Llama if decoder => Ok(()),
         _ => Err(format!(
-            "memfit-plan's model of memfit's own trainer has no measured terms for {} ({}): it \
+            "memfit-plan's model of memfit's own trainer has no terms for {} ({}): it \
              models T5, the BERT family and llama/qwen2/mistral/qwen3 decoders, so it cannot plan \
              this run",
             arch.name, arch.model_type
