@@ -421,7 +421,14 @@ fn report(arch: &memfit_plan::arch::Arch, budget: &Budget, plan: &search::Plan) 
     if budget.gpu_bytes.is_some() {
         out!(
             o,
-            "each setup's GPU need is widened by the validation band of its class (docs/accuracy.md, Uncertainty band) and kept within the usable memory, on top of the headroom"
+            "each setup's GPU need is widened by {} and kept within the usable memory, on top of the headroom",
+            if (plan.chosen.iter().chain(&plan.rejected))
+                .any(|c| c.setup.runtime == memfit_plan::memory::Runtime::Memfit)
+            {
+                "the band of memfit's GPU model (its 10% check on the CPU; no card measured yet)"
+            } else {
+                "the validation band of its class (docs/accuracy.md, Uncertainty band)"
+            }
         );
     }
     let row_table = |rows: &[Candidate], with_reason: bool| {
