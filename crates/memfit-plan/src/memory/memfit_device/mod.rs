@@ -15,7 +15,8 @@
 //!   generic forward pass (T5 in [`t5`], BERT in [`bert`], Llama-style decoders in [`decoder`]):
 //!   materialised `q·kᵀ` matrices, composite norms, boolean dropout masks (1 B per element);
 //! - **LM head**: one chunk of logits at a time (`HEAD_CHUNK_LOGITS`, f32) and the weight's
-//!   gradient, while every activation is alive.
+//!   gradient, while every activation is alive;
+//! - **attention backward**: the last block's two `q × k` gradient matrices beside what is kept.
 //!
 //! Counted against a real allocator on the CPU (burn's ndarray backend runs this same code path:
 //! crates/memfit-train/tests/device_memory.rs). Not counted, because only a card can measure
@@ -32,7 +33,8 @@ use super::states::trainable;
 use super::{Component, Framework, GpuEstimate, Scaling};
 use crate::arch::{Arch, Family, Head, Role};
 
-/// Bytes of the activation dtype, and of the dtype masks and biases are built in.
+/// Bytes of an element of the activation dtype — also that of the masks and position biases,
+/// which are built in the compute weights' dtype.
 pub(super) struct Widths {
     pub compute: u64,
 }
