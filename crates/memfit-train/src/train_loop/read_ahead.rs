@@ -1,4 +1,4 @@
-//! The next step's rows, drawn from the sampler and read and collated on a helper thread while the
+//! The next step's rows, drawn from the sampler and read and collated on a helper while the
 //! current step computes, so that a device does not wait for its input between steps (on a GPU the
 //! step is short and a store read is not). The data order is the sampler's either way: a step's
 //! rows are drawn when it would have drawn them, only earlier; a run that stops between steps
@@ -65,52 +65,59 @@ pub(super) fn collate<E: Engine, T: Task<E>>(
 }
 
 /// Runs `step` on this thread while one helper per rank collates its micro-batches of `next` (if
-/// any) at micro-batch `micro`; returns the step's result and what was read ahead.
+/// any) at micro-batch `micro`; returns the step's result and what was read ahead. The helpers are
+/// jobs on rayon's pool, whose threads exist from the start: no thread is created while a run
+/// trains, so a run whose address space is used up still reaches its checkpoint and exit 75.
 pub(super) fn alongside<E: Engine, T: Task<E>, O>(
     (task, train): (&T, &dyn RowSource<T::Row>),
     (next, micro, ranks): (Option<Drawn>, usize, usize),
     step: impl FnOnce() -> O,
 ) -> (O, Option<Ahead<E::Batch>>) {
-    std::thread::scope(|scope| {
-        let helpers: Vec<_> = next.as_ref().map_or_else(Vec::new, |drawn| {
+    type Collated<B> = (usize, Result<Vec<(usize, Vec<B>)>, LoopError>, Instant);
+    let (sender, received) = std::sync::mpsc::channel::<Collated<E::Batch>>();
+    let (out, computed) = rayon::in_place_scope(|scope| {
+        if let Some(drawn) = &next {
             let chunks: Vec<Vec<usize>> = drawn.rows.chunks(micro).map(<[usize]>::to_vec).collect();
-            (0..ranks.clamp(1, chunks.len().max(1)))
-                .map(|rank| {
-                    let mine: Vec<(usize, Vec<usize>)> = (chunks.iter().cloned().enumerate())
-                        .filter(|(i, _)| i % ranks.max(1) == rank)
-                        .collect();
-                    scope.spawn(move || {
-                        let batches = (mine.into_iter())
+            for rank in 0..ranks.clamp(1, chunks.len().max(1)) {
+                let mine: Vec<(usize, Vec<usize>)> = (chunks.iter().cloned().enumerate())
+                    .filter(|(i, _)| i % ranks.max(1) == rank)
+                    .collect();
+                let sender = sender.clone();
+                scope.spawn(move |_| {
+                    let read = || {
+                        (mine.into_iter())
                             .map(|(i, rows)| Ok((i, collate::<E, T>(task, train, &rows, micro)?)))
-                            .collect::<Result<Vec<_>, LoopError>>();
-                        (batches, Instant::now())
-                    })
-                })
-                .collect()
-        });
+                            .collect::<Result<Vec<_>, LoopError>>()
+                    };
+                    let batches = std::panic::catch_unwind(std::panic::AssertUnwindSafe(read))
+                        .unwrap_or_else(|_| {
+                            Err(LoopError::Data(
+                                "reading the next step's rows panicked".into(),
+                            ))
+                        });
+                    // the receiver outlives the scope
+                    let _ = sender.send((rank, batches, Instant::now()));
+                });
+            }
+        }
         let out = step();
-        let computed = Instant::now();
-        let finished: Vec<_> = (helpers.into_iter())
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    let e = LoopError::Data("reading the next step's rows panicked".into());
-                    (Err(e), Instant::now())
-                })
-            })
-            .collect();
-        let waited_s = computed.elapsed().as_secs_f64();
-        let rank_waited_s = (finished.iter())
-            .map(|(_, done)| done.saturating_duration_since(computed).as_secs_f64())
-            .collect();
-        let ahead = next.map(|drawn| Ahead {
-            drawn,
-            micro,
-            batches: in_step_order(finished.into_iter().map(|(b, _)| b)),
-            waited_s,
-            rank_waited_s,
-        });
-        (out, ahead)
-    })
+        (out, Instant::now())
+    });
+    drop(sender);
+    let mut finished: Vec<Collated<E::Batch>> = received.iter().collect();
+    finished.sort_by_key(|(rank, _, _)| *rank);
+    let waited_s = computed.elapsed().as_secs_f64();
+    let rank_waited_s = (finished.iter())
+        .map(|(_, _, done)| done.saturating_duration_since(computed).as_secs_f64())
+        .collect();
+    let ahead = next.map(|drawn| Ahead {
+        drawn,
+        micro,
+        batches: in_step_order(finished.into_iter().map(|(_, b, _)| b)),
+        waited_s,
+        rank_waited_s,
+    });
+    (out, ahead)
 }
 
 /// The ranks' micro-batches back in the step's order.
