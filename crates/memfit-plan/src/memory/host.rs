@@ -31,6 +31,17 @@ impl Ledger {
     }
 }
 
+/// Bytes of the host copy of the weights memfit's trainer keeps per replica when it computes on
+/// a GPU: f32, refreshed when a checkpoint is written; a LoRA base is built on the device and has
+/// none (the adapters only).
+pub fn memfit_host_weights(arch: &Arch, setup: &Setup) -> u64 {
+    let params = match setup.method {
+        Method::Lora | Method::Qlora => super::states::trainable(arch, setup).adapters,
+        _ => arch.params_total(),
+    };
+    4 * params
+}
+
 pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
     if (setup.runtime, setup.device) == (Runtime::Memfit, Device::Cpu) {
         // memfit's own trainer: its host model is measured (validation/memfit_grid.csv)
@@ -58,17 +69,9 @@ pub fn host(arch: &Arch, setup: &Setup, fw: &Framework) -> HostEstimate {
     if setup.device == Device::Cpu {
         add_cpu_training(&mut l, arch, setup, fw, &st);
     } else if setup.runtime == Runtime::Memfit {
-        // the model's host copy of its weights (f32), refreshed when a checkpoint is written;
-        // a LoRA base is built on the device and has none
-        let lora = matches!(setup.method, Method::Lora | Method::Qlora);
-        let params = if lora {
-            super::states::trainable(arch, setup).adapters
-        } else {
-            arch.params_total()
-        };
         l.add(
             "host weights",
-            4 * params * ranks,
+            memfit_host_weights(arch, setup) * ranks,
             neither,
             "memfit's f32 host copy of the weights (the adapters under LoRA), per rank",
         );

@@ -479,13 +479,7 @@ fn rank_share(arch: &Arch, base: &Setup, budget: &Budget, lines: &mut Vec<String
         ));
         return share;
     }
-    let lora = matches!(base.method, Method::Lora | Method::Qlora);
-    let host_params = if lora {
-        memory::states::trainable(arch, base).adapters
-    } else {
-        arch.params_total()
-    };
-    let others = (ranks - 1) * 4 * host_params;
+    let others = (ranks - 1) * memory::host::memfit_host_weights(arch, base);
     lines.push(format!(
         "{ranks} GPU ranks: the other {} ranks' host copies of the weights ({}) are set aside from the RAM budget",
         ranks - 1,
