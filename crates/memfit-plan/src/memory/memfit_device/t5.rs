@@ -88,13 +88,21 @@ pub(super) fn forward(arch: &Arch, setup: &Setup, w: &Widths) -> Forward {
         b * tgt * (block(arch, w, true) + attention_kept(w, h * tgt, p) + cross_part)
             + b * cross_keys * 2 * arch.heads * arch.head_dim * w.compute;
     let (mut saved, mut boundaries, mut largest) = (0, 0, 0);
-    if arch.encoder_layers > 0 && live.0 {
-        let trained = group_trains(arch, setup, Group::Encoder);
+    if arch.encoder_layers > 0 {
         // the position bias with the padding mask, [b, h, s, s], shared by the blocks
         let bias = w.compute * b * h * src * src;
-        saved += arch.encoder_layers * encoder_block(trained) + b * src * stack + bias;
+        // checkpointing keeps every encoder block's input, the last block's output and the
+        // encoder output, trained or not (t5/block_ckpt.rs)
         boundaries += w.compute * b * src * d * (arch.encoder_layers + 2) + bias;
-        largest = encoder_block(true);
+        if live.0 {
+            let trained = group_trains(arch, setup, Group::Encoder);
+            saved += arch.encoder_layers * encoder_block(trained) + b * src * stack + bias;
+            largest = encoder_block(true);
+        } else {
+            // a frozen encoder runs without a graph: its output stays, read by the decoder's
+            // cross-attention keys and values
+            saved += w.compute * b * src * d;
+        }
     }
     if arch.decoder_layers > 0 && live.1 {
         let bias = w.compute * h * tgt * tgt;
