@@ -342,6 +342,8 @@ pub fn planned_start(
                 available_bytes,
                 budget_line: &budget_line,
                 soft_limit,
+                gpu_soft_limit: (budget.planned_gpu_bytes())
+                    .map(|g| (g as f64 * config.guard_soft_fraction) as u64),
                 guard_soft_fraction: config.guard_soft_fraction,
             };
             table.start(&arch, &base, model_config, &fixed, &mut lines)?
@@ -622,6 +624,20 @@ mod tests {
             panic!("a 0.5 GiB card fits t5-small training");
         };
         assert!(why.contains("per GPU"), "{why}");
+        // a policy table sets its setup; on a GPU it is checked against the GPU budget and said
+        let v8 = PolicyChoice::parse("chatlm-v8").unwrap();
+        let table = planned_start(&c, &m, &on_gpu(0.5), Fixed::default(), v8, 16 << 30).unwrap();
+        assert!(
+            table.planning["chosen"]["predicted_peak_gpu_bytes"]
+                .as_u64()
+                .unwrap()
+                > 1 << 29
+        );
+        assert!(
+            table.lines.iter().any(|l| l.contains("GPU budget")),
+            "{:?}",
+            table.lines
+        );
     }
 
     /// Several ranks: on GPUs the other ranks' host copies of the weights come out of the RAM

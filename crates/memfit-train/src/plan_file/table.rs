@@ -13,6 +13,9 @@ pub(super) struct Table<'a> {
     pub available_bytes: u64,
     pub budget_line: &'a str,
     pub soft_limit: u64,
+    /// On a GPU: the guard's soft limit of the GPU budget, which the setup is checked against with
+    /// memfit's GPU model.
+    pub gpu_soft_limit: Option<u64>,
     pub guard_soft_fraction: f64,
 }
 
@@ -43,9 +46,13 @@ impl Table<'_> {
             ));
             setup.seq = max;
         }
+        if self.gpu_soft_limit.is_some() {
+            setup.device = memory::Device::Cuda;
+        }
         let estimate =
             memory::estimate(arch, &setup, &Framework::default()).map_err(PlanError::Input)?;
         let peak = estimate.host.peak_rss_bytes;
+        let gpu_peak = estimate.gpu.as_ref().map(|g| g.nvml_used_bytes);
         lines.push(format!(
             "policy {}, {}: {}",
             p.name,
@@ -53,12 +60,13 @@ impl Table<'_> {
             decision.describe()
         ));
         lines.push(format!(
-            "  micro {} × accum {}, seq {}, {}{} → predicted peak {}",
+            "  micro {} × accum {}, seq {}, {}{} → predicted peak {}{}",
             setup.batch,
             setup.accum,
             setup.seq,
             setup.precision,
             if setup.grad_ckpt { ", grad ckpt" } else { "" },
+            gpu_peak.map_or(String::new(), |g| format!("GPU {} (NVML), host ", gib(g))),
             gib(peak)
         ));
         let effective = base.batch * base.accum;
@@ -78,6 +86,17 @@ impl Table<'_> {
                 100.0 * self.guard_soft_fraction
             ));
         }
+        if let (Some(need), Some(limit)) = (gpu_peak, self.gpu_soft_limit)
+            && need > limit
+        {
+            notes.push(format!(
+                "the predicted GPU peak {} exceeds the memory guard's soft limit {} of the GPU \
+                 budget: a policy table does not plan (--policy auto does); a CUDA out-of-memory \
+                 halves the micro-batch",
+                gib(need),
+                gib(limit)
+            ));
+        }
         lines.extend(notes.iter().map(|n| format!("  note: {n}")));
         let planning = json!({
             "policy": p.name,
@@ -87,6 +106,7 @@ impl Table<'_> {
             "chosen": {
                 "settings": settings(&setup),
                 "predicted_peak_rss_bytes": peak,
+                "predicted_peak_gpu_bytes": gpu_peak,
             },
             "notes": notes,
             "fixed_by_flags": fixed,
