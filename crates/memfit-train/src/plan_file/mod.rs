@@ -116,14 +116,19 @@ fn lora_setup(config: &TrainConfig, setup: &mut Setup) {
     });
 }
 
-/// The plan of `config` for the model described by `model_config` (a `config.json` value).
+/// The plan of `config` for the model described by `model_config` (a `config.json` value), on a
+/// GPU (`on_gpu`: memfit's GPU model) or the CPU.
 pub fn plan(
     config: &TrainConfig,
     model_config: &Value,
     dataset_rows: u64,
+    on_gpu: bool,
 ) -> Result<Value, String> {
     let arch = arch_of(config, model_config)?;
-    let setup = setup_of(config, &arch, dataset_rows);
+    let mut setup = setup_of(config, &arch, dataset_rows);
+    if on_gpu {
+        setup.device = Device::Cuda;
+    }
     let estimate = memory::estimate(&arch, &setup, &Framework::default())?;
     Ok(json!({
         "model": {
@@ -520,16 +525,22 @@ mod tests {
         assert_eq!(gpu_weight_bytes(&c, &qwen).unwrap(), 494_032_768 * 2);
     }
 
+    /// On the CPU plan.json has a host peak and no GPU; on a GPU, memfit's GPU model beside a host
+    /// that holds little more than the weights' copy.
     #[test]
-    fn chatlm_mini_plan_has_a_host_peak_and_no_gpu() {
+    fn chatlm_mini_plan_has_a_host_peak_and_a_gpu_one_on_a_gpu() {
         let model = crate::model_spec::model_config("chatlm-mini", None).unwrap();
         let mut c = TrainConfig::default();
         crate::presets::profile("sft-small").unwrap().apply(&mut c);
-        let p = plan(&c, &model, 3000).unwrap();
+        let p = plan(&c, &model, 3000, false).unwrap();
         assert!(p["gpu"].is_null());
         assert_eq!(p["model"]["params_total"], 187_692_288);
-        assert!(p["host"]["peak_rss_bytes"].as_u64().unwrap() > 1 << 30);
+        let host = p["host"]["peak_rss_bytes"].as_u64().unwrap();
+        assert!(host > 1 << 30);
         assert_eq!(p["setup"]["runtime"], "memfit");
+        let g = plan(&c, &model, 3000, true).unwrap();
+        assert!(g["gpu"]["peak_allocated_bytes"].as_u64().unwrap() > 1 << 30);
+        assert!(g["host"]["peak_rss_bytes"].as_u64().unwrap() < host);
     }
 
     fn t5_small() -> (TrainConfig, Value) {

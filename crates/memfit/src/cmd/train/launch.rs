@@ -178,7 +178,8 @@ where
 
 /// plan.json: the estimate of this setup, with the planned start it came from.
 fn write_plan(s: &mut Session, start: &mut Prepared, rows: u64) -> anyhow::Result<()> {
-    match plan_file::plan(&s.config, &start.model_json, rows) {
+    let on_gpu = start.setup.device.is_gpu();
+    match plan_file::plan(&s.config, &start.model_json, rows, on_gpu) {
         Ok(mut plan) => {
             if let Some(planning) = start.setup.planning.take() {
                 plan["planning"] = planning;
