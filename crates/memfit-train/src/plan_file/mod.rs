@@ -556,6 +556,15 @@ mod tests {
         (c, model)
     }
 
+    /// One of the start's lines contains `text`.
+    fn says(start: &PlannedStart, text: &str) {
+        assert!(
+            start.lines.iter().any(|l| l.contains(text)),
+            "{text:?} in {:?}",
+            start.lines
+        );
+    }
+
     fn budget(gib: u64) -> Budget {
         Budget {
             ram_bytes: gib << 30,
@@ -644,11 +653,7 @@ mod tests {
                 .unwrap()
                 > 1 << 29
         );
-        assert!(
-            table.lines.iter().any(|l| l.contains("GPU budget")),
-            "{:?}",
-            table.lines
-        );
+        says(&table, "GPU budget");
     }
 
     /// Several ranks: on GPUs the other ranks' host copies of the weights come out of the RAM
@@ -669,11 +674,7 @@ mod tests {
         let host = one.predicted_peak_rss_bytes;
         assert!(host > weights, "one rank holds its host copy: {host}");
         let three = auto(&c, &m, &gpus(3 * host, 3), Fixed::default()).unwrap();
-        assert!(
-            three.lines.iter().any(|l| l.contains("3 GPU ranks")),
-            "{:?}",
-            three.lines
-        );
+        says(&three, "3 GPU ranks");
         let short = auto(&c, &m, &gpus(host + weights, 3), Fixed::default());
         assert!(
             matches!(short, Err(PlanError::DoesNotFit(_))),
@@ -688,11 +689,7 @@ mod tests {
             p.predicted_peak_rss_bytes <= 4 << 30,
             "planned within half of 8 GiB"
         );
-        assert!(
-            p.lines.iter().any(|l| l.contains("2 ranks on the CPU")),
-            "{:?}",
-            p.lines
-        );
+        says(&p, "2 ranks on the CPU");
     }
 
     /// Evaluation is planned as its own phase: where it alone would pass the guard's soft limit at
