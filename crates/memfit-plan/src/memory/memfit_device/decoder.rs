@@ -5,6 +5,7 @@
 
 use super::{Forward, Widths, attention_kept, dropout_mask};
 use crate::arch::{Arch, Role};
+use crate::memory::memfit_host::decoder::adapted;
 use crate::memory::setup::{Method, Setup};
 use crate::memory::states::base_trains;
 
@@ -20,11 +21,6 @@ fn reads_input(arch: &Arch, setup: &Setup, role: Role) -> bool {
             .tensors
             .iter()
             .any(|t| t.role == role && base_trains(t, setup))
-}
-
-fn adapted(setup: &Setup, role: Role) -> bool {
-    matches!(setup.method, Method::Lora | Method::Qlora)
-        && setup.lora_targets.iter().any(|t| t.covers(role))
 }
 
 /// Bytes per token each adapter keeps: its rank-r product (scaled, kept by B) and, with LoRA

@@ -28,10 +28,11 @@ mod decoder;
 mod t5;
 
 use super::memfit_host::HEAD_CHUNK_LOGITS;
+use super::memfit_host::head_trains;
 use super::setup::{Method, Optimizer, Precision, Setup};
 use super::states::trainable;
 use super::{Component, Framework, GpuEstimate, Scaling};
-use crate::arch::{Arch, Family, Head, Role};
+use crate::arch::{Arch, Family};
 
 /// Bytes of an element of the activation dtype — also that of the masks and position biases,
 /// which are built in the compute weights' dtype.
@@ -234,13 +235,4 @@ fn head(arch: &Arch, setup: &Setup, w: &Widths, tokens: u64) -> u64 {
         0
     };
     HEAD_CHUNK_COPIES * 4 * chunk + 2 * w.compute * tokens * arch.hidden + weight_grad
-}
-
-/// Whether the LM head's weight trains (its own, or the tied embedding).
-fn head_trains(arch: &Arch, setup: &Setup) -> bool {
-    use crate::memory::states::base_trains;
-    arch.tensors.iter().any(|t| {
-        (t.role == Role::LmHead || (arch.head == Head::LmTied && t.role == Role::Embedding))
-            && base_trains(t, setup)
-    })
 }

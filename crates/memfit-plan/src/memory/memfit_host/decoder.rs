@@ -3,8 +3,10 @@
 //! grouped-query attention, SwiGLU), with LoRA adapters (layers/lora.rs) on a frozen base or every
 //! weight trained, the chunked LM head, and per-layer checkpointing (decoder/block_ckpt.rs).
 
-use super::{HostFit, Moments, attention_bytes, group_trains, head_logits, recomputed_block};
-use crate::arch::{Arch, Group, Head, Role};
+use super::{
+    HostFit, Moments, attention_bytes, group_trains, head_logits, head_trains, recomputed_block,
+};
+use crate::arch::{Arch, Group, Role};
 use crate::memory::setup::{Method, Setup};
 use crate::memory::states::base_trains;
 
@@ -35,7 +37,7 @@ fn adapters(setup: &Setup) -> u64 {
 }
 
 /// Whether LoRA adapts projection `role`.
-fn adapted(setup: &Setup, role: Role) -> bool {
+pub(crate) fn adapted(setup: &Setup, role: Role) -> bool {
     is_lora(setup) && setup.lora_targets.iter().any(|t| t.covers(role))
 }
 
@@ -104,12 +106,7 @@ pub(super) fn activations(
     let mask = cb * b * groups * s * s;
     let attention = attention_bytes(layers * b * arch.heads * s) + mask;
     let logits = head_logits(fit, tokens, arch.vocab, d);
-    let head_trains = arch
-        .tensors
-        .iter()
-        .any(|t| t.role == Role::LmHead && base_trains(t, setup))
-        || (arch.head == Head::LmTied && embedding_trains);
-    let head_grads = if head_trains {
+    let head_grads = if head_trains(arch, setup) {
         2 * 4 * arch.vocab * d
     } else {
         0

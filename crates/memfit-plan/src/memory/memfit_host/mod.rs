@@ -31,14 +31,14 @@
 //! run in both precisions on the CPU, the only device this model describes.
 
 mod bert;
-mod decoder;
+pub(crate) mod decoder;
 pub mod eval;
 pub(crate) mod t5;
 
 use super::setup::{Method, Optimizer, Precision, Setup};
 use super::states::{Trainable, base_trains, trainable};
 use super::{Component, HostEstimate, Scaling};
-use crate::arch::{Arch, Family, Group};
+use crate::arch::{Arch, Family, Group, Head, Role};
 
 /// Logits per chunk of memfit-train's LM head (`model/chunked_head.rs` `CHUNK_LOGITS`, which a
 /// test there keeps equal to this): the loss never holds more than one chunk's logits.
@@ -100,6 +100,14 @@ pub(super) struct Moments {
 /// the mask redrawn from its seed).
 fn attention_bytes(rows: u64) -> u64 {
     8 * rows
+}
+
+/// Whether the LM head's weight trains: its own, or the embedding table a tied head reads.
+pub(crate) fn head_trains(arch: &Arch, setup: &Setup) -> bool {
+    arch.tensors
+        .iter()
+        .any(|t| t.role == Role::LmHead && base_trains(t, setup))
+        || (arch.head == Head::LmTied && group_trains(arch, setup, Group::Embeddings))
 }
 
 /// Whether any tensor of `group` trains.

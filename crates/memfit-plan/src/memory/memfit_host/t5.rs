@@ -2,11 +2,11 @@
 //! block (crates/memfit-nn/src/t5/forward.rs), the attention's row statistics and position biases,
 //! the chunked LM head, and per-block checkpointing (t5/block_ckpt.rs).
 
-use super::{HostFit, Moments, attention_bytes, group_trains, head_logits};
+use super::{HostFit, Moments, attention_bytes, group_trains, head_logits, head_trains};
 use crate::Task;
 use crate::arch::{Activation, Arch, Group};
 use crate::memory::setup::Setup;
-use crate::memory::states::{base_trains, trainable};
+use crate::memory::states::trainable;
 
 /// Bytes per token one encoder block keeps for the backward pass, activations in `cb`-byte elements
 /// (dropout keeps no mask: it is drawn again from its seed in backward, and after ReLU the kept
@@ -185,12 +185,7 @@ pub(super) fn activations(
     // The head's chunks are back-propagated while every activation is alive: each yields the
     // head's `vocab × d` weight gradient, added into (or, the first, copied to) its host
     // accumulator: 2 copies.
-    let head_trains = arch
-        .tensors
-        .iter()
-        .any(|t| t.role == crate::arch::Role::LmHead && base_trains(t, setup))
-        || (arch.head == crate::arch::Head::LmTied && group_trains(arch, setup, Group::Embeddings));
-    let head_grads = if head_trains {
+    let head_grads = if head_trains(arch, setup) {
         2 * 4 * arch.vocab * arch.hidden
     } else {
         0
