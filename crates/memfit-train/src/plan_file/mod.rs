@@ -35,14 +35,9 @@ pub fn gpu_estimate(
     model_config: &Value,
 ) -> Result<memory::GpuEstimate, String> {
     let arch = arch_of(config, model_config)?;
-    let mut setup = setup_of(config, &arch, 0);
-    setup.device = Device::Cuda;
-    memory::memfit_runtime_modeled(&arch, &setup)?;
-    Ok(memory::memfit_device::device(
-        &arch,
-        &setup,
-        &Framework::default(),
-    ))
+    let setup = setup_on(config, &arch, 0, true);
+    let estimate = memory::estimate(&arch, &setup, &Framework::default())?;
+    Ok(estimate.gpu.expect("a GPU setup's estimate has a GPU part"))
 }
 
 fn arch_of(config: &TrainConfig, model_config: &Value) -> Result<Arch, String> {
@@ -92,6 +87,15 @@ fn setup_of(config: &TrainConfig, arch: &Arch, dataset_rows: u64) -> Setup {
     setup
 }
 
+/// [`setup_of`] on the device the run computes on: a GPU (`on_gpu`) or the CPU.
+fn setup_on(config: &TrainConfig, arch: &Arch, dataset_rows: u64, on_gpu: bool) -> Setup {
+    let mut setup = setup_of(config, arch, dataset_rows);
+    if on_gpu {
+        setup.device = Device::Cuda;
+    }
+    setup
+}
+
 /// LoRA as the trainer runs it: rank and alpha (defaults r 16, alpha 32), the adapted projections
 /// (memfit's or PEFT's names; default every projection), the frozen base's precision.
 fn lora_setup(config: &TrainConfig, setup: &mut Setup) {
@@ -125,10 +129,7 @@ pub fn plan(
     on_gpu: bool,
 ) -> Result<Value, String> {
     let arch = arch_of(config, model_config)?;
-    let mut setup = setup_of(config, &arch, dataset_rows);
-    if on_gpu {
-        setup.device = Device::Cuda;
-    }
+    let setup = setup_on(config, &arch, dataset_rows, on_gpu);
     let estimate = memory::estimate(&arch, &setup, &Framework::default())?;
     Ok(json!({
         "model": {
@@ -495,12 +496,17 @@ fn rank_share(arch: &Arch, base: &Setup, budget: &Budget, lines: &mut Vec<String
     budget.ram_bytes.saturating_sub(others)
 }
 
-/// A candidate's predicted peaks as the start line says them: host RAM, and on a GPU the GPU's
-/// (what NVML shows) first.
+/// A candidate's predicted peaks as the start line says them ([`peaks`]).
 fn needs(c: &search::Candidate) -> String {
-    match c.gpu_need() {
-        Some(gpu) => format!("GPU {} (NVML), host {}", gib(gpu), gib(c.host_need())),
-        None => gib(c.host_need()),
+    peaks(c.gpu_need(), c.host_need())
+}
+
+/// Predicted peaks as a start line says them: host RAM, and on a GPU the GPU's (what NVML shows)
+/// first.
+fn peaks(gpu: Option<u64>, host: u64) -> String {
+    match gpu {
+        Some(gpu) => format!("GPU {} (NVML), host {}", gib(gpu), gib(host)),
+        None => gib(host),
     }
 }
 

@@ -1,7 +1,7 @@
 //! A start set by a named policy (`memfit train --policy NAME`): the seed's tables and the fixed
 //! presets set their knobs over the configured setup, which is then estimated, not searched.
 
-use super::{PlanError, gib, settings};
+use super::{PlanError, gib, peaks, settings};
 use memfit_plan::arch::Arch;
 use memfit_plan::memory::{self, Framework, Setup};
 use memfit_plan::search::{Fixed, policy};
@@ -60,14 +60,13 @@ impl Table<'_> {
             decision.describe()
         ));
         lines.push(format!(
-            "  micro {} × accum {}, seq {}, {}{} → predicted peak {}{}",
+            "  micro {} × accum {}, seq {}, {}{} → predicted peak {}",
             setup.batch,
             setup.accum,
             setup.seq,
             setup.precision,
             if setup.grad_ckpt { ", grad ckpt" } else { "" },
-            gpu_peak.map_or(String::new(), |g| format!("GPU {} (NVML), host ", gib(g))),
-            gib(peak)
+            peaks(gpu_peak, peak)
         ));
         let effective = base.batch * base.accum;
         if setup.batch * setup.accum != effective {
