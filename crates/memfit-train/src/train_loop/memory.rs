@@ -162,28 +162,18 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         Ok(())
     }
 
-    /// The device ran out of memory at micro-batch 1: the last completed step is checkpointed and
-    /// the run stops resumable (exit 75).
+    /// The device ran out of memory at micro-batch 1 (`abandoned`: the step cut short, its
+    /// micro-batches done of all) or evaluating one row at a time (`None`: the evaluation stays
+    /// pending, and a resume runs it): the last completed step is checkpointed and the run stops
+    /// resumable (exit 75).
     pub(super) fn stop_for_device_memory(
         &mut self,
         s: &mut State,
-        done: usize,
-        of: u64,
+        abandoned: Option<(usize, u64)>,
     ) -> Result<(), LoopError> {
         s.l.saved_step = None;
         self.save_once(s)?;
-        self.stop_for_memory(s, None, Some((done, of)), DEVICE_OUT_OF_MEMORY)
-    }
-
-    /// Out of device memory evaluating one row at a time: the step is checkpointed with its
-    /// evaluation pending (a resume runs it) and the run stops resumable.
-    pub(super) fn stop_for_device_memory_in_evaluation(
-        &mut self,
-        s: &mut State,
-    ) -> Result<(), LoopError> {
-        s.l.saved_step = None;
-        self.save_once(s)?;
-        self.stop_for_memory(s, None, None, DEVICE_OUT_OF_MEMORY)
+        self.stop_for_memory(s, None, abandoned, DEVICE_OUT_OF_MEMORY)
     }
 
     /// Takes the guard's step-boundary reading and records budget changes.

@@ -293,7 +293,7 @@ impl<'a, E: Engine, T: Task<E>> Trainer<'a, E, T> {
             evaluation::Evaluated::Done => Ok(None),
             evaluation::Evaluated::Abandoned => self.stop_on_signal(s, None).map(Some),
             evaluation::Evaluated::OutOfMemory => {
-                self.stop_for_device_memory_in_evaluation(s)?;
+                self.stop_for_device_memory(s, None)?;
                 Ok(Some(Finish::Stopped))
             }
         }
@@ -338,7 +338,7 @@ impl<'a, E: Engine, T: Task<E>> Trainer<'a, E, T> {
                     return Ok(Finish::Stopped);
                 }
                 StepOutcome::DeviceMemory { done, of } => {
-                    self.stop_for_device_memory(s, done, of)?;
+                    self.stop_for_device_memory(s, Some((done, of)))?;
                     return Ok(Finish::Stopped);
                 }
                 StepOutcome::RankFailed { done, of, message } => {
