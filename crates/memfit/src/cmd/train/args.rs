@@ -153,9 +153,9 @@ pub struct Args {
     /// 80% of the effective available memory, cgroup limits included). `--budget` is an alias.
     #[arg(long, alias = "budget", value_name = "SIZE|PCT")]
     pub budget_ram: Option<String>,
-    /// GPU memory budget, per GPU (default on a GPU: 90% of the smallest rank's free memory): the
-    /// memory guard's limits on the device; below the model's weights → exit 3. Recorded in
-    /// plan.json; the start is planned for the RAM budget.
+    /// GPU memory budget, per GPU (default on a GPU: 90% of the smallest rank's free memory): on a
+    /// GPU the start is planned for it (and for the RAM budget) and the memory guard keeps it;
+    /// below the model's weights → exit 3. Recorded in plan.json.
     #[arg(long, value_name = "SIZE")]
     pub budget_gpu: Option<String>,
     /// How the start is chosen: auto (the planner: fastest setup predicted to fit the budget),

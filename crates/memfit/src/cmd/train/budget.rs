@@ -78,33 +78,27 @@ pub fn resolve(
     compute: Compute,
     available: &Available,
 ) -> anyhow::Result<Budget> {
-    let mut budget = match (ram, from_config_file) {
-        (Some(b), _) => b,
-        (None, Some(bytes)) => Budget {
-            ram_bytes: bytes,
-            ram_source: "memory_budget_bytes of the --config file".into(),
-            gpu_bytes: None,
-            on_gpu: false,
-            ranks: 1,
-        },
+    let (ram_bytes, ram_source) = match (ram, from_config_file) {
+        (Some(b), _) => (b.ram_bytes, b.ram_source),
+        (None, Some(bytes)) => (bytes, "memory_budget_bytes of the --config file".into()),
         (None, None) => {
             let avail = available.bytes()?;
-            Budget {
-                ram_bytes: (avail as f64 * DEFAULT_SHARE) as u64,
-                ram_source: format!(
+            (
+                (avail as f64 * DEFAULT_SHARE) as u64,
+                format!(
                     "default: 80% of {:.2} GiB effective available (MemAvailable, cgroup limits)",
                     avail as f64 / GIB
                 ),
-                gpu_bytes: None,
-                on_gpu: false,
-                ranks: 1,
-            }
+            )
         }
     };
-    budget.gpu_bytes = compute.gpu_bytes;
-    budget.on_gpu = compute.on_gpu;
-    budget.ranks = compute.ranks;
-    Ok(budget)
+    Ok(Budget {
+        ram_bytes,
+        ram_source,
+        gpu_bytes: compute.gpu_bytes,
+        on_gpu: compute.on_gpu,
+        ranks: compute.ranks,
+    })
 }
 
 /// `--budget-gpu` in bytes, if given; exit 2 naming the value when it is not a size.
