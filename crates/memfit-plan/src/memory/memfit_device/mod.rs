@@ -124,9 +124,12 @@ fn moments(arch: &Arch, setup: &Setup, w: &Widths, pt: u64) -> [Vec<Component>; 
     let f = forward(arch, setup, w);
     let bs = Scaling::BatchAndSequence;
     let accumulated = 4 * pt;
-    let earlier = if setup.accum > 1 { accumulated } else { 0 };
     let grads =
         |bytes, note| Component::new("accumulated gradients", bytes, Scaling::Neither, note);
+    let earlier = grads(
+        if setup.accum > 1 { accumulated } else { 0 },
+        "f32, from the second micro-batch of a step on",
+    );
     let kept = if setup.grad_ckpt {
         let note = "each block's input, the shared biases and masks (per-block checkpointing)";
         Component::new("activations", f.boundaries, bs, note)
@@ -154,7 +157,7 @@ fn moments(arch: &Arch, setup: &Setup, w: &Widths, pt: u64) -> [Vec<Component>; 
         let note = "the last block's attention backward: two q × k matrices";
         vec![
             Component::new("attention backward", 2 * f.matrix, bs, note),
-            grads(earlier, "f32, from the second micro-batch of a step on"),
+            earlier.clone(),
         ]
     };
     let end = Component::new(
@@ -164,11 +167,7 @@ fn moments(arch: &Arch, setup: &Setup, w: &Widths, pt: u64) -> [Vec<Component>; 
         "one backward pass's (compute dtype) beside the f32 accumulators",
     );
     [
-        vec![
-            kept.clone(),
-            head,
-            grads(earlier, "f32, from the second micro-batch of a step on"),
-        ],
+        vec![kept.clone(), head, earlier],
         [vec![kept], backward].concat(),
         vec![end],
     ]
