@@ -226,6 +226,39 @@ pub fn resolve_model(spec: &str) -> Result<Value, ModelError> {
     }
 }
 
+/// The dropout fields of the families' configs (T5; BERT's two; a decoder's attention).
+const DROPOUT_FIELDS: [&str; 4] = [
+    "dropout_rate",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "attention_dropout",
+];
+
+/// Sets every dropout field `config` has to `p` (how `bench train --dropout 0` compares devices
+/// without their different masks); an error where it has none.
+pub fn set_dropout(config: &mut Value, p: f64) -> Result<(), ModelError> {
+    if !(0.0..1.0).contains(&p) {
+        return Err(ModelError::Input(format!("dropout {p}: must be in [0, 1)")));
+    }
+    let fields = config
+        .as_object_mut()
+        .ok_or_else(|| ModelError::Config("the model config is not a JSON object".into()))?;
+    let mut found = false;
+    for name in DROPOUT_FIELDS {
+        if let Some(value) = fields.get_mut(name) {
+            *value = json!(p);
+            found = true;
+        }
+    }
+    if found {
+        Ok(())
+    } else {
+        Err(ModelError::Config(format!(
+            "the model config has none of the dropout fields {DROPOUT_FIELDS:?}"
+        )))
+    }
+}
+
 /// Issue 6 configuration (a), shaped as bench_t5.py builds it (d_kv = d_model / heads).
 pub fn tiny_config_json() -> Value {
     json!({
@@ -637,7 +670,7 @@ pub fn measure_grid_point(
 
 #[cfg(test)]
 mod tests {
-    use super::resolve_model;
+    use super::{resolve_model, set_dropout};
 
     #[test]
     fn planner_presets_and_bench_shapes_resolve() {
@@ -651,5 +684,20 @@ mod tests {
         let small = resolve_model("bert-small").unwrap();
         assert_eq!(small["hidden_size"].as_u64(), Some(256));
         assert!(resolve_model("no-such-model-or-file").is_err());
+    }
+
+    #[test]
+    fn dropout_is_set_in_every_field_the_config_has() {
+        let mut bert = resolve_model("bert-small").unwrap();
+        set_dropout(&mut bert, 0.0).unwrap();
+        assert_eq!(bert["hidden_dropout_prob"].as_f64(), Some(0.0));
+        assert_eq!(bert["attention_probs_dropout_prob"].as_f64(), Some(0.0));
+        let mut t5 = resolve_model("tiny").unwrap();
+        set_dropout(&mut t5, 0.2).unwrap();
+        assert_eq!(t5["dropout_rate"].as_f64(), Some(0.2));
+        assert!(set_dropout(&mut t5, 1.0).is_err());
+        let mut bare = serde_json::json!({"model_type": "t5"});
+        let e = set_dropout(&mut bare, 0.0).unwrap_err().to_string();
+        assert!(e.contains("dropout_rate"), "{e}");
     }
 }

@@ -2,8 +2,10 @@
 //! micro-batch's masks depend only on its seed: the same seed gives the same masks whatever else runs
 //! in the process, and a resumed run draws what an uninterrupted one drew.
 
+use std::sync::{Mutex, PoisonError};
+
 use burn::prelude::*;
-use burn::tensor::TensorData;
+use burn::tensor::Distribution;
 
 use crate::kernels::dropout_op;
 
@@ -104,7 +106,7 @@ impl Dropout {
         }
         // Other dtypes and backends: a boolean mask, of which backward keeps 1 byte per element
         // (an f32 mask multiplied in kept 4, and the product kept its other operand too).
-        let dropped = self.draw(x.shape(), &x.device());
+        let dropped = self.draw(&x);
         x.mask_fill(dropped, 0.0) * keep_scale(self.p)
     }
 
@@ -127,19 +129,29 @@ impl Dropout {
         if self.p <= 0.0 {
             return x.mask_fill(not_positive, 0.0);
         }
-        let dropped = self.draw(x.shape(), &x.device());
+        let dropped = self.draw(&x);
         x.mask_fill(not_positive.bool_or(dropped), 0.0) * keep_scale(self.p)
     }
 
-    /// The next mask: `true` where an element is dropped.
-    fn draw<const D: usize>(&mut self, shape: Shape, device: &Device) -> Tensor<D, Bool> {
-        let mut dropped = vec![false; shape.num_elements()];
-        fill_dropped(&mut self.rng, self.p, &mut dropped);
-        Tensor::<D, Bool>::from_data(TensorData::new(dropped, shape), device)
+    /// The next mask for `like`: `true` where an element is dropped. Drawn on `like`'s device by
+    /// its backend's generator (on a GPU, no mask crosses the bus), which is reseeded from this
+    /// dropout's stream for every mask: a clone replays the masks, a resumed run redraws them. The
+    /// masks are the backend's, not [`fill_dropped`]'s: a GPU and the CPU drop different elements.
+    fn draw<const D: usize>(&mut self, like: &Tensor<D>) -> Tensor<D, Bool> {
+        // Every backend's generator is process-wide: another thread's seed must not come between
+        // this seed and this draw (data-parallel ranks are threads). memfit's CUDA build runs
+        // without burn's fusion, so the draw is launched, and its seed read, before the lock goes.
+        static DRAWING: Mutex<()> = Mutex::new(());
+        let seed = self.mask_seed(like.shape().num_elements());
+        let _alone = DRAWING.lock().unwrap_or_else(PoisonError::into_inner);
+        like.device().seed(seed);
+        like.random_like(Distribution::Bernoulli(self.p))
+            .greater_elem(0.5)
     }
 
-    /// The seed from which [`fill_dropped`] draws the mask of the next `n` elements exactly as
-    /// [`Self::draw`] would (the generator's state), advancing past those draws.
+    /// The seed of the next mask, of `n` elements (the generator's state: the flex ops draw the mask
+    /// from it as [`fill_dropped`] does, [`Self::draw`] seeds the backend with it), advancing past
+    /// those draws so that masks follow one stream whichever path draws them.
     fn mask_seed(&mut self, n: usize) -> u64 {
         let seed = self.rng.0;
         self.rng.skip(n.div_ceil(2) as u64);
@@ -217,6 +229,7 @@ pub fn fill_dropped(rng: &mut SplitMix64, p: f64, dropped: &mut [bool]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::tensor::TensorData;
     use burn::tensor::activation::relu;
 
     #[test]
@@ -262,5 +275,69 @@ mod tests {
             };
             assert_eq!(run(true), run(false), "p = {p}");
         }
+    }
+
+    /// burn's portable backend takes the path a GPU takes: the mask drawn by the backend.
+    #[allow(deprecated)]
+    fn portable() -> Device {
+        Device::ndarray()
+    }
+
+    fn dropped_on_portable(dropout: &mut Dropout, n: usize) -> Vec<bool> {
+        let x = Tensor::<1>::ones([n], &portable());
+        let y: Vec<f32> = dropout.apply(x).into_data().to_vec().unwrap();
+        let scale = keep_scale(dropout.p()) as f32;
+        y.iter()
+            .map(|&v| {
+                assert!(
+                    v == 0.0 || (v - scale).abs() < 1e-6,
+                    "kept {v}, not 1/(1-p)"
+                );
+                v == 0.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn masks_drawn_by_the_backend_follow_the_seed_and_replay_in_clones() {
+        let n = 20_000;
+        let mut first = Dropout::new(7, 0.3);
+        let replay = first.clone();
+        let a = dropped_on_portable(&mut first, n);
+        let b = dropped_on_portable(&mut first, n);
+        assert_ne!(a, b, "the next mask is a new draw");
+        let share = a.iter().filter(|d| **d).count() as f64 / n as f64;
+        assert!((share - 0.3).abs() < 0.02, "dropped {share}, p 0.3");
+        // Another thread drawing all the while changes nothing (ranks are threads).
+        let noise = std::thread::spawn(|| {
+            let mut other = Dropout::new(1, 0.5);
+            for _ in 0..50 {
+                dropped_on_portable(&mut other, 1000);
+            }
+        });
+        let mut replay = replay;
+        for _ in 0..20 {
+            let mut again = replay.clone();
+            assert_eq!(dropped_on_portable(&mut again, n), a);
+        }
+        noise.join().unwrap();
+        assert_eq!(dropped_on_portable(&mut replay, n), a);
+        assert_eq!(dropped_on_portable(&mut replay, n), b);
+    }
+
+    #[test]
+    fn the_backend_mask_passes_the_gradient_of_kept_elements_only() {
+        let x = Tensor::<1>::ones([4096], &portable())
+            .autodiff()
+            .require_grad();
+        let y = Dropout::new(3, 0.5).apply_after_relu(x.clone());
+        let kept: Vec<f32> = y.clone().inner().into_data().to_vec().unwrap();
+        let grads = y.sum().backward();
+        let grad: Vec<f32> = x.grad(&grads).unwrap().into_data().to_vec().unwrap();
+        assert_eq!(
+            kept, grad,
+            "d(sum)/dx is the kept scale where kept, 0 where dropped"
+        );
+        assert!(kept.iter().any(|v| *v == 0.0) && kept.iter().any(|v| *v == 2.0));
     }
 }

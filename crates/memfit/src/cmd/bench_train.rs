@@ -39,6 +39,11 @@ pub struct Args {
     /// The frozen base's precision under LoRA.
     #[arg(long, value_parser = ["fp32", "bf16"], default_value = "fp32")]
     base_precision: String,
+    /// The model's dropout (T5 `dropout_rate`, BERT's hidden and attention, a decoder's attention;
+    /// default: the model's). `--dropout 0 --lora-dropout 0` compares devices without their masks,
+    /// which differ: a GPU draws its own.
+    #[arg(long)]
+    dropout: Option<f64>,
     /// Causal LM: the share of each row that is prompt (masked out of the loss).
     #[arg(long, default_value_t = 0.5)]
     prompt_frac: f64,
@@ -93,8 +98,11 @@ pub fn run(args: Args) -> Outcome {
             args.device
         )));
     }
-    let config =
+    let mut config =
         bench::resolve_model(&args.model).map_err(|e| bad_input(format!("--model: {e}")))?;
+    if let Some(p) = args.dropout {
+        bench::set_dropout(&mut config, p).map_err(|e| bad_input(format!("--dropout: {e}")))?;
+    }
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
