@@ -283,6 +283,18 @@ pub struct Setup {
     /// (`--zero-bucket-size`); `None` = transformers' "auto", hidden².
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zero_bucket_size: Option<u64>,
+    /// memfit's own trainer planned per data-parallel rank (`gpus` = 1) under `--shard-optimizer`:
+    /// the ranks whose optimizer states this rank's are a share of (ZeRO-1); 1 = unsharded.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub optimizer_shards: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(n: &u64) -> bool {
+    *n <= 1
 }
 
 fn full_length() -> f64 {
@@ -349,6 +361,7 @@ impl Setup {
             length_spread: 1.0,
             expandable_segments: false,
             zero_bucket_size: None,
+            optimizer_shards: 1,
         }
     }
 

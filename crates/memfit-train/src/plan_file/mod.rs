@@ -158,12 +158,25 @@ pub struct Budget {
     /// the other ranks leave of the RAM budget.
     #[serde(skip)]
     pub ranks: usize,
+    /// `--shard-optimizer` (ZeRO-1): on GPUs each rank is planned with its share of the
+    /// optimizer state (CPU ranks, which are for checks, are planned with all of it).
+    #[serde(skip)]
+    pub shard_optimizer: bool,
 }
 
 impl Budget {
     /// The GPU budget the start is planned for: `gpu_bytes` on a GPU run.
     fn planned_gpu_bytes(&self) -> Option<u64> {
         self.gpu_bytes.filter(|_| self.on_gpu)
+    }
+
+    /// The ranks one rank's optimizer state is a share of, as planned.
+    fn optimizer_shards(&self) -> u64 {
+        if self.shard_optimizer && self.on_gpu {
+            self.ranks.max(1) as u64
+        } else {
+            1
+        }
     }
 }
 
@@ -305,7 +318,8 @@ pub fn planned_start(
     available_bytes: u64,
 ) -> Result<PlannedStart, PlanError> {
     let arch = arch_of(config, model_config).map_err(PlanError::Input)?;
-    let base = setup_of(config, &arch, 0);
+    let mut base = setup_of(config, &arch, 0);
+    base.optimizer_shards = budget.optimizer_shards();
     if let PolicyChoice::Table(p) = choice {
         // before anything else: a policy made for another task is refused, not ignored
         p.check_run(base.task, base.method)
@@ -323,6 +337,13 @@ pub fn planned_start(
     // the memory guard halves the micro-batch above this share of the budget: plan below it
     let soft_limit = (budget.ram_bytes as f64 * config.guard_soft_fraction) as u64;
     let mut lines = Vec::new();
+    if base.optimizer_shards > 1 {
+        lines.push(format!(
+            "--shard-optimizer: each GPU rank is planned with its share of the optimizer state \
+             (ZeRO-1 over {} ranks)",
+            base.optimizer_shards
+        ));
+    }
     let mut out = config.clone();
     out.memory_budget_bytes = Some(budget.ram_bytes);
     if budget.gpu_bytes.is_some() && !budget.on_gpu {
@@ -578,6 +599,7 @@ mod tests {
             gpu_bytes: None,
             on_gpu: false,
             ranks: 1,
+            shard_optimizer: false,
         }
     }
 
@@ -696,6 +718,40 @@ mod tests {
             "planned within half of 8 GiB"
         );
         says(&p, "2 ranks on the CPU");
+    }
+
+    /// `--shard-optimizer` on GPU ranks: each rank is planned with its share of the optimizer
+    /// state (ZeRO-1), less GPU memory than the whole state at the same setup; said on a line.
+    #[test]
+    fn sharded_optimizer_states_are_planned_per_rank() {
+        let (c, m) = t5_small();
+        let fixed = Fixed {
+            batch: Some(32),
+            accum: Some(1),
+            grad_ckpt: Some(false),
+            ..Fixed::default()
+        };
+        let peak = |shard_optimizer| {
+            let b = Budget {
+                gpu_bytes: Some(40 << 30),
+                on_gpu: true,
+                ranks: 3,
+                shard_optimizer,
+                ..budget(64)
+            };
+            let p = auto(&c, &m, &b, fixed).unwrap();
+            let gpu = p.planning["predicted_peak_gpu_bytes"].as_u64().unwrap();
+            (gpu, p)
+        };
+        let (whole, _) = peak(false);
+        let (shared, p) = peak(true);
+        let adamw = 8 * arch_of(&c, &m).unwrap().params_total();
+        let saved = whole - shared;
+        assert!(
+            saved > adamw / 4 && saved < adamw * 2 / 3,
+            "saved {saved} of AdamW's {adamw}"
+        );
+        says(&p, "ZeRO-1 over 3 ranks");
     }
 
     /// Evaluation is planned as its own phase: where it alone would pass the guard's soft limit at

@@ -182,11 +182,26 @@ fn states(arch: &Arch, setup: &Setup, w: &Widths, pt: u64, adafactor: u64) -> Ve
         (false, _) => w.compute,
     };
     let frozen = arch.params_total() - if lora { 0 } else { pt };
-    let optimizer = match setup.optimizer {
-        Optimizer::Adafactor => 4 * adafactor,
-        Optimizer::Sgd => 4 * pt,
-        _ => 8 * pt,
+    let per_element = match setup.optimizer {
+        Optimizer::Adafactor => 4.0 * adafactor as f64 / pt.max(1) as f64,
+        Optimizer::Sgd => 4.0,
+        _ => 8.0,
     };
+    let shards = setup.optimizer_shards.max(1);
+    let (elements, note) = if shards > 1 {
+        let largest = super::states::trainable(arch, setup).largest_tensor;
+        // whole tensors go to the least-loaded rank, the largest first: no rank holds more than
+        // an even share and the largest tensor
+        let share = (pt.div_ceil(shards) + largest).min(pt);
+        let note = format!(
+            "{} states, f32, of at most {} of the {pt} trained parameters (ZeRO-1 over {shards} ranks: an even share and the largest tensor)",
+            setup.optimizer, share
+        );
+        (share, note)
+    } else {
+        (pt, format!("{} states, f32", setup.optimizer))
+    };
+    let optimizer = (per_element * elements as f64).round() as u64;
     let n = Scaling::Neither;
     vec![
         Component::new("master weights", 4 * pt, n, "trained parameters, f32"),
@@ -202,12 +217,7 @@ fn states(arch: &Arch, setup: &Setup, w: &Widths, pt: u64, adafactor: u64) -> Ve
             n,
             "frozen parameters once, at their dtype",
         ),
-        Component::new(
-            "optimizer states",
-            optimizer,
-            n,
-            format!("{} states, f32", setup.optimizer),
-        ),
+        Component::new("optimizer states", optimizer, n, note),
     ]
 }
 
@@ -234,4 +244,34 @@ fn head(arch: &Arch, setup: &Setup, w: &Widths, tokens: u64) -> u64 {
         0
     };
     HEAD_CHUNK_COPIES * 4 * chunk + 2 * w.compute * tokens * arch.hidden + weight_grad
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::presets::preset;
+    use crate::memory::{Device, Runtime};
+
+    fn optimizer_bytes(setup: &Setup, arch: &Arch) -> u64 {
+        let e = device(arch, setup, &Framework::default());
+        let c = e.components.iter().find(|c| c.name == "optimizer states");
+        c.expect("an optimizer line").bytes
+    }
+
+    /// ZeRO-1 (`optimizer_shards`): a rank holds at least an even share of AdamW's states and at
+    /// most that and the largest tensor's; unsharded, all of them.
+    #[test]
+    fn a_sharded_rank_holds_its_share_of_the_optimizer_state() {
+        let arch = preset("t5-small").unwrap();
+        let mut setup = Setup::new(&arch);
+        (setup.device, setup.runtime) = (Device::Cuda, Runtime::Memfit);
+        let pt = arch.params_total();
+        assert_eq!(optimizer_bytes(&setup, &arch), 8 * pt);
+        setup.optimizer_shards = 3;
+        let largest = crate::memory::states::trainable(&arch, &setup).largest_tensor;
+        let share = optimizer_bytes(&setup, &arch);
+        assert!(share >= 8 * pt / 3, "{share}");
+        assert!(share <= 8 * (pt.div_ceil(3) + largest), "{share}");
+        assert!(share < 8 * pt);
+    }
 }

@@ -47,6 +47,7 @@ pub fn parse_ram(
         gpu_bytes: None,
         on_gpu: false,
         ranks: 1,
+        shard_optimizer: false,
     })
 }
 
@@ -57,6 +58,8 @@ pub struct Compute {
     pub on_gpu: bool,
     /// Data-parallel ranks (1 without data parallelism).
     pub ranks: usize,
+    /// `--shard-optimizer`: the ranks divide the optimizer state (ZeRO-1).
+    pub shard_optimizer: bool,
 }
 
 impl Compute {
@@ -66,6 +69,7 @@ impl Compute {
             gpu_bytes: None,
             on_gpu: false,
             ranks: 1,
+            shard_optimizer: false,
         }
     }
 }
@@ -98,6 +102,7 @@ pub fn resolve(
         gpu_bytes: compute.gpu_bytes,
         on_gpu: compute.on_gpu,
         ranks: compute.ranks,
+        shard_optimizer: compute.shard_optimizer,
     })
 }
 

@@ -183,6 +183,7 @@ fn new_run(
         gpu_bytes: gpu,
         on_gpu: device.is_gpu(),
         ranks: device.rank_count(),
+        shard_optimizer: args.shard_optimizer,
     };
     let budget = budget::resolve(ram, file_budget, compute, available)?;
     let root = args.out.clone().unwrap_or_else(default_out);
