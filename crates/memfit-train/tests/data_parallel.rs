@@ -185,11 +185,16 @@ fn assert_same_weights(what: &str, a: &[(String, Vec<f32>)], b: &[(String, Vec<f
     }
 }
 
-fn engines() -> [(Backend, Placement); 2] {
-    [
+/// Built with `--features wgpu`, burn's wgpu backend too (cubecl's kernels, dropout masks drawn by
+/// them, every rank on the one adapter).
+fn engines() -> Vec<(Backend, Placement)> {
+    let mut all = vec![
         (Backend::Flex, Placement::Host),
         (Backend::Ndarray, Placement::Device),
-    ]
+    ];
+    #[cfg(feature = "wgpu")]
+    all.push((Backend::Wgpu, Placement::Device));
+    all
 }
 
 /// Every replica computes with the same weights, bit for bit.
@@ -479,6 +484,9 @@ impl Replica for Failing {
     }
     fn take_gradients(&mut self) -> Result<Vec<Option<Tensor<2>>>, Self::Error> {
         self.inner.take_gradients()
+    }
+    fn device(&self) -> burn::prelude::Device {
+        self.inner.device()
     }
     fn put_gradients(&mut self, grads: Vec<Option<Tensor<2>>>) -> Result<(), Self::Error> {
         self.inner.put_gradients(grads)

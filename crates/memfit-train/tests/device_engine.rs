@@ -80,14 +80,18 @@ fn assert_same_losses(what: &str, reference: &[f32], got: &[f32], tol: f32) {
     );
 }
 
-/// The three engines every family is checked on: host on flex (today's), device on flex, device on
-/// ndarray (the GPU's code path).
-fn placements() -> [(Backend, Placement); 3] {
-    [
+/// The engines every family is checked on: host on flex (today's), device on flex, device on
+/// ndarray (the GPU's code path); built with `--features wgpu`, device on burn's wgpu backend too
+/// (cubecl's kernels, as on CUDA; here Mesa's software renderer).
+fn placements() -> Vec<(Backend, Placement)> {
+    let mut all = vec![
         (Backend::Flex, Placement::Host),
         (Backend::Flex, Placement::Device),
         (Backend::Ndarray, Placement::Device),
-    ]
+    ];
+    #[cfg(feature = "wgpu")]
+    all.push((Backend::Wgpu, Placement::Device));
+    all
 }
 
 fn t5_config() -> T5Config {

@@ -284,7 +284,11 @@ mod tests {
     }
 
     fn dropped_on_portable(dropout: &mut Dropout, n: usize) -> Vec<bool> {
-        let x = Tensor::<1>::ones([n], &portable());
+        dropped_on(&portable(), dropout, n)
+    }
+
+    fn dropped_on(device: &Device, dropout: &mut Dropout, n: usize) -> Vec<bool> {
+        let x = Tensor::<1>::ones([n], device);
         let y: Vec<f32> = dropout.apply(x).into_data().to_vec().unwrap();
         let scale = keep_scale(dropout.p()) as f32;
         y.iter()
@@ -339,5 +343,21 @@ mod tests {
             "d(sum)/dx is the kept scale where kept, 0 where dropped"
         );
         assert!(kept.iter().any(|v| *v == 0.0) && kept.iter().any(|v| *v == 2.0));
+    }
+
+    /// Built with `--features wgpu`: cubecl's Bernoulli kernel (CUDA's too) on burn's wgpu backend
+    /// (here Mesa's software renderer) replays a mask from its seed and drops at the rate asked.
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn masks_drawn_by_cubecl_follow_the_seed() {
+        let device = Device::wgpu(burn::tensor::DeviceKind::default());
+        let mut first = Dropout::new(11, 0.25);
+        let replay = first.clone();
+        let a = dropped_on(&device, &mut first, 50_000);
+        let b = dropped_on(&device, &mut first, 50_000);
+        assert_ne!(a, b);
+        let share = a.iter().filter(|d| **d).count() as f64 / a.len() as f64;
+        assert!((share - 0.25).abs() < 0.01, "dropped {share}, p 0.25");
+        assert_eq!(dropped_on(&device, &mut replay.clone(), 50_000), a);
     }
 }

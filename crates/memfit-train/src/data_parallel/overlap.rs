@@ -18,17 +18,23 @@ pub(super) fn accumulate_reducing<E: Replica>(
     (rank, ranks): (usize, usize),
 ) -> Result<f32, DataParallelError<E::Error>> {
     let places = replica.trained_sizes().len();
+    let device = replica.device();
     let (tx, rx) = mpsc::channel::<GradBucket>();
     let (loss, reduced) = std::thread::scope(|s| {
+        let device = &device;
         let reducer = s.spawn(move || -> Result<GradBucket, CollectiveError> {
             let mut reduced = Vec::new();
             for bucket in rx {
                 reduced.extend(collective.all_reduce_sum(rank, bucket)?);
             }
+            // the reduced gradients go back to the rank's thread (super::finished_on)
+            super::finished_on(device).map_err(CollectiveError::Device)?;
             Ok(reduced)
         });
         let run = std::panic::AssertUnwindSafe(|| {
             let mut send = |bucket: GradBucket| {
+                // the bucket's gradients go to the reducing thread (super::finished_on)
+                super::finished_on(device)?;
                 (tx.send(bucket)).map_err(|_| "the reduction between ranks stopped".to_string())
             };
             replica.accumulate_and_send(m.batch, (m.loss_scale, m.seed), &mut send)

@@ -23,7 +23,7 @@ pub use model_engine::ModelEngine;
 pub use options::{Backend, EngineOptions, Placement, Precision, set_threads};
 
 use crate::optim::Optimizer;
-use burn::prelude::Tensor;
+use burn::prelude::{Device, Tensor};
 pub use memfit_nn::batch::{CausalLmBatch, ClassificationBatch, Seq2SeqBatch, TokenRows};
 pub use memfit_nn::decoding::GenerateConfig;
 use std::path::Path;
@@ -185,6 +185,11 @@ pub trait Replica: Engine + Send {
 
     /// Masters of the shapes [`Replica::masters_for_gather`] gave as this replica's weights.
     fn put_masters(&mut self, masters: Vec<Option<Tensor<2>>>) -> Result<(), Self::Error>;
+
+    /// The device this replica computes on: on a cubecl device (CUDA, wgpu) each thread queues
+    /// its work on a stream of its own, which another thread's work does not wait for, so a rank's
+    /// thread syncs it before its tensors pass to another thread ([`crate::data_parallel`]).
+    fn device(&self) -> Device;
 }
 
 /// Encoder-decoder generation.

@@ -390,6 +390,10 @@ impl<M: TrainModel> Engine for ModelEngine<M> {
 }
 
 impl<M: TrainModel + Send> Replica for ModelEngine<M> {
+    fn device(&self) -> Device {
+        self.device.clone()
+    }
+
     fn accumulate_and_send(
         &mut self,
         batch: &M::Batch,
