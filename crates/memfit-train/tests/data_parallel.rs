@@ -188,12 +188,12 @@ fn assert_same_weights(what: &str, a: &[(String, Vec<f32>)], b: &[(String, Vec<f
 /// Built with `--features wgpu`, burn's wgpu backend too (cubecl's kernels, dropout masks drawn by
 /// them, every rank on the one adapter).
 fn engines() -> Vec<(Backend, Placement)> {
-    let mut all = vec![
+    let all = vec![
         (Backend::Flex, Placement::Host),
         (Backend::Ndarray, Placement::Device),
     ];
     #[cfg(feature = "wgpu")]
-    all.push((Backend::Wgpu, Placement::Device));
+    let all = [all, vec![(Backend::Wgpu, Placement::Device)]].concat();
     all
 }
 

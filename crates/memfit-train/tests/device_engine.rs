@@ -84,13 +84,13 @@ fn assert_same_losses(what: &str, reference: &[f32], got: &[f32], tol: f32) {
 /// ndarray (the GPU's code path); built with `--features wgpu`, device on burn's wgpu backend too
 /// (cubecl's kernels, as on CUDA; here Mesa's software renderer).
 fn placements() -> Vec<(Backend, Placement)> {
-    let mut all = vec![
+    let all = vec![
         (Backend::Flex, Placement::Host),
         (Backend::Flex, Placement::Device),
         (Backend::Ndarray, Placement::Device),
     ];
     #[cfg(feature = "wgpu")]
-    all.push((Backend::Wgpu, Placement::Device));
+    let all = [all, vec![(Backend::Wgpu, Placement::Device)]].concat();
     all
 }
 
