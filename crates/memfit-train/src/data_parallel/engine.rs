@@ -46,7 +46,7 @@ where
             (group.get(rank))
                 .map(|m| replica.accumulate(m.batch, m.loss_scale, m.seed))
                 .transpose()
-        });
+        })?;
         Ok(Self::first_error(results)?.into_iter().flatten().collect())
     }
 
@@ -63,7 +63,7 @@ where
         let collective = self.collective.as_ref();
         let results = on_every_rank(&mut self.replicas, |rank, replica| {
             overlap::accumulate_reducing(replica, &group[rank], collective, (rank, ranks))
-        });
+        })?;
         let losses = Self::first_failure(results)?;
         self.reduced = true;
         Ok(losses)
@@ -84,7 +84,9 @@ where
     fn is_rank_failure(error: &Self::Error) -> bool {
         match error {
             DataParallelError::Rank { source, .. } => !E::is_out_of_memory(source),
-            DataParallelError::Panicked { .. } | DataParallelError::Collective(_) => true,
+            DataParallelError::Panicked { .. }
+            | DataParallelError::Collective(_)
+            | DataParallelError::NotStarted(_) => true,
             DataParallelError::Update { .. } | DataParallelError::Save(_) => false,
         }
     }
@@ -93,7 +95,7 @@ where
         if self.replicas.len() > 1 && !std::mem::take(&mut self.reduced) {
             self.reduce_gradients()?;
         }
-        let results = on_every_rank(&mut self.replicas, |_, r| r.step(lr, max_grad_norm));
+        let results = on_every_rank(&mut self.replicas, |_, r| r.step(lr, max_grad_norm))?;
         let stepped = Self::first_error(results).and_then(|stats| {
             self.gather_masters()?;
             Ok(stats)
@@ -123,7 +125,7 @@ where
                 .filter(|(i, _)| i % ranks == rank)
                 .map(|(i, b)| replica.eval_loss(b).map(|l| (i, l)))
                 .collect::<Result<Vec<_>, _>>()
-        });
+        })?;
         let mut losses: Vec<(usize, f32)> = Self::first_error(results)?.concat();
         losses.sort_by_key(|(i, _)| *i);
         Ok(losses.into_iter().map(|(_, l)| l).collect())
@@ -162,7 +164,7 @@ where
                 Some(masks) => r.keep_optimizer_states(&masks[rank]),
                 None => Ok(()),
             }
-        });
+        })?;
         Self::first_error(results).map(|_| ())
     }
 }

@@ -19,6 +19,7 @@ mod engine;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 mod overlap;
+mod rank_threads;
 mod rendezvous;
 mod shards;
 
@@ -26,6 +27,8 @@ pub use collective::{COLLECTIVE_TIMEOUT, Collective, CollectiveError, HostCollec
 use collective::{bucket_of, places_of};
 
 use std::sync::Arc;
+
+use rank_threads::on_every_rank;
 
 use crate::engine::{Backend, Replica};
 
@@ -43,6 +46,9 @@ pub enum DataParallelError<E: std::error::Error + 'static> {
     Panicked { rank: usize, message: String },
     #[error(transparent)]
     Collective(#[from] CollectiveError),
+    /// No rank worked: a rank's thread could not start.
+    #[error(transparent)]
+    NotStarted(#[from] rank_threads::NotStarted),
     /// The optimizer shards merged into one file could not be written.
     #[error("writing the optimizer state: {0}")]
     Save(String),
@@ -70,7 +76,8 @@ fn rank_prefix(rank: usize, ranks: usize) -> String {
     }
 }
 
-/// What every rank's work returned, in rank order (`Err`: its thread panicked, with the message).
+/// What every rank's work returned, in rank order (`Err`: its thread panicked, or did not start,
+/// or its device failed; the message).
 type RankResults<T> = Vec<Result<T, String>>;
 
 /// One replica per rank and the collective between them.
@@ -149,56 +156,6 @@ impl<E: Replica> DataParallel<E> {
     }
 }
 
-/// Runs `work` for every rank (its replica, `&` or `&mut`) on a thread of its own; the results in
-/// rank order (a rank that panicked, or whose device failed: the message as the error). Each
-/// thread waits for its device before it ends ([`finished_on`]).
-fn on_every_rank<E, I, T, F>(replicas: impl IntoIterator<Item = I>, work: F) -> RankResults<T>
-where
-    E: Replica,
-    I: std::ops::Deref<Target = E> + Send,
-    T: Send,
-    F: Fn(usize, I) -> T + Sync,
-{
-    let mut replicas: Vec<I> = replicas.into_iter().collect();
-    if replicas.len() == 1 {
-        // one device: no thread, and a panic goes on up as it would without data parallelism
-        return replicas
-            .pop()
-            .map(|only| Ok(work(0, only)))
-            .into_iter()
-            .collect();
-    }
-    std::thread::scope(|s| {
-        let work = &work;
-        let handles: Vec<_> = (replicas.into_iter().enumerate())
-            .map(|(rank, replica)| {
-                s.spawn(move || {
-                    let device = replica.device();
-                    let out = work(rank, replica);
-                    finished_on(&device).map(|()| out)
-                })
-            })
-            .collect();
-        (handles.into_iter())
-            .map(|h| h.join().map_err(|p| panic_message(&p)).and_then(|r| r))
-            .collect()
-    })
-}
-
-/// Waits until `device` has done what this thread queued on it. cubecl queues each thread's work
-/// on a stream of its own, and another thread's work does not wait for it: without this, tensors
-/// a rank's thread left half-computed were read by the next step's threads (on wgpu, a group of
-/// ranks drifted from one device by 0.2% of the loss in 20 steps; synced, it holds to 1e-5).
-fn finished_on(device: &burn::prelude::Device) -> Result<(), String> {
-    device.sync().map_err(|e| format!("the device failed: {e}"))
-}
-
-fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
-    (payload.downcast_ref::<String>().cloned())
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "a rank's thread panicked".to_string())
-}
-
 impl<E: Replica> DataParallel<E> {
     /// The first error of the ranks' results, in rank order (an out-of-memory first, so that the
     /// loop halves the micro-batch on every rank).
@@ -268,7 +225,7 @@ impl<E: Replica> DataParallel<E> {
             let places = mine.len();
             let all = collective.all_reduce_sum(rank, bucket_of(mine))?;
             replica.put_masters(places_of(all, places)).map_err(fail)
-        });
+        })?;
         Self::flatten(results)
     }
 
@@ -311,7 +268,7 @@ impl<E: Replica> DataParallel<E> {
                     ranks,
                     source,
                 })
-        });
+        })?;
         Self::flatten(results)
     }
 }

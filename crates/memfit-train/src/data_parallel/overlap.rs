@@ -7,6 +7,7 @@
 
 use std::sync::mpsc;
 
+use super::rank_threads::{self, finished_on};
 use super::{Collective, CollectiveError, DataParallelError};
 use crate::engine::{GradBucket, MicroBatch, Replica};
 
@@ -20,21 +21,29 @@ pub(super) fn accumulate_reducing<E: Replica>(
     let places = replica.trained_sizes().len();
     let device = replica.device();
     let (tx, rx) = mpsc::channel::<GradBucket>();
-    let (loss, reduced) = std::thread::scope(|s| {
+    let outcome = std::thread::scope(|s| {
         let device = &device;
-        let reducer = s.spawn(move || -> Result<GradBucket, CollectiveError> {
+        let reduce = move || -> Result<GradBucket, CollectiveError> {
             let mut reduced = Vec::new();
             for bucket in rx {
                 reduced.extend(collective.all_reduce_sum(rank, bucket)?);
             }
-            // the reduced gradients go back to the rank's thread (super::finished_on)
-            super::finished_on(device).map_err(CollectiveError::Device)?;
+            // the reduced gradients go back to the rank's thread (rank_threads::finished_on)
+            finished_on(device).map_err(CollectiveError::Device)?;
             Ok(reduced)
-        });
+        };
+        let reducer = match rank_threads::spawn_for_rank(s, rank, reduce) {
+            Ok(reducer) => reducer,
+            Err(why) => {
+                // the others must not wait for this rank until the timeout
+                collective.abort(rank, &why);
+                return Err(CollectiveError::Device(why));
+            }
+        };
         let run = std::panic::AssertUnwindSafe(|| {
             let mut send = |bucket: GradBucket| {
-                // the bucket's gradients go to the reducing thread (super::finished_on)
-                super::finished_on(device)?;
+                // the bucket's gradients go to the reducing thread (rank_threads::finished_on)
+                finished_on(device)?;
                 (tx.send(bucket)).map_err(|_| "the reduction between ranks stopped".to_string())
             };
             replica.accumulate_and_send(m.batch, (m.loss_scale, m.seed), &mut send)
@@ -54,8 +63,10 @@ pub(super) fn accumulate_reducing<E: Replica>(
             )))
         });
         let loss = loss.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        (loss, reduced)
+        Ok((loss, reduced))
     });
+    // this rank's reducer did not start: the group stops as for a collective's failure
+    let (loss, reduced) = outcome.map_err(DataParallelError::Collective)?;
     let rank_error = |source| DataParallelError::Rank {
         rank,
         ranks,
