@@ -21,11 +21,15 @@ pub(super) fn caught<T>(
 }
 
 /// The texts cubecl 0.11's out-of-memory errors print (`IoError::OutOfMemory`: "out of device
-/// memory allocating …"; `LaunchError::OutOfMemory`: "An out-of-memory error happened …"), and the
-/// CUDA driver's `CUDA_ERROR_OUT_OF_MEMORY`.
-const MARKERS: [&str; 3] = [
+/// memory allocating …"; `LaunchError::OutOfMemory`: "An out-of-memory error happened …";
+/// `IoError::BufferTooBig`: "can't allocate buffer of size: …", one tensor larger than the pool's
+/// largest page, which a smaller micro-batch makes smaller), and the CUDA driver's
+/// `CUDA_ERROR_OUT_OF_MEMORY`. cubecl reports a failed allocation where the tensor is next read,
+/// nested in burn's "Error while reading data" text.
+const MARKERS: [&str; 4] = [
     "out of device memory",
     "out-of-memory",
+    "can't allocate buffer of size",
     "CUDA_ERROR_OUT_OF_MEMORY",
 ];
 
@@ -35,10 +39,9 @@ fn message(payload: &Box<dyn Any + Send>) -> Option<String> {
         .downcast_ref::<String>()
         .map(String::as_str)
         .or_else(|| payload.downcast_ref::<&str>().copied())?;
-    MARKERS
-        .iter()
-        .any(|m| text.contains(m))
-        .then(|| text.lines().next().unwrap_or(text).to_string())
+    let says = |line: &str| MARKERS.iter().any(|m| line.contains(m));
+    // the line that says it (burn nests cubecl's error in a longer text)
+    text.lines().find(|l| says(l)).map(|l| l.trim().to_string())
 }
 
 #[cfg(test)]
@@ -59,6 +62,38 @@ mod tests {
         assert_eq!(message(&other), None);
         let not_text: Box<dyn Any + Send> = Box::new(42u32);
         assert_eq!(message(&not_text), None);
+        // as burn 0.22 panics on the read after cubecl 0.11 refused a tensor (seen on wgpu)
+        let nested: Box<dyn Any + Send> = Box::new(
+            "Error while reading data: use `try_into_scalar` instead to catch the error at \
+             runtime: Execution(An error happened during execution\nCaused by:\n  An IO error \
+             happened\nCaused by:\n  can't allocate buffer of size: 1073741824\nNo backtrace"
+                .to_string(),
+        );
+        assert_eq!(
+            message(&nested).as_deref(),
+            Some("can't allocate buffer of size: 1073741824")
+        );
+    }
+
+    /// Built with `--features wgpu`: a tensor cubecl cannot allocate (larger than the software
+    /// adapter's largest buffer) is caught as out of memory, and the device works on after it.
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn a_real_cubecl_allocation_failure_is_caught() {
+        use burn::prelude::Tensor;
+        let device = Device::wgpu(burn::tensor::DeviceKind::default());
+        let sum_of_ones = |n: usize| {
+            caught(&device, || {
+                let t = Tensor::<1>::ones([n], &device);
+                Ok(t.sum().into_scalar::<f32>())
+            })
+        };
+        let too_big = sum_of_ones(1 << 28);
+        assert!(
+            matches!(&too_big, Err(ModelError::OutOfMemory(m)) if m.contains("allocate")),
+            "{too_big:?}"
+        );
+        assert_eq!(sum_of_ones(1 << 10).unwrap(), 1024.0);
     }
 
     /// Evaluation and training share the catch: an out-of-memory panic comes back as the error the
