@@ -402,3 +402,31 @@ fn every_family_sends_its_gradients_block_by_block_as_the_backward_goes() {
         assert_eq!(sent_gradients(full, at, &[], &decoder_batches()).buckets, 4);
     }
 }
+
+/// Built with `--features wgpu`: a micro-batch whose attention scores cubecl cannot allocate
+/// fails as out of memory (not a panic), and the engine trains on after it as an engine that never
+/// saw it (what the loop's halving relies on: cubecl reports the failure late, on a read).
+#[cfg(feature = "wgpu")]
+#[test]
+fn after_a_real_cubecl_out_of_memory_the_engine_trains_on() {
+    let at = (Backend::Wgpu, Placement::Device);
+    let engine =
+        || ModelEngine::new(T5Model::init(t5_config(), 3), options(at.0, at.1, adamw())).unwrap();
+    // 64 rows × 4 heads × 1024² f32 scores: 1 GiB, past the software adapter's largest buffer
+    let mut rng = SplitMix64::new(1);
+    let source = rows(&mut rng, 64, 1024, 40);
+    let huge = Seq2SeqBatch {
+        labels: source.ids.clone(),
+        label_mask: source.mask.clone(),
+        tgt_len: source.len,
+        source,
+    };
+    let mut hit = engine();
+    let err = hit.accumulate(&huge, 1.0, 0).unwrap_err();
+    assert!(ModelEngine::<T5Model>::is_out_of_memory(&err), "{err}");
+    hit.discard_gradients();
+    let batches = t5_batches();
+    let after = train_steps(&mut hit, &batches, 0..5);
+    let fresh = train_steps(&mut engine(), &batches, 0..5);
+    assert_eq!(after, fresh);
+}
