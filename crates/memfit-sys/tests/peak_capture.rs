@@ -12,7 +12,8 @@ const MIB: f64 = (1u64 << 20) as f64;
 const TOLERANCE: f64 = 0.03;
 
 /// `burst(mib)` allocates and fills `mib` MiB, reads the process's own charged memory, frees it and
-/// returns the reading; `report(tag, **fields)` prints one JSON line.
+/// returns the reading; `report(tag, **fields)` prints one JSON line (in one write: CI once saw two
+/// processes' `print`s interleave into one line).
 const PRELUDE: &str = concat!(
     include_str!("common/charged.py"),
     r#"
@@ -22,7 +23,9 @@ def burst(mib):
     del b
     return top
 def report(tag, **fields):
-    print(json.dumps(dict(tag=tag, **fields)), flush=True)
+    # one write call for the whole line: two processes report at about the same moment
+    import os
+    os.write(1, (json.dumps(dict(tag=tag, **fields)) + "\n").encode())
 "#
 );
 
