@@ -214,7 +214,8 @@ pub fn keep_scale(p: f64) -> f64 {
 }
 
 /// Draws one dropout mask into `dropped` (`true`: dropped with probability `p`): each u64 gives two
-/// elements, its 32-bit halves compared with the keep threshold.
+/// elements, its 32-bit halves compared with the keep threshold. The flex ops' mask, written out:
+/// they draw it fused with its use ([`drop_and_scale`]) and are held to this in tests.
 pub fn fill_dropped(rng: &mut SplitMix64, p: f64, dropped: &mut [bool]) {
     let threshold = keep_threshold(p);
     for pair in dropped.chunks_mut(2) {

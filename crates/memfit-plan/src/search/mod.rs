@@ -149,8 +149,8 @@ fn micro_batches(per_rank: u64) -> Vec<u64> {
 /// instead: none (DDP), SHARD_GRAD_OP, FULL_SHARD, and FULL_SHARD with FSDP's CPU offload, which
 /// moves parameters and gradients and steps the optimizer on the host (both offloads at once).
 fn zero_options(setup: &Setup) -> Vec<(Zero, bool, bool)> {
-    // memfit's trainer has no ZeRO stages or offload to choose among (its --shard-optimizer over
-    // several GPUs is not planned: each rank is planned with the whole optimizer state)
+    // memfit's trainer has no ZeRO stages or offload to choose among (its --shard-optimizer is
+    // fixed by the flag and planned per rank: `Setup::optimizer_shards`)
     if setup.device == Device::Cpu || setup.runtime == memory::Runtime::Memfit {
         return vec![(Zero::Z0, false, false)];
     }

@@ -112,10 +112,8 @@ pub(super) fn finished_on(device: &Device) -> Result<(), String> {
     device.sync().map_err(|e| format!("the device failed: {e}"))
 }
 
-pub(super) fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
-    (payload.downcast_ref::<String>().cloned())
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "a rank's thread panicked".to_string())
+fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
+    (crate::engine::panic_text(payload).unwrap_or("a rank's thread panicked")).to_string()
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ pub use sending::{GradBucket, SendBucket};
 
 pub use model_engine::ModelEngine;
 pub use options::{Backend, EngineOptions, Placement, Precision, set_threads};
+pub(crate) use out_of_memory::panic_text;
 
 use crate::optim::Optimizer;
 use burn::prelude::{Device, Tensor};

@@ -33,12 +33,15 @@ const MARKERS: [&str; 4] = [
     "CUDA_ERROR_OUT_OF_MEMORY",
 ];
 
+/// The text a panic carries (`panic!` with a message: a `String` or a `&str`).
+pub(crate) fn panic_text(payload: &Box<dyn Any + Send>) -> Option<&str> {
+    (payload.downcast_ref::<String>().map(String::as_str))
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+}
+
 /// The panic's message when it reports the device out of memory.
 fn message(payload: &Box<dyn Any + Send>) -> Option<String> {
-    let text = payload
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| payload.downcast_ref::<&str>().copied())?;
+    let text = panic_text(payload)?;
     let says = |line: &str| MARKERS.iter().any(|m| line.contains(m));
     // the line that says it (burn nests cubecl's error in a longer text)
     text.lines().find(|l| says(l)).map(|l| l.trim().to_string())

@@ -30,7 +30,7 @@ mod t5;
 use super::memfit_host::HEAD_CHUNK_LOGITS;
 use super::memfit_host::head_trains;
 use super::setup::{Method, Optimizer, Precision, Setup};
-use super::states::trainable;
+use super::states::{Trainable, trainable};
 use super::{Component, Framework, GpuEstimate, Scaling};
 use crate::arch::{Arch, Family};
 
@@ -90,12 +90,12 @@ pub(super) struct Forward {
 /// moments ([`moments`]).
 pub fn device(arch: &Arch, setup: &Setup, fw: &Framework) -> GpuEstimate {
     let tr = trainable(arch, setup);
-    let pt = tr.base + tr.adapters;
+    let pt = tr.total();
     // memfit's bf16 is mixed precision (bf16 compute over f32 masters), what AMP names amp-bf16
     let w = Widths {
         compute: setup.precision.compute_bytes(),
     };
-    let mut c = states(arch, setup, &w, pt, tr.adafactor_elements);
+    let mut c = states(arch, setup, &w, &tr);
     let worst = moments(arch, setup, &w, pt)
         .into_iter()
         .max_by_key(|m| m.iter().map(|x| x.bytes).sum::<u64>())
@@ -174,7 +174,8 @@ fn moments(arch: &Arch, setup: &Setup, w: &Widths, pt: u64) -> [Vec<Component>; 
 }
 
 /// The model states on the device.
-fn states(arch: &Arch, setup: &Setup, w: &Widths, pt: u64, adafactor: u64) -> Vec<Component> {
+fn states(arch: &Arch, setup: &Setup, w: &Widths, tr: &Trainable) -> Vec<Component> {
+    let pt = tr.total();
     let lora = matches!(setup.method, Method::Lora | Method::Qlora);
     let frozen_dtype = match (lora, setup.base_precision) {
         (true, Some(Precision::Bf16)) => 2,
@@ -183,16 +184,15 @@ fn states(arch: &Arch, setup: &Setup, w: &Widths, pt: u64, adafactor: u64) -> Ve
     };
     let frozen = arch.params_total() - if lora { 0 } else { pt };
     let per_element = match setup.optimizer {
-        Optimizer::Adafactor => 4.0 * adafactor as f64 / pt.max(1) as f64,
+        Optimizer::Adafactor => 4.0 * tr.adafactor_elements as f64 / pt.max(1) as f64,
         Optimizer::Sgd => 4.0,
         _ => 8.0,
     };
     let shards = setup.optimizer_shards.max(1);
     let (elements, note) = if shards > 1 {
-        let largest = super::states::trainable(arch, setup).largest_tensor;
         // whole tensors go to the least-loaded rank, the largest first: no rank holds more than
         // an even share and the largest tensor
-        let share = (pt.div_ceil(shards) + largest).min(pt);
+        let share = (pt.div_ceil(shards) + tr.largest_tensor).min(pt);
         let note = format!(
             "{} states, f32, of at most {} of the {pt} trained parameters (ZeRO-1 over {shards} ranks: an even share and the largest tensor)",
             setup.optimizer, share
