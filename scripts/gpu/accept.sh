@@ -2,7 +2,9 @@
 # memfit train on a GPU, checked in one call of under 9 minutes on a machine with PyTorch,
 # transformers and PEFT but no Rust and no network (docs/gpu.md). It takes the binary that
 # scripts/gpu/build.sh packed into .gpu/ and writes into $OUT:
-#   parity.jsonl  the same 20 steps on the GPU and on the CPU, fp32 and bf16, three families
+#   preflight.jsonl  four steps of the tiny T5 on the device (or, if that fails, why: accept.log)
+#   parity.jsonl  the same 20 steps on the GPU (parity.jsonl) and on the CPU (parity-cpu.jsonl),
+#                 fp32 and bf16, three families
 #   speed.jsonl   memfit and PyTorch on the same card, bf16, the issue's three shapes
 #   memory.jsonl  memfit's pool and NVML peaks, three sizes per family
 #   resume.jsonl  a run killed by SIGTERM and resumed, beside the same run uninterrupted
@@ -10,6 +12,8 @@
 #                 errors caught, the micro-batch halved until a step fits, the run finished
 #   profile-*.log cubecl's per-kernel time summaries of each speed shape (where the GPU time goes)
 #   gpu.md        the tables (scripts/gpu/tables.py), accept.log everything printed
+# The sections run in order of importance inside ACCEPT_SECONDS (default 500): one that would start
+# too late is skipped and says so, and the tables are written from whatever ran.
 # MEMFIT_ACCEPT_DEVICE=cpu runs the same steps on the CPU (a dry run of the script itself).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -49,7 +53,20 @@ if [ "$DEVICE" = cpu ]; then
 fi
 LOG="$OUT/accept.log"
 : > "$LOG"
-log() { echo "[$(date +%T)] $*" | tee -a "$LOG" >&2; }
+DEADLINE=${ACCEPT_SECONDS:-500}
+log() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$LOG" >&2; }
+# Whether a section expected to take about $1 seconds still fits before the deadline.
+fits() {
+    if [ $((SECONDS + $1)) -le "$DEADLINE" ]; then return 0; fi
+    log "skipped, out of time ($((DEADLINE - SECONDS)) s left, about $1 s needed): $2"
+    return 1
+}
+# A command's time limit: STEP_TIMEOUT, or what is left before the deadline.
+limit() {
+    local left=$((DEADLINE - SECONDS - 5)) cap=${STEP_TIMEOUT:-150}
+    [ "$left" -lt 10 ] && left=10
+    [ "$left" -lt "$cap" ] && echo "$left" || echo "$cap"
+}
 
 if [ ! -x "$BIN" ]; then
     xz -dc .gpu/memfit.xz > "$BIN" && chmod +x "$BIN" || { log "no .gpu/memfit.xz: run scripts/gpu/build.sh"; exit 2; }
@@ -68,12 +85,18 @@ measured() {
     fi
     local poller=$! start=$SECONDS
     local line
-    line=$(timeout "${STEP_TIMEOUT:-150}" "$@" 2>>"$LOG" | tail -1)
+    line=$(timeout "$(limit)" "$@" 2>>"$LOG" | tail -1)
     local rc=$?
     kill $poller 2>/dev/null; wait $poller 2>/dev/null
     local peak
     peak=$(sort -n "$poll" | tail -1)
-    $PY - "$line" "${peak:-0}" "$idle" "$rc" "$((SECONDS - start))" "$*" >> "$out" <<'PYEOF'
+    record "$out" "$line" "${peak:-0}" "$idle" "$rc" "$((SECONDS - start))" "$*"
+    log "rc=$rc ($((SECONDS - start)) s): $*"
+}
+# One JSON line: the command's own last line, with the NVML peak, exit status, wall time and command.
+record() {
+    local out=$1; shift
+    $PY - "$@" >> "$out" <<'PYEOF'
 import json, sys
 line, peak, idle, rc, secs, cmd = sys.argv[1:]
 try:
@@ -83,88 +106,79 @@ except ValueError:
 rec.update(nvml_peak_mib=int(peak) - int(idle), exit=int(rc), wall_s=int(secs), command=cmd)
 print(json.dumps(rec))
 PYEOF
-    log "rc=$rc ($((SECONDS - start)) s): $*"
 }
 
 log "card: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo none)"
 "$BIN" check --json > "$OUT/check.json" 2>>"$LOG"
+for f in parity parity-cpu speed memory resume oom preflight; do : > "$OUT/$f.jsonl"; done
 
-# 1. Parity: 20 steps on the device and on the CPU from the same weights and tokens, dropout off
-#    (a GPU draws its own masks; the speed runs below train with dropout on).
-: > "$OUT/parity.jsonl"
-for family in "t5|--model tiny --batch 8 --seq 64 --dropout 0" \
-              "bert|--model bert-small --batch 8 --seq 64 --dropout 0" \
-              "lora|--model qwen2-small --method lora --batch 4 --seq 64 --dropout 0 --lora-dropout 0"; do
-    name=${family%%|*}; args=${family#*|}
-    for precision in fp32 bf16; do
-        for device in "$DEVICE" cpu; do
-            # shellcheck disable=SC2086
-            measured "$OUT/parity.jsonl" "$BIN" bench train $args --steps 20 --precision $precision \
-                --device $device --json
-        done
-    done
-done
-
-# 2. Speed and memory beside PyTorch on the same card, bf16 (the issue's three shapes).
-: > "$OUT/speed.jsonl"
-for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
-    # shellcheck disable=SC2086
-    measured "$OUT/speed.jsonl" "$BIN" bench train $shape --precision bf16 --device "$DEVICE" $STEPS --json
-done
-if $PY -c "import torch, transformers, peft" 2>/dev/null; then
-    # shellcheck disable=SC2086
+# 0. Preflight: four steps of the tiny T5 on the device. If the device cannot train, say why and stop
+#    here, so a failed start costs a minute of the machine, not nine.
+measured "$OUT/preflight.jsonl" "$BIN" bench train --model tiny --batch 8 --seq 64 --steps 4 \
+    --device "$DEVICE" --json
+if ! grep -q '"losses"' "$OUT/preflight.jsonl"; then
+    log "preflight failed; what the machine has:"
     {
-        measured "$OUT/speed.jsonl" $PY $BASE/bench_t5.py $TORCH_T5 --bf16 --device "$DEVICE" --data random $STEPS
-        measured "$OUT/speed.jsonl" $PY $BASE/bench_bert_cls.py $TORCH_BERT --bf16 --device "$DEVICE" --data random $STEPS
-        measured "$OUT/speed.jsonl" $PY $BASE/bench_causal_lora.py $TORCH_LORA --bf16 --device "$DEVICE" $STEPS
-    }
-else
-    log "PyTorch, transformers or PEFT missing: no baseline rows"
+        "$BIN" check 2>&1
+        ldconfig -p | grep -E "libcuda|libnvrtc" ; ls -d /usr/local/cuda* 2>&1
+        $PY -c "import nvidia; print(list(nvidia.__path__))" 2>&1
+        echo "CUDA_PATH=${CUDA_PATH:-} LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+        RUST_BACKTRACE=1 "$BIN" bench train --model tiny --batch 2 --seq 16 --steps 4 --device "$DEVICE" 2>&1 | tail -40
+    } >> "$LOG" 2>&1
+    $PY scripts/gpu/tables.py "$OUT" > "$OUT/gpu.md" 2>>"$LOG"
+    exit 3
 fi
 
-# 3. Memory at three sizes per family (fp32, 6 steps).
-: > "$OUT/memory.jsonl"
-for run in "${MEMORY_RUNS[@]}"; do
-    # shellcheck disable=SC2086
-    measured "$OUT/memory.jsonl" "$BIN" bench train $run --steps 6 --device "$DEVICE" --json
-done
+# 1. Parity: 20 steps on the device and on the CPU from the same weights and tokens, dropout off
+#    (a GPU draws its own masks; the speed runs below train with dropout on). The CPU runs go on in
+#    the background on a few cores while the device runs.
+PARITY=("t5|--model tiny --batch 8 --seq 64 --dropout 0"
+        "bert|--model bert-small --batch 8 --seq 64 --dropout 0"
+        "lora|--model qwen2-small --method lora --batch 4 --seq 64 --dropout 0 --lora-dropout 0")
+(
+    for family in "${PARITY[@]}"; do
+        for precision in fp32 bf16; do
+            # shellcheck disable=SC2086
+            line=$(timeout 300 "$BIN" bench train ${family#*|} --steps 20 --precision $precision \
+                --device cpu --threads 4 --json 2>>"$LOG" | tail -1)
+            record "$OUT/parity-cpu.jsonl" "$line" 0 0 $? 0 "cpu ${family#*|} $precision"
+        done
+    done
+) &
+cpu_parity=$!
+if fits 60 "parity on the device"; then
+    for family in "${PARITY[@]}"; do
+        for precision in fp32 bf16; do
+            # shellcheck disable=SC2086
+            measured "$OUT/parity.jsonl" "$BIN" bench train ${family#*|} --steps 20 --precision $precision \
+                --device "$DEVICE" --json
+        done
+    done
+fi
 
-# 4. A run stopped by SIGTERM and resumed, beside the same run uninterrupted (same data order,
-# same losses to 1e-4 relative).
-: > "$OUT/resume.jsonl"; : > "$OUT/oom.jsonl"
-runs=$(mktemp -d)
-"$BIN" train --demo classification --device "$DEVICE" --out "$runs/whole" --max-steps 120 \
-    --save-steps 40 --json > "$runs/whole.json" 2>>"$LOG"
-"$BIN" train --demo classification --device "$DEVICE" --out "$runs/cut" --max-steps 120 \
-    --save-steps 40 --json > /dev/null 2>>"$LOG" &
-pid=$!
-for _ in $(seq 1 300); do
-    [ -n "$(ls -d "$runs"/cut/checkpoints/step-* 2>/dev/null)" ] && break
-    sleep 0.1
-done
-kill -TERM $pid; wait $pid; stopped=$?
-"$BIN" train --resume "$runs/cut" --device "$DEVICE" --json > "$runs/cut.json" 2>>"$LOG"
-resumed=$?
-$PY - "$runs" "$stopped" "$resumed" >> "$OUT/resume.jsonl" <<'PYEOF'
-import json, sys
-runs, stopped, resumed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-def losses(run):
-    out = {}
-    for line in open(f"{runs}/{run}/metrics.jsonl"):
-        m = json.loads(line)
-        out[m["step"]] = m["loss"]
-    return out
-whole, cut = losses("whole"), losses("cut")
-worst = max((abs(cut[s] - whole[s]) / max(abs(whole[s]), 1e-12) for s in whole if s in cut), default=None)
-print(json.dumps({"stopped_exit": stopped, "resumed_exit": resumed, "steps_whole": len(whole),
-                  "steps_resumed": len(cut), "worst_rel_loss_diff": worst}))
-PYEOF
-log "resume: $(tail -1 "$OUT/resume.jsonl")"
+# 2. Speed and memory beside PyTorch on the same card, bf16 (the issue's three shapes).
+if fits 90 "speed"; then
+    for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
+        # shellcheck disable=SC2086
+        measured "$OUT/speed.jsonl" "$BIN" bench train $shape --precision bf16 --device "$DEVICE" $STEPS --json
+    done
+    if $PY -c "import torch, transformers, peft" 2>/dev/null; then
+        # shellcheck disable=SC2086
+        {
+            measured "$OUT/speed.jsonl" $PY $BASE/bench_t5.py $TORCH_T5 --bf16 --device "$DEVICE" --data random $STEPS
+            measured "$OUT/speed.jsonl" $PY $BASE/bench_bert_cls.py $TORCH_BERT --bf16 --device "$DEVICE" --data random $STEPS
+            measured "$OUT/speed.jsonl" $PY $BASE/bench_causal_lora.py $TORCH_LORA --bf16 --device "$DEVICE" $STEPS
+        }
+    else
+        log "PyTorch, transformers or PEFT missing: no baseline rows"
+    fi
+fi
 
-# 5. A micro-batch that does not fit the card: CUDA's out-of-memory errors are caught, the last
+# 3. A micro-batch that does not fit the card: CUDA's out-of-memory errors are caught, the last
 # completed step checkpointed, the micro-batch halved (effective batch kept) until a step fits.
-oom=$(mktemp -d)
-$PY - "$oom" "$OOM_WORDS" "$OOM_SEQ" "$OOM_ROWS" <<'PYEOF'
+if fits 60 "out of memory"; then
+    oom=$(mktemp -d)
+    $PY - "$oom" "$OOM_WORDS" "$OOM_SEQ" "$OOM_ROWS" <<'PYEOF'
 import json, random, sys
 out, words, seq, rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 config = json.load(open("examples/chat-tiny/config.json"))
@@ -176,11 +190,12 @@ with open(f"{out}/long.jsonl", "w") as f:
         text = [r.choice(vocab) for _ in range(words)]
         f.write(json.dumps({"instruction": " ".join(text), "output": " ".join(text[::-1])}) + "\n")
 PYEOF
-"$BIN" train --task causal-lm --model "$oom/config.json" --tokenizer examples/chat-tiny/tokenizer \
-    --data "$oom/long.jsonl" --seq "$OOM_SEQ" --batch "$OOM_BATCH" --max-steps 1 --budget-ram 120GiB \
-    --device "$DEVICE" --out "$oom/run" --json > "$oom/run.json" 2>>"$LOG"
-ran=$?
-$PY - "$oom/run" "$ran" "$OOM_BATCH" >> "$OUT/oom.jsonl" <<'PYEOF'
+    timeout "$(limit)" "$BIN" train --task causal-lm --model "$oom/config.json" \
+        --tokenizer examples/chat-tiny/tokenizer --data "$oom/long.jsonl" --seq "$OOM_SEQ" \
+        --batch "$OOM_BATCH" --max-steps 1 --budget-ram 120GiB --device "$DEVICE" --out "$oom/run" \
+        --json > "$oom/run.json" 2>>"$LOG"
+    ran=$?
+    $PY - "$oom/run" "$ran" "$OOM_BATCH" >> "$OUT/oom.jsonl" <<'PYEOF'
 import json, sys
 run, code, asked = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 try:
@@ -194,7 +209,51 @@ print(json.dumps({"exit": code, "asked_micro_batch": asked,
                   "stop": next((e for e in events if e["kind"] == "stop"), None),
                   "checkpoints": [e["step"] for e in events if e["kind"] == "checkpoint"]}))
 PYEOF
-log "out of memory: $(tail -1 "$OUT/oom.jsonl" | cut -c1-300)"
+    log "out of memory: $(tail -1 "$OUT/oom.jsonl" | cut -c1-300)"
+fi
+
+# 4. A run stopped by SIGTERM and resumed, beside the same run uninterrupted (same data order,
+# same losses to 1e-4 relative).
+if fits 60 "kill and resume"; then
+    runs=$(mktemp -d)
+    timeout "$(limit)" "$BIN" train --demo classification --device "$DEVICE" --out "$runs/whole" \
+        --max-steps 120 --save-steps 40 --json > "$runs/whole.json" 2>>"$LOG"
+    "$BIN" train --demo classification --device "$DEVICE" --out "$runs/cut" --max-steps 120 \
+        --save-steps 40 --json > /dev/null 2>>"$LOG" &
+    pid=$!
+    for _ in $(seq 1 600); do
+        [ -n "$(ls -d "$runs"/cut/checkpoints/step-* 2>/dev/null)" ] && break
+        sleep 0.1
+    done
+    kill -TERM $pid; wait $pid; stopped=$?
+    timeout "$(limit)" "$BIN" train --resume "$runs/cut" --device "$DEVICE" --json > "$runs/cut.json" 2>>"$LOG"
+    resumed=$?
+    $PY - "$runs" "$stopped" "$resumed" >> "$OUT/resume.jsonl" <<'PYEOF'
+import json, sys
+runs, stopped, resumed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def losses(run):
+    out = {}
+    try:
+        for line in open(f"{runs}/{run}/metrics.jsonl"):
+            m = json.loads(line)
+            out[m["step"]] = m["loss"]
+    except OSError:
+        pass
+    return out
+whole, cut = losses("whole"), losses("cut")
+worst = max((abs(cut[s] - whole[s]) / max(abs(whole[s]), 1e-12) for s in whole if s in cut), default=None)
+print(json.dumps({"stopped_exit": stopped, "resumed_exit": resumed, "steps_whole": len(whole),
+                  "steps_resumed": len(cut), "worst_rel_loss_diff": worst}))
+PYEOF
+    log "resume: $(tail -1 "$OUT/resume.jsonl")"
+fi
+
+# 5. Memory at three sizes per family (fp32, 6 steps).
+for run in "${MEMORY_RUNS[@]}"; do
+    fits 20 "memory: $run" || break
+    # shellcheck disable=SC2086
+    measured "$OUT/memory.jsonl" "$BIN" bench train $run --steps 6 --device "$DEVICE" --json
+done
 
 # 6. Where the GPU time goes: cubecl's own profile of each speed shape (level basic: every kernel timed
 # on the device with a sync after it, so the run is slower; the shares are the figure), written by
@@ -202,13 +261,16 @@ log "out of memory: $(tail -1 "$OUT/oom.jsonl" | cut -c1-300)"
 prof=$(mktemp -d)
 for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
     name=$(echo "$shape" | awk '{print $2}')
+    fits 30 "profile of $name" || break
     printf '[profiling]\nlogger = { level = "basic", file = "%s" }\n' "$OUT/profile-$name.log" \
         > "$prof/cubecl.toml"
     # shellcheck disable=SC2086
-    (cd "$prof" && "$BIN" bench train $shape --precision bf16 --device "$DEVICE" --steps 5 --json \
-        > /dev/null 2>>"$LOG") || log "profile of $name: exit $?"
+    (cd "$prof" && timeout "$(limit)" "$BIN" bench train $shape --precision bf16 --device "$DEVICE" \
+        --steps 5 --json > /dev/null 2>>"$LOG") || log "profile of $name: exit $?"
 done
 
+wait $cpu_parity
 $PY scripts/gpu/tables.py "$OUT" > "$OUT/gpu.md" 2>>"$LOG"
 rm -f "$OUT/.poll"
+log "done"
 cat "$OUT/gpu.md"

@@ -36,16 +36,18 @@ def peak_for(name):
     return next((v for k, v in BF16_PEAK.items() if k in name), None)
 
 
-def parity(records):
+def parity(device_runs, cpu_runs):
     print("## Parity: the same 20 steps on the GPU and on the CPU\n")
     print("| model | precision | loss first → last (GPU) | (CPU) | worst step rel. diff | bound | ok |")
     print("| --- | --- | --- | --- | ---: | ---: | --- |")
-    # accept.sh writes each setup twice, in order: on the device under test, then on the CPU
-    for gpu, cpu in zip(records[0::2], records[1::2]):
-        s = gpu.get("setup", {})
-        model, training, precision = s.get("model"), s.get("training"), s.get("precision")
+    key = lambda r: tuple(r.get("setup", {}).get(k) for k in ("model", "training", "precision"))
+    on_cpu = {key(r): r for r in cpu_runs if "setup" in r}
+    for gpu in device_runs:
+        cpu = on_cpu.get(key(gpu), {"error": "no CPU run"})
+        model, training, precision = key(gpu)
         if not ("losses" in cpu and "losses" in gpu):
-            print(f"| {model} | {precision} | failed: {gpu.get('error', cpu.get('error', '?'))[:80]} | | | | no |")
+            why = gpu.get("error") or cpu.get("error") or "?"
+            print(f"| {model or gpu.get('command', '')[:50]} | {precision} | failed: {why[:80]} | | | | no |")
             continue
         worst = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(gpu["losses"], cpu["losses"]))
         tol = PARITY_TOL.get(precision, 1e-2)
@@ -54,6 +56,17 @@ def parity(records):
               f"{cpu['loss_first']:.4f} → {cpu['loss_last']:.4f} | {worst:.2e} | {tol:g} | "
               f"{'yes' if worst <= tol else 'NO'} |")
     print()
+
+
+def preflight(records):
+    for r in records:
+        steps = r.get("step_seconds") or []
+        if steps:
+            print(f"Preflight: the tiny T5 trained 4 steps on {r.get('device')} in {r.get('wall_s')} s "
+                  f"(first step {steps[0]:.2f} s: every kernel compiled by NVRTC; then "
+                  f"{steps[-1]:.3f} s).\n")
+        else:
+            print(f"Preflight FAILED (exit {r.get('exit')}): {str(r.get('error'))[:300]}\n")
 
 
 def speed(records, gpu_name):
@@ -178,7 +191,8 @@ def main():
     folder = sys.argv[1]
     gpu = card(folder)
     print(f"# memfit on {gpu} — scripts/gpu/accept.sh, {time.strftime('%Y-%m-%d')}\n")
-    parity(rows(folder, "parity.jsonl"))
+    preflight(rows(folder, "preflight.jsonl"))
+    parity(rows(folder, "parity.jsonl"), rows(folder, "parity-cpu.jsonl"))
     speed(rows(folder, "speed.jsonl"), gpu)
     memory(rows(folder, "memory.jsonl"))
     out_of_memory(rows(folder, "oom.jsonl"))
