@@ -1,11 +1,13 @@
 //! The ranks' threads: each rank's work for one call on a thread of its own, all of them started
 //! before any works (a rank left without a thread would leave the others waiting in a collective
-//! until its timeout), and each waiting for its device before its tensors leave the thread.
+//! until its timeout), each queuing on its rank's own stream, and each waiting for its device
+//! before its tensors leave the thread.
 
-use std::sync::mpsc;
+use std::sync::{Mutex, PoisonError, mpsc};
 use std::thread::{Builder, Scope, ScopedJoinHandle};
 
 use burn::prelude::Device;
+use burn::tensor::StreamId;
 
 use super::RankResults;
 use crate::engine::Replica;
@@ -48,9 +50,11 @@ where
             let run = move || {
                 // `false` (or the gate gone): another rank has no thread, so none works
                 opened.recv().ok().filter(|go| *go)?;
-                let device = replica.device();
-                let out = work(rank, replica);
-                Some(finished_on(&device).map(|()| out))
+                stream_of(rank, Role::Compute).executes(|| {
+                    let device = replica.device();
+                    let out = work(rank, replica);
+                    Some(finished_on(&device).map(|()| out))
+                })
             };
             match thread_for(rank).spawn_scoped(s, run) {
                 Ok(handle) => started.push((gate, handle)),
@@ -94,14 +98,37 @@ fn thread_for(rank: usize) -> Builder {
     builder
 }
 
-/// A scoped thread for other work of a rank (its reducer), or the reason it could not start.
+/// A scoped thread for a rank's reducer, on the rank's reducing stream, or the reason it could not
+/// start.
 pub(super) fn spawn_for_rank<'scope, T: Send + 'scope>(
     scope: &'scope Scope<'scope, '_>,
     rank: usize,
     f: impl FnOnce() -> T + Send + 'scope,
 ) -> Result<ScopedJoinHandle<'scope, T>, String> {
+    let f = move || stream_of(rank, Role::Reduce).executes(f);
     (thread_for(rank).spawn_scoped(scope, f))
         .map_err(|e| format!("rank {rank}'s reducing thread could not start: {e}"))
+}
+
+/// What a rank queues on a stream: its compute, or its reducer's sums (a stream of their own, so
+/// that the reduction overlaps the backward).
+#[derive(Debug, Clone, Copy)]
+enum Role {
+    Compute = 0,
+    Reduce = 1,
+}
+
+/// The stream rank `rank`'s `role` queues on: the same for every call of the process. cubecl gives
+/// each new thread a new stream, and on CUDA each stream has a memory pool of its own (cubecl-cuda's
+/// `Stream`, up to 128 of them per device): a rank on a fresh thread each step would leave each
+/// step's activations reserved in another pool, until the device ran out.
+fn stream_of(rank: usize, role: Role) -> StreamId {
+    static STREAMS: Mutex<Vec<[StreamId; 2]>> = Mutex::new(Vec::new());
+    let mut streams = STREAMS.lock().unwrap_or_else(PoisonError::into_inner);
+    while streams.len() <= rank {
+        streams.push([StreamId::allocate(), StreamId::allocate()]);
+    }
+    streams[rank][role as usize]
 }
 
 /// Waits until `device` has done what this thread queued on it. cubecl queues each thread's work
@@ -129,20 +156,49 @@ pub(super) mod tests {
         pub(in super::super) static UNSTARTABLE: Cell<Option<usize>> = const { Cell::new(None) };
     }
 
+    fn tiny_engine() -> crate::engine::ModelEngine<T5Model> {
+        let config = memfit_nn::t5::T5Config::from_json(&serde_json::json!({
+            "vocab_size": 16, "d_model": 8, "d_kv": 4, "d_ff": 8, "num_layers": 1,
+            "num_decoder_layers": 1, "num_heads": 2, "relative_attention_num_buckets": 4,
+            "relative_attention_max_distance": 8, "dropout_rate": 0.0,
+            "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0
+        }))
+        .unwrap();
+        crate::engine::ModelEngine::new(T5Model::init(config, 1), Default::default()).unwrap()
+    }
+
+    #[test]
+    fn each_rank_queues_on_the_same_streams_every_call() {
+        let replicas = [tiny_engine(), tiny_engine()];
+        let streams = || {
+            let all = on_every_rank(&replicas, |rank, _: &_| {
+                let reducer = std::thread::scope(|s| {
+                    let handle = spawn_for_rank(s, rank, StreamId::current).unwrap();
+                    handle.join().unwrap()
+                });
+                (StreamId::current(), reducer)
+            });
+            all.unwrap()
+                .into_iter()
+                .map(Result::unwrap)
+                .collect::<Vec<_>>()
+        };
+        let (first, second) = (streams(), streams());
+        assert_eq!(first, second, "new threads, the same streams");
+        let mut distinct: Vec<_> = first.iter().flat_map(|(c, r)| [*c, *r]).collect();
+        distinct.push(StreamId::current());
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            5,
+            "one per rank and role, none the caller's: {first:?}"
+        );
+    }
+
     #[test]
     fn a_rank_without_a_thread_stops_every_rank_before_any_works() {
-        let engine = || {
-            let config = memfit_nn::t5::T5Config::from_json(&serde_json::json!({
-                "vocab_size": 16, "d_model": 8, "d_kv": 4, "d_ff": 8, "num_layers": 1,
-                "num_decoder_layers": 1, "num_heads": 2, "relative_attention_num_buckets": 4,
-                "relative_attention_max_distance": 8, "dropout_rate": 0.0,
-                "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0
-            }))
-            .unwrap();
-            let model = T5Model::init(config, 1);
-            crate::engine::ModelEngine::new(model, Default::default()).unwrap()
-        };
-        let replicas = [engine(), engine(), engine()];
+        let replicas = [tiny_engine(), tiny_engine(), tiny_engine()];
         let worked = AtomicUsize::new(0);
         let work = |rank: usize, _: &_| {
             worked.fetch_add(1, Ordering::SeqCst);
