@@ -96,62 +96,91 @@ impl DeviceOptimizer {
     ) {
         self.step += 1;
         let step = self.step;
-        for (((state, w), g), shape) in self
-            .states
-            .iter_mut()
-            .zip(weights.iter_mut())
-            .zip(grads)
-            .zip(&self.shapes)
-        {
-            let (Some(state), Some(g)) = (state.as_mut(), g.as_ref()) else {
+        let slots = self.states.iter_mut().zip(weights.iter_mut()).zip(grads);
+        for (((slot, w), g), shape) in slots.zip(&self.shapes) {
+            let Some(g) = g.as_ref() else { continue };
+            // Taken, not cloned: the update then writes the old buffers in place.
+            let (Some(state), Some(old)) = (slot.take(), w.take()) else {
                 continue;
             };
-            // Taken, not cloned: the update can then reuse the old weights' buffer.
-            let Some(old) = w.take() else { continue };
-            let g = if grad_scale == 1.0 {
-                g.clone()
-            } else {
-                g.clone().mul_scalar(grad_scale)
-            };
-            *w = Some(match (&self.config, state) {
+            let (new_w, new_state) = match (&self.config, state) {
                 (
                     OptimizerConfig::AdamW(c),
                     DeviceState::Adam {
                         exp_avg,
                         exp_avg_sq,
                     },
-                ) => adamw(c, (step, lr), old, g, exp_avg, exp_avg_sq),
-                (OptimizerConfig::Adafactor(c), DeviceState::Factored { row, col }) => {
-                    adafactor_factored(c, (step, lr), shape, old, g, row, col)
+                ) => {
+                    let [w, m, v] = adamw(c, (step, lr, grad_scale), [old, exp_avg, exp_avg_sq], g);
+                    let state = DeviceState::Adam {
+                        exp_avg: m,
+                        exp_avg_sq: v,
+                    };
+                    (w, state)
                 }
-                (OptimizerConfig::Adafactor(c), DeviceState::Full { exp_avg_sq }) => {
-                    adafactor_full(c, (step, lr), old, g, exp_avg_sq)
+                (OptimizerConfig::Adafactor(c), DeviceState::Factored { mut row, mut col }) => {
+                    let g = scaled(g, grad_scale);
+                    let w = adafactor_factored(c, (step, lr), shape, old, g, &mut row, &mut col);
+                    (w, DeviceState::Factored { row, col })
+                }
+                (OptimizerConfig::Adafactor(c), DeviceState::Full { mut exp_avg_sq }) => {
+                    let g = scaled(g, grad_scale);
+                    let w = adafactor_full(c, (step, lr), old, g, &mut exp_avg_sq);
+                    (w, DeviceState::Full { exp_avg_sq })
                 }
                 _ => unreachable!("state kind follows the optimizer kind (built in from_host)"),
-            });
+            };
+            *w = Some(new_w);
+            *slot = Some(new_state);
         }
     }
 }
 
-/// `torch.optim.AdamW`'s update, as [`super::adamw`] computes it on the host.
+/// `g` times clipping's coefficient.
+fn scaled(g: &Tensor<2>, grad_scale: f32) -> Tensor<2> {
+    if grad_scale == 1.0 {
+        g.clone()
+    } else {
+        g.clone().mul_scalar(grad_scale)
+    }
+}
+
+/// `torch.optim.AdamW`'s update of `[w, m, v]`, as [`super::adamw`] computes it on the host: one
+/// kernel on a cubecl device ([`super::fused_adamw`]), burn's ops elsewhere.
 fn adamw(
     c: &AdamWConfig,
-    (step, lr): (u64, f64),
-    w: Tensor<2>,
-    g: Tensor<2>,
-    m: &mut Tensor<2>,
-    v: &mut Tensor<2>,
-) -> Tensor<2> {
+    (step, lr, grad_scale): (u64, f64, f32),
+    [w, m, v]: [Tensor<2>; 3],
+    g: &Tensor<2>,
+) -> [Tensor<2>; 3] {
     let t = step as i32;
     let bc1 = 1.0 - c.beta1.powi(t);
     let inv_bc2_sqrt = (1.0 / (1.0 - c.beta2.powi(t)).sqrt()) as f32;
     let step_size = (lr / bc1) as f32;
     let decay = (1.0 - lr * c.weight_decay) as f32;
     let (b1, b2, eps) = (c.beta1 as f32, c.beta2 as f32, c.eps as f32);
-    *m = m.clone().mul_scalar(b1) + g.clone().mul_scalar(1.0 - b1);
-    *v = v.clone().mul_scalar(b2) + (g.clone() * g).mul_scalar(1.0 - b2);
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    let [w, m, v] = {
+        let terms = super::fused_adamw::AdamWTerms {
+            grad_scale,
+            beta1: b1,
+            beta2: b2,
+            eps,
+            decay,
+            step_size,
+            inv_bc2_sqrt,
+        };
+        match super::fused_adamw::step([w, m, v], g, &terms) {
+            Ok(updated) => return updated,
+            Err(untouched) => untouched,
+        }
+    };
+    let g = scaled(g, grad_scale);
+    let m = m.mul_scalar(b1) + g.clone().mul_scalar(1.0 - b1);
+    let v = v.mul_scalar(b2) + (g.clone() * g).mul_scalar(1.0 - b2);
     let denom = v.clone().sqrt().mul_scalar(inv_bc2_sqrt).add_scalar(eps);
-    w.mul_scalar(decay) - (m.clone() / denom).mul_scalar(step_size)
+    let w = w.mul_scalar(decay) - (m.clone() / denom).mul_scalar(step_size);
+    [w, m, v]
 }
 
 /// Root mean square of all values, as a `[1, 1]` tensor (stays on the device).
