@@ -98,9 +98,12 @@ impl DeviceOptimizer {
         let step = self.step;
         let slots = self.states.iter_mut().zip(weights.iter_mut()).zip(grads);
         for (((slot, w), g), shape) in slots.zip(&self.shapes) {
+            // Taken, not cloned: the update may then write the old buffers in place. A parameter
+            // without a state (another rank's ZeRO-1 shard) or a gradient keeps its weight.
             let Some(g) = g.as_ref() else { continue };
-            // Taken, not cloned: the update then writes the old buffers in place.
-            let (Some(state), Some(old)) = (slot.take(), w.take()) else {
+            let Some(state) = slot.take() else { continue };
+            let Some(old) = w.take() else {
+                *slot = Some(state);
                 continue;
             };
             let (new_w, new_state) = match (&self.config, state) {
@@ -145,8 +148,8 @@ fn scaled(g: &Tensor<2>, grad_scale: f32) -> Tensor<2> {
     }
 }
 
-/// `torch.optim.AdamW`'s update of `[w, m, v]`, as [`super::adamw`] computes it on the host: one
-/// kernel on a cubecl device ([`super::fused_adamw`]), burn's ops elsewhere.
+/// `torch.optim.AdamW`'s update of `[w, m, v]`, as [`super::adamw`] computes it on the host. The
+/// three are taken by value, so that burn's ops may write them in place.
 fn adamw(
     c: &AdamWConfig,
     (step, lr, grad_scale): (u64, f64, f32),
@@ -159,22 +162,6 @@ fn adamw(
     let step_size = (lr / bc1) as f32;
     let decay = (1.0 - lr * c.weight_decay) as f32;
     let (b1, b2, eps) = (c.beta1 as f32, c.beta2 as f32, c.eps as f32);
-    #[cfg(any(feature = "cuda", feature = "wgpu"))]
-    let [w, m, v] = {
-        let terms = super::fused_adamw::AdamWTerms {
-            grad_scale,
-            beta1: b1,
-            beta2: b2,
-            eps,
-            decay,
-            step_size,
-            inv_bc2_sqrt,
-        };
-        match super::fused_adamw::step([w, m, v], g, &terms) {
-            Ok(updated) => return updated,
-            Err(untouched) => untouched,
-        }
-    };
     let g = scaled(g, grad_scale);
     let m = m.mul_scalar(b1) + g.clone().mul_scalar(1.0 - b1);
     let v = v.mul_scalar(b2) + (g.clone() * g).mul_scalar(1.0 - b2);

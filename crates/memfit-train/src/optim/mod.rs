@@ -9,8 +9,6 @@
 mod adafactor;
 mod adamw;
 mod device;
-#[cfg(any(feature = "cuda", feature = "wgpu"))]
-mod fused_adamw;
 
 pub use adafactor::{AdafactorConfig, AdafactorLr};
 pub use adamw::AdamWConfig;
