@@ -152,25 +152,30 @@ def out_of_memory(records):
 
 
 def kernel_times(log):
-    """Each kernel's device time summed over every summary cubecl wrote (one per sync) in `log`."""
+    """Each kernel's device time and launches in `log`, by name. cubecl's profiler (level basic)
+    writes a line per launch, `| <time> | <name>`, the name itself holding `|` between its parts."""
     units = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
     totals = {}
     for line in open(log, encoding="utf-8", errors="replace"):
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 4 or cells[0] in ("Name", "Total"):
+        m = re.fullmatch(r"([0-9.]+)(ns|µs|us|ms|s)", cells[0])
+        if not m or len(cells) < 2:
             continue
-        m = re.fullmatch(r"([0-9.]+)(ns|µs|us|ms|s)", cells[1])
-        if not m or not cells[2].isdigit():
-            continue
-        name, seconds = cells[0], float(m.group(1)) * units[m.group(2)]
-        t = totals.setdefault(name, [0.0, 0])
-        t[0] += seconds
-        t[1] += int(cells[2])
+        t = totals.setdefault(kernel_name(cells[1:]), [0.0, 0])
+        t[0] += float(m.group(1)) * units[m.group(2)]
+        t[1] += 1
     return totals
 
 
-def profiles(folder):
-    print("## Where the GPU time goes (cubecl's per-kernel profile, bf16, 5 steps)\n")
+def kernel_name(parts):
+    """A launch's kernel without its specialisation's hash; a long generic name (cubek's matmul
+    lists its whole configuration) as its first and last parts."""
+    parts = [re.sub(r"_[0-9a-f]{8}$", "", p) for p in parts]
+    return " ".join(parts) if len(parts) <= 2 else f"{parts[0]} … {parts[-1]}"
+
+
+def profiles(folder, steps=5):
+    print(f"## Where the GPU time goes (cubecl's per-kernel profile, bf16, {steps} steps)\n")
     logs = sorted(glob.glob(os.path.join(folder, "profile-*.log")))
     if not logs:
         print("- no cubecl profile: the runs did not compute on a cubecl device\n")
@@ -179,7 +184,8 @@ def profiles(folder):
         shape = os.path.basename(log)[len("profile-"):-len(".log")]
         totals = kernel_times(log)
         whole = sum(t for t, _ in totals.values()) or 1.0
-        print(f"**{shape}** — {whole:.3f} s of kernels\n")
+        launches = sum(n for _, n in totals.values())
+        print(f"**{shape}** — {whole:.3f} s of kernels, {launches} launches ({launches / steps:.0f} a step)\n")
         print("| kernel | launches | s | share |")
         print("| --- | ---: | ---: | ---: |")
         for name, (t, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:12]:

@@ -1,0 +1,82 @@
+//! `scripts/gpu/tables.py`, which turns what `scripts/gpu/accept.sh` brings back from a GPU machine
+//! into docs/gpu.md's tables: it runs once per lent card, so it is checked here on the files such a
+//! run writes.
+
+use std::path::Path;
+use std::process::Command;
+
+/// Six launches as cubecl's profiler (level basic) logs them: one line each, the kernel's name
+/// holding `|` between its parts and ending in its specialisation's hash (the first five are lines
+/// of a run on wgpu, the matmul's name shortened; the last a made-up long one).
+const PROFILE: &str = "\
+| 2.92861ms  | SelectKernel_e9b71f73
+| 735.393µs  | KernelBinop | AddOp_921be900
+| 602.036µs  | KernelBinop | AddOp_02cd17ff
+| 1.314845ms | MatmulEntry | TensorArgs | DynamicScalar | __Lhs | SimpleMatmulFamily | RowMajorGlobalPartitionMatmul_e1b3b59b
+| 540.265µs  | KernelScalarBinop | AddOp_15fe2222
+| 1.5s       | KernelBinop | MulOp_c9f3026f
+";
+
+fn run(setup: &str, losses: &[f32]) -> String {
+    let setup = format!(r#"{{"model": "tiny", "training": "Full", "precision": "{setup}"}}"#);
+    format!(
+        r#"{{"setup": {setup}, "losses": {losses:?}, "loss_first": {}, "loss_last": {}}}"#,
+        losses[0],
+        losses[losses.len() - 1]
+    )
+}
+
+fn tables(dir: &Path) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gpu/tables.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(dir)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_profile_counts_each_kernels_launches_and_time() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("profile-bert-small.log"), PROFILE).unwrap();
+    let md = tables(dir.path());
+    assert!(md.contains("6 launches (1 a step)"), "{md}");
+    // the two adds of different specialisations are one kernel; the matmul's name is shortened
+    assert!(md.contains("| `KernelBinop AddOp` | 2 | 0.0013 |"), "{md}");
+    assert!(
+        md.contains("| `MatmulEntry … RowMajorGlobalPartitionMatmul` | 1 | 0.0013 |"),
+        "{md}"
+    );
+    // the longest first
+    let mul = md.find("KernelBinop MulOp").unwrap();
+    assert!(mul < md.find("SelectKernel").unwrap(), "{md}");
+}
+
+#[test]
+fn parity_pairs_each_device_run_with_the_cpu_run_of_its_setup() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = |runs: &[String]| runs.join("\n") + "\n";
+    let device = [run("fp32", &[2.0, 1.5, 1.0]), run("bf16", &[2.0, 1.6, 1.2])];
+    // the CPU's, finished in another order
+    let cpu = [run("bf16", &[2.0, 1.6, 1.0]), run("fp32", &[2.0, 1.5, 1.0])];
+    std::fs::write(dir.path().join("parity.jsonl"), lines(&device)).unwrap();
+    std::fs::write(dir.path().join("parity-cpu.jsonl"), lines(&cpu)).unwrap();
+    let md = tables(dir.path());
+    assert!(
+        md.contains(
+            "| tiny  | fp32 | 2.0000 → 1.0000 | 2.0000 → 1.0000 | 0.00e+00 | 0.0001 | yes |"
+        ),
+        "{md}"
+    );
+    // bf16's last step is 20% off the CPU's: past its 1e-2
+    assert!(
+        md.contains("| tiny  | bf16 | 2.0000 → 1.2000 | 2.0000 → 1.0000 | 2.00e-01 | 0.01 | NO |"),
+        "{md}"
+    );
+}
