@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # memfit train on a GPU, checked in one call of under 9 minutes on a machine with PyTorch,
 # transformers and PEFT but no Rust and no network (docs/gpu.md). It takes the binary that
-# scripts/gpu/build.sh packed into .gpu/ and writes into $OUT:
+# scripts/gpu/build.sh packed into .gpu/ and writes into $OUT gpu.md (the tables, scripts/gpu/tables.py),
+# accept.log (everything printed) and results.tar.gz, which holds:
 #   preflight.jsonl  four steps of the tiny T5 on the device (or, if that fails, why: accept.log)
 #   parity.jsonl  the same 20 steps on the GPU (parity.jsonl) and on the CPU (parity-cpu.jsonl),
 #                 fp32 and bf16, three families
@@ -10,15 +11,20 @@
 #   resume.jsonl  a run killed by SIGTERM and resumed, beside the same run uninterrupted
 #   oom.jsonl     a run whose micro-batch does not fit the card: its real CUDA out-of-memory
 #                 errors caught, the micro-batch halved until a step fits, the run finished
-#   profile-*.log cubecl's per-kernel time summaries of each speed shape (where the GPU time goes)
-#   gpu.md        the tables (scripts/gpu/tables.py), accept.log everything printed
+#   profile-*.log cubecl's per-kernel times of each speed shape, a line per launch (where the GPU time goes)
+#   accept.log, check.json (memfit check --json)
 # The sections run in order of importance inside ACCEPT_SECONDS (default 500): one that would start
 # too late is skipped and says so, and the tables are written from whatever ran.
-# MEMFIT_ACCEPT_DEVICE=cpu runs the same steps on the CPU (a dry run of the script itself).
+# MEMFIT_ACCEPT_DEVICE=cpu runs the same steps, at tiny sizes, on the CPU (a dry run of the script
+# itself); MEMFIT_ACCEPT_DEVICE=wgpu with a memfit built with `--features wgpu` runs them on cubecl's
+# kernels through wgpu (Mesa's software renderer here): the GPU code path rehearsed without a card.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/memfit-accept}
 mkdir -p "$OUT"
+# Everything is written in RES and packed into $OUT/results.tar.gz after each section (the device
+# tool brings back at most 8 files from $OUT): a run cut short still brings back what it measured.
+RES=$(mktemp -d)
 DEVICE=${MEMFIT_ACCEPT_DEVICE:-cuda}
 PY=${PY:-python3}
 BIN=${MEMFIT_BIN:-/tmp/memfit}
@@ -43,7 +49,7 @@ STEPS="--steps 12"
 # the host): on the device one block's attention scores alone are 2048 x 4 heads x 2048^2 x 4 B = 137 GB,
 # past an H200, so each halving until a step fits is one caught CUDA out-of-memory error.
 OOM_WORDS=950; OOM_SEQ=2048; OOM_BATCH=2048; OOM_ROWS=2048
-if [ "$DEVICE" = cpu ]; then
+if [ "$DEVICE" = cpu ] || [ "$DEVICE" = wgpu ]; then
     OOM_WORDS=20; OOM_SEQ=64; OOM_BATCH=4; OOM_ROWS=16
     SPEED_T5="--model tiny --batch 2 --seq 16"; TORCH_T5="--batch 2 --seq 16"
     SPEED_BERT="--model bert-small --batch 2 --seq 16"; TORCH_BERT="--batch 2 --seq 16"
@@ -51,7 +57,17 @@ if [ "$DEVICE" = cpu ]; then
     MEMORY_RUNS=("--model tiny --batch 2 --seq 16" "--model bert-small --batch 2 --seq 16")
     STEPS="--steps 5"
 fi
-LOG="$OUT/accept.log"
+# On wgpu's software adapter a buffer past 1 GiB is refused: 64 rows of ~1,000 tokens give 1 GiB of one
+# block's attention scores, so the out-of-memory run halves once there.
+[ "$DEVICE" = wgpu ] && { OOM_WORDS=450; OOM_SEQ=1024; OOM_BATCH=64; OOM_ROWS=64; }
+# Precisions: wgpu's adapters here have no bf16, and PyTorch has no wgpu device (no baseline rows).
+PARITY_PRECISIONS="fp32 bf16"; SPEED_PRECISION=bf16
+[ "$DEVICE" = wgpu ] && { PARITY_PRECISIONS=fp32; SPEED_PRECISION=fp32; }
+LOG="$RES/accept.log"
+snapshot() {
+    tar -C "$RES" -czf "$OUT/results.tar.gz.tmp" . && mv "$OUT/results.tar.gz.tmp" "$OUT/results.tar.gz"
+    cp "$LOG" "$OUT/accept.log"
+}
 : > "$LOG"
 DEADLINE=${ACCEPT_SECONDS:-500}
 log() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$LOG" >&2; }
@@ -76,7 +92,7 @@ fi
 # before), appended to the command's JSON line: the same measure for memfit and PyTorch.
 measured() {
     local out=$1; shift
-    local poll="$OUT/.poll" idle=0
+    local poll="$RES/.poll" idle=0
     if command -v nvidia-smi >/dev/null && [ "$DEVICE" != cpu ]; then
         idle=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | head -1)
         nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 50 > "$poll" &
@@ -84,13 +100,14 @@ measured() {
         : > "$poll"; sleep 0 &
     fi
     local poller=$! start=$SECONDS
-    local line
-    line=$(timeout "$(limit)" "$@" 2>>"$LOG" | tail -1)
+    local line err="$RES/.stderr"
+    line=$(timeout "$(limit)" "$@" 2>"$err" | tail -1)
     local rc=$?
     kill $poller 2>/dev/null; wait $poller 2>/dev/null
+    cat "$err" >> "$LOG"
     local peak
     peak=$(sort -n "$poll" | tail -1)
-    record "$out" "$line" "${peak:-0}" "$idle" "$rc" "$((SECONDS - start))" "$*"
+    record "$out" "$line" "${peak:-0}" "$idle" "$rc" "$((SECONDS - start))" "$*" "$(tail -1 "$err")"
     log "rc=$rc ($((SECONDS - start)) s): $*"
 }
 # One JSON line: the command's own last line, with the NVML peak, exit status, wall time and command.
@@ -98,25 +115,26 @@ record() {
     local out=$1; shift
     $PY - "$@" >> "$out" <<'PYEOF'
 import json, sys
-line, peak, idle, rc, secs, cmd = sys.argv[1:]
+line, peak, idle, rc, secs, cmd = sys.argv[1:7]
+stderr = sys.argv[7] if len(sys.argv) > 7 else ""
 try:
     rec = json.loads(line)
 except ValueError:
-    rec = {"error": line[-500:]}
+    rec = {"error": (stderr or line)[-500:]}
 rec.update(nvml_peak_mib=int(peak) - int(idle), exit=int(rc), wall_s=int(secs), command=cmd)
 print(json.dumps(rec))
 PYEOF
 }
 
 log "card: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo none)"
-"$BIN" check --json > "$OUT/check.json" 2>>"$LOG"
-for f in parity parity-cpu speed memory resume oom preflight; do : > "$OUT/$f.jsonl"; done
+"$BIN" check --json > "$RES/check.json" 2>>"$LOG"
+for f in parity parity-cpu speed memory resume oom preflight; do : > "$RES/$f.jsonl"; done
 
 # 0. Preflight: four steps of the tiny T5 on the device. If the device cannot train, say why and stop
 #    here, so a failed start costs a minute of the machine, not nine.
-measured "$OUT/preflight.jsonl" "$BIN" bench train --model tiny --batch 8 --seq 64 --steps 4 \
+measured "$RES/preflight.jsonl" "$BIN" bench train --model tiny --batch 8 --seq 64 --steps 4 \
     --device "$DEVICE" --json
-if ! grep -q '"losses"' "$OUT/preflight.jsonl"; then
+if ! grep -q '"losses"' "$RES/preflight.jsonl"; then
     log "preflight failed; what the machine has:"
     {
         "$BIN" check 2>&1
@@ -125,7 +143,8 @@ if ! grep -q '"losses"' "$OUT/preflight.jsonl"; then
         echo "CUDA_PATH=${CUDA_PATH:-} LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
         RUST_BACKTRACE=1 "$BIN" bench train --model tiny --batch 2 --seq 16 --steps 4 --device "$DEVICE" 2>&1 | tail -40
     } >> "$LOG" 2>&1
-    $PY scripts/gpu/tables.py "$OUT" > "$OUT/gpu.md" 2>>"$LOG"
+    $PY scripts/gpu/tables.py "$RES" > "$OUT/gpu.md" 2>>"$LOG"
+    snapshot
     exit 3
 fi
 
@@ -137,42 +156,46 @@ PARITY=("t5|--model tiny --batch 8 --seq 64 --dropout 0"
         "lora|--model qwen2-small --method lora --batch 4 --seq 64 --dropout 0 --lora-dropout 0")
 (
     for family in "${PARITY[@]}"; do
-        for precision in fp32 bf16; do
+        for precision in $PARITY_PRECISIONS; do
             # shellcheck disable=SC2086
             line=$(timeout 300 "$BIN" bench train ${family#*|} --steps 20 --precision $precision \
                 --device cpu --threads 4 --json 2>>"$LOG" | tail -1)
-            record "$OUT/parity-cpu.jsonl" "$line" 0 0 $? 0 "cpu ${family#*|} $precision"
+            record "$RES/parity-cpu.jsonl" "$line" 0 0 $? 0 "cpu ${family#*|} $precision"
         done
     done
 ) &
 cpu_parity=$!
 if fits 60 "parity on the device"; then
     for family in "${PARITY[@]}"; do
-        for precision in fp32 bf16; do
+        for precision in $PARITY_PRECISIONS; do
             # shellcheck disable=SC2086
-            measured "$OUT/parity.jsonl" "$BIN" bench train ${family#*|} --steps 20 --precision $precision \
+            measured "$RES/parity.jsonl" "$BIN" bench train ${family#*|} --steps 20 --precision $precision \
                 --device "$DEVICE" --json
         done
     done
 fi
 
+snapshot
+
 # 2. Speed and memory beside PyTorch on the same card, bf16 (the issue's three shapes).
 if fits 90 "speed"; then
     for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
         # shellcheck disable=SC2086
-        measured "$OUT/speed.jsonl" "$BIN" bench train $shape --precision bf16 --device "$DEVICE" $STEPS --json
+        measured "$RES/speed.jsonl" "$BIN" bench train $shape --precision $SPEED_PRECISION --device "$DEVICE" $STEPS --json
     done
-    if $PY -c "import torch, transformers, peft" 2>/dev/null; then
+    if [ "$DEVICE" != wgpu ] && $PY -c "import torch, transformers, peft" 2>/dev/null; then
         # shellcheck disable=SC2086
         {
-            measured "$OUT/speed.jsonl" $PY $BASE/bench_t5.py $TORCH_T5 --bf16 --device "$DEVICE" --data random $STEPS
-            measured "$OUT/speed.jsonl" $PY $BASE/bench_bert_cls.py $TORCH_BERT --bf16 --device "$DEVICE" --data random $STEPS
-            measured "$OUT/speed.jsonl" $PY $BASE/bench_causal_lora.py $TORCH_LORA --bf16 --device "$DEVICE" $STEPS
+            measured "$RES/speed.jsonl" $PY $BASE/bench_t5.py $TORCH_T5 --bf16 --device "$DEVICE" --data random $STEPS
+            measured "$RES/speed.jsonl" $PY $BASE/bench_bert_cls.py $TORCH_BERT --bf16 --device "$DEVICE" --data random $STEPS
+            measured "$RES/speed.jsonl" $PY $BASE/bench_causal_lora.py $TORCH_LORA --bf16 --device "$DEVICE" $STEPS
         }
     else
-        log "PyTorch, transformers or PEFT missing: no baseline rows"
+        log "PyTorch, transformers or PEFT missing (or no such device for PyTorch): no baseline rows"
     fi
 fi
+
+snapshot
 
 # 3. A micro-batch that does not fit the card: CUDA's out-of-memory errors are caught, the last
 # completed step checkpointed, the micro-batch halved (effective batch kept) until a step fits.
@@ -195,7 +218,7 @@ PYEOF
         --batch "$OOM_BATCH" --max-steps 1 --budget-ram 120GiB --device "$DEVICE" --out "$oom/run" \
         --json > "$oom/run.json" 2>>"$LOG"
     ran=$?
-    $PY - "$oom/run" "$ran" "$OOM_BATCH" >> "$OUT/oom.jsonl" <<'PYEOF'
+    $PY - "$oom/run" "$ran" "$OOM_BATCH" >> "$RES/oom.jsonl" <<'PYEOF'
 import json, sys
 run, code, asked = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 try:
@@ -209,8 +232,10 @@ print(json.dumps({"exit": code, "asked_micro_batch": asked,
                   "stop": next((e for e in events if e["kind"] == "stop"), None),
                   "checkpoints": [e["step"] for e in events if e["kind"] == "checkpoint"]}))
 PYEOF
-    log "out of memory: $(tail -1 "$OUT/oom.jsonl" | cut -c1-300)"
+    log "out of memory: $(tail -1 "$RES/oom.jsonl" | cut -c1-300)"
 fi
+
+snapshot
 
 # 4. A run stopped by SIGTERM and resumed, beside the same run uninterrupted (same data order,
 # same losses to 1e-4 relative).
@@ -228,7 +253,7 @@ if fits 60 "kill and resume"; then
     kill -TERM $pid; wait $pid; stopped=$?
     timeout "$(limit)" "$BIN" train --resume "$runs/cut" --device "$DEVICE" --json > "$runs/cut.json" 2>>"$LOG"
     resumed=$?
-    $PY - "$runs" "$stopped" "$resumed" >> "$OUT/resume.jsonl" <<'PYEOF'
+    $PY - "$runs" "$stopped" "$resumed" >> "$RES/resume.jsonl" <<'PYEOF'
 import json, sys
 runs, stopped, resumed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def losses(run):
@@ -245,15 +270,19 @@ worst = max((abs(cut[s] - whole[s]) / max(abs(whole[s]), 1e-12) for s in whole i
 print(json.dumps({"stopped_exit": stopped, "resumed_exit": resumed, "steps_whole": len(whole),
                   "steps_resumed": len(cut), "worst_rel_loss_diff": worst}))
 PYEOF
-    log "resume: $(tail -1 "$OUT/resume.jsonl")"
+    log "resume: $(tail -1 "$RES/resume.jsonl")"
 fi
+
+snapshot
 
 # 5. Memory at three sizes per family (fp32, 6 steps).
 for run in "${MEMORY_RUNS[@]}"; do
     fits 20 "memory: $run" || break
     # shellcheck disable=SC2086
-    measured "$OUT/memory.jsonl" "$BIN" bench train $run --steps 6 --device "$DEVICE" --json
+    measured "$RES/memory.jsonl" "$BIN" bench train $run --steps 6 --device "$DEVICE" --json
 done
+
+snapshot
 
 # 6. Where the GPU time goes: cubecl's own profile of each speed shape (level basic: every kernel timed
 # on the device with a sync after it, so the run is slower; the shares are the figure), written by
@@ -262,15 +291,16 @@ prof=$(mktemp -d)
 for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
     name=$(echo "$shape" | awk '{print $2}')
     fits 30 "profile of $name" || break
-    printf '[profiling]\nlogger = { level = "basic", file = "%s" }\n' "$OUT/profile-$name.log" \
+    printf '[profiling]\nlogger = { level = "basic", file = "%s" }\n' "$RES/profile-$name.log" \
         > "$prof/cubecl.toml"
     # shellcheck disable=SC2086
-    (cd "$prof" && timeout "$(limit)" "$BIN" bench train $shape --precision bf16 --device "$DEVICE" \
+    (cd "$prof" && timeout "$(limit)" "$BIN" bench train $shape --precision $SPEED_PRECISION --device "$DEVICE" \
         --steps 5 --json > /dev/null 2>>"$LOG") || log "profile of $name: exit $?"
 done
 
 wait $cpu_parity
-$PY scripts/gpu/tables.py "$OUT" > "$OUT/gpu.md" 2>>"$LOG"
-rm -f "$OUT/.poll"
+$PY scripts/gpu/tables.py "$RES" > "$OUT/gpu.md" 2>>"$LOG"
+rm -f "$RES/.poll" "$RES/.stderr"
 log "done"
+snapshot
 cat "$OUT/gpu.md"

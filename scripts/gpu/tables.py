@@ -45,9 +45,12 @@ def parity(device_runs, cpu_runs):
     for gpu in device_runs:
         cpu = on_cpu.get(key(gpu), {"error": "no CPU run"})
         model, training, precision = key(gpu)
-        if not ("losses" in cpu and "losses" in gpu):
-            why = gpu.get("error") or cpu.get("error") or "?"
-            print(f"| {model or gpu.get('command', '')[:50]} | {precision} | failed: {why[:80]} | | | | no |")
+        if "losses" not in gpu:
+            print(f"| {gpu.get('command', '')[:70]} | | failed (exit {gpu.get('exit')}): "
+                  f"{str(gpu.get('error'))[:100]} | | | | no |")
+            continue
+        if "losses" not in cpu:
+            print(f"| {model} | {precision} | | failed on the CPU: {str(cpu.get('error'))[:80]} | | | no |")
             continue
         worst = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(gpu["losses"], cpu["losses"]))
         tol = PARITY_TOL.get(precision, 1e-2)
@@ -63,7 +66,7 @@ def preflight(records):
         steps = r.get("step_seconds") or []
         if steps:
             print(f"Preflight: the tiny T5 trained 4 steps on {r.get('device')} in {r.get('wall_s')} s "
-                  f"(first step {steps[0]:.2f} s: every kernel compiled by NVRTC; then "
+                  f"(first step {steps[0]:.2f} s, its kernels compiled; then "
                   f"{steps[-1]:.3f} s).\n")
         else:
             print(f"Preflight FAILED (exit {r.get('exit')}): {str(r.get('error'))[:300]}\n")
@@ -175,7 +178,7 @@ def kernel_name(parts):
 
 
 def profiles(folder, steps=5):
-    print(f"## Where the GPU time goes (cubecl's per-kernel profile, bf16, {steps} steps)\n")
+    print(f"## Where the GPU time goes (cubecl's per-kernel profile, the speed shapes, {steps} steps)\n")
     logs = sorted(glob.glob(os.path.join(folder, "profile-*.log")))
     if not logs:
         print("- no cubecl profile: the runs did not compute on a cubecl device\n")
@@ -185,6 +188,9 @@ def profiles(folder, steps=5):
         totals = kernel_times(log)
         whole = sum(t for t, _ in totals.values()) or 1.0
         launches = sum(n for _, n in totals.values())
+        if not launches:
+            print(f"**{shape}** — no launch logged (the run failed: accept.log)\n")
+            continue
         print(f"**{shape}** — {whole:.3f} s of kernels, {launches} launches ({launches / steps:.0f} a step)\n")
         print("| kernel | launches | s | share |")
         print("| --- | ---: | ---: | ---: |")

@@ -26,6 +26,11 @@ pub enum DeviceRequest {
     Cuda(Vec<usize>),
     /// `cuda:all`: every GPU the driver shows.
     CudaAll,
+    /// `wgpu`, in builds with burn's wgpu backend only: the CUDA code path (the device placement,
+    /// cubecl's kernels and pool) on whatever adapter wgpu finds — here Mesa's software renderer —
+    /// to rehearse `scripts/gpu/accept.sh` without a card. Never chosen by `auto`.
+    #[cfg(feature = "wgpu")]
+    Wgpu,
 }
 
 impl FromStr for DeviceRequest {
@@ -43,6 +48,8 @@ impl FromStr for DeviceRequest {
             "cpu" => return Ok(Self::Cpu),
             "cuda" => return Ok(Self::Cuda(vec![0])),
             "cuda:all" => return Ok(Self::CudaAll),
+            #[cfg(feature = "wgpu")]
+            "wgpu" => return Ok(Self::Wgpu),
             _ => {}
         }
         if let Some(n) = s.strip_prefix("cpu:") {
@@ -73,6 +80,8 @@ impl fmt::Display for DeviceRequest {
             Self::CpuRanks(n) => write!(f, "cpu:{n}"),
             Self::Cuda(list) => write!(f, "cuda:{}", join(list)),
             Self::CudaAll => f.write_str("cuda:all"),
+            #[cfg(feature = "wgpu")]
+            Self::Wgpu => f.write_str("wgpu"),
         }
     }
 }
@@ -171,6 +180,16 @@ pub fn resolve(request: &DeviceRequest) -> Result<ChosenDevice, DeviceError> {
             let count = cuda::driver().map(|d| d.devices.len()).unwrap_or(0);
             cuda_ranks(&(0..count.max(1)).collect::<Vec<_>>(), "asked: every GPU").map_err(fail)
         }
+        #[cfg(feature = "wgpu")]
+        DeviceRequest::Wgpu => Ok(ChosenDevice {
+            backend: Backend::Wgpu,
+            placement: Placement::Device,
+            label: "wgpu".into(),
+            gpu: Some("wgpu's default adapter".into()),
+            gpu_free_bytes: None,
+            why: "asked: a rehearsal of the GPU code path, not for training".into(),
+            ranks: vec![Backend::Wgpu],
+        }),
         DeviceRequest::Auto => Ok(match cuda_device(0, "auto: a CUDA GPU is visible") {
             Ok(chosen) => chosen,
             Err(why) => ChosenDevice::cpu(format!("auto: {why}")),

@@ -62,7 +62,12 @@ fn the_profile_counts_each_kernels_launches_and_time() {
 fn parity_pairs_each_device_run_with_the_cpu_run_of_its_setup() {
     let dir = tempfile::tempdir().unwrap();
     let lines = |runs: &[String]| runs.join("\n") + "\n";
-    let device = [run("fp32", &[2.0, 1.5, 1.0]), run("bf16", &[2.0, 1.6, 1.2])];
+    let failed = r#"{"error": "precision bf16: no BF16 here", "exit": 2, "command": "memfit bench train --model t5"}"#;
+    let device = [
+        run("fp32", &[2.0, 1.5, 1.0]),
+        run("bf16", &[2.0, 1.6, 1.2]),
+        failed.to_string(),
+    ];
     // the CPU's, finished in another order
     let cpu = [run("bf16", &[2.0, 1.6, 1.0]), run("fp32", &[2.0, 1.5, 1.0])];
     std::fs::write(dir.path().join("parity.jsonl"), lines(&device)).unwrap();
