@@ -331,6 +331,24 @@ mod tests {
         }
         let twice = "cuda:1,1".parse::<DeviceRequest>().unwrap_err();
         assert!(twice.contains("named twice"), "{twice}");
+        // `wgpu`, the rehearsal of the GPU code path, exists only where burn's wgpu backend is built
+        let wgpu = "wgpu".parse::<DeviceRequest>();
+        assert_eq!(wgpu.is_ok(), cfg!(feature = "wgpu"), "{wgpu:?}");
+    }
+
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn wgpu_is_the_device_placement_on_burns_wgpu_backend_and_never_auto() {
+        let chosen = resolve(&DeviceRequest::Wgpu).unwrap();
+        assert_eq!(
+            (chosen.backend, chosen.placement),
+            (Backend::Wgpu, Placement::Device)
+        );
+        assert_eq!(chosen.label, "wgpu");
+        assert_ne!(
+            resolve(&DeviceRequest::Auto).unwrap().backend,
+            Backend::Wgpu
+        );
     }
 
     /// On a machine without a usable GPU (CI's), `auto` is the CPU with the reason and an explicit
