@@ -106,6 +106,7 @@ impl DeviceOptimizer {
                 *slot = Some(state);
                 continue;
             };
+            let g = scaled(g, grad_scale);
             let (new_w, new_state) = match (&self.config, state) {
                 (
                     OptimizerConfig::AdamW(c),
@@ -114,7 +115,7 @@ impl DeviceOptimizer {
                         exp_avg_sq,
                     },
                 ) => {
-                    let [w, m, v] = adamw(c, (step, lr, grad_scale), [old, exp_avg, exp_avg_sq], g);
+                    let [w, m, v] = adamw(c, (step, lr), [old, exp_avg, exp_avg_sq], g);
                     let state = DeviceState::Adam {
                         exp_avg: m,
                         exp_avg_sq: v,
@@ -122,12 +123,10 @@ impl DeviceOptimizer {
                     (w, state)
                 }
                 (OptimizerConfig::Adafactor(c), DeviceState::Factored { mut row, mut col }) => {
-                    let g = scaled(g, grad_scale);
                     let w = adafactor_factored(c, (step, lr), shape, old, g, &mut row, &mut col);
                     (w, DeviceState::Factored { row, col })
                 }
                 (OptimizerConfig::Adafactor(c), DeviceState::Full { mut exp_avg_sq }) => {
-                    let g = scaled(g, grad_scale);
                     let w = adafactor_full(c, (step, lr), old, g, &mut exp_avg_sq);
                     (w, DeviceState::Full { exp_avg_sq })
                 }
@@ -152,9 +151,9 @@ fn scaled(g: &Tensor<2>, grad_scale: f32) -> Tensor<2> {
 /// three are taken by value, so that burn's ops may write them in place.
 fn adamw(
     c: &AdamWConfig,
-    (step, lr, grad_scale): (u64, f64, f32),
+    (step, lr): (u64, f64),
     [w, m, v]: [Tensor<2>; 3],
-    g: &Tensor<2>,
+    g: Tensor<2>,
 ) -> [Tensor<2>; 3] {
     let t = step as i32;
     let bc1 = 1.0 - c.beta1.powi(t);
@@ -162,7 +161,6 @@ fn adamw(
     let step_size = (lr / bc1) as f32;
     let decay = (1.0 - lr * c.weight_decay) as f32;
     let (b1, b2, eps) = (c.beta1 as f32, c.beta2 as f32, c.eps as f32);
-    let g = scaled(g, grad_scale);
     let m = m.mul_scalar(b1) + g.clone().mul_scalar(1.0 - b1);
     let v = v.mul_scalar(b2) + (g.clone() * g).mul_scalar(1.0 - b2);
     let denom = v.clone().sqrt().mul_scalar(inv_bc2_sqrt).add_scalar(eps);
