@@ -12,7 +12,7 @@ use crate::kernels::vectorised::with_avx512;
 
 /// Whether `t` is a flex tensor stored as f32 or bf16: where the hand-written ops run.
 pub fn is_flex_float<const D: usize>(t: &Tensor<D>) -> bool {
-    t.device() == Device::flex() && matches!(t.dtype(), DType::F32 | DType::BF16)
+    super::hand_written_on(&t.device()) && matches!(t.dtype(), DType::F32 | DType::BF16)
 }
 
 /// The values of `t` (f32 or bf16) as f32 in row-major order: borrowed when `t` is contiguous f32,

@@ -41,11 +41,12 @@ pub fn supported(x: &Tensor<2>) -> bool {
 }
 
 /// `x · w` through [`linear`] where it runs, burn's matmul elsewhere.
+/// The result is in `x`'s dtype, as the hand-written op gives it.
 pub fn product(x: Tensor<2>, w: Tensor<2>, products: Products) -> Tensor<2> {
     if supported(&x) {
         linear(x, w, true, products)
     } else {
-        x.matmul(w)
+        composite(x, w, products)
     }
 }
 
@@ -56,8 +57,16 @@ pub fn layer(x: Tensor<2>, w: Tensor<2>, products: Products) -> Tensor<2> {
         let trains = w.is_require_grad();
         linear(x, w, trains, products)
     } else {
-        x.matmul(w)
+        composite(x, w, products)
     }
+}
+
+/// burn's matmul with both operands in the products' dtype (it wants one dtype: cubecl reads a
+/// mismatched operand as garbage, flex panics), the result in `x`'s. Casts to the dtype a tensor
+/// already has cost nothing.
+fn composite(x: Tensor<2>, w: Tensor<2>, products: Products) -> Tensor<2> {
+    let (out, operands) = (x.dtype(), products.dtype());
+    x.cast(operands).matmul(w.cast(operands)).cast(out)
 }
 
 /// [`LinearOp::linear`] on tensors (see [`supported`]).

@@ -22,3 +22,26 @@ pub mod swiglu_op;
 pub(crate) mod test_tensors;
 pub mod vectorised;
 pub mod xent;
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use burn::prelude::*;
+
+static COMPOSITE_ON_CPU: AtomicBool = AtomicBool::new(false);
+
+/// Whether the hand-written ops run for tensors on `device`: on flex, unless
+/// [`set_composite_ops_on_cpu`] or `MEMFIT_CPU_KERNELS=off` sent the CPU through burn's composite ops.
+pub fn hand_written_on(device: &Device) -> bool {
+    static OFF_BY_ENV: OnceLock<bool> = OnceLock::new();
+    let off_by_env =
+        *OFF_BY_ENV.get_or_init(|| std::env::var("MEMFIT_CPU_KERNELS").is_ok_and(|v| v == "off"));
+    *device == Device::flex() && !off_by_env && !COMPOSITE_ON_CPU.load(Ordering::Relaxed)
+}
+
+/// Whether the CPU runs burn's composite ops — the code a GPU runs, with the weights in the
+/// compute dtype — instead of the hand-written ones, for the whole process from now on: the GPU's
+/// numerics (bf16 above all) checked where no GPU is (also `MEMFIT_CPU_KERNELS=off`, docs/gpu.md).
+pub fn set_composite_ops_on_cpu(on: bool) {
+    COMPOSITE_ON_CPU.store(on, Ordering::Relaxed);
+}

@@ -3,12 +3,14 @@
 use burn::prelude::*;
 use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
 
+use crate::kernels::hand_written_on;
+
 /// The exact (erf) GELU with its exact derivative on every backend. burn 0.22's default
 /// `gelu_backward` — what CUDA, wgpu and ndarray run — is the derivative of the *tanh approximation*
 /// while the forward is erf's (gradients off by up to ~1e-3 relative); flex overrides it with the
 /// exact one. Elsewhere the composite `x · ½(1 + erf(x/√2))` lets autodiff differentiate erf itself.
 pub fn gelu_exact<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    if x.device() == Device::flex() {
+    if hand_written_on(&x.device()) {
         return gelu(x);
     }
     let cdf = x

@@ -11,6 +11,7 @@ use burn::tensor::Gradients;
 use burn::tensor::{DType, FloatDType, TensorData};
 
 use crate::kernels::gemm_bf16::Products;
+use crate::kernels::hand_written_on;
 use crate::kernels::linear_op::product;
 use crate::kernels::xent::{nll_and_grad_in_place, nll_and_grad_on_device};
 use crate::layers::grad_sink::GradSink;
@@ -157,7 +158,7 @@ fn loss_and_logit_grad(
     let vocab = logits.dims()[1];
     let grad_scale = (inputs.loss_scale / out.count.max(1) as f64) as f32;
     let (labels, mask) = (&inputs.labels[rows.clone()], &inputs.label_mask[rows]);
-    if device != Device::flex() {
+    if !hand_written_on(&device) {
         let (nll, grad) = nll_and_grad_on_device(logits.cast(DType::F32), labels, mask, grad_scale);
         out.nll_on_device = Some(match out.nll_on_device.take() {
             Some(sum) => sum + nll,

@@ -83,8 +83,10 @@ impl<'a> T5Forward<'a> {
         if fused_rms_norm::supported(&x) {
             return fused_rms_norm::rms_norm(x, w, eps);
         }
-        let var = x.clone().square().mean_dim(2);
-        x * (var + eps).sqrt().recip() * w
+        // in f32, as transformers' T5LayerNorm computes the variance
+        let x32 = x.cast(DType::F32);
+        let var = x32.clone().square().mean_dim(2);
+        (x32 * (var + eps).sqrt().recip() * w.cast(DType::F32)).cast(self.dtype)
     }
 
     fn linear(&self, x: Tensor<3>, weight: usize) -> Tensor<3> {

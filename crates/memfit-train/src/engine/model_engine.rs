@@ -19,9 +19,9 @@ use super::{
     Classify, Continue, Engine, EngineOptions, Generate, GenerateConfig, ParamCounts, Placement,
     Replica, StepStats, TokenRows,
 };
-use crate::engine::options::Backend;
 use crate::optim::Optimizer;
 use memfit_nn::ModelError;
+use memfit_nn::kernels::hand_written_on;
 use memfit_nn::layers::host::{float_tensor, to_f32_vec};
 use memfit_nn::model::{
     CausalGenerate, ParamShape, Pass, Seq2SeqGenerate, SequenceClassifier, TrainModel,
@@ -75,7 +75,7 @@ impl TrainingState {
 /// The dtype of the weights a pass reads: on flex the f32 masters themselves (the hand-written
 /// bf16 ops take f32 weights beside bf16 activations), elsewhere the precision's.
 fn compute_dtype(options: &EngineOptions) -> DType {
-    if options.backend == Backend::Flex {
+    if hand_written_on(&options.backend.device()) {
         DType::F32
     } else {
         options.precision.dtype()
@@ -193,7 +193,7 @@ impl<M: TrainModel> ModelEngine<M> {
     /// a host `Vec<f32>` without copying it, so the weights exist once instead of twice while the
     /// step's activations are alive.
     fn lends_weights(&self) -> bool {
-        self.options.backend == Backend::Flex
+        hand_written_on(&self.device)
     }
 
     fn pass(&self, loss_scale: f32, seed: u64) -> Pass {

@@ -70,6 +70,14 @@ impl Products {
         }
     }
 
+    /// The dtype the operands are rounded to.
+    pub fn dtype(self) -> DType {
+        match self {
+            Products::F32 => DType::F32,
+            Products::Bf16 => DType::BF16,
+        }
+    }
+
     /// `a · b` (f32 or bf16 operands, any strides, batched) as a new contiguous f32 tensor.
     pub fn matmul(self, a: &FlexTensor, b: &FlexTensor) -> FlexTensor {
         match self {
