@@ -14,7 +14,9 @@
 #   profile-*.log cubecl's per-kernel times of each speed shape, a line per launch (where the GPU time goes)
 #   accept.log, check.json (memfit check --json)
 # The sections run in order of importance inside ACCEPT_SECONDS (default 500): one that would start
-# too late is skipped and says so, and the tables are written from whatever ran.
+# too late is skipped and says so, and the tables are written from whatever ran. SECTIONS (default
+# "parity speed torch oom resume memory profile") picks some for a short rerun; PARITY_PRECISIONS
+# (default "fp32 bf16") the parity rows'.
 # MEMFIT_ACCEPT_DEVICE=cpu runs the same steps, at tiny sizes, on the CPU (a dry run of the script
 # itself); MEMFIT_ACCEPT_DEVICE=wgpu with a memfit built with `--features wgpu` runs them on cubecl's
 # kernels through wgpu (Mesa's software renderer here): the GPU code path rehearsed without a card.
@@ -61,7 +63,7 @@ fi
 # block's attention scores, so the out-of-memory run halves once there.
 [ "$DEVICE" = wgpu ] && { OOM_WORDS=450; OOM_SEQ=1024; OOM_BATCH=64; OOM_ROWS=64; }
 # Precisions: wgpu's adapters here have no bf16, and PyTorch has no wgpu device (no baseline rows).
-PARITY_PRECISIONS="fp32 bf16"; SPEED_PRECISION=bf16
+PARITY_PRECISIONS=${PARITY_PRECISIONS:-fp32 bf16}; SPEED_PRECISION=bf16
 [ "$DEVICE" = wgpu ] && { PARITY_PRECISIONS=fp32; SPEED_PRECISION=fp32; }
 LOG="$RES/accept.log"
 snapshot() {
@@ -70,6 +72,9 @@ snapshot() {
 }
 : > "$LOG"
 DEADLINE=${ACCEPT_SECONDS:-500}
+SECTIONS=" ${SECTIONS:-parity speed torch oom resume memory profile} "
+# Whether section $1 was asked for.
+want() { [[ "$SECTIONS" == *" $1 "* ]]; }
 log() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$LOG" >&2; }
 # Whether a section expected to take about $1 seconds still fits before the deadline.
 fits() {
@@ -154,7 +159,7 @@ fi
 PARITY=("t5|--model tiny --batch 8 --seq 64 --dropout 0"
         "bert|--model bert-small --batch 8 --seq 64 --dropout 0"
         "lora|--model qwen2-small --method lora --batch 4 --seq 64 --dropout 0 --lora-dropout 0")
-(
+want parity && (
     for family in "${PARITY[@]}"; do
         for precision in $PARITY_PRECISIONS; do
             # shellcheck disable=SC2086
@@ -164,8 +169,7 @@ PARITY=("t5|--model tiny --batch 8 --seq 64 --dropout 0"
         done
     done
 ) &
-cpu_parity=$!
-if fits 60 "parity on the device"; then
+if want parity && fits 60 "parity on the device"; then
     for family in "${PARITY[@]}"; do
         for precision in $PARITY_PRECISIONS; do
             # shellcheck disable=SC2086
@@ -178,11 +182,13 @@ fi
 snapshot
 
 # 2. Speed and memory beside PyTorch on the same card, bf16 (the issue's three shapes).
-if fits 90 "speed"; then
+if want speed && fits 90 "speed"; then
     for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
         # shellcheck disable=SC2086
         measured "$RES/speed.jsonl" "$BIN" bench train $shape --precision $SPEED_PRECISION --device "$DEVICE" $STEPS --json
     done
+fi
+if want torch && fits 80 "PyTorch's speed"; then
     if [ "$DEVICE" != wgpu ] && $PY -c "import torch, transformers, peft" 2>/dev/null; then
         # shellcheck disable=SC2086
         {
@@ -199,7 +205,7 @@ snapshot
 
 # 3. A micro-batch that does not fit the card: CUDA's out-of-memory errors are caught, the last
 # completed step checkpointed, the micro-batch halved (effective batch kept) until a step fits.
-if fits 60 "out of memory"; then
+if want oom && fits 60 "out of memory"; then
     oom=$(mktemp -d)
     $PY - "$oom" "$OOM_WORDS" "$OOM_SEQ" "$OOM_ROWS" <<'PYEOF'
 import json, random, sys
@@ -239,7 +245,7 @@ snapshot
 
 # 4. A run stopped by SIGTERM and resumed, beside the same run uninterrupted (same data order,
 # same losses to 1e-4 relative).
-if fits 60 "kill and resume"; then
+if want resume && fits 60 "kill and resume"; then
     runs=$(mktemp -d)
     timeout "$(limit)" "$BIN" train --demo classification --device "$DEVICE" --out "$runs/whole" \
         --max-steps 120 --save-steps 40 --json > "$runs/whole.json" 2>>"$LOG"
@@ -276,7 +282,7 @@ fi
 snapshot
 
 # 5. Memory at three sizes per family (fp32, 6 steps).
-for run in "${MEMORY_RUNS[@]}"; do
+want memory && for run in "${MEMORY_RUNS[@]}"; do
     fits 20 "memory: $run" || break
     # shellcheck disable=SC2086
     measured "$RES/memory.jsonl" "$BIN" bench train $run --steps 6 --device "$DEVICE" --json
@@ -288,7 +294,7 @@ snapshot
 # on the device with a sync after it, so the run is slower; the shares are the figure), written by
 # cubecl from a cubecl.toml in the directory the run starts in.
 prof=$(mktemp -d)
-for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
+want profile && for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
     name=$(echo "$shape" | awk '{print $2}')
     fits 30 "profile of $name" || break
     printf '[profiling]\nlogger = { level = "basic", file = "%s" }\n' "$RES/profile-$name.log" \
@@ -298,7 +304,7 @@ for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
         --steps 5 --json > /dev/null 2>>"$LOG") || log "profile of $name: exit $?"
 done
 
-wait $cpu_parity
+wait
 $PY scripts/gpu/tables.py "$RES" > "$OUT/gpu.md" 2>>"$LOG"
 rm -f "$RES/.poll" "$RES/.stderr"
 log "done"

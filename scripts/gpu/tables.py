@@ -5,6 +5,7 @@ usage: tables.py OUT_DIR > gpu.md
 """
 import glob
 import json
+import math
 import os
 import re
 import sys
@@ -15,6 +16,11 @@ BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 # Parity bounds of issue 27: relative loss difference over 20 steps.
 PARITY_TOL = {"fp32": 1e-4, "bf16": 1e-2}
 
+
+
+def fmt(loss):
+    """A loss to 4 decimals; null (NaN or infinite in the run) as "nan"."""
+    return "nan" if loss is None else f"{loss:.4f}"
 
 def rows(folder, name):
     path = os.path.join(folder, name)
@@ -52,11 +58,13 @@ def parity(device_runs, cpu_runs):
         if "losses" not in cpu:
             print(f"| {model} | {precision} | | failed on the CPU: {str(cpu.get('error'))[:80]} | | | no |")
             continue
-        worst = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(gpu["losses"], cpu["losses"]))
+        # a non-finite loss is written as null: it fails the row whatever the bound
+        worst = max((abs(a - b) / max(abs(b), 1e-12) if a is not None and b is not None else math.inf)
+                    for a, b in zip(gpu["losses"], cpu["losses"]))
         tol = PARITY_TOL.get(precision, 1e-2)
         kind = "LoRA" if "Lora" in str(training) else ""
-        print(f"| {model} {kind} | {precision} | {gpu['loss_first']:.4f} → {gpu['loss_last']:.4f} | "
-              f"{cpu['loss_first']:.4f} → {cpu['loss_last']:.4f} | {worst:.2e} | {tol:g} | "
+        print(f"| {model} {kind} | {precision} | {fmt(gpu['loss_first'])} → {fmt(gpu['loss_last'])} | "
+              f"{fmt(cpu['loss_first'])} → {fmt(cpu['loss_last'])} | {worst:.2e} | {tol:g} | "
               f"{'yes' if worst <= tol else 'NO'} |")
     print()
 

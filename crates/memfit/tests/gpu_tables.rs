@@ -85,3 +85,25 @@ fn parity_pairs_each_device_run_with_the_cpu_run_of_its_setup() {
         "{md}"
     );
 }
+
+/// A run whose losses went NaN (memfit writes a non-finite loss as `null`, as an H100's bf16 LoRA
+/// run once did) is a failed row, not a crash of the script that brings the card's figures back.
+#[test]
+fn a_nan_run_fails_its_parity_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = r#"{"model": "tiny", "training": "Full", "precision": "bf16"}"#;
+    let nan = format!(
+        r#"{{"setup": {setup}, "losses": [null, null], "loss_first": null, "loss_last": null}}"#
+    );
+    std::fs::write(dir.path().join("parity.jsonl"), nan + "\n").unwrap();
+    std::fs::write(
+        dir.path().join("parity-cpu.jsonl"),
+        run("bf16", &[2.0, 1.0]) + "\n",
+    )
+    .unwrap();
+    let md = tables(dir.path());
+    assert!(
+        md.contains("| tiny  | bf16 | nan → nan | 2.0000 → 1.0000 | inf | 0.01 | NO |"),
+        "{md}"
+    );
+}
