@@ -49,10 +49,12 @@ STEPS="--steps 12"
 # The out-of-memory run: a 2-layer Llama (chat-tiny's words) on rows of about 1,900 tokens at micro-batch
 # 2048, which the host plan allows (its CPU attention streams; --budget-ram above what the run uses on
 # the host): on the device one block's attention scores alone are 2048 x 4 heads x 2048^2 x 4 B = 137 GB,
-# past an H200, so each halving until a step fits is one caught CUDA out-of-memory error.
-OOM_WORDS=950; OOM_SEQ=2048; OOM_BATCH=2048; OOM_ROWS=2048
+# past an H200, so each halving until a step fits is one caught CUDA out-of-memory error. memfit's GPU
+# plan sees that too and would refuse to start (an H100, 2026-11-27: "nothing fits ... 366 GiB"):
+# a --budget-gpu past the card makes it start there, as a wrong estimate would.
+OOM_WORDS=950; OOM_SEQ=2048; OOM_BATCH=2048; OOM_ROWS=2048; OOM_GPU_BUDGET="--budget-gpu 4096GiB"
 if [ "$DEVICE" = cpu ] || [ "$DEVICE" = wgpu ]; then
-    OOM_WORDS=20; OOM_SEQ=64; OOM_BATCH=4; OOM_ROWS=16
+    OOM_WORDS=20; OOM_SEQ=64; OOM_BATCH=4; OOM_ROWS=16; OOM_GPU_BUDGET=""
     SPEED_T5="--model tiny --batch 2 --seq 16"; TORCH_T5="--batch 2 --seq 16"
     SPEED_BERT="--model bert-small --batch 2 --seq 16"; TORCH_BERT="--batch 2 --seq 16"
     SPEED_LORA="--model qwen2-small --method lora --batch 1 --seq 16"; TORCH_LORA="--batch 1 --seq 16 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 1000"
@@ -219,9 +221,10 @@ with open(f"{out}/long.jsonl", "w") as f:
         text = [r.choice(vocab) for _ in range(words)]
         f.write(json.dumps({"instruction": " ".join(text), "output": " ".join(text[::-1])}) + "\n")
 PYEOF
+    # shellcheck disable=SC2086
     timeout "$(limit)" "$BIN" train --task causal-lm --model "$oom/config.json" \
         --tokenizer examples/chat-tiny/tokenizer --data "$oom/long.jsonl" --seq "$OOM_SEQ" \
-        --batch "$OOM_BATCH" --max-steps 1 --budget-ram 120GiB --device "$DEVICE" --out "$oom/run" \
+        --batch "$OOM_BATCH" --max-steps 1 --budget-ram 120GiB $OOM_GPU_BUDGET --device "$DEVICE" --out "$oom/run" \
         --json > "$oom/run.json" 2>>"$LOG"
     ran=$?
     $PY - "$oom/run" "$ran" "$OOM_BATCH" >> "$RES/oom.jsonl" <<'PYEOF'
