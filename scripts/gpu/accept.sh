@@ -112,9 +112,11 @@ measured() {
     local rc=$?
     kill $poller 2>/dev/null; wait $poller 2>/dev/null
     cat "$err" >> "$LOG"
-    local peak
+    local peak late
     peak=$(sort -n "$poll" | tail -1)
-    record "$out" "$line" "${peak:-0}" "$idle" "$rc" "$((SECONDS - start))" "$*" "$(tail -1 "$err")"
+    # the peak over the run's second half: past the first step's kernel compiles and autotune
+    late=$(tail -n $(( $(wc -l < "$poll") / 2 + 1 )) "$poll" | sort -n | tail -1)
+    record "$out" "$line" "${peak:-0}" "$idle" "$rc" "$((SECONDS - start))" "$*" "$(tail -1 "$err")" "${late:-0}"
     log "rc=$rc ($((SECONDS - start)) s): $*"
 }
 # One JSON line: the command's own last line, with the NVML peak, exit status, wall time and command.
@@ -124,11 +126,14 @@ record() {
 import json, sys
 line, peak, idle, rc, secs, cmd = sys.argv[1:7]
 stderr = sys.argv[7] if len(sys.argv) > 7 else ""
+late = int(sys.argv[8]) if len(sys.argv) > 8 else 0
 try:
     rec = json.loads(line)
 except ValueError:
     rec = {"error": (stderr or line)[-500:]}
 rec.update(nvml_peak_mib=int(peak) - int(idle), exit=int(rc), wall_s=int(secs), command=cmd)
+if late:
+    rec.update(nvml_late_peak_mib=late - int(idle))
 print(json.dumps(rec))
 PYEOF
 }

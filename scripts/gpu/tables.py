@@ -112,8 +112,9 @@ def memory(records):
           "`memfit_device` model; allocated = its tensors, NVML = + the CUDA context). Error = "
           "predicted / measured − 1.\n")
     print("| model | batch × seq | pool in use MiB | pool reserved MiB | predicted allocated MiB | "
-          "error vs reserved | NVML peak MiB | predicted NVML MiB | error vs NVML | s/step |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "error vs reserved | NVML peak MiB | (in the run's second half) | predicted NVML MiB | "
+          "error vs NVML | s/step |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     mib = lambda b: f"{b / 2**20:.0f}" if b is not None else "—"
 
     def error(predicted, measured):
@@ -124,7 +125,7 @@ def memory(records):
     for r in records:
         s = r.get("setup", {})
         if not s:
-            print(f"| failed: {r.get('command', '')[:60]} | | | | | | | | | |")
+            print(f"| failed: {r.get('command', '')[:60]} | | | | | | | | | | |")
             continue
         reserved, nvml = r.get("gpu_pool_reserved_bytes"), r.get("nvml_peak_mib")
         allocated, nvml_predicted = r.get("predicted_gpu_allocated_bytes"), r.get("predicted_gpu_nvml_bytes")
@@ -132,6 +133,7 @@ def memory(records):
         print(f"| {s.get('model')} {'LoRA' if 'Lora' in str(s.get('training')) else ''} | "
               f"{s.get('batch')} × {s.get('seq')} | {mib(r.get('gpu_pool_in_use_bytes'))} | "
               f"{mib(reserved)} | {mib(allocated)} | {error(allocated, reserved)} | {nvml} | "
+              f"{r.get('nvml_late_peak_mib', '—')} | "
               f"{mib(nvml_predicted)} | {error(nvml_predicted, nvml_bytes)} | "
               f"{r.get('sec_per_step_median', 0):.3f} |")
     print()

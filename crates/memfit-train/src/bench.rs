@@ -189,7 +189,7 @@ pub struct BenchReport {
     pub cpu_peak_basis: String,
     /// Model FLOPs utilisation per CPU-second: model FLOPs ÷ (CPU-seconds × one core's peak). It
     /// equals the usual wall-clock MFU when every thread is busy, and stays comparable on a
-    /// machine others are loading.
+    /// machine others are loading. `None` (with the peak) on a GPU.
     pub mfu: Option<f64>,
 }
 
@@ -557,11 +557,13 @@ fn run_steps<M: TrainModel>(
         .flatten();
     let predicted =
         crate::plan_file::gpu_estimate(&setup.train_config()?, &setup.model_config).ok();
-    let peak = Some(
+    // A CPU core's peak says nothing of a run on a GPU (scripts/gpu/tables.py sets the card's
+    // data-sheet peak beside it instead).
+    let peak = (!setup.device.is_gpu()).then(|| {
         crate::peak_flops::peak_flops_per_core(bf16_peak)
             .0
-            .max(peak_before),
-    );
+            .max(peak_before)
+    });
     Ok(BenchReport {
         sec_per_step_median: sec,
         cpu_sec_per_step_median: cpu_sec,
