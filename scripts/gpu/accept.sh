@@ -7,6 +7,7 @@
 #   parity.jsonl  the same 20 steps on the GPU (parity.jsonl) and on the CPU (parity-cpu.jsonl),
 #                 fp32 and bf16, three families
 #   speed.jsonl   memfit and PyTorch on the same card, bf16, the issue's three shapes
+#   speed-fusion.jsonl  the same shapes with the build that has burn's kernel fusion (.gpu/memfit-fusion.xz)
 #   memory.jsonl  memfit's pool and NVML peaks, three sizes per family
 #   resume.jsonl  a run killed by SIGTERM and resumed, beside the same run uninterrupted
 #   oom.jsonl     a run whose micro-batch does not fit the card: its real CUDA out-of-memory
@@ -15,7 +16,7 @@
 #   accept.log, check.json (memfit check --json)
 # The sections run in order of importance inside ACCEPT_SECONDS (default 500): one that would start
 # too late is skipped and says so, and the tables are written from whatever ran. SECTIONS (default
-# "parity speed torch oom resume memory profile") picks some for a short rerun; PARITY_PRECISIONS
+# "parity speed torch fusion oom resume memory profile") picks some for a short rerun; PARITY_PRECISIONS
 # (default "fp32 bf16") the parity rows'.
 # MEMFIT_ACCEPT_DEVICE=cpu runs the same steps, at tiny sizes, on the CPU (a dry run of the script
 # itself); MEMFIT_ACCEPT_DEVICE=wgpu with a memfit built with `--features wgpu` runs them on cubecl's
@@ -74,7 +75,7 @@ snapshot() {
 }
 : > "$LOG"
 DEADLINE=${ACCEPT_SECONDS:-500}
-SECTIONS=" ${SECTIONS:-parity speed torch oom resume memory profile} "
+SECTIONS=" ${SECTIONS:-parity speed torch fusion oom resume memory profile} "
 # Whether section $1 was asked for.
 want() { [[ "$SECTIONS" == *" $1 "* ]]; }
 log() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$LOG" >&2; }
@@ -140,7 +141,7 @@ PYEOF
 
 log "card: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo none)"
 "$BIN" check --json > "$RES/check.json" 2>>"$LOG"
-for f in parity parity-cpu speed memory resume oom preflight; do : > "$RES/$f.jsonl"; done
+for f in parity parity-cpu speed speed-fusion memory resume oom preflight; do : > "$RES/$f.jsonl"; done
 
 # 0. Preflight: four steps of the tiny T5 on the device. If the device cannot train, say why and stop
 #    here, so a failed start costs a minute of the machine, not nine.
@@ -206,6 +207,19 @@ if want torch && fits 80 "PyTorch's speed"; then
     else
         log "PyTorch, transformers or PEFT missing (or no such device for PyTorch): no baseline rows"
     fi
+fi
+
+snapshot
+
+# 2b. The same speed shapes with burn's kernel fusion (docs/gpu.md, Build: fewer launches, not yet right):
+#     what it would be worth on the card.
+if want fusion && [ "$DEVICE" = cuda ] && [ -f .gpu/memfit-fusion.xz ] && fits 90 "speed with fusion"; then
+    xz -dc .gpu/memfit-fusion.xz > /tmp/memfit-fusion && chmod +x /tmp/memfit-fusion
+    for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
+        # shellcheck disable=SC2086
+        measured "$RES/speed-fusion.jsonl" /tmp/memfit-fusion bench train $shape --precision $SPEED_PRECISION \
+            --device "$DEVICE" $STEPS --json
+    done
 fi
 
 snapshot

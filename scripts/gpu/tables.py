@@ -106,6 +106,31 @@ def speed(records, gpu_name):
     print()
 
 
+def fusion(plain, fused):
+    """The speed shapes with burn's fusion beside the plain build, paired by setup."""
+    if not fused:
+        return
+    print("## The speed shapes with burn's kernel fusion (the `fusion` build)\n")
+    print("| shape | plain tokens/s | fusion tokens/s | ratio | plain NVML peak MiB | fusion | last loss "
+          "rel. diff |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    key = lambda r: json.dumps(r.get("setup"), sort_keys=True)
+    by_setup = {key(r): r for r in plain if "placement" in r}
+    for f in fused:
+        s = f.get("setup")
+        if not s:
+            print(f"| failed: {f.get('command', '')[:60]} (exit {f.get('exit')}) | | | | | | |")
+            continue
+        p = by_setup.get(key(f), {})
+        a, b = p.get("tokens_per_s"), f.get("tokens_per_s")
+        la, lb = p.get("loss_last"), f.get("loss_last")
+        diff = f"{abs(lb - la) / abs(la):.1e}" if la and lb is not None else "—"
+        print(f"| {s.get('model')} b{s.get('batch')} s{s.get('seq')} | {a or 0:.0f} | {b or 0:.0f} | "
+              f"{f'{b / a:.2f}' if a and b else '—'} | {p.get('nvml_peak_mib', '—')} | "
+              f"{f.get('nvml_peak_mib', '—')} | {diff} |")
+    print()
+
+
 def memory(records):
     print("## memfit's GPU memory at three sizes per family (fp32), beside memfit's GPU model\n")
     print("Predicted: `memfit estimate --runtime memfit --device cuda` for the same run (the planner's "
@@ -216,6 +241,7 @@ def main():
     preflight(rows(folder, "preflight.jsonl"))
     parity(rows(folder, "parity.jsonl"), rows(folder, "parity-cpu.jsonl"))
     speed(rows(folder, "speed.jsonl"), gpu)
+    fusion(rows(folder, "speed.jsonl"), rows(folder, "speed-fusion.jsonl"))
     memory(rows(folder, "memory.jsonl"))
     out_of_memory(rows(folder, "oom.jsonl"))
     resume(rows(folder, "resume.jsonl"))

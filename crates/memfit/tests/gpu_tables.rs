@@ -107,3 +107,37 @@ fn a_nan_run_fails_its_parity_row() {
         "{md}"
     );
 }
+
+/// The fusion build's speed rows are paired with the plain build's by setup, whatever the order.
+#[test]
+fn fusion_rows_pair_with_the_plain_builds_by_setup() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = |model: &str, tokens: f64, loss: f64, nvml: u32| {
+        format!(
+            r#"{{"setup": {{"model": "{model}", "batch": 8, "seq": 64}}, "placement": "device", "tokens_per_s": {tokens}, "loss_last": {loss}, "nvml_peak_mib": {nvml}}}"#
+        )
+    };
+    let plain = [
+        record("t5-small", 1000.0, 2.0, 500),
+        record("bert", 400.0, 1.0, 300),
+    ];
+    let fused = [
+        record("bert", 1000.0, 1.001, 250),
+        record("t5-small", 1500.0, 2.0, 450),
+    ];
+    std::fs::write(dir.path().join("speed.jsonl"), plain.join("\n") + "\n").unwrap();
+    std::fs::write(
+        dir.path().join("speed-fusion.jsonl"),
+        fused.join("\n") + "\n",
+    )
+    .unwrap();
+    let md = tables(dir.path());
+    assert!(
+        md.contains("| bert b8 s64 | 400 | 1000 | 2.50 | 300 | 250 | 1.0e-03 |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| t5-small b8 s64 | 1000 | 1500 | 1.50 | 500 | 450 | 0.0e+00 |"),
+        "{md}"
+    );
+}

@@ -216,22 +216,26 @@ fn adafactor_factored(
     let lr_t = step_size(c, at, &w);
     let beta2t = 1.0 - (at.0 as f64).powf(c.decay_rate);
     let (b, a) = (beta2t as f32, (1.0 - beta2t) as f32);
-    // transformers' orientation: the factors are over its rows and columns
-    let g = if shape.transposed { g.transpose() } else { g };
+    // transformers' orientation: the factors are over its rows and columns, which are memfit's
+    // columns and rows when the parameter is stored transposed (read so, without a transposed copy)
+    let (row_dim, col_dim) = if shape.transposed { (0, 1) } else { (1, 0) };
     let u = (g.clone() * g.clone()).add_scalar(c.eps1 as f32);
-    *row = row.clone().mul_scalar(b) + u.clone().mean_dim(1).mul_scalar(a);
-    *col = col.clone().mul_scalar(b) + u.mean_dim(0).mul_scalar(a);
-    // _approx_sq_grad: rsqrt(row / mean(row)) ⊗ rsqrt(col)
+    let (row_dims, col_dims) = (row.dims(), col.dims());
+    let row_mean = u.clone().mean_dim(row_dim).reshape(row_dims);
+    let col_mean = u.mean_dim(col_dim).reshape(col_dims);
+    *row = row.clone().mul_scalar(b) + row_mean.mul_scalar(a);
+    *col = col.clone().mul_scalar(b) + col_mean.mul_scalar(a);
+    // _approx_sq_grad: rsqrt(row / mean(row)) ⊗ rsqrt(col), laid out as the gradient is
     let row_avg = row.clone().mean().reshape([1, 1]);
     let r_factor = (row.clone() / row_avg).sqrt().recip();
     let c_factor = col.clone().sqrt().recip();
-    let update = r_factor * c_factor * g;
-    let update = if shape.transposed {
-        update.transpose()
+    let [rows, cols] = g.dims();
+    let (r_factor, c_factor) = if shape.transposed {
+        (r_factor.reshape([1, cols]), c_factor.reshape([rows, 1]))
     } else {
-        update
+        (r_factor, c_factor)
     };
-    apply(c, lr_t, w, update)
+    apply(c, lr_t, w, r_factor * c_factor * g)
 }
 
 fn adafactor_full(
