@@ -62,8 +62,7 @@ pub fn class_of(setup: &Setup) -> String {
     c
 }
 
-/// The band of memfit's own trainer on a GPU (`memfit_device`): no card has measured it yet, so
-/// its width is the bound its allocations on memfit's GPU code path are held to on the CPU — every
+/// The band of memfit's own trainer on a GPU (`memfit_device`): its width is the bound its allocations on memfit's GPU code path are held to on the CPU — every
 /// family and the seed's T5 SFT at three sizes, with and without checkpointing (crates/memfit-train/
 /// tests/device_memory.rs, which checks both figures here).
 pub const MEMFIT_DEVICE: Band = Band {
@@ -77,7 +76,7 @@ pub const MEMFIT_DEVICE: Band = Band {
 /// Where [`MEMFIT_DEVICE`] comes from.
 const MEMFIT_DEVICE_BASIS: &str = "memfit's GPU code path run on the CPU (burn's ndarray backend), its \
     allocations counted: every family at three sizes, with and without checkpointing, within 10%; \
-    cubecl's pool and the CUDA context are not yet measured on a card (docs/gpu.md)";
+    on an H100 within 10% of cubecl's pool but 6-49% under NVML's peak, not yet counted (docs/gpu.md)";
 
 /// The band an estimate of `setup` carries: its class's, or [`ANY`]'s when the class has fewer
 /// than [`MIN_ROWS`] rows; memfit's trainer on a GPU, [`MEMFIT_DEVICE`].

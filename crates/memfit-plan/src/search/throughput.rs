@@ -52,6 +52,11 @@ pub mod rates {
     /// Ranked just below fp32, so the planner takes bf16 when fp32 does not fit, not for speed
     /// alone: its numerics differ from fp32's.
     pub const MEMFIT_CPU_BF16_SLOWDOWN: f64 = 1.05;
+    /// memfit's own trainer on a GPU against PyTorch's on the same card: 0.36×, 0.20× and 0.16×
+    /// PyTorch's tokens/s (t5-small, bert-base, Qwen2.5-0.5B LoRA; bf16; an H100, 2026-11-27,
+    /// docs/gpu.md), about 1/4.4 in the geometric mean. So a plan that puts memfit's trainer
+    /// beside the PyTorch stack on a GPU says how much slower it is there today.
+    pub const MEMFIT_GPU_SLOWDOWN: f64 = 4.4;
     /// Host memory bandwidth for a CPU optimizer step.
     pub const CPU_MEM_BW: f64 = 10e9;
 }
@@ -167,6 +172,10 @@ pub fn step_time(arch: &Arch, setup: &Setup) -> StepTime {
                 GPU_FP32_FLOPS
             } else {
                 GPU_HALF_FLOPS
+            } / if setup.runtime == Runtime::Memfit {
+                MEMFIT_GPU_SLOWDOWN
+            } else {
+                1.0
             },
             1024.0,
         ),

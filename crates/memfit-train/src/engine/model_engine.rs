@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use burn::prelude::*;
-use burn::tensor::DType;
+use burn::tensor::{DType, StreamId};
 
 use super::device_state::DeviceState;
 use super::host_state::{self, HostState};
@@ -299,9 +299,15 @@ fn run_pass<M: TrainModel, A: TakeGradient + Send>(
 /// Runs `work` on a thread of rayon's pool (the caller waits): the many parallel sections inside
 /// a micro-batch then run as nested work in the pool, not as hand-offs from an outside thread that
 /// sleeps and is woken for each (thousands of context switches per step with one thread).
+///
+/// On the caller's cubecl stream, whichever worker runs it: cubecl queues each thread's work on a
+/// stream of its own, with a memory pool of its own, so passes run by the workers rayon happened to
+/// pick would spread a GPU run's tensors over a pool per worker and make each step wait on the
+/// others' streams (a suspect for NVML's peak at twice the pool's on an H100, docs/gpu.md).
 fn in_pool<T: Send>(work: impl FnOnce() -> T + Send) -> T {
+    let stream = StreamId::current();
     let mut out = None;
-    rayon::scope(|_| out = Some(work()));
+    rayon::scope(|_| out = Some(stream.executes(work)));
     out.expect("the scope ran its work")
 }
 
@@ -509,5 +515,21 @@ impl<M: CausalGenerate> Continue for ModelEngine<M> {
         self.on_device(|params| {
             (self.model).generate(params, prompts, config, self.options.precision)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_work_runs_on_the_callers_stream() {
+        let caller = StreamId::current();
+        for _ in 0..16 {
+            assert_eq!(in_pool(StreamId::current), caller);
+        }
+        // a data-parallel rank's thread queues on its own stream: so does its pool work
+        let rank = StreamId::allocate();
+        assert_eq!(rank.executes(|| in_pool(StreamId::current)), rank);
     }
 }
