@@ -120,6 +120,13 @@ measured() {
     record "$out" "$line" "${peak:-0}" "$idle" "$rc" "$((SECONDS - start))" "$*" "$(tail -1 "$err")" "${late:-0}"
     log "rc=$rc ($((SECONDS - start)) s): $*"
 }
+# The three speed shapes trained by memfit binary $2, their records into $1.
+speed_rows() {
+    for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
+        # shellcheck disable=SC2086
+        measured "$1" "$2" bench train $shape --precision $SPEED_PRECISION --device "$DEVICE" $STEPS --json
+    done
+}
 # One JSON line: the command's own last line, with the NVML peak, exit status, wall time and command.
 record() {
     local out=$1; shift
@@ -191,10 +198,7 @@ snapshot
 
 # 2. Speed and memory beside PyTorch on the same card, bf16 (the issue's three shapes).
 if want speed && fits 90 "speed"; then
-    for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
-        # shellcheck disable=SC2086
-        measured "$RES/speed.jsonl" "$BIN" bench train $shape --precision $SPEED_PRECISION --device "$DEVICE" $STEPS --json
-    done
+    speed_rows "$RES/speed.jsonl" "$BIN"
 fi
 if want torch && fits 80 "PyTorch's speed"; then
     if [ "$DEVICE" != wgpu ] && $PY -c "import torch, transformers, peft" 2>/dev/null; then
@@ -215,11 +219,7 @@ snapshot
 #     what it would be worth on the card.
 if want fusion && [ "$DEVICE" = cuda ] && [ -f .gpu/memfit-fusion.xz ] && fits 90 "speed with fusion"; then
     xz -dc .gpu/memfit-fusion.xz > /tmp/memfit-fusion && chmod +x /tmp/memfit-fusion
-    for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
-        # shellcheck disable=SC2086
-        measured "$RES/speed-fusion.jsonl" /tmp/memfit-fusion bench train $shape --precision $SPEED_PRECISION \
-            --device "$DEVICE" $STEPS --json
-    done
+    speed_rows "$RES/speed-fusion.jsonl" /tmp/memfit-fusion
 fi
 
 snapshot

@@ -17,10 +17,10 @@ BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 PARITY_TOL = {"fp32": 1e-4, "bf16": 1e-2}
 
 
-
 def fmt(loss):
     """A loss to 4 decimals; null (NaN or infinite in the run) as "nan"."""
     return "nan" if loss is None else f"{loss:.4f}"
+
 
 def rows(folder, name):
     path = os.path.join(folder, name)

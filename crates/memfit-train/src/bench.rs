@@ -521,9 +521,11 @@ fn run_steps<M: TrainModel>(
     let mut micro = 0u64;
     let mut model_flops = 0.0;
     // The core's peak, measured before and after the steps, the better kept: one measurement
-    // can fall in a moment the VM's core is lent elsewhere.
+    // can fall in a moment the VM's core is lent elsewhere. Not on a GPU: a CPU core's peak says
+    // nothing of that run (scripts/gpu/tables.py sets the card's data-sheet peak beside it).
     let bf16_peak = setup.precision == Precision::Bf16;
-    let (peak_before, basis) = crate::peak_flops::peak_flops_per_core(bf16_peak);
+    let before =
+        (!setup.device.is_gpu()).then(|| crate::peak_flops::peak_flops_per_core(bf16_peak));
     let trainable = engine.model().trainable(&setup.freeze)?;
     for step in 0..setup.steps {
         let batches: Vec<M::Batch> = (0..setup.accum).map(|_| make_batch(&mut rng)).collect();
@@ -557,9 +559,7 @@ fn run_steps<M: TrainModel>(
         .flatten();
     let predicted =
         crate::plan_file::gpu_estimate(&setup.train_config()?, &setup.model_config).ok();
-    // A CPU core's peak says nothing of a run on a GPU (scripts/gpu/tables.py sets the card's
-    // data-sheet peak beside it instead).
-    let peak = (!setup.device.is_gpu()).then(|| {
+    let peak = before.map(|(peak_before, _)| {
         crate::peak_flops::peak_flops_per_core(bf16_peak)
             .0
             .max(peak_before)
@@ -594,7 +594,9 @@ fn run_steps<M: TrainModel>(
         losses,
         model_flops_per_step: model_flops,
         cpu_peak_flops_per_core: peak,
-        cpu_peak_basis: basis.to_string(),
+        cpu_peak_basis: before
+            .map_or("none: the run is on a GPU", |(_, basis)| basis)
+            .into(),
         mfu: peak
             .filter(|_| cpu_sec > 0.0)
             .map(|p| model_flops / (cpu_sec * p)),

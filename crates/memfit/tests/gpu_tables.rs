@@ -26,6 +26,11 @@ fn run(setup: &str, losses: &[f32]) -> String {
     )
 }
 
+/// `records` as the JSON-lines file `name` in `dir`, as accept.sh writes its results.
+fn write_jsonl(dir: &Path, name: &str, records: &[String]) {
+    std::fs::write(dir.join(name), records.join("\n") + "\n").unwrap();
+}
+
 fn tables(dir: &Path) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gpu/tables.py");
     let out = Command::new("python3")
@@ -61,7 +66,6 @@ fn the_profile_counts_each_kernels_launches_and_time() {
 #[test]
 fn parity_pairs_each_device_run_with_the_cpu_run_of_its_setup() {
     let dir = tempfile::tempdir().unwrap();
-    let lines = |runs: &[String]| runs.join("\n") + "\n";
     let failed = r#"{"error": "precision bf16: no BF16 here", "exit": 2, "command": "memfit bench train --model t5"}"#;
     let device = [
         run("fp32", &[2.0, 1.5, 1.0]),
@@ -70,8 +74,8 @@ fn parity_pairs_each_device_run_with_the_cpu_run_of_its_setup() {
     ];
     // the CPU's, finished in another order
     let cpu = [run("bf16", &[2.0, 1.6, 1.0]), run("fp32", &[2.0, 1.5, 1.0])];
-    std::fs::write(dir.path().join("parity.jsonl"), lines(&device)).unwrap();
-    std::fs::write(dir.path().join("parity-cpu.jsonl"), lines(&cpu)).unwrap();
+    write_jsonl(dir.path(), "parity.jsonl", &device);
+    write_jsonl(dir.path(), "parity-cpu.jsonl", &cpu);
     let md = tables(dir.path());
     assert!(
         md.contains(
@@ -95,12 +99,8 @@ fn a_nan_run_fails_its_parity_row() {
     let nan = format!(
         r#"{{"setup": {setup}, "losses": [null, null], "loss_first": null, "loss_last": null}}"#
     );
-    std::fs::write(dir.path().join("parity.jsonl"), nan + "\n").unwrap();
-    std::fs::write(
-        dir.path().join("parity-cpu.jsonl"),
-        run("bf16", &[2.0, 1.0]) + "\n",
-    )
-    .unwrap();
+    write_jsonl(dir.path(), "parity.jsonl", &[nan]);
+    write_jsonl(dir.path(), "parity-cpu.jsonl", &[run("bf16", &[2.0, 1.0])]);
     let md = tables(dir.path());
     assert!(
         md.contains("| tiny  | bf16 | nan → nan | 2.0000 → 1.0000 | inf | 0.01 | NO |"),
@@ -125,12 +125,8 @@ fn fusion_rows_pair_with_the_plain_builds_by_setup() {
         record("bert", 1000.0, 1.001, 250),
         record("t5-small", 1500.0, 2.0, 450),
     ];
-    std::fs::write(dir.path().join("speed.jsonl"), plain.join("\n") + "\n").unwrap();
-    std::fs::write(
-        dir.path().join("speed-fusion.jsonl"),
-        fused.join("\n") + "\n",
-    )
-    .unwrap();
+    write_jsonl(dir.path(), "speed.jsonl", &plain);
+    write_jsonl(dir.path(), "speed-fusion.jsonl", &fused);
     let md = tables(dir.path());
     assert!(
         md.contains("| bert b8 s64 | 400 | 1000 | 2.50 | 300 | 250 | 1.0e-03 |"),

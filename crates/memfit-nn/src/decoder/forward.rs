@@ -98,13 +98,7 @@ impl<'a> DecoderForward<'a> {
     /// `x · rsqrt(mean(x²) + ε) · w` over the last dimension, in f32 (`LlamaRMSNorm`).
     fn rms_norm(&self, x: Tensor<3>, weight: usize) -> Tensor<3> {
         let w = self.p(weight).unsqueeze::<3>();
-        let eps = self.cfg.rms_norm_eps;
-        if fused_rms_norm::supported(&x) {
-            return fused_rms_norm::rms_norm(x, w, eps);
-        }
-        let x32 = x.clone().cast(DType::F32);
-        let var = x32.clone().square().mean_dim(2);
-        (x32 * (var + eps).sqrt().recip() * w.cast(DType::F32)).cast(self.dtype)
+        fused_rms_norm::rms_norm_any_device(x, w, self.cfg.rms_norm_eps, self.dtype)
     }
 
     fn adapter(&self, layer: usize, p: Proj) -> Option<Adapter> {

@@ -12,6 +12,7 @@ use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
+use burn::tensor::DType;
 use burn_flex::FlexTensor;
 
 use crate::kernels::flex_op::record;
@@ -36,6 +37,17 @@ pub fn rms_norm(x: Tensor<3>, w: Tensor<3>, eps: f64) -> Tensor<3> {
         w.into_dispatch(),
         eps,
     ))
+}
+
+/// The RMS norm on any device: [`rms_norm`] where it runs, else burn's composite ops in f32 (as
+/// transformers' T5LayerNorm and LlamaRMSNorm take the variance), the result in `dtype`.
+pub fn rms_norm_any_device(x: Tensor<3>, w: Tensor<3>, eps: f64, dtype: DType) -> Tensor<3> {
+    if supported(&x) {
+        return rms_norm(x, w, eps);
+    }
+    let x32 = x.cast(DType::F32);
+    let var = x32.clone().square().mean_dim(2);
+    (x32 * (var + eps).sqrt().recip() * w.cast(DType::F32)).cast(dtype)
 }
 
 impl RmsNormOp for Flex {

@@ -79,14 +79,7 @@ impl<'a> T5Forward<'a> {
     fn rms_norm(&self, x: Tensor<3>, weight: usize) -> Tensor<3> {
         // T5LayerNorm: x / sqrt(mean(x²) + eps) · w — no mean subtraction, no bias.
         let w = self.p(weight).unsqueeze::<3>();
-        let eps = self.cfg.layer_norm_epsilon;
-        if fused_rms_norm::supported(&x) {
-            return fused_rms_norm::rms_norm(x, w, eps);
-        }
-        // in f32, as transformers' T5LayerNorm computes the variance
-        let x32 = x.cast(DType::F32);
-        let var = x32.clone().square().mean_dim(2);
-        (x32 * (var + eps).sqrt().recip() * w.cast(DType::F32)).cast(self.dtype)
+        fused_rms_norm::rms_norm_any_device(x, w, self.cfg.layer_norm_epsilon, self.dtype)
     }
 
     fn linear(&self, x: Tensor<3>, weight: usize) -> Tensor<3> {

@@ -62,9 +62,10 @@ pub fn class_of(setup: &Setup) -> String {
     c
 }
 
-/// The band of memfit's own trainer on a GPU (`memfit_device`): its width is the bound its allocations on memfit's GPU code path are held to on the CPU — every
-/// family and the seed's T5 SFT at three sizes, with and without checkpointing (crates/memfit-train/
-/// tests/device_memory.rs, which checks both figures here).
+/// The band of memfit's own trainer on a GPU (`memfit_device`): its width is the bound its
+/// allocations on memfit's GPU code path are held to on the CPU — every family and the seed's T5
+/// SFT at three sizes, with and without checkpointing (crates/memfit-train/tests/device_memory.rs,
+/// which checks both figures here).
 pub const MEMFIT_DEVICE: Band = Band {
     class: "memfit-device",
     rows: 24,
