@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use super::{DataParallel, DataParallelError, on_every_rank, overlap};
+use super::{DataParallel, DataParallelError, overlap};
 
 use crate::engine::{
     Classify, Continue, Engine, Generate, GenerateConfig, MicroBatch, ParamCounts, Replica,
@@ -41,12 +41,14 @@ where
         &mut self,
         group: &[MicroBatch<'_, E::Batch>],
     ) -> Result<Vec<f32>, Self::Error> {
-        let results = on_every_rank(&mut self.replicas, |rank, replica| {
-            // a step's last group may hold fewer micro-batches than there are ranks
-            (group.get(rank))
-                .map(|m| replica.accumulate(m.batch, m.loss_scale, m.seed))
-                .transpose()
-        })?;
+        let results = self
+            .threads
+            .on_every_rank(&mut self.replicas, |rank, replica| {
+                // a step's last group may hold fewer micro-batches than there are ranks
+                (group.get(rank))
+                    .map(|m| replica.accumulate(m.batch, m.loss_scale, m.seed))
+                    .transpose()
+            })?;
         Ok(Self::first_error(results)?.into_iter().flatten().collect())
     }
 
@@ -60,9 +62,14 @@ where
         if ranks == 1 || group.len() < ranks {
             return self.accumulate_group(group);
         }
-        let collective = self.collective.as_ref();
-        let results = on_every_rank(&mut self.replicas, |rank, replica| {
-            overlap::accumulate_reducing(replica, &group[rank], collective, (rank, ranks))
+        let (collective, threads) = (self.collective.as_ref(), &self.threads);
+        let results = threads.on_every_rank(&mut self.replicas, |rank, replica| {
+            overlap::accumulate_reducing(
+                replica,
+                &group[rank],
+                (collective, threads),
+                (rank, ranks),
+            )
         })?;
         let losses = Self::first_failure(results)?;
         self.reduced = true;
@@ -95,7 +102,9 @@ where
         if self.replicas.len() > 1 && !std::mem::take(&mut self.reduced) {
             self.reduce_gradients()?;
         }
-        let results = on_every_rank(&mut self.replicas, |_, r| r.step(lr, max_grad_norm))?;
+        let results = self
+            .threads
+            .on_every_rank(&mut self.replicas, |_, r| r.step(lr, max_grad_norm))?;
         let stepped = Self::first_error(results).and_then(|stats| {
             self.gather_masters()?;
             Ok(stats)
@@ -120,12 +129,14 @@ where
     /// Batch `i` on rank `i mod ranks`, the ranks side by side (their weights are the same).
     fn eval_losses(&self, batches: &[E::Batch]) -> Result<Vec<f32>, Self::Error> {
         let ranks = self.replicas.len();
-        let results = on_every_rank(&self.replicas, |rank, replica| {
-            (batches.iter().enumerate())
-                .filter(|(i, _)| i % ranks == rank)
-                .map(|(i, b)| replica.eval_loss(b).map(|l| (i, l)))
-                .collect::<Result<Vec<_>, _>>()
-        })?;
+        let results = self
+            .threads
+            .on_every_rank(&self.replicas, |rank, replica| {
+                (batches.iter().enumerate())
+                    .filter(|(i, _)| i % ranks == rank)
+                    .map(|(i, b)| replica.eval_loss(b).map(|l| (i, l)))
+                    .collect::<Result<Vec<_>, _>>()
+            })?;
         let mut losses: Vec<(usize, f32)> = Self::first_error(results)?.concat();
         losses.sort_by_key(|(i, _)| *i);
         Ok(losses.into_iter().map(|(_, l)| l).collect())
@@ -158,7 +169,7 @@ where
 
     fn load(&mut self, dir: &Path, with_optimizer: bool) -> Result<(), Self::Error> {
         let shards = self.shards.clone();
-        let results = on_every_rank(&mut self.replicas, |rank, r| {
+        let results = self.threads.on_every_rank(&mut self.replicas, |rank, r| {
             r.load(dir, with_optimizer)?;
             match &shards {
                 Some(masks) => r.keep_optimizer_states(&masks[rank]),

@@ -28,7 +28,7 @@ use collective::{bucket_of, places_of};
 
 use std::sync::Arc;
 
-use rank_threads::on_every_rank;
+use rank_threads::RankThreads;
 
 use crate::engine::{Backend, Replica};
 
@@ -88,6 +88,8 @@ pub struct DataParallel<E: Replica> {
     shards: Option<Vec<Vec<bool>>>,
     /// This step's gradients were reduced during its last backward ([`overlap`]).
     reduced: bool,
+    /// The ranks' threads, started at the first call and kept ([`rank_threads`]).
+    threads: RankThreads,
 }
 
 impl<E: Replica> DataParallel<E> {
@@ -100,6 +102,7 @@ impl<E: Replica> DataParallel<E> {
         );
         assert!(!replicas.is_empty(), "a data-parallel group has a rank");
         Self {
+            threads: RankThreads::new(replicas.len()),
             replicas,
             collective,
             shards: None,
@@ -215,17 +218,19 @@ impl<E: Replica> DataParallel<E> {
         };
         let collective = &self.collective;
         let ranks = self.replicas.len();
-        let results = on_every_rank(&mut self.replicas, |rank, replica| {
-            let fail = |source| DataParallelError::Rank {
-                rank,
-                ranks,
-                source,
-            };
-            let mine = replica.masters_for_gather(&masks[rank]).map_err(fail)?;
-            let places = mine.len();
-            let all = collective.all_reduce_sum(rank, bucket_of(mine))?;
-            replica.put_masters(places_of(all, places)).map_err(fail)
-        })?;
+        let results = self
+            .threads
+            .on_every_rank(&mut self.replicas, |rank, replica| {
+                let fail = |source| DataParallelError::Rank {
+                    rank,
+                    ranks,
+                    source,
+                };
+                let mine = replica.masters_for_gather(&masks[rank]).map_err(fail)?;
+                let places = mine.len();
+                let all = collective.all_reduce_sum(rank, bucket_of(mine))?;
+                replica.put_masters(places_of(all, places)).map_err(fail)
+            })?;
         Self::flatten(results)
     }
 
@@ -247,28 +252,30 @@ impl<E: Replica> DataParallel<E> {
     fn reduce_gradients(&mut self) -> Result<(), DataParallelError<E::Error>> {
         let collective = &self.collective;
         let ranks = self.replicas.len();
-        let results = on_every_rank(&mut self.replicas, |rank, replica| {
-            let grads = match replica.take_gradients() {
-                Ok(g) => g,
-                Err(e) => {
-                    collective.abort(rank, &e.to_string());
-                    return Err(DataParallelError::Rank {
+        let results = self
+            .threads
+            .on_every_rank(&mut self.replicas, |rank, replica| {
+                let grads = match replica.take_gradients() {
+                    Ok(g) => g,
+                    Err(e) => {
+                        collective.abort(rank, &e.to_string());
+                        return Err(DataParallelError::Rank {
+                            rank,
+                            ranks,
+                            source: e,
+                        });
+                    }
+                };
+                let places = grads.len();
+                let summed = collective.all_reduce_sum(rank, bucket_of(grads))?;
+                replica
+                    .put_gradients(places_of(summed, places))
+                    .map_err(|source| DataParallelError::Rank {
                         rank,
                         ranks,
-                        source: e,
-                    });
-                }
-            };
-            let places = grads.len();
-            let summed = collective.all_reduce_sum(rank, bucket_of(grads))?;
-            replica
-                .put_gradients(places_of(summed, places))
-                .map_err(|source| DataParallelError::Rank {
-                    rank,
-                    ranks,
-                    source,
-                })
-        })?;
+                        source,
+                    })
+            })?;
         Self::flatten(results)
     }
 }

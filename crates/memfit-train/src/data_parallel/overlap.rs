@@ -7,7 +7,7 @@
 
 use std::sync::mpsc;
 
-use super::rank_threads::{self, finished_on};
+use super::rank_threads::{RankThreads, finished_on};
 use super::{Collective, CollectiveError, DataParallelError};
 use crate::engine::{GradBucket, MicroBatch, Replica};
 
@@ -15,58 +15,48 @@ use crate::engine::{GradBucket, MicroBatch, Replica};
 pub(super) fn accumulate_reducing<E: Replica>(
     replica: &mut E,
     m: &MicroBatch<'_, E::Batch>,
-    collective: &dyn Collective,
+    (collective, threads): (&dyn Collective, &RankThreads),
     (rank, ranks): (usize, usize),
 ) -> Result<f32, DataParallelError<E::Error>> {
     let places = replica.trained_sizes().len();
     let device = replica.device();
     let (tx, rx) = mpsc::channel::<GradBucket>();
-    let outcome = std::thread::scope(|s| {
-        let device = &device;
-        let reduce = move || -> Result<GradBucket, CollectiveError> {
-            let mut reduced = Vec::new();
-            for bucket in rx {
-                reduced.extend(collective.all_reduce_sum(rank, bucket)?);
-            }
-            // the reduced gradients go back to the rank's thread (rank_threads::finished_on)
-            finished_on(device).map_err(CollectiveError::Device)?;
-            Ok(reduced)
-        };
-        let reducer = match rank_threads::spawn_for_rank(s, rank, reduce) {
-            Ok(reducer) => reducer,
-            Err(why) => {
-                // the others must not wait for this rank until the timeout
-                collective.abort(rank, &why);
-                return Err(CollectiveError::Device(why));
-            }
-        };
+    let reduce = || -> Result<GradBucket, CollectiveError> {
+        let mut reduced = Vec::new();
+        for bucket in rx {
+            reduced.extend(collective.all_reduce_sum(rank, bucket)?);
+        }
+        // the reduced gradients go back to the rank's thread (rank_threads::finished_on)
+        finished_on(&device).map_err(CollectiveError::Device)?;
+        Ok(reduced)
+    };
+    let backward = || {
         let run = std::panic::AssertUnwindSafe(|| {
             let mut send = |bucket: GradBucket| {
                 // the bucket's gradients go to the reducing thread (rank_threads::finished_on)
-                finished_on(device)?;
+                finished_on(&device)?;
                 (tx.send(bucket)).map_err(|_| "the reduction between ranks stopped".to_string())
             };
             replica.accumulate_and_send(m.batch, (m.loss_scale, m.seed), &mut send)
         });
         let loss = std::panic::catch_unwind(run);
         drop(tx);
-        // the others must not wait for this rank's buckets until the timeout (nor this scope for
+        // the others must not wait for this rank's buckets until the timeout (nor this rank for
         // its reducer, waiting on them)
         match &loss {
             Ok(Err(e)) => collective.abort(rank, &e.to_string()),
             Err(_) => collective.abort(rank, "the rank's thread panicked"),
             Ok(Ok(_)) => {}
         }
-        let reduced = reducer.join().unwrap_or_else(|_| {
-            Err(CollectiveError::Device(format!(
-                "rank {rank}: the reducing thread panicked"
-            )))
-        });
-        let loss = loss.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        Ok((loss, reduced))
+        loss
+    };
+    let (loss, reduced) = threads.beside_reducer(rank, reduce, backward)?;
+    let reduced = reduced.unwrap_or_else(|panic| {
+        Err(CollectiveError::Device(format!(
+            "rank {rank}: the reducing thread panicked: {panic}"
+        )))
     });
-    // this rank's reducer did not start: the group stops as for a collective's failure
-    let (loss, reduced) = outcome.map_err(DataParallelError::Collective)?;
+    let loss = loss.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
     let rank_error = |source| DataParallelError::Rank {
         rank,
         ranks,
