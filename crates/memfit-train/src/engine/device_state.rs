@@ -7,21 +7,24 @@
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType, IndexingUpdateOp, TensorData};
 
-use crate::optim::{DeviceOptimizer, Optimizer, clip_coefficient};
+use crate::optim::{DeviceOptimizer, Flat, FlatLayout, Optimizer, clip_coefficient};
 use memfit_nn::ModelError;
 use memfit_nn::layers::grad_sink::GradTarget;
-use memfit_nn::layers::host::{float_tensor, to_f32_vec};
+use memfit_nn::layers::host::{float_tensor, scalar, to_f32_vec};
 use memfit_nn::model::ParamShape;
 
 pub(super) struct DeviceState {
     device: Device,
     /// The dtype a pass computes with (bf16 weights off flex under `--precision bf16`).
     compute_dtype: DType,
-    /// f32 masters of the trained parameters (`None`: frozen).
-    masters: Vec<Option<Tensor<2>>>,
+    /// Where each trained parameter sits in `masters` (and in a step's flat gradients).
+    layout: FlatLayout,
+    /// f32 masters of the trained parameters, end to end in chunks (none: nothing is trained).
+    masters: Flat,
     /// The frozen weights, uploaded once at `compute_dtype` (no f32 copy of a frozen base).
     frozen: Vec<Option<Tensor<2>>>,
-    /// The weights a pass reads: the masters cast to `compute_dtype`, and the frozen ones.
+    /// The weights a pass reads: views of the masters cast to `compute_dtype` (one cast), and the
+    /// frozen ones.
     compute: Vec<Tensor<2>>,
     /// Accumulated f32 gradients (`None`: frozen, or none yet this step).
     grads: Vec<Option<Tensor<2>>>,
@@ -39,12 +42,13 @@ impl DeviceState {
         optimizer: &Optimizer,
         (device, compute_dtype): (Device, DType),
     ) -> Self {
-        let masters: Vec<Option<Tensor<2>>> = params
-            .iter()
-            .zip(shapes)
-            .zip(trainable)
-            .map(|((w, s), &t)| t.then(|| float_tensor(w, s.dims, &device, DType::F32)))
-            .collect();
+        let layout = FlatLayout::new(
+            shapes
+                .iter()
+                .zip(trainable)
+                .map(|(s, &t)| t.then_some(s.dims)),
+        );
+        let masters = layout.join_host(|i| &params[i], &device);
         let frozen = params
             .iter()
             .zip(shapes)
@@ -56,6 +60,7 @@ impl DeviceState {
             grads: vec![None; params.len()],
             device,
             compute_dtype,
+            layout,
             masters,
             frozen,
             compute: Vec::new(),
@@ -92,16 +97,16 @@ impl DeviceState {
         if squares.is_empty() {
             return Ok(0.0);
         }
-        let total = memfit_nn::layers::host::scalar(Tensor::cat(squares, 0).sum())?;
+        let total = scalar(Tensor::cat(squares, 0).sum())?;
         Ok(f64::from(total).sqrt())
     }
 
     /// The accumulated gradients taken out (a trained parameter without one yet: zeros; frozen:
     /// `None`), for a collective between ranks.
     pub(super) fn take_gradients(&mut self, shapes: &[ParamShape]) -> Vec<Option<Tensor<2>>> {
-        (self.grads.iter_mut().zip(&self.masters).zip(shapes))
-            .map(|((g, m), s)| {
-                m.as_ref().map(|_| {
+        (self.grads.iter_mut().zip(shapes).enumerate())
+            .map(|(i, (g, s))| {
+                self.layout.contains(i).then(|| {
                     g.take()
                         .unwrap_or_else(|| Tensor::zeros(s.dims, (&self.device, DType::F32)))
                 })
@@ -117,22 +122,20 @@ impl DeviceState {
     /// The masters of `owned` parameters, zeros for the other trained ones (`None`: frozen): what a
     /// sum over the ranks turns into every owner's masters (ZeRO-1's gather).
     pub(super) fn masters_for_gather(&self, owned: &[bool]) -> Vec<Option<Tensor<2>>> {
-        (self.masters.iter().zip(owned))
-            .map(|(m, &own)| {
-                m.as_ref()
-                    .map(|m| if own { m.clone() } else { m.zeros_like() })
+        (0..owned.len())
+            .map(|i| {
+                let m = self.layout.view(&self.masters, i)?;
+                Some(if owned[i] { m } else { m.zeros_like() })
             })
             .collect()
     }
 
     /// `masters` (the gathered ones) as the masters; the compute weights recast from them.
-    pub(super) fn put_masters(&mut self, masters: Vec<Option<Tensor<2>>>) {
+    pub(super) fn put_masters(&mut self, mut masters: Vec<Option<Tensor<2>>>) {
         self.compute.clear();
-        for (slot, m) in self.masters.iter_mut().zip(masters) {
-            if let (Some(slot), Some(m)) = (slot.as_mut(), m) {
-                *slot = m.cast(FloatDType::F32);
-            }
-        }
+        self.masters.clear();
+        let gathered = |i: usize| masters[i].take().map(|m| m.cast(FloatDType::F32));
+        self.masters = self.layout.flatten(gathered, &self.device);
         self.recast();
         self.host_stale = true;
     }
@@ -141,53 +144,53 @@ impl DeviceState {
         self.optimizer.keep_only(keep);
     }
 
-    /// Clips, updates the masters, clears the gradients and recasts the compute weights.
-    pub(super) fn step(
-        &mut self,
-        shapes: &[ParamShape],
-        lr: f64,
-        max_grad_norm: Option<f64>,
-    ) -> Result<f64, ModelError> {
-        // A trained parameter that received no gradient this step (unused) takes a zero gradient.
-        for ((g, m), s) in self.grads.iter_mut().zip(&self.masters).zip(shapes) {
-            if m.is_some() && g.is_none() {
-                *g = Some(Tensor::zeros(s.dims, (&self.device, DType::F32)));
-            }
-        }
-        let grad_norm = self.grad_norm()?;
+    /// Clips, updates the masters, clears the gradients and recasts the compute weights: one
+    /// launch per op for every parameter (the gradients are laid out as the masters first; a
+    /// trained parameter that received no gradient this step takes zeros).
+    pub(super) fn step(&mut self, lr: f64, max_grad_norm: Option<f64>) -> Result<f64, ModelError> {
+        let grads = &mut self.grads;
+        let g = self.layout.flatten(|i| grads[i].take(), &self.device);
+        let grad_norm = norm(&g)?;
         let scale = max_grad_norm.map_or(1.0, |max| clip_coefficient(grad_norm, max));
-        // The old compute copies go first, so that fp32's (the masters themselves) do not pin the
-        // old masters while the update writes the new ones.
+        // The old compute copies go first, so that fp32's (views of the masters themselves) do
+        // not pin the old masters while the update writes the new ones.
         self.compute.clear();
-        self.optimizer
-            .step_scaled(&mut self.masters, &self.grads, lr, scale);
+        let masters = std::mem::take(&mut self.masters);
+        self.masters = self
+            .optimizer
+            .step_flat(masters, &self.layout, g, (lr, scale));
         self.clear_gradients();
         self.recast();
         self.host_stale = true;
         Ok(grad_norm)
     }
 
-    /// The compute weights from the masters (cast) and the frozen weights.
+    /// The compute weights: views of the masters cast once, and the frozen weights.
     fn recast(&mut self) {
-        let dtype = self.compute_dtype;
-        self.compute = (self.masters.iter().zip(&self.frozen))
-            .map(|(m, f)| match (m, f) {
-                (Some(m), _) => m.clone().cast(dtype),
-                (None, Some(f)) => f.clone(),
-                (None, None) => unreachable!("a parameter is trained or frozen"),
+        let cast: Flat = (self.masters.iter())
+            .map(|m| m.clone().cast(self.compute_dtype))
+            .collect();
+        self.compute = (self.frozen.iter().enumerate())
+            .map(|(i, f)| match f {
+                Some(f) => f.clone(),
+                None => self
+                    .layout
+                    .view(&cast, i)
+                    .expect("a parameter is trained or frozen"),
             })
             .collect();
     }
 
     /// Copies the masters into the host's weights, if an optimizer step moved them since the last
-    /// time.
+    /// time (one download).
     pub(super) fn sync_host(&mut self, params: &mut [Vec<f32>]) -> Result<(), ModelError> {
         if !self.host_stale {
             return Ok(());
         }
-        for (w, m) in params.iter_mut().zip(&self.masters) {
+        let host = self.layout.to_host(&self.masters)?;
+        for (w, m) in params.iter_mut().zip(host) {
             if let Some(m) = m {
-                *w = to_f32_vec(m.clone())?;
+                *w = m;
             }
         }
         self.host_stale = false;
@@ -208,6 +211,15 @@ impl DeviceState {
             .map(|g| g.as_ref().and_then(|g| to_f32_vec(g.clone()).ok()))
             .collect()
     }
+}
+
+/// The L2 norm of every chunk's values: one scalar read back.
+fn norm(flat: &Flat) -> Result<f64, ModelError> {
+    let squares: Vec<Tensor<1>> = flat.iter().map(|c| (c.clone() * c.clone()).sum()).collect();
+    if squares.is_empty() {
+        return Ok(0.0);
+    }
+    Ok(f64::from(scalar(Tensor::cat(squares, 0).sum())?).sqrt())
 }
 
 impl super::sending::TakeGradient for DeviceAccumulators<'_> {

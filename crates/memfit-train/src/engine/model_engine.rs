@@ -40,7 +40,8 @@ pub struct ModelEngine<M: TrainModel> {
 /// Where the masters, gradients and optimizer state live.
 enum TrainingState {
     Host(HostState),
-    Device(DeviceState),
+    /// Boxed: the device's tensors and layouts outweigh the host state's few fields.
+    Device(Box<DeviceState>),
 }
 
 /// The model's f32 masters and which of them train.
@@ -61,13 +62,13 @@ impl TrainingState {
     ) -> Self {
         match options.placement {
             Placement::Host => Self::Host(HostState::new(optimizer)),
-            Placement::Device => Self::Device(DeviceState::new(
+            Placement::Device => Self::Device(Box::new(DeviceState::new(
                 masters.params,
                 masters.shapes,
                 masters.trainable,
                 &optimizer,
                 (device.clone(), compute_dtype(options)),
-            )),
+            ))),
         }
     }
 }
@@ -340,7 +341,7 @@ impl<M: TrainModel> Engine for ModelEngine<M> {
             TrainingState::Host(h) => {
                 h.step(self.model.params_mut(), &self.trainable, lr, max_grad_norm)
             }
-            TrainingState::Device(d) => d.step(&self.shapes, lr, max_grad_norm)?,
+            TrainingState::Device(d) => d.step(lr, max_grad_norm)?,
         };
         Ok(StepStats { grad_norm })
     }

@@ -1,6 +1,6 @@
 //! The same optimizers as [`super::Optimizer`], with their state as f32 tensors on the engine's
-//! device: a step reads the gradients where they were accumulated and writes the master weights in
-//! place of the old ones, with no host traffic. The arithmetic is the host's, term for term, in
+//! device: a step reads the gradients and the master weights laid out end to end ([`FlatLayout`])
+//! and writes the new masters in place of the old ones, with no host traffic. The arithmetic is the host's, term for term, in
 //! tensor ops (f32 sums where the host sums in f64: a GPU reduction is not ordered anyway).
 //!
 //! The state saves and loads through the host [`super::Optimizer`] ([`DeviceOptimizer::to_host`],
@@ -11,19 +11,30 @@ use burn::prelude::*;
 use burn::tensor::DType;
 
 use super::adafactor::AdafactorLr;
+use super::flat::{Flat, FlatLayout};
 use super::{AdafactorConfig, AdamWConfig, Optimizer, OptimizerConfig, ParamShape, State};
 use memfit_nn::ModelError;
-use memfit_nn::layers::host::float_tensor;
+use memfit_nn::layers::host::{float_tensor, to_f32_vec};
 
-/// One parameter's state on the device.
+/// The optimizer's state on the device.
 #[derive(Clone)]
-enum DeviceState {
+enum Moments {
+    /// AdamW's two moments of the parameters `layout` holds (those this optimizer steps), laid
+    /// out end to end: a step updates them all in a dozen launches.
     Adam {
-        exp_avg: Tensor<2>,
-        exp_avg_sq: Tensor<2>,
+        layout: FlatLayout,
+        exp_avg: Flat,
+        exp_avg_sq: Flat,
     },
-    /// Adafactor's factored moments in transformers' orientation: `row` `[rows, 1]`, `col`
-    /// `[1, cols]`.
+    /// Adafactor's, per parameter (its factors are per matrix).
+    Adafactor(Vec<Option<Factors>>),
+}
+
+/// One parameter's Adafactor state (one per parameter: not worth boxing the larger variant).
+#[derive(Clone)]
+#[allow(clippy::large_enum_variant)]
+enum Factors {
+    /// The factored moments in transformers' orientation: `row` `[rows, 1]`, `col` `[1, cols]`.
     Factored {
         row: Tensor<2>,
         col: Tensor<2>,
@@ -40,42 +51,96 @@ pub struct DeviceOptimizer {
     /// Optimizer steps taken.
     pub step: u64,
     shapes: Vec<ParamShape>,
-    states: Vec<Option<DeviceState>>,
+    moments: Moments,
 }
 
 impl DeviceOptimizer {
     /// The host optimizer's state (fresh or loaded), moved to `device`.
     pub fn from_host(host: &Optimizer, device: &Device) -> Self {
-        let states = host
-            .states
-            .iter()
-            .zip(&host.shapes)
-            .map(|(state, shape)| state.as_ref().map(|s| upload_state(s, shape, device)))
-            .collect();
+        let moments = match host.config {
+            OptimizerConfig::AdamW(_) => {
+                let adam = |i: usize| match &host.states[i] {
+                    Some(State::Adam {
+                        exp_avg,
+                        exp_avg_sq,
+                    }) => (exp_avg.as_slice(), exp_avg_sq.as_slice()),
+                    _ => unreachable!("AdamW keeps Adam states"),
+                };
+                let layout = FlatLayout::new(
+                    (host.states.iter().zip(&host.shapes)).map(|(s, p)| s.as_ref().map(|_| p.dims)),
+                );
+                Moments::Adam {
+                    exp_avg: layout.join_host(|i| adam(i).0, device),
+                    exp_avg_sq: layout.join_host(|i| adam(i).1, device),
+                    layout,
+                }
+            }
+            OptimizerConfig::Adafactor(_) => Moments::Adafactor(
+                (host.states.iter().zip(&host.shapes))
+                    .map(|(s, shape)| s.as_ref().map(|s| upload_factors(s, shape, device)))
+                    .collect(),
+            ),
+        };
         Self {
             config: host.config.clone(),
             step: host.step,
             shapes: host.shapes.clone(),
-            states,
+            moments,
         }
     }
 
     /// Drops the states of the parameters not in `keep` (one rank's ZeRO-1 shard).
     pub fn keep_only(&mut self, keep: &[bool]) {
-        for (state, &k) in self.states.iter_mut().zip(keep) {
-            if !k {
-                *state = None;
+        match &mut self.moments {
+            Moments::Adam {
+                layout,
+                exp_avg,
+                exp_avg_sq,
+            } => {
+                let kept = FlatLayout::new(
+                    (self.shapes.iter().enumerate())
+                        .map(|(i, s)| (layout.contains(i) && keep[i]).then_some(s.dims)),
+                );
+                let Some(device) = exp_avg.first().map(Tensor::device) else {
+                    return;
+                };
+                let moved = |flat: &Flat| kept.flatten(|i| layout.view(flat, i), &device);
+                (*exp_avg, *exp_avg_sq) = (moved(exp_avg), moved(exp_avg_sq));
+                *layout = kept;
+            }
+            Moments::Adafactor(factors) => {
+                for (f, &k) in factors.iter_mut().zip(keep) {
+                    if !k {
+                        *f = None;
+                    }
+                }
             }
         }
     }
 
     /// The state as a host optimizer (for `optimizer.safetensors`).
     pub fn to_host(&self) -> Result<Optimizer, ModelError> {
-        let states = self
-            .states
-            .iter()
-            .map(|s| s.as_ref().map(download_state).transpose())
-            .collect::<Result<_, _>>()?;
+        let states = match &self.moments {
+            Moments::Adam {
+                layout,
+                exp_avg,
+                exp_avg_sq,
+            } => {
+                let m = layout.to_host(exp_avg)?;
+                let v = layout.to_host(exp_avg_sq)?;
+                (m.into_iter().zip(v))
+                    .map(|(m, v)| {
+                        m.zip(v).map(|(exp_avg, exp_avg_sq)| State::Adam {
+                            exp_avg,
+                            exp_avg_sq,
+                        })
+                    })
+                    .collect()
+            }
+            Moments::Adafactor(factors) => (factors.iter())
+                .map(|f| f.as_ref().map(download_factors).transpose())
+                .collect::<Result<_, _>>()?,
+        };
         Ok(Optimizer {
             config: self.config.clone(),
             step: self.step,
@@ -84,66 +149,87 @@ impl DeviceOptimizer {
         })
     }
 
-    /// One update of `weights` (f32 masters, `None` for frozen parameters) from `grads`, each
-    /// gradient multiplied by `grad_scale` first (clipping's coefficient). `lr` is the scheduler's
-    /// rate (ignored by Adafactor's relative step).
-    pub fn step_scaled(
+    /// One update of `masters` (the f32 masters laid out as `layout`) from `grads` (laid out
+    /// alike), the gradients multiplied by `grad_scale` first (clipping's coefficient); the new
+    /// masters. `lr` is the scheduler's rate (ignored by Adafactor's relative step). A parameter
+    /// without a state here (another rank's ZeRO-1 shard) keeps its value.
+    pub fn step_flat(
         &mut self,
-        weights: &mut [Option<Tensor<2>>],
-        grads: &[Option<Tensor<2>>],
-        lr: f64,
-        grad_scale: f32,
-    ) {
+        masters: Flat,
+        layout: &FlatLayout,
+        grads: Flat,
+        (lr, grad_scale): (f64, f32),
+    ) -> Flat {
         self.step += 1;
-        let step = self.step;
-        let slots = self.states.iter_mut().zip(weights.iter_mut()).zip(grads);
-        for (((slot, w), g), shape) in slots.zip(&self.shapes) {
-            // Taken, not cloned: the update may then write the old buffers in place. A parameter
-            // without a state (another rank's ZeRO-1 shard) or a gradient keeps its weight.
-            let Some(g) = g.as_ref() else { continue };
-            let Some(state) = slot.take() else { continue };
-            let Some(old) = w.take() else {
-                *slot = Some(state);
-                continue;
-            };
-            let g = scaled(g, grad_scale);
-            let (new_w, new_state) = match (&self.config, state) {
-                (
-                    OptimizerConfig::AdamW(c),
-                    DeviceState::Adam {
-                        exp_avg,
-                        exp_avg_sq,
-                    },
-                ) => {
-                    let [w, m, v] = adamw(c, (step, lr), [old, exp_avg, exp_avg_sq], g);
-                    let state = DeviceState::Adam {
-                        exp_avg: m,
-                        exp_avg_sq: v,
+        let at = (self.step, lr);
+        let g: Flat = if grad_scale == 1.0 {
+            grads
+        } else {
+            grads
+                .into_iter()
+                .map(|c| c.mul_scalar(grad_scale))
+                .collect()
+        };
+        match (&self.config, &mut self.moments) {
+            (
+                OptimizerConfig::AdamW(c),
+                Moments::Adam {
+                    layout: own,
+                    exp_avg,
+                    exp_avg_sq,
+                },
+            ) => {
+                let moments = (std::mem::take(exp_avg), std::mem::take(exp_avg_sq));
+                let update = |w: Flat, g: Flat| {
+                    let chunks = w.into_iter().zip(g).zip(moments.0).zip(moments.1);
+                    let updated = chunks.map(|(((w, g), m), v)| adamw(c, at, [w, m, v], g));
+                    let (mut w, mut m, mut v) = (Vec::new(), Vec::new(), Vec::new());
+                    for [wc, mc, vc] in updated {
+                        w.push(wc);
+                        m.push(mc);
+                        v.push(vc);
+                    }
+                    (w, m, v)
+                };
+                if own == layout {
+                    let (w, m, v) = update(masters, g);
+                    (*exp_avg, *exp_avg_sq) = (m, v);
+                    return w;
+                }
+                // a ZeRO-1 shard: the owned parameters gathered, updated, put back
+                let Some(device) = masters.first().map(Tensor::device) else {
+                    return masters;
+                };
+                let w = own.flatten(|i| layout.view(&masters, i), &device);
+                let g = own.flatten(|i| layout.view(&g, i), &device);
+                let (w, m, v) = update(w, g);
+                (*exp_avg, *exp_avg_sq) = (m, v);
+                let mut masters = masters;
+                for i in own.indices() {
+                    layout.assign(&mut masters, i, own.view(&w, i).expect("laid out"));
+                }
+                masters
+            }
+            (OptimizerConfig::Adafactor(c), Moments::Adafactor(factors)) => {
+                let mut masters = masters;
+                for i in layout.indices() {
+                    let Some(f) = factors[i].as_mut() else {
+                        continue;
                     };
-                    (w, state)
+                    let w = layout.view(&masters, i).expect("laid out");
+                    let g = layout.view(&g, i).expect("laid out");
+                    let new = match f {
+                        Factors::Factored { row, col } => {
+                            adafactor_factored(c, at, &self.shapes[i], w, g, row, col)
+                        }
+                        Factors::Full { exp_avg_sq } => adafactor_full(c, at, w, g, exp_avg_sq),
+                    };
+                    layout.assign(&mut masters, i, new);
                 }
-                (OptimizerConfig::Adafactor(c), DeviceState::Factored { mut row, mut col }) => {
-                    let w = adafactor_factored(c, (step, lr), shape, old, g, &mut row, &mut col);
-                    (w, DeviceState::Factored { row, col })
-                }
-                (OptimizerConfig::Adafactor(c), DeviceState::Full { mut exp_avg_sq }) => {
-                    let w = adafactor_full(c, (step, lr), old, g, &mut exp_avg_sq);
-                    (w, DeviceState::Full { exp_avg_sq })
-                }
-                _ => unreachable!("state kind follows the optimizer kind (built in from_host)"),
-            };
-            *w = Some(new_w);
-            *slot = Some(new_state);
+                masters
+            }
+            _ => unreachable!("the state follows the optimizer kind (built in from_host)"),
         }
-    }
-}
-
-/// `g` times clipping's coefficient.
-fn scaled(g: &Tensor<2>, grad_scale: f32) -> Tensor<2> {
-    if grad_scale == 1.0 {
-        g.clone()
-    } else {
-        g.clone().mul_scalar(grad_scale)
     }
 }
 
@@ -152,19 +238,24 @@ fn scaled(g: &Tensor<2>, grad_scale: f32) -> Tensor<2> {
 fn adamw(
     c: &AdamWConfig,
     (step, lr): (u64, f64),
-    [w, m, v]: [Tensor<2>; 3],
-    g: Tensor<2>,
-) -> [Tensor<2>; 3] {
+    [w, m, v]: [Tensor<1>; 3],
+    g: Tensor<1>,
+) -> [Tensor<1>; 3] {
     let t = step as i32;
     let bc1 = 1.0 - c.beta1.powi(t);
     let inv_bc2_sqrt = (1.0 / (1.0 - c.beta2.powi(t)).sqrt()) as f32;
     let step_size = (lr / bc1) as f32;
     let decay = (1.0 - lr * c.weight_decay) as f32;
     let (b1, b2, eps) = (c.beta1 as f32, c.beta2 as f32, c.eps as f32);
-    let m = m.mul_scalar(b1) + g.clone().mul_scalar(1.0 - b1);
-    let v = v.mul_scalar(b2) + (g.clone() * g).mul_scalar(1.0 - b2);
+    // v first: m's term then takes `g` itself (no full-size copy beside it)
+    let v = v.mul_scalar(b2) + (g.clone() * g.clone()).mul_scalar(1.0 - b2);
+    let m = m.mul_scalar(b1) + g.mul_scalar(1.0 - b1);
     let denom = v.clone().sqrt().mul_scalar(inv_bc2_sqrt).add_scalar(eps);
-    let w = w.mul_scalar(decay) - (m.clone() / denom).mul_scalar(step_size);
+    // m / denom as denom's reciprocal times m: written into denom's buffer on any backend (a
+    // division by it allocates where only the left operand may be overwritten), so that the
+    // update holds one temporary the size of its chunk
+    let update = denom.recip() * m.clone();
+    let w = w.mul_scalar(decay) - update.mul_scalar(step_size);
     [w, m, v]
 }
 
@@ -261,40 +352,27 @@ fn upload(values: &[f32], dims: [usize; 2], device: &Device) -> Tensor<2> {
     float_tensor(values, dims, device, DType::F32)
 }
 
-fn upload_state(state: &State, shape: &ParamShape, device: &Device) -> DeviceState {
+fn upload_factors(state: &State, shape: &ParamShape, device: &Device) -> Factors {
     match state {
-        State::Adam {
-            exp_avg,
-            exp_avg_sq,
-        } => DeviceState::Adam {
-            exp_avg: upload(exp_avg, shape.dims, device),
-            exp_avg_sq: upload(exp_avg_sq, shape.dims, device),
-        },
-        State::Factored { row, col } => DeviceState::Factored {
+        State::Factored { row, col } => Factors::Factored {
             row: upload(row, [row.len(), 1], device),
             col: upload(col, [1, col.len()], device),
         },
-        State::Full { exp_avg_sq } => DeviceState::Full {
+        State::Full { exp_avg_sq } => Factors::Full {
             exp_avg_sq: upload(exp_avg_sq, shape.dims, device),
         },
+        State::Adam { .. } => unreachable!("Adafactor keeps Adafactor states"),
     }
 }
 
-fn download_state(state: &DeviceState) -> Result<State, ModelError> {
-    let host = |t: &Tensor<2>| memfit_nn::layers::host::to_f32_vec(t.clone());
-    Ok(match state {
-        DeviceState::Adam {
-            exp_avg,
-            exp_avg_sq,
-        } => State::Adam {
-            exp_avg: host(exp_avg)?,
-            exp_avg_sq: host(exp_avg_sq)?,
-        },
-        DeviceState::Factored { row, col } => State::Factored {
+fn download_factors(factors: &Factors) -> Result<State, ModelError> {
+    let host = |t: &Tensor<2>| to_f32_vec(t.clone());
+    Ok(match factors {
+        Factors::Factored { row, col } => State::Factored {
             row: host(row)?,
             col: host(col)?,
         },
-        DeviceState::Full { exp_avg_sq } => State::Full {
+        Factors::Full { exp_avg_sq } => State::Full {
             exp_avg_sq: host(exp_avg_sq)?,
         },
     })
@@ -345,20 +423,31 @@ mod tests {
             weight_decay: 0.01,
             ..Default::default()
         };
-        for config in [
+        let configs = [
             OptimizerConfig::AdamW(AdamWConfig::default()),
             OptimizerConfig::Adafactor(AdafactorConfig::default()),
             OptimizerConfig::Adafactor(external),
-        ] {
+        ];
+        // every state, and a ZeRO-1 shard without "b"'s (which then keeps its value)
+        let shards = [None, Some([true, true, false, true])];
+        for (config, keep) in configs
+            .into_iter()
+            .flat_map(|c| shards.map(|k| (c.clone(), k)))
+        {
+            let layout = FlatLayout::new(
+                shapes
+                    .iter()
+                    .zip(trainable)
+                    .map(|(s, t)| t.then_some(s.dims)),
+            );
             let mut host = Optimizer::new(config.clone(), shapes.clone(), &trainable);
             let mut dev = DeviceOptimizer::from_host(&host, &device);
+            if let Some(keep) = keep {
+                host.keep_only(&keep);
+                dev.keep_only(&keep);
+            }
             let mut w_host = start.clone();
-            let mut w_dev: Vec<Option<Tensor<2>>> = start
-                .iter()
-                .zip(&shapes)
-                .zip(trainable)
-                .map(|((w, s), t)| t.then(|| upload(w, s.dims, &device)))
-                .collect();
+            let mut w_dev = layout.join_host(|i| &start[i], &device);
             for step in 0..3 {
                 let grads: Vec<Option<Vec<f32>>> = shapes
                     .iter()
@@ -371,17 +460,13 @@ mod tests {
                         })
                     })
                     .collect();
-                let g_dev: Vec<Option<Tensor<2>>> = grads
-                    .iter()
-                    .zip(&shapes)
-                    .map(|(g, s)| g.as_ref().map(|g| upload(g, s.dims, &device)))
-                    .collect();
+                let g_dev = layout.join_host(|i| grads[i].as_deref().unwrap(), &device);
                 host.step_scaled(&mut w_host, &grads, 0.05, 0.75);
-                dev.step_scaled(&mut w_dev, &g_dev, 0.05, 0.75);
+                w_dev = dev.step_flat(w_dev, &layout, g_dev, (0.05, 0.75));
             }
-            for (i, w) in w_dev.iter().enumerate() {
-                let Some(w) = w else { continue };
-                let got = memfit_nn::layers::host::to_f32_vec(w.clone()).unwrap();
+            let got = layout.to_host(&w_dev).unwrap();
+            for (i, w) in got.iter().enumerate() {
+                let Some(got) = w else { continue };
                 for (a, b) in got.iter().zip(&w_host[i]) {
                     assert!(
                         (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
@@ -390,10 +475,24 @@ mod tests {
                     );
                 }
             }
+            if keep.is_some() {
+                assert_eq!(got[2].as_ref(), Some(&start[2]), "another rank's parameter");
+            }
             let back = dev.to_host().unwrap();
             assert_eq!(back.step, host.step);
+            assert_eq!(back.state_values(), host.state_values());
             for (a, b) in back.states.iter().zip(&host.states) {
-                assert_eq!(a.is_some(), b.is_some());
+                let (Some(State::Adam { exp_avg: a, .. }), Some(State::Adam { exp_avg: b, .. })) =
+                    (a, b)
+                else {
+                    assert_eq!(a.is_some(), b.is_some());
+                    continue;
+                };
+                assert!(
+                    a.iter()
+                        .zip(b)
+                        .all(|(x, y)| (x - y).abs() <= 1e-6 * (1.0 + y.abs()))
+                );
             }
         }
     }

@@ -9,10 +9,12 @@
 mod adafactor;
 mod adamw;
 mod device;
+mod flat;
 
 pub use adafactor::{AdafactorConfig, AdafactorLr};
 pub use adamw::AdamWConfig;
 pub use device::DeviceOptimizer;
+pub use flat::{Flat, FlatLayout};
 
 use std::borrow::Cow;
 use std::collections::HashMap;

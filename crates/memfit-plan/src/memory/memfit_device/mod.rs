@@ -16,10 +16,13 @@
 //!   materialised `q·kᵀ` matrices, composite norms, boolean dropout masks (1 B per element);
 //! - **LM head**: one chunk of logits at a time (`HEAD_CHUNK_LOGITS`, f32) and the weight's
 //!   gradient, while every activation is alive;
-//! - **attention backward**: the last block's two `q × k` gradient matrices beside what is kept.
+//! - **attention backward**: the last block's two `q × k` gradient matrices beside what is kept;
+//! - **the optimizer step**: the gradients laid out end to end as the masters are (`optim/flat.rs`)
+//!   and one chunk's temporary (at most 64 MiB of f32, or the largest parameter), while the compute
+//!   weights are released: never more than the end of a backward pass, so not a moment of its own.
 //!
-//! Counted against a real allocator on the CPU (burn's ndarray backend runs this same code path:
-//! crates/memfit-train/tests/device_memory.rs). Not counted, because only a card can measure
+//! Counted against a real allocator on the CPU (flex with burn's composite ops runs this same code
+//! path, its slices views as cubecl's are: crates/memfit-train/tests/device_memory.rs). Not counted, because only a card can measure
 //! them: cubecl's pool rounding (reserved beyond the tensors) and the CUDA context, taken here as
 //! PyTorch's (`Framework::cuda_context_bytes`) until `scripts/gpu/accept.sh` measures memfit's.
 
