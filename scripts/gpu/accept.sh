@@ -8,6 +8,7 @@
 #                 fp32 and bf16, three families
 #   speed.jsonl   memfit and PyTorch on the same card, bf16, the three shapes
 #   speed-fusion.jsonl  the same shapes with the build that has burn's kernel fusion (.gpu/memfit-fusion.xz)
+#   parity-fusion.jsonl that build's bf16 parity runs (paired with parity-cpu.jsonl)
 #   memory.jsonl  memfit's pool and NVML peaks, three sizes per family
 #   resume.jsonl  a run killed by SIGTERM and resumed, beside the same run uninterrupted
 #   oom.jsonl     a run whose micro-batch does not fit the card: its real CUDA out-of-memory
@@ -148,7 +149,7 @@ PYEOF
 
 log "card: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo none)"
 "$BIN" check --json > "$RES/check.json" 2>>"$LOG"
-for f in parity parity-cpu speed speed-fusion memory resume oom preflight; do : > "$RES/$f.jsonl"; done
+for f in parity parity-cpu parity-fusion speed speed-fusion memory resume oom preflight; do : > "$RES/$f.jsonl"; done
 
 # 0. Preflight: four steps of the tiny T5 on the device. If the device cannot train, say why and stop
 #    here, so a failed start costs a minute of the machine, not nine.
@@ -215,10 +216,16 @@ fi
 
 snapshot
 
-# 2b. The same speed shapes with burn's kernel fusion (docs/gpu.md, Build: fewer launches, not yet right):
-#     what it would be worth on the card.
-if want fusion && [ "$DEVICE" = cuda ] && [ -f .gpu/memfit-fusion.xz ] && fits 90 "speed with fusion"; then
+# 2b. burn's kernel fusion (docs/gpu.md, Build: fewer launches; right on wgpu since passes keep their
+#     stream): its bf16 parity against the CPU runs of section 1, then the speed shapes, to decide
+#     whether the packed binary takes it.
+if want fusion && [ "$DEVICE" = cuda ] && [ -f .gpu/memfit-fusion.xz ] && fits 140 "fusion"; then
     xz -dc .gpu/memfit-fusion.xz > /tmp/memfit-fusion && chmod +x /tmp/memfit-fusion
+    for family in "${PARITY[@]}"; do
+        # shellcheck disable=SC2086
+        measured "$RES/parity-fusion.jsonl" /tmp/memfit-fusion bench train ${family#*|} --steps 20 \
+            --precision bf16 --device "$DEVICE" --json
+    done
     speed_rows "$RES/speed-fusion.jsonl" /tmp/memfit-fusion
 fi
 

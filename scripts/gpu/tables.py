@@ -42,8 +42,13 @@ def peak_for(name):
     return next((v for k, v in BF16_PEAK.items() if k in name), None)
 
 
-def parity(device_runs, cpu_runs):
-    print("## Parity: the same 20 steps on the GPU and on the CPU\n")
+def parity(device_runs, cpu_runs, build=""):
+    """Each device run beside the CPU run of its setup; `build` names a build other than the plain
+    one (its section is left out when it did not run)."""
+    if build and not device_runs:
+        return
+    which = f" (the `{build}` build)" if build else ""
+    print(f"## Parity: the same 20 steps on the GPU{which} and on the CPU\n")
     print("| model | precision | loss first → last (GPU) | (CPU) | worst step rel. diff | bound | ok |")
     print("| --- | --- | --- | --- | ---: | ---: | --- |")
     key = lambda r: tuple(r.get("setup", {}).get(k) for k in ("model", "training", "precision"))
@@ -242,6 +247,7 @@ def main():
     parity(rows(folder, "parity.jsonl"), rows(folder, "parity-cpu.jsonl"))
     speed(rows(folder, "speed.jsonl"), gpu)
     fusion(rows(folder, "speed.jsonl"), rows(folder, "speed-fusion.jsonl"))
+    parity(rows(folder, "parity-fusion.jsonl"), rows(folder, "parity-cpu.jsonl"), build="fusion")
     memory(rows(folder, "memory.jsonl"))
     out_of_memory(rows(folder, "oom.jsonl"))
     resume(rows(folder, "resume.jsonl"))

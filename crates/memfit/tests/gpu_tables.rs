@@ -137,3 +137,22 @@ fn fusion_rows_pair_with_the_plain_builds_by_setup() {
         "{md}"
     );
 }
+
+/// The fusion build's parity runs get a table of their own, paired with the same CPU runs; without
+/// them there is no such table.
+#[test]
+fn the_fusion_builds_parity_has_its_own_table() {
+    let dir = tempfile::tempdir().unwrap();
+    write_jsonl(dir.path(), "parity.jsonl", &[run("bf16", &[2.0, 1.0])]);
+    write_jsonl(dir.path(), "parity-cpu.jsonl", &[run("bf16", &[2.0, 1.0])]);
+    let heading = "## Parity: the same 20 steps on the GPU (the `fusion` build) and on the CPU";
+    assert!(!tables(dir.path()).contains(heading));
+    write_jsonl(dir.path(), "parity-fusion.jsonl", &[run("bf16", &[2.0, 1.05])]);
+    let md = tables(dir.path());
+    let fused = &md[md.find(heading).expect("the fusion build's table")..];
+    assert!(
+        fused.contains("| tiny  | bf16 | 2.0000 → 1.0500 | 2.0000 → 1.0000 | 5.00e-02 | 0.01 | NO |"),
+        "{md}"
+    );
+}
+
