@@ -147,12 +147,17 @@ fn the_fusion_builds_parity_has_its_own_table() {
     write_jsonl(dir.path(), "parity-cpu.jsonl", &[run("bf16", &[2.0, 1.0])]);
     let heading = "## Parity: the same 20 steps on the GPU (the `fusion` build) and on the CPU";
     assert!(!tables(dir.path()).contains(heading));
-    write_jsonl(dir.path(), "parity-fusion.jsonl", &[run("bf16", &[2.0, 1.05])]);
+    write_jsonl(
+        dir.path(),
+        "parity-fusion.jsonl",
+        &[run("bf16", &[2.0, 1.05])],
+    );
     let md = tables(dir.path());
     let fused = &md[md.find(heading).expect("the fusion build's table")..];
     assert!(
-        fused.contains("| tiny  | bf16 | 2.0000 → 1.0500 | 2.0000 → 1.0000 | 5.00e-02 | 0.01 | NO |"),
+        fused.contains(
+            "| tiny  | bf16 | 2.0000 → 1.0500 | 2.0000 → 1.0000 | 5.00e-02 | 0.01 | NO |"
+        ),
         "{md}"
     );
 }
-

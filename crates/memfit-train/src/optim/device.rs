@@ -180,35 +180,9 @@ impl DeviceOptimizer {
                 },
             ) => {
                 let moments = (std::mem::take(exp_avg), std::mem::take(exp_avg_sq));
-                let update = |w: Flat, g: Flat| {
-                    let chunks = w.into_iter().zip(g).zip(moments.0).zip(moments.1);
-                    let updated = chunks.map(|(((w, g), m), v)| adamw(c, at, [w, m, v], g));
-                    let (mut w, mut m, mut v) = (Vec::new(), Vec::new(), Vec::new());
-                    for [wc, mc, vc] in updated {
-                        w.push(wc);
-                        m.push(mc);
-                        v.push(vc);
-                    }
-                    (w, m, v)
-                };
-                if own == layout {
-                    let (w, m, v) = update(masters, g);
-                    (*exp_avg, *exp_avg_sq) = (m, v);
-                    return w;
-                }
-                // a ZeRO-1 shard: the owned parameters gathered, updated, put back
-                let Some(device) = masters.first().map(Tensor::device) else {
-                    return masters;
-                };
-                let w = own.flatten(|i| layout.view(&masters, i), &device);
-                let g = own.flatten(|i| layout.view(&g, i), &device);
-                let (w, m, v) = update(w, g);
+                let (w, m, v) = adamw_shard(c, at, (own, moments), (masters, layout), g);
                 (*exp_avg, *exp_avg_sq) = (m, v);
-                let mut masters = masters;
-                for i in own.indices() {
-                    layout.assign(&mut masters, i, own.view(&w, i).expect("laid out"));
-                }
-                masters
+                w
             }
             (OptimizerConfig::Adafactor(c), Moments::Adafactor(factors)) => {
                 let mut masters = masters;
@@ -231,6 +205,42 @@ impl DeviceOptimizer {
             _ => unreachable!("the state follows the optimizer kind (built in from_host)"),
         }
     }
+}
+
+/// AdamW over the parameters `own` lays out (the moments' layout: every trained parameter, or a
+/// ZeRO-1 shard of them) of `masters` laid out as `layout`: the new masters and moments.
+fn adamw_shard(
+    c: &AdamWConfig,
+    at: (u64, f64),
+    (own, (m, v)): (&FlatLayout, (Flat, Flat)),
+    (masters, layout): (Flat, &FlatLayout),
+    g: Flat,
+) -> (Flat, Flat, Flat) {
+    let update = |w: Flat, g: Flat, m: Flat, v: Flat| {
+        let (mut new_w, mut new_m, mut new_v) = (Vec::new(), Vec::new(), Vec::new());
+        for (((w, g), m), v) in w.into_iter().zip(g).zip(m).zip(v) {
+            let [w, m, v] = adamw(c, at, [w, m, v], g);
+            new_w.push(w);
+            new_m.push(m);
+            new_v.push(v);
+        }
+        (new_w, new_m, new_v)
+    };
+    if own == layout {
+        return update(masters, g, m, v);
+    }
+    // a ZeRO-1 shard: the owned parameters gathered, updated, put back
+    let Some(device) = masters.first().map(Tensor::device) else {
+        return (masters, m, v);
+    };
+    let w = own.flatten(|i| layout.view(&masters, i), &device);
+    let g = own.flatten(|i| layout.view(&g, i), &device);
+    let (w, m, v) = update(w, g, m, v);
+    let mut masters = masters;
+    for i in own.indices() {
+        layout.assign(&mut masters, i, own.view(&w, i).expect("laid out"));
+    }
+    (masters, m, v)
 }
 
 /// `torch.optim.AdamW`'s update of `[w, m, v]`, as [`super::adamw`] computes it on the host. The
