@@ -3,7 +3,8 @@
 # transformers and PEFT but no Rust and no network (docs/gpu.md). It takes the binary that
 # scripts/gpu/build.sh packed into .gpu/ and writes into $OUT gpu.md (the tables, scripts/gpu/tables.py),
 # accept.log (everything printed) and results.tar.gz, which holds:
-#   preflight.jsonl  four steps of the tiny T5 on the device (or, if that fails, why: accept.log)
+#   preflight.jsonl  four steps of the tiny T5 on the device (or, if that fails, why: accept.log), then
+#                    the same in a second process, its kernels from the disk cache
 #   parity.jsonl  the same 20 steps on the GPU (parity.jsonl) and on the CPU (parity-cpu.jsonl),
 #                 fp32 and bf16, three families
 #   speed.jsonl   memfit and PyTorch on the same card, bf16, the three shapes
@@ -168,6 +169,9 @@ if ! grep -q '"losses"' "$RES/preflight.jsonl"; then
     snapshot
     exit 3
 fi
+# The same again in a new process: its kernels come from cubecl's cache on disk (kernel_cache.rs).
+measured "$RES/preflight.jsonl" "$BIN" bench train --model tiny --batch 8 --seq 64 --steps 4 \
+    --device "$DEVICE" --json
 
 # 1. Parity: 20 steps on the device and on the CPU from the same weights and tokens, dropout off
 #    (a GPU draws its own masks; the speed runs below train with dropout on). The CPU runs go on in

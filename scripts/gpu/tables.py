@@ -75,14 +75,14 @@ def parity(device_runs, cpu_runs, build=""):
 
 
 def preflight(records):
-    for r in records:
+    for i, r in enumerate(records):
         steps = r.get("step_seconds") or []
+        which = ("Preflight: the tiny T5", "Again, in a second process (kernels from the disk cache):")[min(i, 1)]
         if steps:
-            print(f"Preflight: the tiny T5 trained 4 steps on {r.get('device')} in {r.get('wall_s')} s "
-                  f"(first step {steps[0]:.2f} s, its kernels compiled; then "
-                  f"{steps[-1]:.3f} s).\n")
+            print(f"{which} trained 4 steps on {r.get('device')} in {r.get('wall_s')} s "
+                  f"(first step {steps[0]:.2f} s; then {steps[-1]:.3f} s).\n")
         else:
-            print(f"Preflight FAILED (exit {r.get('exit')}): {str(r.get('error'))[:300]}\n")
+            print(f"{which} FAILED (exit {r.get('exit')}): {str(r.get('error'))[:300]}\n")
 
 
 def speed(records, gpu_name):

@@ -237,6 +237,8 @@ fn cuda_device(index: usize, why: &str) -> Result<ChosenDevice, String> {
     };
     let nvrtc = cuda::find_nvrtc()?;
     cuda::prepare_nvrtc(&nvrtc)?;
+    #[cfg(feature = "cuda")]
+    crate::kernel_cache::keep_compiled_kernels();
     Ok(ChosenDevice {
         backend: cuda_backend(index),
         placement: Placement::Device,

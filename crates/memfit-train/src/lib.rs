@@ -44,6 +44,8 @@ pub mod demo;
 pub mod device;
 pub mod engine_setup;
 pub mod eval;
+#[cfg(feature = "cuda")]
+pub mod kernel_cache;
 pub mod malloc_tuning;
 pub mod memory_guard;
 pub mod metrics;

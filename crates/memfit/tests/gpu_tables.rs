@@ -161,3 +161,21 @@ fn the_fusion_builds_parity_has_its_own_table() {
         "{md}"
     );
 }
+
+/// The preflight's second run, a new process whose kernels come from cubecl's disk cache, is said
+/// as such beside the first.
+#[test]
+fn the_second_preflight_is_the_cached_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let preflight = |first: f64| {
+        format!(r#"{{"device": "cuda:0", "wall_s": 11, "step_seconds": [{first}, 0.07, 0.066]}}"#)
+    };
+    write_jsonl(
+        dir.path(),
+        "preflight.jsonl",
+        &[preflight(9.04), preflight(0.8)],
+    );
+    let md = tables(dir.path());
+    assert!(md.contains("Preflight: the tiny T5 trained 4 steps on cuda:0 in 11 s (first step 9.04 s; then 0.066 s)."), "{md}");
+    assert!(md.contains("Again, in a second process (kernels from the disk cache): trained 4 steps on cuda:0 in 11 s (first step 0.80 s;"), "{md}");
+}
