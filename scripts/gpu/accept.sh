@@ -122,6 +122,17 @@ measured() {
     record "$out" "$line" "${peak:-0}" "$idle" "$rc" "$((SECONDS - start))" "$*" "$(tail -1 "$err")" "${late:-0}"
     log "rc=$rc ($((SECONDS - start)) s): $*"
 }
+# The parity runs of each family (PARITY, below) at precisions $3, trained on the device by memfit
+# binary $2, their records into $1.
+parity_rows() {
+    for family in "${PARITY[@]}"; do
+        for precision in $3; do
+            # shellcheck disable=SC2086
+            measured "$1" "$2" bench train ${family#*|} --steps 20 --precision $precision \
+                --device "$DEVICE" --json
+        done
+    done
+}
 # The three speed shapes trained by memfit binary $2, their records into $1.
 speed_rows() {
     for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
@@ -154,8 +165,8 @@ for f in parity parity-cpu parity-fusion speed speed-fusion memory resume oom pr
 
 # 0. Preflight: four steps of the tiny T5 on the device. If the device cannot train, say why and stop
 #    here, so a failed start costs a minute of the machine, not nine.
-measured "$RES/preflight.jsonl" "$BIN" bench train --model tiny --batch 8 --seq 64 --steps 4 \
-    --device "$DEVICE" --json
+PREFLIGHT=(bench train --model tiny --batch 8 --seq 64 --steps 4 --device "$DEVICE" --json)
+measured "$RES/preflight.jsonl" "$BIN" "${PREFLIGHT[@]}"
 if ! grep -q '"losses"' "$RES/preflight.jsonl"; then
     log "preflight failed; what the machine has:"
     {
@@ -170,8 +181,7 @@ if ! grep -q '"losses"' "$RES/preflight.jsonl"; then
     exit 3
 fi
 # The same again in a new process: its kernels come from cubecl's cache on disk (kernel_cache.rs).
-measured "$RES/preflight.jsonl" "$BIN" bench train --model tiny --batch 8 --seq 64 --steps 4 \
-    --device "$DEVICE" --json
+measured "$RES/preflight.jsonl" "$BIN" "${PREFLIGHT[@]}"
 
 # 1. Parity: 20 steps on the device and on the CPU from the same weights and tokens, dropout off
 #    (a GPU draws its own masks; the speed runs below train with dropout on). The CPU runs go on in
@@ -190,13 +200,7 @@ want parity && (
     done
 ) &
 if want parity && fits 60 "parity on the device"; then
-    for family in "${PARITY[@]}"; do
-        for precision in $PARITY_PRECISIONS; do
-            # shellcheck disable=SC2086
-            measured "$RES/parity.jsonl" "$BIN" bench train ${family#*|} --steps 20 --precision $precision \
-                --device "$DEVICE" --json
-        done
-    done
+    parity_rows "$RES/parity.jsonl" "$BIN" "$PARITY_PRECISIONS"
 fi
 
 snapshot
@@ -225,11 +229,7 @@ snapshot
 #     whether the packed binary takes it.
 if want fusion && [ "$DEVICE" = cuda ] && [ -f .gpu/memfit-fusion.xz ] && fits 140 "fusion"; then
     xz -dc .gpu/memfit-fusion.xz > /tmp/memfit-fusion && chmod +x /tmp/memfit-fusion
-    for family in "${PARITY[@]}"; do
-        # shellcheck disable=SC2086
-        measured "$RES/parity-fusion.jsonl" /tmp/memfit-fusion bench train ${family#*|} --steps 20 \
-            --precision bf16 --device "$DEVICE" --json
-    done
+    parity_rows "$RES/parity-fusion.jsonl" /tmp/memfit-fusion bf16
     speed_rows "$RES/speed-fusion.jsonl" /tmp/memfit-fusion
 fi
 

@@ -96,32 +96,28 @@ fn measured<M: TrainModel>(
         .build_global();
     let host_weights: usize = make().params().iter().map(|p| 4 * p.len()).sum();
     set_composite_ops_on_cpu(true);
-    let on_flex = |optimizer| EngineOptions {
-        optimizer,
-        backend: Backend::Flex,
-        placement: Placement::Device,
-        grad_ckpt,
-        ..Default::default()
-    };
-    let adamw = OptimizerConfig::AdamW(AdamWConfig::default());
-    let mut warm = ModelEngine::new(make(), on_flex(adamw)).unwrap();
-    warm.accumulate(batch, 1.0, 0).unwrap();
-    drop(warm);
-    let base = LIVE.load(Relaxed);
-    PEAK.store(base, Relaxed);
     let sft = training == Training::T5Sft;
     let options = EngineOptions {
+        optimizer: if sft {
+            OptimizerConfig::Adafactor(AdafactorConfig::default())
+        } else {
+            OptimizerConfig::AdamW(AdamWConfig::default())
+        },
         freeze: if sft {
             T5_SFT_FROZEN.map(String::from).to_vec()
         } else {
             Vec::new()
         },
-        ..on_flex(if sft {
-            OptimizerConfig::Adafactor(AdafactorConfig::default())
-        } else {
-            OptimizerConfig::AdamW(AdamWConfig::default())
-        })
+        backend: Backend::Flex,
+        placement: Placement::Device,
+        grad_ckpt,
+        ..Default::default()
     };
+    let mut warm = ModelEngine::new(make(), options.clone()).unwrap();
+    warm.accumulate(batch, 1.0, 0).unwrap();
+    drop(warm);
+    let base = LIVE.load(Relaxed);
+    PEAK.store(base, Relaxed);
     let mut engine = ModelEngine::new(make(), options).unwrap();
     for step in 0..2 {
         engine.accumulate(batch, 1.0, step).unwrap();

@@ -31,6 +31,11 @@ fn write_jsonl(dir: &Path, name: &str, records: &[String]) {
     std::fs::write(dir.join(name), records.join("\n") + "\n").unwrap();
 }
 
+/// `md` (tables.py's output) holds `text`; on failure, the whole output.
+fn assert_says(md: &str, text: &str) {
+    assert!(md.contains(text), "{text:?} not in:\n{md}");
+}
+
 fn tables(dir: &Path) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gpu/tables.py");
     let out = Command::new("python3")
@@ -51,12 +56,12 @@ fn the_profile_counts_each_kernels_launches_and_time() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("profile-bert-small.log"), PROFILE).unwrap();
     let md = tables(dir.path());
-    assert!(md.contains("6 launches (1 a step)"), "{md}");
+    assert_says(&md, "6 launches (1 a step)");
     // the two adds of different specialisations are one kernel; the matmul's name is shortened
-    assert!(md.contains("| `KernelBinop AddOp` | 2 | 0.0013 |"), "{md}");
-    assert!(
-        md.contains("| `MatmulEntry … RowMajorGlobalPartitionMatmul` | 1 | 0.0013 |"),
-        "{md}"
+    assert_says(&md, "| `KernelBinop AddOp` | 2 | 0.0013 |");
+    assert_says(
+        &md,
+        "| `MatmulEntry … RowMajorGlobalPartitionMatmul` | 1 | 0.0013 |",
     );
     // the longest first
     let mul = md.find("KernelBinop MulOp").unwrap();
@@ -77,16 +82,14 @@ fn parity_pairs_each_device_run_with_the_cpu_run_of_its_setup() {
     write_jsonl(dir.path(), "parity.jsonl", &device);
     write_jsonl(dir.path(), "parity-cpu.jsonl", &cpu);
     let md = tables(dir.path());
-    assert!(
-        md.contains(
-            "| tiny  | fp32 | 2.0000 → 1.0000 | 2.0000 → 1.0000 | 0.00e+00 | 0.0001 | yes |"
-        ),
-        "{md}"
+    assert_says(
+        &md,
+        "| tiny  | fp32 | 2.0000 → 1.0000 | 2.0000 → 1.0000 | 0.00e+00 | 0.0001 | yes |",
     );
     // bf16's last step is 20% off the CPU's: past its 1e-2
-    assert!(
-        md.contains("| tiny  | bf16 | 2.0000 → 1.2000 | 2.0000 → 1.0000 | 2.00e-01 | 0.01 | NO |"),
-        "{md}"
+    assert_says(
+        &md,
+        "| tiny  | bf16 | 2.0000 → 1.2000 | 2.0000 → 1.0000 | 2.00e-01 | 0.01 | NO |",
     );
 }
 
@@ -102,9 +105,9 @@ fn a_nan_run_fails_its_parity_row() {
     write_jsonl(dir.path(), "parity.jsonl", &[nan]);
     write_jsonl(dir.path(), "parity-cpu.jsonl", &[run("bf16", &[2.0, 1.0])]);
     let md = tables(dir.path());
-    assert!(
-        md.contains("| tiny  | bf16 | nan → nan | 2.0000 → 1.0000 | inf | 0.01 | NO |"),
-        "{md}"
+    assert_says(
+        &md,
+        "| tiny  | bf16 | nan → nan | 2.0000 → 1.0000 | inf | 0.01 | NO |",
     );
 }
 
@@ -128,13 +131,13 @@ fn fusion_rows_pair_with_the_plain_builds_by_setup() {
     write_jsonl(dir.path(), "speed.jsonl", &plain);
     write_jsonl(dir.path(), "speed-fusion.jsonl", &fused);
     let md = tables(dir.path());
-    assert!(
-        md.contains("| bert b8 s64 | 400 | 1000 | 2.50 | 300 | 250 | 1.0e-03 |"),
-        "{md}"
+    assert_says(
+        &md,
+        "| bert b8 s64 | 400 | 1000 | 2.50 | 300 | 250 | 1.0e-03 |",
     );
-    assert!(
-        md.contains("| t5-small b8 s64 | 1000 | 1500 | 1.50 | 500 | 450 | 0.0e+00 |"),
-        "{md}"
+    assert_says(
+        &md,
+        "| t5-small b8 s64 | 1000 | 1500 | 1.50 | 500 | 450 | 0.0e+00 |",
     );
 }
 
@@ -154,11 +157,9 @@ fn the_fusion_builds_parity_has_its_own_table() {
     );
     let md = tables(dir.path());
     let fused = &md[md.find(heading).expect("the fusion build's table")..];
-    assert!(
-        fused.contains(
-            "| tiny  | bf16 | 2.0000 → 1.0500 | 2.0000 → 1.0000 | 5.00e-02 | 0.01 | NO |"
-        ),
-        "{md}"
+    assert_says(
+        fused,
+        "| tiny  | bf16 | 2.0000 → 1.0500 | 2.0000 → 1.0000 | 5.00e-02 | 0.01 | NO |",
     );
 }
 
@@ -176,6 +177,12 @@ fn the_second_preflight_is_the_cached_start() {
         &[preflight(9.04), preflight(0.8)],
     );
     let md = tables(dir.path());
-    assert!(md.contains("Preflight: the tiny T5 trained 4 steps on cuda:0 in 11 s (first step 9.04 s; then 0.066 s)."), "{md}");
-    assert!(md.contains("Again, in a second process (kernels from the disk cache): trained 4 steps on cuda:0 in 11 s (first step 0.80 s;"), "{md}");
+    assert_says(
+        &md,
+        "Preflight: the tiny T5 trained 4 steps on cuda:0 in 11 s (first step 9.04 s; then 0.066 s).",
+    );
+    assert_says(
+        &md,
+        "Again, in a second process (kernels from the disk cache): trained 4 steps on cuda:0 in 11 s (first step 0.80 s;",
+    );
 }

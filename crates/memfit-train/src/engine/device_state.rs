@@ -91,14 +91,7 @@ impl DeviceState {
 
     /// Global L2 norm of the accumulated gradients: one scalar read back.
     pub(super) fn grad_norm(&self) -> Result<f64, ModelError> {
-        let squares: Vec<Tensor<1>> = (self.grads.iter().flatten())
-            .map(|g| (g.clone() * g.clone()).sum())
-            .collect();
-        if squares.is_empty() {
-            return Ok(0.0);
-        }
-        let total = scalar(Tensor::cat(squares, 0).sum())?;
-        Ok(f64::from(total).sqrt())
+        norm(self.grads.iter().flatten())
     }
 
     /// The accumulated gradients taken out (a trained parameter without one yet: zeros; frozen:
@@ -213,9 +206,14 @@ impl DeviceState {
     }
 }
 
-/// The L2 norm of every chunk's values: one scalar read back.
-fn norm(flat: &Flat) -> Result<f64, ModelError> {
-    let squares: Vec<Tensor<1>> = flat.iter().map(|c| (c.clone() * c.clone()).sum()).collect();
+/// The L2 norm of all the values of `tensors` (a gradient per parameter, or the chunks of laid-out
+/// gradients): one scalar read back.
+fn norm<'a, const D: usize>(
+    tensors: impl IntoIterator<Item = &'a Tensor<D>>,
+) -> Result<f64, ModelError> {
+    let squares: Vec<Tensor<1>> = (tensors.into_iter())
+        .map(|t| (t.clone() * t.clone()).sum())
+        .collect();
     if squares.is_empty() {
         return Ok(0.0);
     }

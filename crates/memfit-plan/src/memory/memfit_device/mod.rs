@@ -22,9 +22,10 @@
 //!   weights are released: never more than the end of a backward pass, so not a moment of its own.
 //!
 //! Counted against a real allocator on the CPU (flex with burn's composite ops runs this same code
-//! path, its slices views as cubecl's are: crates/memfit-train/tests/device_memory.rs). Not counted, because only a card can measure
-//! them: cubecl's pool rounding (reserved beyond the tensors) and the CUDA context, taken here as
-//! PyTorch's (`Framework::cuda_context_bytes`) until `scripts/gpu/accept.sh` measures memfit's.
+//! path, its slices views as cubecl's are: crates/memfit-train/tests/device_memory.rs). Not
+//! counted, because only a card can measure them: cubecl's pool rounding (reserved beyond the
+//! tensors) and the CUDA context, taken here as PyTorch's (`Framework::cuda_context_bytes`) until
+//! `scripts/gpu/accept.sh` measures memfit's.
 
 mod bert;
 mod decoder;
