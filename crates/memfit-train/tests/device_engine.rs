@@ -94,6 +94,36 @@ fn decoder_lora_device_placement_trains_as_the_host_placement() {
     }
 }
 
+/// Built with `--features wgpu`: with dropout on, the device placement on cubecl's kernels trains
+/// as the host placement on the CPU, because memfit's dropout kernel draws the CPU's masks
+/// (`kernels/cube/dropout.rs`): BERT (embeddings, attention probabilities, residual branches) and
+/// T5 (dropout after ReLU too). The runs with dropout differ from those without: the masks act.
+#[cfg(feature = "wgpu")]
+#[test]
+fn with_dropout_the_gpu_draws_the_cpus_masks() {
+    let (host, gpu) = (placements()[0], (Backend::Wgpu, Placement::Device));
+    let bert = |at: (Backend, Placement), p: f64| {
+        let mut cfg = bert_config();
+        (cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob) = (p, p);
+        let model = BertModel::init(cfg, 11);
+        let mut engine = ModelEngine::new(model, options(at.0, at.1, adamw())).unwrap();
+        train(&mut engine, &bert_batches())
+    };
+    let reference = bert(host, 0.2);
+    assert_ne!(reference, bert(host, 0.0), "bert: dropout changes the losses");
+    assert_same_losses("bert, dropout 0.2", &reference, &bert(gpu, 0.2), 1e-5);
+    let t5 = |at: (Backend, Placement), p: f64| {
+        let mut cfg = t5_config();
+        cfg.dropout_rate = p;
+        let opts = options(at.0, at.1, adamw());
+        let mut engine = ModelEngine::new(T5Model::init(cfg, 3), opts).unwrap();
+        train(&mut engine, &t5_batches())
+    };
+    let reference = t5(host, 0.2);
+    assert_ne!(reference, t5(host, 0.0), "t5: dropout changes the losses");
+    assert_same_losses("t5, dropout 0.2", &reference, &t5(gpu, 0.2), 1e-5);
+}
+
 /// A checkpoint written by the device placement resumes in the host placement (and the reverse),
 /// continuing as an uninterrupted run: the same files either way.
 #[test]

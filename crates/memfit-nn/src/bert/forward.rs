@@ -10,7 +10,6 @@
 
 use crate::layers::activation::gelu_exact;
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
 use burn::tensor::{DType, TensorData};
 
 use crate::ModelError;
@@ -288,13 +287,7 @@ impl<'a> BertForward<'a> {
         let q = self.heads(self.dense(first_rows(x.clone(), rows), &l.query)) * scale;
         let k = self.heads(self.dense(x.clone(), &l.key));
         let v = self.heads(self.dense(x, &l.value));
-        let ctx = if attention_core::supported(&q) {
-            let seed = drop.next_seed();
-            attention_core::attention(q, k, v, bias.clone(), seed, drop.p())
-        } else {
-            let scores = q.matmul(k.swap_dims(2, 3)) + bias.clone();
-            drop.apply(softmax(scores, 3)).matmul(v)
-        };
+        let ctx = attention_core::attend(q, k, v, bias, drop);
         self.dense(ctx.swap_dims(1, 2).reshape([b, rows, d]), &l.attn_out)
     }
 

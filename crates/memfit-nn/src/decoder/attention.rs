@@ -9,7 +9,6 @@
 //! as they are. The mask is stacked the same way, once per forward pass.
 
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
 use burn::tensor::{DType, TensorData};
 
 use crate::decoder::config::DecoderConfig;
@@ -129,13 +128,7 @@ pub fn grouped_attention(
     let groups = h / kv_heads;
     // transformers scales the scores by d^-½; scaling q first is the same product.
     let q = (q * (d as f64).powf(-0.5)).reshape([b, kv_heads, groups * tq, d]);
-    let out = if attention_core::supported(&q) {
-        let seed = drop.next_seed();
-        attention_core::attention(q, k, v, mask.clone(), seed, drop.p())
-    } else {
-        let scores = q.matmul(k.swap_dims(2, 3)) + mask.clone();
-        drop.apply(softmax(scores, 3)).matmul(v)
-    };
+    let out = attention_core::attend(q, k, v, mask, drop);
     out.reshape([b, h, tq, d])
         .swap_dims(1, 2)
         .reshape([b, tq, h * d])

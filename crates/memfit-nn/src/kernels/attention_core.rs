@@ -21,7 +21,10 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use burn_flex::FlexTensor;
 
-use crate::kernels::dropout::drop_and_scale;
+use burn::tensor::activation::softmax;
+
+use crate::kernels::dropout::{Dropout, drop_and_scale};
+use crate::kernels::dropout_op;
 use crate::kernels::flex_op::record;
 use crate::kernels::flex_values::{cast, in_f32, into_values, is_flex_float, values};
 use crate::kernels::gemm_bf16::Products;
@@ -46,6 +49,30 @@ pub trait AttentionCore: Backend {
 /// its inputs in their dtype); other backends use the composite ops.
 pub fn supported(q: &Tensor<4>) -> bool {
     is_flex_float(q)
+}
+
+/// `dropout(softmax(q·kᵀ + bias)) · v` on any device: [`attention`] where it runs, burn's ops
+/// elsewhere. The mask comes from the dropout's next seed either way, drawn over the probabilities
+/// in row-major order, so a device that draws the CPU's masks (cubecl's kernels, `kernels/cube`)
+/// trains as the CPU does.
+pub fn attend(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    bias: &Tensor<4>,
+    drop: &mut Dropout,
+) -> Tensor<4> {
+    let seed = drop.next_seed();
+    if supported(&q) {
+        return attention(q, k, v, bias.clone(), seed, drop.p());
+    }
+    let probs = softmax(q.matmul(k.swap_dims(2, 3)) + bias.clone(), 3);
+    let probs = if drop.p() > 0.0 && dropout_op::supported(&probs) {
+        dropout_op::dropout(probs, seed, drop.p())
+    } else {
+        drop.apply(probs)
+    };
+    probs.matmul(v)
 }
 
 /// [`AttentionCore::attention`] on tensors (see [`supported`]).
@@ -151,7 +178,7 @@ impl<C: CheckpointStrategy> AttentionCore for Autodiff<Flex, C> {
             }
         }
 
-        record::<C, _, 4>(Core, [q, k, v, bias], |[q, k, v, bias]| {
+        record::<_, C, _, 4>(Core, [q, k, v, bias], |[q, k, v, bias]| {
             let (out, rows) = forward([q.clone(), k.clone(), v.clone(), bias.clone()], seed, p);
             let saved = Saved {
                 q,

@@ -182,7 +182,7 @@ impl<C: CheckpointStrategy> DenseOp for Autodiff<Flex, C> {
         }
 
         let keep_x = w_trains || input == Input::Gelu;
-        record::<C, _, 3>(Dense(input, products), [x, w, b], |[x, w, b]| {
+        record::<_, C, _, 3>(Dense(input, products), [x, w, b], |[x, w, b]| {
             let out = forward(&x, &w, &b, input, products);
             (out, (keep_x.then_some(x), w, b.dtype()))
         })

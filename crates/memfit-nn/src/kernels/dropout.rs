@@ -20,7 +20,7 @@ impl SplitMix64 {
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(GAMMA);
+        self.0 = self.0.wrapping_add(SPLITMIX_GAMMA);
         mix(self.0)
     }
 
@@ -28,7 +28,7 @@ impl SplitMix64 {
     /// depends only on its position, so loops over them vectorise.
     #[inline(always)]
     pub fn output(seed: u64, i: u64) -> u64 {
-        mix(seed.wrapping_add(i.wrapping_add(1).wrapping_mul(GAMMA)))
+        mix(seed.wrapping_add(i.wrapping_add(1).wrapping_mul(SPLITMIX_GAMMA)))
     }
 
     /// Uniform in `0..n` (n > 0), by rejection so every value is equally likely.
@@ -66,7 +66,8 @@ impl SplitMix64 {
 }
 
 /// SplitMix64's increment and output function (constants from its reference implementation).
-const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+/// SplitMix64's increment (the golden ratio's fraction of 2^64).
+pub(crate) const SPLITMIX_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 #[inline(always)]
 fn mix(mut z: u64) -> u64 {
@@ -160,10 +161,10 @@ impl Dropout {
 
     /// For an op that applies this dropout to `x` itself ([`crate::kernels::dropout_linear_op`]):
     /// the seed and probability of the mask [`Self::apply`] would draw for `x` next, advancing past
-    /// it; `None` where `apply` would not draw one (p = 0) or the op does not run (see
-    /// [`dropout_op::supported`]).
+    /// it; `None` where `apply` would not draw one (p = 0) or the op does not run (flex's
+    /// hand-written path only: [`crate::kernels::flex_values::is_flex_float`]).
     pub fn next_mask_for<const D: usize>(&mut self, x: &Tensor<D>) -> Option<(u64, f64)> {
-        if self.p <= 0.0 || !dropout_op::supported(x) {
+        if self.p <= 0.0 || !crate::kernels::flex_values::is_flex_float(x) {
             return None;
         }
         Some((self.mask_seed(x.shape().num_elements()), self.p))
@@ -204,7 +205,7 @@ pub fn drop_and_scale(values: &mut [f32], seed: u64, p: f64) {
 }
 
 /// A 32-bit draw at or above this drops its element: P = p.
-fn keep_threshold(p: f64) -> u64 {
+pub(crate) fn keep_threshold(p: f64) -> u64 {
     ((1.0 - p) * 4_294_967_296.0) as u64
 }
 

@@ -123,7 +123,7 @@ impl<C: CheckpointStrategy> DropoutLinearOp for Autodiff<Flex, C> {
         products: Products,
     ) -> FloatTensor<Self> {
         let op = DropoutLinear { seed, p, products };
-        record::<C, _, 2>(op, [x, a], |[x, a]| {
+        record::<_, C, _, 2>(op, [x, a], |[x, a]| {
             (forward(&x, &a, seed, p, products), (x, a))
         })
     }

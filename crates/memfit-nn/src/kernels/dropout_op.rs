@@ -17,9 +17,9 @@ use burn_flex::FlexTensor;
 
 use crate::kernels::dropout::{drop_and_scale, keep_scale};
 use crate::kernels::flex_op::record;
-use crate::kernels::flex_values::{is_flex_float, map_in_place, values};
+use crate::kernels::flex_values::{map_in_place, values};
 
-#[backend_extension(Flex, Autodiff)]
+#[backend_extension(Flex, Cube: cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "fusion"))), Autodiff)]
 pub trait DropoutOp: Backend {
     /// Inverted dropout with probability `p`, the mask drawn by `fill_dropped` from
     /// `SplitMix64::new(seed)` in row-major order.
@@ -29,10 +29,22 @@ pub trait DropoutOp: Backend {
     fn relu_dropout(x: FloatTensor<Self>, seed: u64, p: f64) -> FloatTensor<Self>;
 }
 
-/// Whether the ops run for `x` (flex, f32 or bf16); other backends and dtypes use burn's
-/// `mask_fill`.
+/// What backward needs of a backend beyond [`DropoutOp`] (backward draws plain dropout's mask
+/// again with [`DropoutOp::dropout`] on the gradient).
+pub trait DropoutGrad: Backend {
+    /// The gradient of [`DropoutOp::relu_dropout`] from its output `out`: `grad / (1 − p)` where
+    /// `out > 0`, else 0.
+    fn relu_dropout_grad(
+        grad: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        p: f64,
+    ) -> FloatTensor<Self>;
+}
+
+/// Whether the ops run for `x`: f32 or bf16 on flex's hand-written path or on a cubecl device
+/// (see [`super::cube::runs_on`]); elsewhere burn's `mask_fill`.
 pub fn supported<const D: usize>(x: &Tensor<D>) -> bool {
-    is_flex_float(x)
+    super::flex_values::is_flex_float(x) || super::cube::runs_on(x)
 }
 
 /// [`DropoutOp::dropout`] on a tensor (see [`supported`]).
@@ -63,16 +75,28 @@ impl DropoutOp for Flex {
     }
 }
 
-impl<C: CheckpointStrategy> DropoutOp for Autodiff<Flex, C> {
+impl DropoutGrad for Flex {
+    fn relu_dropout_grad(grad: FlexTensor, out: FlexTensor, p: f64) -> FlexTensor {
+        let keep_scale = keep_scale(p) as f32;
+        let out = values(&out);
+        map_in_place(grad, |g| {
+            for (g, &y) in g.iter_mut().zip(out.iter()) {
+                *g = if y > 0.0 { *g * keep_scale } else { 0.0 };
+            }
+        })
+    }
+}
+
+impl<B: DropoutOp + DropoutGrad, C: CheckpointStrategy> DropoutOp for Autodiff<B, C> {
     fn dropout(x: FloatTensor<Self>, seed: u64, p: f64) -> FloatTensor<Self> {
-        record::<C, _, 1>(DropBackward, [x], |[x]| {
-            (Flex::dropout(x, seed, p), Kept::Seed { seed, p })
+        record::<B, C, _, 1>(DropBackward, [x], |[x]| {
+            (B::dropout(x, seed, p), Kept::Seed { seed, p })
         })
     }
 
     fn relu_dropout(x: FloatTensor<Self>, seed: u64, p: f64) -> FloatTensor<Self> {
-        record::<C, _, 1>(DropBackward, [x], |[x]| {
-            let out = Flex::relu_dropout(x, seed, p);
+        record::<B, C, _, 1>(DropBackward, [x], |[x]| {
+            let out = B::relu_dropout(x, seed, p);
             (out.clone(), Kept::Output { out, p })
         })
     }
@@ -80,36 +104,28 @@ impl<C: CheckpointStrategy> DropoutOp for Autodiff<Flex, C> {
 
 /// What a dropout keeps for its backward.
 #[derive(Debug, Clone)]
-enum Kept {
+enum Kept<T> {
     /// Plain dropout: the mask's seed (the mask is drawn again).
     Seed { seed: u64, p: f64 },
     /// After ReLU: the output (shared with the next layer, which keeps it).
-    Output { out: FlexTensor, p: f64 },
+    Output { out: T, p: f64 },
 }
 
 #[derive(Debug)]
 struct DropBackward;
 
-impl Backward<Flex, 1> for DropBackward {
-    type State = Kept;
+impl<B: DropoutOp + DropoutGrad> Backward<B, 1> for DropBackward {
+    type State = Kept<FloatTensor<B>>;
 
-    fn backward(self, ops: Ops<Kept, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [x_node] = ops.parents;
-        let grad = grads.consume::<Flex>(&ops.node);
+        let grad = grads.consume::<B>(&ops.node);
         let Some(node) = x_node else { return };
         let dx = match ops.state {
-            Kept::Seed { seed, p } => map_in_place(grad, |g| drop_and_scale(g, seed, p)),
-            Kept::Output { out, p } => {
-                let keep_scale = keep_scale(p) as f32;
-                let out = values(&out);
-                map_in_place(grad, |g| {
-                    for (g, &y) in g.iter_mut().zip(out.iter()) {
-                        *g = if y > 0.0 { *g * keep_scale } else { 0.0 };
-                    }
-                })
-            }
+            Kept::Seed { seed, p } => B::dropout(grad, seed, p),
+            Kept::Output { out, p } => B::relu_dropout_grad(grad, out, p),
         };
-        grads.register::<Flex>(node.id, dx);
+        grads.register::<B>(node.id, dx);
     }
 }
 

@@ -1,24 +1,23 @@
-//! How the hand-written flex ops enter burn's autodiff graph: one place for the recording that
-//! every op's `Autodiff` implementation would otherwise repeat.
+//! How the hand-written ops enter burn's autodiff graph: one place for the recording that every
+//! op's `Autodiff` implementation would otherwise repeat (flex's ops, and the cubecl kernels').
 
-use burn::backend::Autodiff;
-use burn::backend::Flex;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::ops::{Backward, OpsKind};
 use burn::backend::tensor::FloatTensor;
-use burn_flex::FlexTensor;
+use burn::backend::{Autodiff, Backend};
 
-/// Runs `forward` on the inputs' flex tensors and, when any input is tracked, records the result
+/// Runs `forward` on the inputs' inner tensors and, when any input is tracked, records the result
 /// with `op`'s backward and the state `forward` returned (dropped otherwise). The op is marked
 /// compute-bound: its state is kept, never recomputed by a checkpointing strategy.
-pub fn record<C, O, const N: usize>(
+pub fn record<B, C, O, const N: usize>(
     op: O,
-    inputs: [FloatTensor<Autodiff<Flex, C>>; N],
-    forward: impl FnOnce([FlexTensor; N]) -> (FlexTensor, O::State),
-) -> FloatTensor<Autodiff<Flex, C>>
+    inputs: [FloatTensor<Autodiff<B, C>>; N],
+    forward: impl FnOnce([FloatTensor<B>; N]) -> (FloatTensor<B>, O::State),
+) -> FloatTensor<Autodiff<B, C>>
 where
+    B: Backend,
     C: CheckpointStrategy,
-    O: Backward<Flex, N>,
+    O: Backward<B, N>,
 {
     // The graph references come before the inputs are consumed.
     let nodes = inputs.each_ref().map(|x| x.node());

@@ -96,7 +96,7 @@ impl<C: CheckpointStrategy> LayerNormOp for Autodiff<Flex, C> {
             }
         }
 
-        record::<C, _, 3>(Norm, [x, gamma, beta], |[x, gamma, beta]| {
+        record::<_, C, _, 3>(Norm, [x, gamma, beta], |[x, gamma, beta]| {
             let (out, rows) = forward(&x, &gamma, &beta, eps);
             let kept = Kept::choose(x, &out, &gamma);
             let saved = Saved {

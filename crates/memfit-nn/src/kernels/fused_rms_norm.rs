@@ -84,7 +84,7 @@ impl<C: CheckpointStrategy> RmsNormOp for Autodiff<Flex, C> {
             }
         }
 
-        record::<C, _, 2>(Norm, [x, w], |[x, w]| {
+        record::<_, C, _, 2>(Norm, [x, w], |[x, w]| {
             let (out, r) = forward(&x, &w, eps);
             (out, (x, w, r))
         })

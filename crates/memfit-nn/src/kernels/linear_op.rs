@@ -131,7 +131,7 @@ impl<C: CheckpointStrategy> LinearOp for Autodiff<Flex, C> {
             }
         }
 
-        record::<C, _, 2>(Linear(products), [x, w], |[x, w]| {
+        record::<_, C, _, 2>(Linear(products), [x, w], |[x, w]| {
             let out = forward(x.clone(), w.clone(), products);
             (out, (w_trains.then_some(x), w))
         })

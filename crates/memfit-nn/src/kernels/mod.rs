@@ -5,6 +5,7 @@
 //! they call. Each is tested against burn's composite ops in value and gradient.
 
 pub mod attention_core;
+pub mod cube;
 pub mod dense_op;
 pub mod dropout;
 pub mod dropout_linear_op;

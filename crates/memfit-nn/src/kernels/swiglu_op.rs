@@ -130,7 +130,7 @@ impl Backward<Flex, 2> for SwigluBackward {
 
 impl<C: CheckpointStrategy> SwigluOp for Autodiff<Flex, C> {
     fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
-        record::<C, _, 2>(SwigluBackward, [gate, up], |[gate, up]| {
+        record::<_, C, _, 2>(SwigluBackward, [gate, up], |[gate, up]| {
             (forward(&gate, &up), (gate, up))
         })
     }

@@ -8,7 +8,6 @@
 //! norm; the tied LM head rescales the decoder output by d_model^-½.
 
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
 use burn::tensor::{DType, TensorData};
 
 use crate::kernels::dropout::Dropout;
@@ -129,13 +128,7 @@ impl<'a> T5Forward<'a> {
         drop: &mut Dropout,
     ) -> Tensor<3> {
         let [b, _, tq, _] = q.dims();
-        let ctx = if attention_core::supported(&q) {
-            let seed = drop.next_seed();
-            attention_core::attention(q, k, v, bias.clone(), seed, drop.p())
-        } else {
-            let scores = q.matmul(k.swap_dims(2, 3)) + bias.clone();
-            drop.apply(softmax(scores, 3)).matmul(v)
-        };
+        let ctx = attention_core::attend(q, k, v, bias, drop);
         let ctx = ctx.swap_dims(1, 2).reshape([b, tq, self.cfg.inner_dim()]);
         self.linear(ctx, a.o)
     }
