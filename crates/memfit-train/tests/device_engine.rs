@@ -110,7 +110,11 @@ fn with_dropout_the_gpu_draws_the_cpus_masks() {
         train(&mut engine, &bert_batches())
     };
     let reference = bert(host, 0.2);
-    assert_ne!(reference, bert(host, 0.0), "bert: dropout changes the losses");
+    assert_ne!(
+        reference,
+        bert(host, 0.0),
+        "bert: dropout changes the losses"
+    );
     assert_same_losses("bert, dropout 0.2", &reference, &bert(gpu, 0.2), 1e-5);
     let t5 = |at: (Backend, Placement), p: f64| {
         let mut cfg = t5_config();

@@ -21,8 +21,7 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use burn_flex::FlexTensor;
 
-use burn::tensor::activation::softmax;
-
+use crate::kernels::cube;
 use crate::kernels::dropout::{Dropout, drop_and_scale};
 use crate::kernels::dropout_op;
 use crate::kernels::flex_op::record;
@@ -66,7 +65,7 @@ pub fn attend(
     if supported(&q) {
         return attention(q, k, v, bias.clone(), seed, drop.p());
     }
-    let probs = softmax(q.matmul(k.swap_dims(2, 3)) + bias.clone(), 3);
+    let probs = cube::softmax_last(q.matmul(k.swap_dims(2, 3)) + bias.clone());
     let probs = if drop.p() > 0.0 && dropout_op::supported(&probs) {
         dropout_op::dropout(probs, seed, drop.p())
     } else {

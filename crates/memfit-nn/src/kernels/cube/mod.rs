@@ -5,6 +5,12 @@
 
 #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "fusion")))]
 mod dropout;
+#[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "fusion")))]
+mod norm;
+#[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "fusion")))]
+mod rows;
+#[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "fusion")))]
+mod softmax;
 
 use burn::prelude::*;
 
@@ -23,4 +29,14 @@ pub fn runs_on<const D: usize>(x: &Tensor<D>) -> bool {
         let _ = x;
         false
     }
+}
+
+/// Softmax over the last dimension: memfit's kernel on a cubecl device (one launch each way),
+/// burn's composite ops elsewhere.
+pub fn softmax_last<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "fusion")))]
+    if runs_on(&x) {
+        return softmax::softmax_last(x);
+    }
+    burn::tensor::activation::softmax(x, D - 1)
 }

@@ -1,0 +1,96 @@
+//! What the row kernels share: one cube per row of a contiguous `[rows, n]` tensor, its units
+//! striding over the row, and sums and maxima over a cube through shared memory (no plane
+//! operations, which not every adapter has).
+
+use burn::tensor::{DType, Shape};
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::*;
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
+
+/// The sum of `partial` over the cube's `units` units (a power of two), in every unit.
+#[cube]
+pub fn cube_sum(partial: f32, #[comptime] units: usize) -> f32 {
+    let mut shared = Shared::<[f32]>::new_slice(units);
+    let u = UNIT_POS as usize;
+    shared[u] = partial;
+    sync_cube();
+    // From the launch (CUBE_DIM = units), so that the loop variable is a runtime one.
+    let mut stride = CUBE_DIM as usize / 2;
+    while stride > 0 {
+        if u < stride {
+            let sum = shared[u] + shared[u + stride];
+            shared[u] = sum;
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    shared[0]
+}
+
+/// The maximum of `partial` over the cube's `units` units (a power of two), in every unit.
+#[cube]
+pub fn cube_max(partial: f32, #[comptime] units: usize) -> f32 {
+    let mut shared = Shared::<[f32]>::new_slice(units);
+    let u = UNIT_POS as usize;
+    shared[u] = partial;
+    sync_cube();
+    // From the launch (CUBE_DIM = units), so that the loop variable is a runtime one.
+    let mut stride = CUBE_DIM as usize / 2;
+    while stride > 0 {
+        if u < stride {
+            let top = f32::max(shared[u], shared[u + stride]);
+            shared[u] = top;
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    shared[0]
+}
+
+/// How a row kernel is launched over `rows` rows of `n` elements: one cube per row (spread over
+/// two grid axes past the first's limit), a power of two of units up to 256 and not past `n`.
+pub struct RowLaunch {
+    pub count: CubeCount,
+    pub dim: CubeDim,
+    pub units: usize,
+}
+
+impl RowLaunch {
+    pub fn new(like: &CubeTensor, rows: usize, n: usize) -> Self {
+        let max_units = like.client.properties().hardware.max_units_per_cube as usize;
+        let units = n
+            .next_power_of_two()
+            .clamp(32, 256)
+            .min(prev_power_of_two(max_units));
+        let rows = u32::try_from(rows).expect("rows fit a u32");
+        let (x, y) = (rows.min(65_535), rows.div_ceil(65_535));
+        Self {
+            count: CubeCount::Static(x, y, 1),
+            dim: CubeDim::new_1d(units as u32),
+            units,
+        }
+    }
+}
+
+fn prev_power_of_two(n: usize) -> usize {
+    1 << (usize::BITS - 1 - n.max(1).leading_zeros())
+}
+
+/// The row a cube works on ([`RowLaunch`]'s grid), or `rows` and beyond for the spare cubes.
+#[cube]
+pub fn row_of_cube() -> usize {
+    CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize
+}
+
+/// The rows and row length of `x` taken as `[rows, last dim]`.
+pub fn rows_of(x: &CubeTensor) -> (usize, usize) {
+    let shape = x.meta.shape();
+    let n = shape[shape.num_dims() - 1];
+    (shape.num_elements() / n.max(1), n)
+}
+
+/// A new contiguous tensor on `like`'s device.
+pub fn empty_like(like: &CubeTensor, shape: Shape, dtype: DType) -> CubeTensor {
+    empty_device_dtype(like.client.clone(), like.device.clone(), shape, dtype)
+}
