@@ -3,7 +3,7 @@
 use burn::prelude::*;
 use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
 
-use crate::kernels::hand_written_on;
+use crate::kernels::{cube, hand_written_on};
 
 /// The exact (erf) GELU with its exact derivative on every backend. burn 0.22's default
 /// `gelu_backward` — what CUDA, wgpu and ndarray run — is the derivative of the *tanh approximation*
@@ -12,6 +12,9 @@ use crate::kernels::hand_written_on;
 pub fn gelu_exact<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     if hand_written_on(&x.device()) {
         return gelu(x);
+    }
+    if cube::runs_on(&x) {
+        return cube::activation(x, Activation::Gelu);
     }
     let cdf = x
         .clone()
@@ -44,7 +47,11 @@ impl Activation {
         }
     }
 
+    /// The activation of `x`; on a cubecl device memfit's kernel (`kernels/cube`) but for ReLU.
     pub fn apply<const D: usize>(self, x: Tensor<D>) -> Tensor<D> {
+        if self != Self::Relu && cube::runs_on(&x) {
+            return cube::activation(x, self);
+        }
         match self {
             Self::Relu => relu(x),
             Self::Gelu => gelu_exact(x),

@@ -4,6 +4,8 @@
 //! with burn's fusion run the composite ops instead: fusion merges those itself.
 
 #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "fusion")))]
+mod activation;
+#[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "fusion")))]
 mod dropout;
 #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "fusion")))]
 mod norm;
@@ -39,4 +41,19 @@ pub fn softmax_last<const D: usize>(x: Tensor<D>) -> Tensor<D> {
         return softmax::softmax_last(x);
     }
     burn::tensor::activation::softmax(x, D - 1)
+}
+
+/// An activation other than ReLU as memfit's kernel (one launch each way, keeping the input only),
+/// for `x` where [`runs_on`] says so.
+pub fn activation<const D: usize>(
+    x: Tensor<D>,
+    act: crate::layers::activation::Activation,
+) -> Tensor<D> {
+    #[cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "fusion")))]
+    return activation::activation(x, act);
+    #[cfg(not(all(any(feature = "cuda", feature = "wgpu"), not(feature = "fusion"))))]
+    unreachable!(
+        "{act:?} on {:?}: no cubecl kernels in this build",
+        x.device()
+    )
 }
