@@ -19,7 +19,7 @@ use crate::bert::layout::{BertLayout, Dense, EncoderLayer, Norm};
 use crate::kernels::dense_op::{self, Input};
 use crate::kernels::dropout::{Dropout, SplitMix64};
 use crate::kernels::gemm_bf16::Products;
-use crate::kernels::{attention_core, fused_layer_norm, linear_op};
+use crate::kernels::{attention_core, device, fused_layer_norm, linear_op};
 use crate::layers::activation::Activation;
 use crate::layers::embedding_leaf::{EmbeddingLeaf, EmbeddingTable};
 use crate::layers::loss::masked_cross_entropy;
@@ -215,21 +215,24 @@ impl<'a> BertForward<'a> {
     }
 
     /// `(x − mean) / sqrt(var + eps) · γ + β` over the last dimension, in f32, returned in the
-    /// activation dtype: the fused op on flex, burn's ops elsewhere.
+    /// activation dtype: the fused op on flex, the device op on the GPU's code path, burn's ops
+    /// elsewhere.
     fn layer_norm(&self, x: Tensor<3>, n: &Norm) -> Tensor<3> {
         let eps = self.cfg.layer_norm_eps;
+        let (gamma, beta) = (self.p(n.weight), self.p(n.bias));
         if fused_layer_norm::supported(&x) {
-            let (gamma, beta) = (
-                self.p(n.weight).unsqueeze::<3>(),
-                self.p(n.bias).unsqueeze::<3>(),
-            );
+            let (gamma, beta) = (gamma.unsqueeze::<3>(), beta.unsqueeze::<3>());
             return fused_layer_norm::layer_norm(x, gamma, beta, eps).cast(self.dtype);
+        }
+        if device::runs_on(&x) {
+            let (gamma, beta) = (gamma.unsqueeze::<3>(), beta.unsqueeze::<3>());
+            return device::norm::layer_norm(x, gamma, beta, eps).cast(self.dtype);
         }
         let x = x.cast(DType::F32);
         let centered = x.clone() - x.mean_dim(2);
         let var = centered.clone().square().mean_dim(2);
-        let gamma = self.p(n.weight).cast(DType::F32).unsqueeze::<3>();
-        let beta = self.p(n.bias).cast(DType::F32).unsqueeze::<3>();
+        let gamma = gamma.cast(DType::F32).unsqueeze::<3>();
+        let beta = beta.cast(DType::F32).unsqueeze::<3>();
         let normed = centered * (var + eps).sqrt().recip();
         (normed * gamma + beta).cast(self.dtype)
     }

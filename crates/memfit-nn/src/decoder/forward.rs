@@ -17,7 +17,7 @@ use crate::decoder::lora::LoraLayout;
 use crate::kernels::dropout::{Dropout, SplitMix64};
 use crate::kernels::fused_rms_norm;
 use crate::kernels::gemm_bf16::Products;
-use crate::kernels::swiglu_op;
+use crate::kernels::{device, swiglu_op};
 use crate::layers::activation::Activation;
 use crate::layers::chunked_head::LmHead;
 use crate::layers::embedding_leaf::EmbeddingTable;
@@ -182,6 +182,8 @@ impl<'a> DecoderForward<'a> {
         let up = self.linear(x, i, Proj::Up, drop);
         let gated = if swiglu_op::supported(&gate, &up) {
             swiglu_op::swiglu(gate, up)
+        } else if device::runs_on(&gate) && gate.dtype() == up.dtype() {
+            device::activation::swiglu(gate, up)
         } else {
             Activation::Silu.apply(gate) * up
         };

@@ -21,7 +21,7 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use burn_flex::FlexTensor;
 
-use crate::kernels::cube;
+use crate::kernels::device;
 use crate::kernels::dropout::{Dropout, drop_and_scale};
 use crate::kernels::dropout_op;
 use crate::kernels::flex_op::record;
@@ -52,7 +52,7 @@ pub fn supported(q: &Tensor<4>) -> bool {
 
 /// `dropout(softmax(q·kᵀ + bias)) · v` on any device: [`attention`] where it runs, burn's ops
 /// elsewhere. The mask comes from the dropout's next seed either way, drawn over the probabilities
-/// in row-major order, so a device that draws the CPU's masks (cubecl's kernels, `kernels/cube`)
+/// in row-major order, so a device that draws the CPU's masks (cubecl's kernels, `kernels/device`)
 /// trains as the CPU does.
 pub fn attend(
     q: Tensor<4>,
@@ -65,7 +65,7 @@ pub fn attend(
     if supported(&q) {
         return attention(q, k, v, bias.clone(), seed, drop.p());
     }
-    let probs = cube::softmax_last(q.matmul(k.swap_dims(2, 3)) + bias.clone());
+    let probs = device::softmax_last(q.matmul(k.swap_dims(2, 3)) + bias.clone());
     let probs = if drop.p() > 0.0 && dropout_op::supported(&probs) {
         dropout_op::dropout(probs, seed, drop.p())
     } else {

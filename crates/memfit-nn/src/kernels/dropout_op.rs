@@ -19,7 +19,7 @@ use crate::kernels::dropout::{drop_and_scale, keep_scale};
 use crate::kernels::flex_op::record;
 use crate::kernels::flex_values::{map_in_place, values};
 
-#[backend_extension(Flex, Cube: cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "fusion"))), Autodiff)]
+#[backend_extension(Flex, Cube: cfg(cube_kernels), Autodiff)]
 pub trait DropoutOp: Backend {
     /// Inverted dropout with probability `p`, the mask drawn by `fill_dropped` from
     /// `SplitMix64::new(seed)` in row-major order.
@@ -42,9 +42,9 @@ pub trait DropoutGrad: Backend {
 }
 
 /// Whether the ops run for `x`: f32 or bf16 on flex's hand-written path or on a cubecl device
-/// (see [`super::cube::runs_on`]); elsewhere burn's `mask_fill`.
+/// (see [`super::device::runs_on`]); elsewhere burn's `mask_fill`.
 pub fn supported<const D: usize>(x: &Tensor<D>) -> bool {
-    super::flex_values::is_flex_float(x) || super::cube::runs_on(x)
+    super::flex_values::is_flex_float(x) || super::device::runs_on(x)
 }
 
 /// [`DropoutOp::dropout`] on a tensor (see [`supported`]).

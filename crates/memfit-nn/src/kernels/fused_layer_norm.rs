@@ -21,7 +21,7 @@ use burn_flex::FlexTensor;
 use crate::kernels::flex_op::record;
 use crate::kernels::flex_values::{is_flex_float, tensor_like, values};
 
-#[backend_extension(Flex, Cube: cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "fusion"))), Autodiff)]
+#[backend_extension(Flex, Autodiff)]
 pub trait LayerNormOp: Backend {
     /// `(x − mean) · rsqrt(var + eps) · gamma + beta` over the last dim (biased variance, as
     /// `nn.LayerNorm`); `gamma` and `beta` hold `d` elements each (any shape).
@@ -33,10 +33,10 @@ pub trait LayerNormOp: Backend {
     ) -> FloatTensor<Self>;
 }
 
-/// Whether [`layer_norm`] runs for `x`: flex (f32 or bf16) or a cubecl device (memfit's kernel,
-/// `kernels/cube/layer_norm.rs`); other backends and dtypes use the composite ops.
+/// Whether [`layer_norm`] runs for `x` (flex, f32 or bf16); the GPU's code path takes the device
+/// op (`kernels/device/norm.rs`), other backends and dtypes the composite ops.
 pub fn supported(x: &Tensor<3>) -> bool {
-    is_flex_float(x) || super::cube::runs_on(x)
+    is_flex_float(x)
 }
 
 /// [`LayerNormOp::layer_norm`] on tensors (see [`supported`]).

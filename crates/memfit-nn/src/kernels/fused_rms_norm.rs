@@ -15,19 +15,20 @@ use burn::prelude::*;
 use burn::tensor::DType;
 use burn_flex::FlexTensor;
 
+use crate::kernels::device;
 use crate::kernels::flex_op::record;
 use crate::kernels::flex_values::{is_flex_float, tensor_like, values};
 
-#[backend_extension(Flex, Cube: cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "fusion"))), Autodiff)]
+#[backend_extension(Flex, Autodiff)]
 pub trait RmsNormOp: Backend {
     /// `x · rsqrt(mean(x², last dim) + eps) · w`; `w` holds `d` elements (any shape).
     fn rms_norm(x: FloatTensor<Self>, w: FloatTensor<Self>, eps: f64) -> FloatTensor<Self>;
 }
 
-/// Whether [`rms_norm`] runs for `x`: flex (f32 or bf16) or a cubecl device (memfit's kernel,
-/// `kernels/cube/norm.rs`); other backends and dtypes use the composite ops.
+/// Whether [`rms_norm`] runs for `x` (flex, f32 or bf16); the GPU's code path takes the device op
+/// (`kernels/device/norm.rs`), other backends and dtypes the composite ops.
 pub fn supported(x: &Tensor<3>) -> bool {
-    is_flex_float(x) || super::cube::runs_on(x)
+    is_flex_float(x)
 }
 
 /// [`RmsNormOp::rms_norm`] on tensors (see [`supported`]).
@@ -39,11 +40,15 @@ pub fn rms_norm(x: Tensor<3>, w: Tensor<3>, eps: f64) -> Tensor<3> {
     ))
 }
 
-/// The RMS norm on any device: [`rms_norm`] where it runs, else burn's composite ops in f32 (as
-/// transformers' T5LayerNorm and LlamaRMSNorm take the variance), the result in `dtype`.
+/// The RMS norm on any device: [`rms_norm`] where it runs, the device op on the GPU's code path,
+/// else burn's composite ops in f32 (as transformers' T5LayerNorm and LlamaRMSNorm take the
+/// variance), the result in `dtype`.
 pub fn rms_norm_any_device(x: Tensor<3>, w: Tensor<3>, eps: f64, dtype: DType) -> Tensor<3> {
     if supported(&x) {
-        return rms_norm(x, w, eps).cast(dtype);
+        return rms_norm(x, w, eps);
+    }
+    if device::runs_on(&x) {
+        return device::norm::rms_norm(x, w, eps).cast(dtype);
     }
     let x32 = x.cast(DType::F32);
     let var = x32.clone().square().mean_dim(2);

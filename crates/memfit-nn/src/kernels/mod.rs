@@ -5,8 +5,8 @@
 //! they call. Each is tested against burn's composite ops in value and gradient.
 
 pub mod attention_core;
-pub mod cube;
 pub mod dense_op;
+pub mod device;
 pub mod dropout;
 pub mod dropout_linear_op;
 pub mod dropout_op;

@@ -18,17 +18,16 @@ use crate::kernels::flex_op::record;
 use crate::kernels::flex_values::{is_flex_float, tensor_like, values};
 use crate::kernels::xent::exp_f32;
 
-#[backend_extension(Flex, Cube: cfg(all(any(feature = "cuda", feature = "wgpu"), not(feature = "fusion"))), Autodiff)]
+#[backend_extension(Flex, Autodiff)]
 pub trait SwigluOp: Backend {
     /// `silu(gate) ⊙ up` for two tensors of one shape; the result in gate's dtype.
     fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
-/// Whether [`swiglu`] runs for these tensors: one shape and dtype, on flex (f32 or bf16) or a
-/// cubecl device (memfit's kernel, `kernels/cube/activation.rs`).
+/// Whether [`swiglu`] runs for these tensors (flex, f32 or bf16, one shape); the GPU's code path
+/// takes the device op (`kernels/device/activation.rs`).
 pub fn supported<const D: usize>(gate: &Tensor<D>, up: &Tensor<D>) -> bool {
-    let on_cube = super::cube::runs_on(gate) && gate.dtype() == up.dtype();
-    (is_flex_float(gate) && is_flex_float(up) || on_cube) && gate.dims() == up.dims()
+    is_flex_float(gate) && is_flex_float(up) && gate.dims() == up.dims()
 }
 
 /// [`SwigluOp::swiglu`] on tensors (see [`supported`]).

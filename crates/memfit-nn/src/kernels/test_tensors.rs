@@ -88,3 +88,13 @@ pub fn assert_bf16_is_rounded_f32(run: impl Fn(burn::tensor::DType) -> Vec<Produ
         assert_eq!(n.values, expected, "{}", n.name);
     }
 }
+
+/// The devices the device ops are checked on: flex and, built with `--features wgpu`, burn's wgpu
+/// backend (cubecl's kernels; here Mesa's software renderer).
+pub fn device_op_devices() -> Vec<Device> {
+    let flex = Device::flex();
+    #[cfg(all(feature = "wgpu", cube_kernels))]
+    return vec![flex, Device::wgpu(burn::tensor::DeviceKind::default())];
+    #[cfg(not(all(feature = "wgpu", cube_kernels)))]
+    vec![flex]
+}

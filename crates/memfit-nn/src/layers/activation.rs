@@ -3,7 +3,7 @@
 use burn::prelude::*;
 use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
 
-use crate::kernels::{cube, hand_written_on};
+use crate::kernels::{device, hand_written_on};
 
 /// The exact (erf) GELU with its exact derivative on every backend. burn 0.22's default
 /// `gelu_backward` — what CUDA, wgpu and ndarray run — is the derivative of the *tanh approximation*
@@ -13,8 +13,8 @@ pub fn gelu_exact<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     if hand_written_on(&x.device()) {
         return gelu(x);
     }
-    if cube::runs_on(&x) {
-        return cube::activation(x, Activation::Gelu);
+    if device::runs_on(&x) {
+        return device::activation::activation(x, Activation::Gelu);
     }
     let cdf = x
         .clone()
@@ -47,10 +47,10 @@ impl Activation {
         }
     }
 
-    /// The activation of `x`; on a cubecl device memfit's kernel (`kernels/cube`) but for ReLU.
+    /// The activation of `x`; on the GPU's code path the device op (`kernels/device`), but ReLU.
     pub fn apply<const D: usize>(self, x: Tensor<D>) -> Tensor<D> {
-        if self != Self::Relu && cube::runs_on(&x) {
-            return cube::activation(x, self);
+        if self != Self::Relu && device::runs_on(&x) {
+            return device::activation::activation(x, self);
         }
         match self {
             Self::Relu => relu(x),

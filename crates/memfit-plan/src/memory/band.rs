@@ -75,8 +75,8 @@ pub const MEMFIT_DEVICE: Band = Band {
 };
 
 /// Where [`MEMFIT_DEVICE`] comes from.
-const MEMFIT_DEVICE_BASIS: &str = "memfit's GPU code path run on the CPU (burn's composite ops on flex), its \
-    allocations counted: every family at three sizes, with and without checkpointing, within 10%; \
+const MEMFIT_DEVICE_BASIS: &str = "memfit's GPU code path run on the CPU (flex with burn's ops and the device \
+    ops, which keep what cubecl's kernels keep), its allocations counted: every family at three sizes, with and without checkpointing, within 10%; \
     on an H100 within 10% of cubecl's pool but 6-49% under NVML's peak, not yet counted (docs/gpu.md)";
 
 /// The band an estimate of `setup` carries: its class's, or [`ANY`]'s when the class has fewer

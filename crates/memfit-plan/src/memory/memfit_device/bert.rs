@@ -1,28 +1,26 @@
-//! The BERT family (classification) on burn's generic ops: what autodiff keeps per post-LN
-//! encoder layer (crates/memfit-nn/src/bert/forward.rs, the `else` branches: composite LayerNorm in
-//! f32, composite exact GELU, `softmax(q·kᵀ + mask)` materialised, boolean dropout masks).
+//! The BERT family (classification) on the GPU's code path: what autodiff keeps per post-LN
+//! encoder layer (crates/memfit-nn/src/bert/forward.rs off flex's hand-written ops: the device
+//! LayerNorm and exact GELU, `softmax(q·kᵀ + mask)` materialised, dropout without masks).
 
-use super::{Forward, Kept, Widths, attention_kept, dropout_mask};
+use super::{Forward, Kept, NORM_ROW_STATS, Widths, attention_kept};
 use crate::arch::Arch;
 use crate::memory::setup::Setup;
 
-/// Bytes per token of one composite LayerNorm: its centred input and normalised value, f32 in
-/// both precisions (kept by `x²`, `x·r` and the product with γ), and its output in the activation
-/// dtype (kept by the next dense layers).
+/// Bytes per token of one device LayerNorm: its input (the residual sum) and row statistics, kept
+/// by the norm, and its output (kept by the next dense layers), in the activation dtype.
 fn layer_norm(d: u64, w: &Widths) -> u64 {
-    2 * 4 * d + w.compute * d
+    2 * w.compute * d + NORM_ROW_STATS
 }
 
 /// Bytes one trained layer keeps per token (d = hidden, f = intermediate; q, k, v are d wide):
 /// q (scaled), k, v (3d) and the context re-laid out for the output dense (d); the
-/// intermediate's output and the composite GELU's three intermediates (x/√2, the CDF, the product:
-/// 4f); two LayerNorms; the dropout masks after attention and after the FFN (1 B each); the
-/// attention's matrices over `keys` (heads × tokens).
+/// intermediate's output (kept by GELU) and GELU's output (kept by the output dense): 2f; two
+/// LayerNorms; the attention's matrices over `keys` (heads × tokens).
 fn layer(arch: &Arch, w: &Widths, keys: u64) -> u64 {
     let (d, f) = (arch.hidden, arch.ffn);
     Kept {
-        elements: 4 * d + 4 * f,
-        bytes: dropout_mask(arch.hidden_dropout, 2 * d),
+        elements: 4 * d + 2 * f,
+        bytes: 0,
     }
     .at(w)
         + 2 * layer_norm(d, w)
@@ -36,8 +34,8 @@ fn layer(arch: &Arch, w: &Widths, keys: u64) -> u64 {
 pub(super) fn forward(arch: &Arch, setup: &Setup, w: &Widths) -> Forward {
     let (b, s, d) = (setup.batch, setup.seq, arch.hidden);
     let layers = arch.encoder_layers;
-    // the word rows' leaf, the embedding LayerNorm, its dropout's mask and output
-    let embeddings = b * s * (2 * w.compute * d + 2 * 4 * d + dropout_mask(arch.hidden_dropout, d));
+    // the word rows' leaf, the embedding LayerNorm (its input, statistics and output)
+    let embeddings = b * s * (w.compute * d + layer_norm(d, w));
     let one = b * s * layer(arch, w, arch.heads * s);
     let last = if layers > 0 {
         b * s * 2 * w.compute * d

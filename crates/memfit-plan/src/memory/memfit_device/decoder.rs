@@ -1,12 +1,12 @@
-//! Llama-style decoders (Llama, Qwen2, Mistral, Qwen3) on burn's generic ops: what autodiff keeps
-//! per pre-norm block (crates/memfit-nn/src/decoder/forward.rs and attention.rs, the `else`
-//! branches: composite RMS norm in f32, RoPE by products with the tables, grouped-query
-//! `softmax(q·kᵀ + mask)` materialised, composite SiLU), with LoRA adapters (layers/lora.rs).
+//! Llama-style decoders (Llama, Qwen2, Mistral, Qwen3) on the GPU's code path: what autodiff keeps
+//! per pre-norm block (crates/memfit-nn/src/decoder/forward.rs and attention.rs off flex's
+//! hand-written ops: the device RMS norm and SwiGLU, RoPE by products with the tables,
+//! grouped-query `softmax(q·kᵀ + mask)` materialised), with LoRA adapters (layers/lora.rs).
 
-use super::{Forward, Widths, attention_kept, dropout_mask};
+use super::{Forward, NORM_ROW_STATS, Widths, attention_kept};
 use crate::arch::{Arch, Role};
 use crate::memory::memfit_host::decoder::adapted;
-use crate::memory::setup::{Method, Setup};
+use crate::memory::setup::Setup;
 use crate::memory::states::base_trains;
 
 /// `memfit train`'s LoRA dropout unless `--lora-dropout` says otherwise (cmd/train/mod.rs): the
@@ -24,7 +24,7 @@ fn reads_input(arch: &Arch, setup: &Setup, role: Role) -> bool {
 }
 
 /// Bytes per token each adapter keeps: its rank-r product (scaled, kept by B) and, with LoRA
-/// dropout, its own dropped-out copy of the input and the mask.
+/// dropout, its own dropped-out copy of the input (dropout keeps no mask).
 fn adapters(arch: &Arch, setup: &Setup, w: &Widths) -> u64 {
     let (d, f) = (arch.hidden, arch.ffn);
     let q = arch.heads * arch.head_dim;
@@ -40,29 +40,27 @@ fn adapters(arch: &Arch, setup: &Setup, w: &Widths) -> u64 {
     .iter()
     .filter(|(role, _)| adapted(setup, *role))
     .map(|(_, input)| {
-        w.compute * setup.lora_r + dropout_mask(LORA_DROPOUT, (w.compute + 1) * input)
+        let dropped = if LORA_DROPOUT > 0.0 { *input } else { 0 };
+        w.compute * (setup.lora_r + dropped)
     })
     .sum()
 }
 
 /// Bytes one block keeps per token beside its attention matrices (d = hidden, n_q = heads ×
 /// head_dim, n_kv = kv heads × head_dim, f = intermediate):
-/// - the norms' f32 inputs (the residual stream, or its f32 copy under bf16), kept by `x²` and
-///   `x·r`: 2 × 4d; with a trained norm weight also `x·r` (f32): 2 × 4d;
+/// - the norms' inputs (the residual stream) with their row statistics, kept by the norms: 2d;
 /// - the norms' outputs where a projection reads them: d each (q/k/v, gate/up);
 /// - q after RoPE and the d^-½ scale, k after RoPE, v (kept by the products): n_q + 2 n_kv;
 /// - the context re-laid out for o, where o reads it: n_q;
-/// - SwiGLU: gate, its sigmoid, SiLU's output and up (kept by the products), and their product
-///   where down reads it: 4f (+ f);
-/// - Qwen3's per-head norms of q and k: their f32 inputs and outputs.
+/// - SwiGLU: gate and up (kept by the gating), and their product where down reads it: 2f (+ f);
+/// - Qwen3's per-head norms of q and k: their inputs with statistics per head, and outputs.
 fn block(arch: &Arch, setup: &Setup, w: &Widths) -> u64 {
     let (d, f) = (arch.hidden, arch.ffn);
     let (q, kv) = (arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim);
     let reads = |roles: &[Role]| roles.iter().any(|r| reads_input(arch, setup, *r));
-    let norm_trains = matches!(setup.method, Method::Full);
-    let norms = 2 * 4 * d + if norm_trains { 2 * 4 * d } else { 0 };
     let cb = w.compute;
-    let mut elements = q + 2 * kv + 4 * f;
+    let norms = 2 * (cb * d + NORM_ROW_STATS);
+    let mut elements = q + 2 * kv + 2 * f;
     if reads(&[Role::Q, Role::K, Role::V]) {
         elements += d;
     }
@@ -76,7 +74,7 @@ fn block(arch: &Arch, setup: &Setup, w: &Widths) -> u64 {
         elements += f;
     }
     let qk_norms = if arch.block.qk_norm {
-        4 * (q + kv) + cb * (q + kv)
+        2 * cb * (q + kv) + NORM_ROW_STATS * (arch.heads + arch.kv_heads)
     } else {
         0
     };
@@ -84,15 +82,15 @@ fn block(arch: &Arch, setup: &Setup, w: &Widths) -> u64 {
 }
 
 /// One decoder micro-batch's forward pass and the tokens the LM head reads. The masks
-/// `[b, 1, groups × t, t]` are shared by the blocks; the final norm's f32 input and output stay
-/// for backward. Under per-layer checkpointing (decoder/block_ckpt.rs) the forward keeps each
+/// `[b, 1, groups × t, t]` are shared by the blocks; the final norm's input (with statistics) and
+/// output stay for backward. Under per-layer checkpointing (decoder/block_ckpt.rs) the forward keeps each
 /// block's input (the residual stream) and backward recomputes one block at a time.
 pub(super) fn forward(arch: &Arch, setup: &Setup, w: &Widths) -> Forward {
     let (b, s, d) = (setup.batch, setup.seq, arch.hidden);
     let groups = (arch.heads / arch.kv_heads.max(1)).max(1);
     let one =
         b * s * (block(arch, setup, w) + attention_kept(w, arch.heads * s, arch.attention_dropout));
-    let final_norm = b * s * (4 * d + w.compute * d);
+    let final_norm = b * s * (2 * w.compute * d + NORM_ROW_STATS);
     let masks = w.compute * b * groups * s * s;
     Forward {
         saved: arch.decoder_layers * one + final_norm + masks,

@@ -1,8 +1,9 @@
 //! GPU memory of memfit's own trainer on a CUDA device (`--runtime memfit --device cuda`).
 //!
 //! On a GPU the engine runs its device placement (crates/memfit-train/src/engine/device_state.rs)
-//! and memfit-nn's generic path (burn ops, none of the CPU fast paths). The terms follow what that
-//! code holds on the device:
+//! and memfit-nn's GPU code path: burn's ops, with the device ops (memfit-nn `kernels/device`:
+//! softmax, the norms, the activations and dropout as one kernel each way) where burn's would
+//! run several. The terms follow what that code holds on the device:
 //!
 //! - **master weights**: the trained parameters (or LoRA adapters) as f32 tensors, 4 B each;
 //! - **compute weights**: under bf16 the masters cast to bf16 once per optimizer step (2 B per
@@ -12,8 +13,9 @@
 //! - **gradients**: the f32 accumulators, and at the end of a backward pass that pass's
 //!   gradients in the compute dtype before they are added in;
 //! - **activations**: what burn's autodiff keeps for backward, counted op by op from each family's
-//!   generic forward pass (T5 in [`t5`], BERT in [`bert`], Llama-style decoders in [`decoder`]):
-//!   materialised `q·kᵀ` matrices, composite norms, boolean dropout masks (1 B per element);
+//!   forward pass on that path (T5 in [`t5`], BERT in [`bert`], Llama-style decoders in
+//!   [`decoder`]): materialised `q·kᵀ` probabilities, each norm's input and row statistics, each
+//!   activation's input; dropout keeps no mask (it draws it again in backward);
 //! - **LM head**: one chunk of logits at a time (`HEAD_CHUNK_LOGITS`, f32) and the weight's
 //!   gradient, while every activation is alive;
 //! - **attention backward**: the last block's two `q × k` gradient matrices beside what is kept;
@@ -21,8 +23,9 @@
 //!   and one chunk's temporary (at most 64 MiB of f32, or the largest parameter), while the compute
 //!   weights are released: never more than the end of a backward pass, so not a moment of its own.
 //!
-//! Counted against a real allocator on the CPU (flex with burn's composite ops runs this same code
-//! path, its slices views as cubecl's are: crates/memfit-train/tests/device_memory.rs). Not
+//! Counted against a real allocator on the CPU (flex runs this same code path — burn's ops and the
+//! device ops, which keep the same tensors there —, its slices views as cubecl's are:
+//! crates/memfit-train/tests/device_memory.rs). Not
 //! counted, because only a card can measure them: cubecl's pool rounding (reserved beyond the
 //! tensors) and the CUDA context, taken here as PyTorch's (`Framework::cuda_context_bytes`) until
 //! `scripts/gpu/accept.sh` measures memfit's.
@@ -44,7 +47,7 @@ pub(super) struct Widths {
     pub compute: u64,
 }
 
-/// Elements of the activation dtype, and bytes of anything else (1-byte masks).
+/// Elements of the activation dtype, and bytes of anything else (the norms' f32 row statistics).
 pub(super) struct Kept {
     pub elements: u64,
     pub bytes: u64,
@@ -56,19 +59,17 @@ impl Kept {
     }
 }
 
-/// A boolean mask of `n` elements where dropout `p` draws one.
-pub(super) fn dropout_mask(p: f64, n: u64) -> u64 {
-    if p > 0.0 { n } else { 0 }
+/// Bytes one query token's attention keeps over `keys` (heads × key positions): the device softmax
+/// keeps its output, the probabilities, and their product with v keeps its input — the
+/// probabilities themselves, or with dropout their dropped-out copy (dropout keeps no mask): one
+/// matrix, two with dropout (crates/memfit-train/tests/device_memory.rs).
+pub(super) fn attention_kept(w: &Widths, keys: u64, p: f64) -> u64 {
+    let matrices = if p > 0.0 { 2 } else { 1 };
+    matrices * w.compute * keys
 }
 
-/// Bytes one query token's attention keeps over `keys` (heads × key positions): burn's composite
-/// softmax keeps two matrices (the shifted scores `exp` reads, its output `div` reads), and the
-/// probabilities' product with v keeps its input — the probabilities, or with dropout the
-/// dropped-out copy and the 1-byte mask. Measured on ndarray: 3 matrices (+ the mask) per attention
-/// (crates/memfit-train/tests/device_memory.rs).
-pub(super) fn attention_kept(w: &Widths, keys: u64, p: f64) -> u64 {
-    3 * w.compute * keys + dropout_mask(p, keys)
-}
+/// Bytes a device norm keeps per row besides its input: the row's mean and `r` (f32).
+pub(super) const NORM_ROW_STATS: u64 = 8;
 
 /// The f32 buffers of one head chunk alive at once, a chunk's worth each: its logits and their
 /// gradient (`kernels/xent.rs` on the device builds the gradient as a new tensor).
@@ -138,8 +139,8 @@ fn moments(arch: &Arch, setup: &Setup, w: &Widths, pt: u64) -> [Vec<Component>; 
         let note = "each block's input, the shared biases and masks (per-block checkpointing)";
         Component::new("activations", f.boundaries, bs, note)
     } else {
-        let note = "what burn's autodiff keeps for backward on the generic path: q·kᵀ matrices, \
-                    composite norms, 1-byte dropout masks";
+        let note = "what burn's autodiff keeps for backward on the GPU's code path: the attention \
+                    probabilities, each norm's and activation's input";
         Component::new("activations", f.saved, bs, note)
     };
     let head_note = "one f32 logits chunk and its gradient, the hidden states' cotangent, the head \

@@ -1,8 +1,8 @@
-//! T5 (seq2seq) on burn's generic ops: what autodiff keeps per encoder and decoder block when
-//! memfit-nn's CPU fast paths do not run (crates/memfit-nn/src/t5/forward.rs, the `else`
-//! branches: composite RMS norm, `softmax(q·kᵀ + bias)` materialised, boolean dropout masks).
+//! T5 (seq2seq) on the GPU's code path: what autodiff keeps per encoder and decoder block when
+//! memfit-nn's CPU fast paths do not run (crates/memfit-nn/src/t5/forward.rs: the device RMS norm
+//! and dropout, `softmax(q·kᵀ + bias)` materialised).
 
-use super::{Forward, Kept, Widths, attention_kept, dropout_mask};
+use super::{Forward, Kept, NORM_ROW_STATS, Widths, attention_kept};
 use crate::Task;
 use crate::arch::{Activation, Arch, Group};
 use crate::memory::memfit_host::group_trains;
@@ -12,49 +12,38 @@ use crate::memory::setup::Setup;
 /// What one block keeps per token outside its attention matrices, trained or frozen.
 ///
 /// Trained (d = d_model, i = heads × d_kv, f = d_ff), in the activation dtype:
-/// - the block input and the residual after attention, kept by the norms' `x²` and `x·r`: 2d;
-/// - each RMS norm's `x·r` (kept by the product with its weight) and output (kept by the
-///   linears): 2 × 2d;
+/// - the block input and the residual after attention, kept by the norms with their row
+///   statistics: 2d;
+/// - each norm's output (kept by the linears): 2d;
 /// - q, k, v (kept by the two attention products) and the context re-laid out for `o`: 4i;
-/// - the FFN's dropped-out activation (kept by `wo`): f; a gated FFN also keeps both
-///   projections and its activation's intermediates: 3f more;
+/// - the FFN's activation after dropout (kept by `wo`; dropout after ReLU keeps that output as
+///   its own): f; a gated FFN also keeps both projections and the activation's output: 3f more.
 ///
-/// and 1-byte masks: dropout after attention and after the FFN (2d), the ReLU-and-dropout mask (f).
-///
-/// Frozen (no weight gradient: no linear keeps its input, no norm its `x·r` or output): the two
-/// residuals (2d), q, k, v (3i), the masks.
+/// Frozen (no weight gradient: no linear keeps its input): the two residuals (2d) with the norms'
+/// statistics, q, k, v (3i); dropout after ReLU still keeps its output (f), a gated FFN its 3f.
 fn block(arch: &Arch, w: &Widths, trained: bool) -> u64 {
     let (d, f, i) = (arch.hidden, arch.ffn, arch.heads * arch.head_dim);
     let relu = !arch.gated_ffn && arch.activation == Activation::Relu;
     let gated = if relu { 0 } else { 3 * f };
-    // ReLU and dropout are one masked fill: its mask is kept even without dropout
-    let ffn_mask = if relu {
-        f
+    let elements = if trained {
+        2 * d + 2 * d + 4 * i + f + gated
     } else {
-        dropout_mask(arch.hidden_dropout, f)
+        2 * d + 3 * i + if relu { f } else { 0 } + gated
     };
-    let masks = dropout_mask(arch.hidden_dropout, 2 * d) + ffn_mask;
-    let kept = if trained {
-        Kept {
-            elements: 2 * d + 4 * d + 4 * i + f + gated,
-            bytes: masks,
-        }
-    } else {
-        Kept {
-            elements: 2 * d + 3 * i + gated,
-            bytes: masks,
-        }
-    };
-    kept.at(w)
+    Kept {
+        elements,
+        bytes: 2 * NORM_ROW_STATS,
+    }
+    .at(w)
 }
 
-/// A decoder block's extra cross-attention sub-layer per decoder token: its residual, norm
-/// (`x·r`, output), q and context (3d + 2i), and the dropout mask after it.
+/// A decoder block's extra cross-attention sub-layer per decoder token: its residual and norm
+/// (input with statistics, output), q and context (2d + 2i).
 fn cross(arch: &Arch, w: &Widths) -> u64 {
     let (d, i) = (arch.hidden, arch.heads * arch.head_dim);
     Kept {
-        elements: 3 * d + 2 * i,
-        bytes: dropout_mask(arch.hidden_dropout, d),
+        elements: 2 * d + 2 * i,
+        bytes: NORM_ROW_STATS,
     }
     .at(w)
 }
@@ -67,10 +56,10 @@ pub(super) fn forward(arch: &Arch, setup: &Setup, w: &Widths) -> Forward {
     let (src, tgt) = lengths(arch, setup);
     let (b, d, h) = (setup.batch, arch.hidden, arch.heads);
     let live = live_stacks(arch, setup);
-    // embedding output after dropout, final norm's x·r and output, and their masks
+    // embedding output after dropout, the final norm's input (with statistics) and output
     let stack = Kept {
         elements: 3 * d,
-        bytes: dropout_mask(arch.hidden_dropout, 2 * d),
+        bytes: NORM_ROW_STATS,
     }
     .at(w);
     let p = arch.attention_dropout.max(arch.hidden_dropout);

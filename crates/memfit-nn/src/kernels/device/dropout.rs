@@ -222,7 +222,7 @@ impl DropoutGrad for Cube {
     }
 }
 
-#[cfg(all(test, feature = "wgpu"))]
+#[cfg(all(test, feature = "wgpu", cube_kernels))]
 mod tests {
     use burn::prelude::*;
     use burn::tensor::{DType, DeviceKind, TensorData};
