@@ -1,6 +1,7 @@
 //! The GPU's code path in bf16, checked on the CPU: with the hand-written CPU ops off
-//! (`MEMFIT_CPU_KERNELS=off`), flex runs burn's composite ops with bf16 weights — what cubecl runs
-//! on a GPU — and each family trains as the CPU's own mixed precision does. (It has its own test
+//! (`MEMFIT_CPU_KERNELS=off`), flex runs burn's ops and the device ops (memfit-nn
+//! `kernels/device`) with bf16 weights — what cubecl runs on a GPU — and each family trains as the
+//! CPU's own mixed precision does. (It has its own test
 //! binary: the switch holds for the whole process.) On an H100 these once differed: an f32 × bf16
 //! matmul in the LM head read as garbage (T5 4% off from step 1, the LoRA run NaN).
 

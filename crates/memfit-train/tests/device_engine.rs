@@ -96,8 +96,9 @@ fn decoder_lora_device_placement_trains_as_the_host_placement() {
 
 /// Built with `--features wgpu`: with dropout on, the device placement on cubecl's kernels trains
 /// as the host placement on the CPU, because memfit's dropout kernel draws the CPU's masks
-/// (`kernels/cube/dropout.rs`): BERT (embeddings, attention probabilities, residual branches) and
-/// T5 (dropout after ReLU too). The runs with dropout differ from those without: the masks act.
+/// (`kernels/device/dropout.rs`): BERT (embeddings, attention probabilities, residual branches), T5
+/// (dropout after ReLU too) and the LoRA decoder (the adapters' dropout, which flex fuses into the
+/// adapter's product). The runs with dropout differ from those without: the masks act.
 #[cfg(feature = "wgpu")]
 #[test]
 fn with_dropout_the_gpu_draws_the_cpus_masks() {
@@ -126,6 +127,14 @@ fn with_dropout_the_gpu_draws_the_cpus_masks() {
     let reference = t5(host, 0.2);
     assert_ne!(reference, t5(host, 0.0), "t5: dropout changes the losses");
     assert_same_losses("t5, dropout 0.2", &reference, &t5(gpu, 0.2), 1e-5);
+    let lora = |(backend, placement): (Backend, Placement), p: f64| {
+        let model = decoder_model_with_dropout(backend.device(), p).unwrap();
+        let mut engine = ModelEngine::new(model, options(backend, placement, adamw())).unwrap();
+        train(&mut engine, &decoder_batches())
+    };
+    let reference = lora(host, 0.2);
+    assert_ne!(reference, lora(host, 0.0), "lora: dropout changes the losses");
+    assert_same_losses("lora, dropout 0.2", &reference, &lora(gpu, 0.2), 1e-5);
 }
 
 /// A checkpoint written by the device placement resumes in the host placement (and the reverse),

@@ -32,7 +32,7 @@ use burn::prelude::*;
 static COMPOSITE_ON_CPU: AtomicBool = AtomicBool::new(false);
 
 /// Whether the hand-written ops run for tensors on `device`: on flex, unless
-/// [`set_composite_ops_on_cpu`] or `MEMFIT_CPU_KERNELS=off` sent the CPU through burn's composite ops.
+/// [`set_composite_ops_on_cpu`] or `MEMFIT_CPU_KERNELS=off` sent the CPU down the GPU's code path.
 pub fn hand_written_on(device: &Device) -> bool {
     static OFF_BY_ENV: OnceLock<bool> = OnceLock::new();
     let off_by_env =
@@ -40,9 +40,10 @@ pub fn hand_written_on(device: &Device) -> bool {
     *device == Device::flex() && !off_by_env && !COMPOSITE_ON_CPU.load(Ordering::Relaxed)
 }
 
-/// Whether the CPU runs burn's composite ops — the code a GPU runs, with the weights in the
-/// compute dtype — instead of the hand-written ones, for the whole process from now on: the GPU's
-/// numerics (bf16 above all) checked where no GPU is (also `MEMFIT_CPU_KERNELS=off`, docs/gpu.md).
+/// Whether the CPU runs the GPU's code path — burn's ops and the device ops (`device`), with the
+/// weights in the compute dtype — instead of the hand-written ones, for the whole process from now
+/// on: the GPU's numerics (bf16 above all) and kept tensors checked where no GPU is (also
+/// `MEMFIT_CPU_KERNELS=off`, docs/gpu.md).
 pub fn set_composite_ops_on_cpu(on: bool) {
     COMPOSITE_ON_CPU.store(on, Ordering::Relaxed);
 }

@@ -159,10 +159,18 @@ pub fn decoder_batches() -> Vec<CausalLmBatch> {
 
 /// LoRA on every projection (adapters trained, the base frozen on the engine's device).
 pub fn decoder_model(device: Device) -> Result<DecoderModel, ModelError> {
+    decoder_model_with_dropout(device, 0.0)
+}
+
+/// [`decoder_model`] with LoRA dropout `dropout`.
+pub fn decoder_model_with_dropout(
+    device: Device,
+    dropout: f64,
+) -> Result<DecoderModel, ModelError> {
     let settings = LoraSettings {
         r: 4,
         alpha: 8.0,
-        dropout: 0.0,
+        dropout,
         use_rslora: false,
     };
     let targets: Vec<String> = ["q", "k", "v", "o", "gate", "up", "down"]
