@@ -133,7 +133,11 @@ fn with_dropout_the_gpu_draws_the_cpus_masks() {
         train(&mut engine, &decoder_batches())
     };
     let reference = lora(host, 0.2);
-    assert_ne!(reference, lora(host, 0.0), "lora: dropout changes the losses");
+    assert_ne!(
+        reference,
+        lora(host, 0.0),
+        "lora: dropout changes the losses"
+    );
     assert_same_losses("lora, dropout 0.2", &reference, &lora(gpu, 0.2), 1e-5);
 }
 

@@ -11,9 +11,9 @@ use burn::tensor::Gradients;
 use burn::tensor::{DType, FloatDType, TensorData};
 
 use crate::kernels::gemm_bf16::Products;
-use crate::kernels::hand_written_on;
 use crate::kernels::linear_op::product;
 use crate::kernels::xent::{nll_and_grad_in_place, nll_and_grad_on_device};
+use crate::kernels::{device, hand_written_on};
 use crate::layers::grad_sink::GradSink;
 use crate::layers::segments::pull;
 
@@ -145,8 +145,8 @@ fn sweep<E>(
 }
 
 /// Adds a chunk's NLL to `out` and returns the gradient of its logits (`None` when no gradient is
-/// wanted). On flex, one fused sweep over the logits' own buffer ([`nll_and_grad_in_place`]);
-/// elsewhere the same in tensor ops on the device ([`nll_and_grad_on_device`]).
+/// wanted). On flex, one fused sweep over the logits' own buffer ([`nll_and_grad_in_place`]); on
+/// the GPU's code path the device op (one launch); elsewhere burn's ops ([`nll_and_grad_on_device`]).
 fn loss_and_logit_grad(
     logits: Tensor<2>,
     out: &mut Swept,
@@ -159,7 +159,11 @@ fn loss_and_logit_grad(
     let grad_scale = (inputs.loss_scale / out.count.max(1) as f64) as f32;
     let (labels, mask) = (&inputs.labels[rows.clone()], &inputs.label_mask[rows]);
     if !hand_written_on(&device) {
-        let (nll, grad) = nll_and_grad_on_device(logits.cast(DType::F32), labels, mask, grad_scale);
+        let (nll, grad) = if device::runs_on(&logits) {
+            device::xent::nll_and_grad(logits, labels, mask, grad_scale)
+        } else {
+            nll_and_grad_on_device(logits.cast(DType::F32), labels, mask, grad_scale)
+        };
         out.nll_on_device = Some(match out.nll_on_device.take() {
             Some(sum) => sum + nll,
             None => nll,

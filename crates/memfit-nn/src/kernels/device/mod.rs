@@ -1,5 +1,5 @@
 //! The GPU code path's own ops: what burn's composite ops run as several launches and keep several
-//! tensors for, as one launch each way. On a cubecl device (CUDA; wgpu, where the same kernels are
+//! tensors for, as one launch each way (and the LM head's token loss per chunk of logits). On a cubecl device (CUDA; wgpu, where the same kernels are
 //! checked without a card) they are memfit's kernels (`cfg(cube_kernels)`: builds with a GPU
 //! backend and without burn's fusion, which merges the composite ops itself). On flex the same ops
 //! run as CPU loops where the CPU takes the GPU's code path (`kernels::set_composite_ops_on_cpu`,
@@ -14,6 +14,7 @@ pub mod norm;
 #[cfg(cube_kernels)]
 mod rows;
 pub mod softmax;
+pub mod xent;
 
 use burn::prelude::*;
 use burn::tensor::DType;
