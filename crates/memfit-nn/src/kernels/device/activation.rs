@@ -194,11 +194,11 @@ mod cube {
     use burn::backend::Cube;
     use burn::backend::cubecl::dtype_to_storage_type;
     use burn_cubecl::cubecl;
-    use burn_cubecl::cubecl::{calculate_cube_count_elemwise, prelude::*};
+    use burn_cubecl::cubecl::prelude::*;
     use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::tensor::CubeTensor;
 
-    use super::super::rows::empty_like;
+    use super::super::launch::elementwise_like;
     use super::cube_consts::{TANH_CUBIC, TANH_SCALE};
     use super::{ActivationGrad, ActivationOp, GELU, GELU_TANH};
 
@@ -292,18 +292,6 @@ mod cube {
         let (dy, s) = (f32::cast_from(dy[ABSOLUTE_POS]), sigmoid(g));
         d_gate[ABSOLUTE_POS] = F::cast_from(dy * u * s * (1.0f32 + g * (1.0f32 - s)));
         d_up[ABSOLUTE_POS] = F::cast_from(dy * g * s);
-    }
-
-    /// A new tensor of `like`'s shape and dtype, and the launch grid over its elements.
-    fn elementwise_like(like: &CubeTensor) -> (CubeTensor, CubeCount, CubeDim) {
-        let out = empty_like(like, like.meta.shape().clone(), like.dtype);
-        let n = out.meta.num_elements();
-        let dim = CubeDim::new(&out.client, n);
-        (
-            out.clone(),
-            calculate_cube_count_elemwise(&out.client, n, dim),
-            dim,
-        )
     }
 
     impl ActivationOp for Cube {

@@ -8,11 +8,11 @@ use burn::backend::Cube;
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::backend::tensor::FloatTensor;
 use burn_cubecl::cubecl;
-use burn_cubecl::cubecl::{calculate_cube_count_elemwise, prelude::*};
+use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
+use super::launch::elementwise_like;
 use crate::kernels::dropout::{SPLITMIX_GAMMA, keep_scale, keep_threshold};
 use crate::kernels::dropout_op::{DropoutGrad, DropoutOp};
 
@@ -138,22 +138,14 @@ fn positive_gate_kernel<F: Float>(
     out[ABSOLUTE_POS] = F::cast_from(v);
 }
 
-/// A contiguous tensor of `like`'s shape, dtype and device, and the launch grid over its elements.
+/// [`elementwise_like`], for a tensor whose elements a u32 index can number (the draws' positions).
 fn output_like(like: &CubeTensor) -> (CubeTensor, CubeCount, CubeDim) {
-    let out = empty_device_dtype(
-        like.client.clone(),
-        like.device.clone(),
-        like.meta.shape().clone(),
-        like.dtype,
-    );
-    let n = out.meta.num_elements();
+    let n = like.meta.num_elements();
     assert!(
         n < 1 << 33,
         "dropout on the GPU draws by a u32 element index"
     );
-    let cube_dim = CubeDim::new(&out.client, n);
-    let cube_count = calculate_cube_count_elemwise(&out.client, n, cube_dim);
-    (out, cube_count, cube_dim)
+    elementwise_like(like)
 }
 
 /// Inverted dropout of `x` (after ReLU when `after_relu`) with the CPU's mask for `seed` and `p`.

@@ -10,9 +10,9 @@
 pub mod activation;
 #[cfg(cube_kernels)]
 mod dropout;
-pub mod norm;
 #[cfg(cube_kernels)]
-mod rows;
+mod launch;
+pub mod norm;
 pub mod softmax;
 pub mod xent;
 

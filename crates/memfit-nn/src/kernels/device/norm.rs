@@ -243,7 +243,7 @@ mod cube {
     use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::tensor::CubeTensor;
 
-    use super::super::rows::{RowLaunch, cube_sum, empty_like, row_of_cube, rows_of};
+    use super::super::launch::{RowLaunch, cube_sum, empty_like, row_of_cube, rows_of};
     use super::{NormKernels, NormOp};
 
     #[cube(launch_unchecked)]

@@ -14,6 +14,7 @@ use burn_flex::FlexTensor;
 
 use crate::kernels::flex_op::record;
 use crate::kernels::flex_values::{tensor_like, values};
+use crate::kernels::xent::exp_shifted_in_place;
 
 #[backend_extension(Flex, Cube: cfg(cube_kernels), Autodiff)]
 pub trait SoftmaxOp: Backend {
@@ -44,8 +45,7 @@ impl SoftmaxOp for Flex {
         let mut y = values(&x).into_owned();
         for row in y.chunks_exact_mut(n) {
             let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            row.iter_mut().for_each(|v| *v = (*v - top).exp());
-            let inv = 1.0 / row.iter().sum::<f32>();
+            let inv = (1.0 / exp_shifted_in_place(row, top)) as f32;
             row.iter_mut().for_each(|v| *v *= inv);
         }
         tensor_like(y, &x)
@@ -98,7 +98,7 @@ mod cube {
     use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::tensor::CubeTensor;
 
-    use super::super::rows::{RowLaunch, cube_max, cube_sum, empty_like, row_of_cube, rows_of};
+    use super::super::launch::{RowLaunch, cube_max, cube_sum, empty_like, row_of_cube, rows_of};
     use super::{SoftmaxGrad, SoftmaxOp};
 
     #[cube(launch_unchecked)]

@@ -11,6 +11,7 @@ use burn::tensor::{DType, Int, Shape, Tensor, TensorData};
 use burn_flex::FlexTensor;
 
 use crate::kernels::flex_values::{from_values, values};
+use crate::kernels::xent::nll_and_grad_in_place;
 
 #[backend_extension(Flex, Cube: cfg(cube_kernels))]
 pub trait XentOp: Backend {
@@ -49,6 +50,7 @@ pub fn nll_and_grad(
 }
 
 impl XentOp for Flex {
+    /// The CPU's own sweep ([`nll_and_grad_in_place`]) a row at a time, for each row's NLL.
     fn nll_and_grad_rows(
         logits: FlexTensor,
         targets: FlexTensor,
@@ -58,20 +60,12 @@ impl XentOp for Flex {
         let targets = targets.into_data().convert::<i64>();
         let targets = targets.as_slice::<i64>().expect("i64 targets");
         let mut grad = values(&logits).into_owned();
-        let mut nll = vec![0.0f32; targets.len()];
-        for ((row, &target), loss) in grad.chunks_exact_mut(vocab).zip(targets).zip(&mut nll) {
-            if target < 0 {
-                row.fill(0.0);
-                continue;
-            }
-            let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let sum: f32 = row.iter().map(|x| (x - top).exp()).sum();
-            *loss = top + sum.ln() - row[target as usize];
-            for (j, x) in row.iter_mut().enumerate() {
-                let onehot = if j == target as usize { 1.0 } else { 0.0 };
-                *x = scale * ((*x - top).exp() / sum - onehot);
-            }
-        }
+        let nll: Vec<f32> = (grad.chunks_exact_mut(vocab).zip(targets))
+            .map(|(row, &t)| {
+                let label = [u32::try_from(t).unwrap_or(0)];
+                nll_and_grad_in_place(row, vocab, &label, &[t >= 0], scale) as f32
+            })
+            .collect();
         let rows = nll.len();
         let shape = logits.layout().shape().clone();
         (
@@ -91,7 +85,7 @@ mod cube {
     use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::tensor::CubeTensor;
 
-    use super::super::rows::{RowLaunch, cube_max, cube_sum, empty_like, row_of_cube, rows_of};
+    use super::super::launch::{RowLaunch, cube_max, cube_sum, empty_like, row_of_cube, rows_of};
     use super::XentOp;
 
     /// Every row runs the three passes (a row without a target with target 0, its outputs

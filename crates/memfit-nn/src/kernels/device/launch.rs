@@ -1,10 +1,10 @@
-//! What the row kernels share: one cube per row of a contiguous `[rows, n]` tensor, its units
-//! striding over the row, and sums and maxima over a cube through shared memory (no plane
-//! operations, which not every adapter has).
+//! How the cubecl kernels are launched: element-wise ones one unit per element; row ones one cube
+//! per row of a contiguous `[rows, n]` tensor, its units striding over the row, with sums and
+//! maxima over a cube through shared memory (no plane operations, which not every adapter has).
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::cubecl;
-use burn_cubecl::cubecl::prelude::*;
+use burn_cubecl::cubecl::{calculate_cube_count_elemwise, prelude::*};
 use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
@@ -93,4 +93,13 @@ pub fn rows_of(x: &CubeTensor) -> (usize, usize) {
 /// A new contiguous tensor on `like`'s device.
 pub fn empty_like(like: &CubeTensor, shape: Shape, dtype: DType) -> CubeTensor {
     empty_device_dtype(like.client.clone(), like.device.clone(), shape, dtype)
+}
+
+/// A new tensor of `like`'s shape and dtype, and the grid of one unit per element.
+pub fn elementwise_like(like: &CubeTensor) -> (CubeTensor, CubeCount, CubeDim) {
+    let out = empty_like(like, like.meta.shape().clone(), like.dtype);
+    let n = out.meta.num_elements();
+    let dim = CubeDim::new(&out.client, n);
+    let count = calculate_cube_count_elemwise(&out.client, n, dim);
+    (out, count, dim)
 }
