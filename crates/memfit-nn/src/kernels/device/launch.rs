@@ -11,6 +11,18 @@ use burn_cubecl::tensor::CubeTensor;
 /// The sum of `partial` over the cube's `units` units (a power of two), in every unit.
 #[cube]
 pub fn cube_sum(partial: f32, #[comptime] units: usize) -> f32 {
+    cube_reduce(partial, units, false)
+}
+
+/// The maximum of `partial` over the cube's `units` units (a power of two), in every unit.
+#[cube]
+pub fn cube_max(partial: f32, #[comptime] units: usize) -> f32 {
+    cube_reduce(partial, units, true)
+}
+
+/// The sum (or with `take_max` the maximum) of `partial` over the cube, by halving in shared memory.
+#[cube]
+fn cube_reduce(partial: f32, #[comptime] units: usize, #[comptime] take_max: bool) -> f32 {
     let mut shared = Shared::<[f32]>::new_slice(units);
     let u = UNIT_POS as usize;
     shared[u] = partial;
@@ -19,8 +31,12 @@ pub fn cube_sum(partial: f32, #[comptime] units: usize) -> f32 {
     let mut stride = CUBE_DIM as usize / 2;
     while stride > 0 {
         if u < stride {
-            let sum = shared[u] + shared[u + stride];
-            shared[u] = sum;
+            let (a, b) = (shared[u], shared[u + stride]);
+            let mut both = a + b;
+            if take_max {
+                both = f32::max(a, b);
+            }
+            shared[u] = both;
         }
         sync_cube();
         stride /= 2;
@@ -28,24 +44,30 @@ pub fn cube_sum(partial: f32, #[comptime] units: usize) -> f32 {
     shared[0]
 }
 
-/// The maximum of `partial` over the cube's `units` units (a power of two), in every unit.
+/// A row's maximum and the sum of its elements' exponentials shifted by it (f32), in every unit of
+/// the row's cube: softmax's and the loss's first two passes.
 #[cube]
-pub fn cube_max(partial: f32, #[comptime] units: usize) -> f32 {
-    let mut shared = Shared::<[f32]>::new_slice(units);
-    let u = UNIT_POS as usize;
-    shared[u] = partial;
-    sync_cube();
-    // From the launch (CUBE_DIM = units), so that the loop variable is a runtime one.
-    let mut stride = CUBE_DIM as usize / 2;
-    while stride > 0 {
-        if u < stride {
-            let top = f32::max(shared[u], shared[u + stride]);
-            shared[u] = top;
-        }
-        sync_cube();
-        stride /= 2;
+pub fn row_max_and_exp_sum<F: Float>(
+    x: &Tensor<F>,
+    base: usize,
+    n: usize,
+    #[comptime] units: usize,
+) -> (f32, f32) {
+    // The lowest finite f32: WGSL has no infinity literal.
+    let mut top = f32::new(-3.402_823_5e38);
+    let mut j = UNIT_POS as usize;
+    while j < n {
+        top = f32::max(top, f32::cast_from(x[base + j]));
+        j += units;
     }
-    shared[0]
+    let top = cube_max(top, units);
+    let mut sum = 0.0f32;
+    j = UNIT_POS as usize;
+    while j < n {
+        sum += f32::exp(f32::cast_from(x[base + j]) - top);
+        j += units;
+    }
+    (top, cube_sum(sum, units))
 }
 
 /// How a row kernel is launched over `rows` rows of `n` elements: one cube per row (spread over

@@ -98,7 +98,9 @@ mod cube {
     use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::tensor::CubeTensor;
 
-    use super::super::launch::{RowLaunch, cube_max, cube_sum, empty_like, row_of_cube, rows_of};
+    use super::super::launch::{
+        RowLaunch, cube_sum, empty_like, row_max_and_exp_sum, row_of_cube, rows_of,
+    };
     use super::{SoftmaxGrad, SoftmaxOp};
 
     #[cube(launch_unchecked)]
@@ -115,22 +117,9 @@ mod cube {
             terminate!();
         }
         let base = row * n;
-        // The lowest finite f32: WGSL has no infinity literal.
-        let mut top = f32::new(-3.402_823_5e38);
+        let (top, sum) = row_max_and_exp_sum(x, base, n, units);
+        let inv = 1.0f32 / sum;
         let mut j = UNIT_POS as usize;
-        while j < n {
-            top = f32::max(top, f32::cast_from(x[base + j]));
-            j += units;
-        }
-        let top = cube_max(top, units);
-        let mut sum = 0.0f32;
-        j = UNIT_POS as usize;
-        while j < n {
-            sum += f32::exp(f32::cast_from(x[base + j]) - top);
-            j += units;
-        }
-        let inv = 1.0f32 / cube_sum(sum, units);
-        j = UNIT_POS as usize;
         while j < n {
             y[base + j] = F::cast_from(f32::exp(f32::cast_from(x[base + j]) - top) * inv);
             j += units;

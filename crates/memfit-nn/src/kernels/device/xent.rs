@@ -85,7 +85,7 @@ mod cube {
     use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::tensor::CubeTensor;
 
-    use super::super::launch::{RowLaunch, cube_max, cube_sum, empty_like, row_of_cube, rows_of};
+    use super::super::launch::{RowLaunch, empty_like, row_max_and_exp_sum, row_of_cube, rows_of};
     use super::XentOp;
 
     /// Every row runs the three passes (a row without a target with target 0, its outputs
@@ -110,27 +110,13 @@ mod cube {
         let raw = i32::cast_from(targets[row]);
         let valid = raw >= 0;
         let target = usize::cast_from(i32::max(raw, 0));
-        // The lowest finite f32: WGSL has no infinity literal.
-        let mut top = f32::new(-3.402_823_5e38);
-        let mut j = UNIT_POS as usize;
-        while j < n {
-            top = f32::max(top, f32::cast_from(logits[base + j]));
-            j += units;
-        }
-        let top = cube_max(top, units);
-        let mut sum = 0.0f32;
-        j = UNIT_POS as usize;
-        while j < n {
-            sum += f32::exp(f32::cast_from(logits[base + j]) - top);
-            j += units;
-        }
-        let sum = cube_sum(sum, units);
+        let (top, sum) = row_max_and_exp_sum(logits, base, n, units);
         let inv = 1.0f32 / sum;
         let mut row_scale = 0.0f32;
         if valid {
             row_scale = scale;
         }
-        j = UNIT_POS as usize;
+        let mut j = UNIT_POS as usize;
         while j < n {
             let mut g = f32::exp(f32::cast_from(logits[base + j]) - top) * inv;
             if j == target {
