@@ -123,9 +123,11 @@ measured() {
     log "rc=$rc ($((SECONDS - start)) s): $*"
 }
 # The parity runs of each family (PARITY, below) at precisions $3, trained on the device by memfit
-# binary $2, their records into $1.
+# binary $2, their records into $1; with $4 = no-dropout, only the runs with dropout off (a fusion
+# build draws burn's masks, not the CPU's).
 parity_rows() {
     for family in "${PARITY[@]}"; do
+        [ "${4:-}" = no-dropout ] && [[ $family == *"--dropout 0."* ]] && continue
         for precision in $3; do
             # shellcheck disable=SC2086
             measured "$1" "$2" bench train ${family#*|} --steps 20 --precision $precision \
@@ -183,12 +185,13 @@ fi
 # The same again in a new process: its kernels come from cubecl's cache on disk (kernel_cache.rs).
 measured "$RES/preflight.jsonl" "$BIN" "${PREFLIGHT[@]}"
 
-# 1. Parity: 20 steps on the device and on the CPU from the same weights and tokens, dropout off
-#    (a GPU draws its own masks; the speed runs below train with dropout on). The CPU runs go on in
-#    the background on a few cores while the device runs.
+# 1. Parity: 20 steps on the device and on the CPU from the same weights and tokens, dropout off,
+#    and BERT with dropout on (memfit's dropout kernel draws the CPU's masks: the same steps). The
+#    CPU runs go on in the background on a few cores while the device runs.
 PARITY=("t5|--model tiny --batch 8 --seq 64 --dropout 0"
         "bert|--model bert-small --batch 8 --seq 64 --dropout 0"
-        "lora|--model qwen2-small --method lora --batch 4 --seq 64 --dropout 0 --lora-dropout 0")
+        "lora|--model qwen2-small --method lora --batch 4 --seq 64 --dropout 0 --lora-dropout 0"
+        "bert-dropout|--model bert-small --batch 8 --seq 64 --dropout 0.1")
 want parity && (
     for family in "${PARITY[@]}"; do
         for precision in $PARITY_PRECISIONS; do
@@ -229,7 +232,7 @@ snapshot
 #     whether the packed binary takes it.
 if want fusion && [ "$DEVICE" = cuda ] && [ -f .gpu/memfit-fusion.xz ] && fits 140 "fusion"; then
     xz -dc .gpu/memfit-fusion.xz > /tmp/memfit-fusion && chmod +x /tmp/memfit-fusion
-    parity_rows "$RES/parity-fusion.jsonl" /tmp/memfit-fusion bf16
+    parity_rows "$RES/parity-fusion.jsonl" /tmp/memfit-fusion bf16 no-dropout
     speed_rows "$RES/speed-fusion.jsonl" /tmp/memfit-fusion
 fi
 

@@ -51,11 +51,11 @@ def parity(device_runs, cpu_runs, build=""):
     print(f"## Parity: the same 20 steps on the GPU{which} and on the CPU\n")
     print("| model | precision | loss first → last (GPU) | (CPU) | worst step rel. diff | bound | ok |")
     print("| --- | --- | --- | --- | ---: | ---: | --- |")
-    key = lambda r: tuple(r.get("setup", {}).get(k) for k in ("model", "training", "precision"))
+    key = lambda r: tuple(r.get("setup", {}).get(k) for k in ("model", "training", "precision", "dropout"))
     on_cpu = {key(r): r for r in cpu_runs if "setup" in r}
     for gpu in device_runs:
         cpu = on_cpu.get(key(gpu), {"error": "no CPU run"})
-        model, training, precision = key(gpu)
+        model, training, precision, dropout = key(gpu)
         if "losses" not in gpu:
             print(f"| {gpu.get('command', '')[:70]} | | failed (exit {gpu.get('exit')}): "
                   f"{str(gpu.get('error'))[:100]} | | | | no |")
@@ -67,7 +67,7 @@ def parity(device_runs, cpu_runs, build=""):
         worst = max((abs(a - b) / max(abs(b), 1e-12) if a is not None and b is not None else math.inf)
                     for a, b in zip(gpu["losses"], cpu["losses"]))
         tol = PARITY_TOL.get(precision, 1e-2)
-        kind = "LoRA" if "Lora" in str(training) else ""
+        kind = ("LoRA" if "Lora" in str(training) else "") + (f" dropout {dropout:g}" if dropout else "")
         print(f"| {model} {kind} | {precision} | {fmt(gpu['loss_first'])} → {fmt(gpu['loss_last'])} | "
               f"{fmt(cpu['loss_first'])} → {fmt(cpu['loss_last'])} | {worst:.2e} | {tol:g} | "
               f"{'yes' if worst <= tol else 'NO'} |")

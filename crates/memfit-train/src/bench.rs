@@ -234,8 +234,16 @@ const DROPOUT_FIELDS: [&str; 4] = [
     "attention_dropout",
 ];
 
-/// Sets every dropout field `config` has to `p` (how `bench train --dropout 0` compares devices
-/// without their different masks); an error where it has none.
+/// The largest dropout probability among `config`'s dropout fields (0 where it has none).
+pub fn dropout_of(config: &Value) -> f64 {
+    DROPOUT_FIELDS
+        .iter()
+        .filter_map(|name| config.get(*name).and_then(Value::as_f64))
+        .fold(0.0, f64::max)
+}
+
+/// Sets every dropout field `config` has to `p` (`bench train --dropout`: 0 compares devices on
+/// backends that draw their own masks); an error where it has none.
 pub fn set_dropout(config: &mut Value, p: f64) -> Result<(), ModelError> {
     if !(0.0..1.0).contains(&p) {
         return Err(ModelError::Input(format!("dropout {p}: must be in [0, 1)")));
@@ -580,7 +588,7 @@ fn run_steps<M: TrainModel>(
             "grad_ckpt": setup.grad_ckpt, "precision": setup.precision.name(),
             "optimizer": setup.optimizer, "lr": setup.lr(), "max_grad_norm": MAX_GRAD_NORM,
             "seed": setup.seed, "backend": format!("{:?}", setup.device.backend),
-            "freeze": setup.freeze,
+            "freeze": setup.freeze, "dropout": dropout_of(&setup.model_config),
             "training": format!("{:?}", setup.training),
         }),
         params_total: engine.param_counts().total,
