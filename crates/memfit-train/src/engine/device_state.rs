@@ -7,7 +7,7 @@
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType, IndexingUpdateOp, TensorData};
 
-use crate::optim::{DeviceOptimizer, Flat, FlatLayout, Optimizer, clip_coefficient};
+use crate::optim::{DeviceOptimizer, Flat, FlatLayout, Optimizer, clip_coefficient, staged_sum};
 use memfit_nn::ModelError;
 use memfit_nn::layers::grad_sink::GradTarget;
 use memfit_nn::layers::host::{float_tensor, scalar, to_f32_vec};
@@ -212,7 +212,7 @@ fn norm<'a, const D: usize>(
     tensors: impl IntoIterator<Item = &'a Tensor<D>>,
 ) -> Result<f64, ModelError> {
     let squares: Vec<Tensor<1>> = (tensors.into_iter())
-        .map(|t| (t.clone() * t.clone()).sum())
+        .map(|t| staged_sum(t.clone() * t.clone()))
         .collect();
     if squares.is_empty() {
         return Ok(0.0);

@@ -12,6 +12,7 @@ use burn::tensor::DType;
 
 use super::adafactor::AdafactorLr;
 use super::flat::{Flat, FlatLayout};
+use super::staged_sum::staged_sum;
 use super::{AdafactorConfig, AdamWConfig, Optimizer, OptimizerConfig, ParamShape, State};
 use memfit_nn::ModelError;
 use memfit_nn::layers::host::{float_tensor, to_f32_vec};
@@ -271,7 +272,11 @@ fn adamw(
 
 /// Root mean square of all values, as a `[1, 1]` tensor (stays on the device).
 fn rms(x: Tensor<2>) -> Tensor<2> {
-    (x.clone() * x).mean().sqrt().reshape([1, 1])
+    let n = x.shape().num_elements() as f32;
+    staged_sum(x.clone() * x)
+        .div_scalar(n)
+        .sqrt()
+        .reshape([1, 1])
 }
 
 /// `Adafactor._get_lr` as a `[1, 1]` tensor: the relative or external rate, times the weights'
@@ -327,7 +332,9 @@ fn adafactor_factored(
     *row = row.clone().mul_scalar(b) + row_mean.mul_scalar(a);
     *col = col.clone().mul_scalar(b) + col_mean.mul_scalar(a);
     // _approx_sq_grad: rsqrt(row / mean(row)) ⊗ rsqrt(col), laid out as the gradient is
-    let row_avg = row.clone().mean().reshape([1, 1]);
+    let row_avg = staged_sum(row.clone())
+        .div_scalar(row.shape().num_elements() as f32)
+        .reshape([1, 1]);
     let r_factor = (row.clone() / row_avg).sqrt().recip();
     let c_factor = col.clone().sqrt().recip();
     let [rows, cols] = g.dims();

@@ -40,8 +40,8 @@ pub struct Args {
     #[arg(long, value_parser = ["fp32", "bf16"], default_value = "fp32")]
     base_precision: String,
     /// The model's dropout (T5 `dropout_rate`, BERT's hidden and attention, a decoder's attention;
-    /// default: the model's). `--dropout 0 --lora-dropout 0` compares devices without their masks,
-    /// which differ: a GPU draws its own.
+    /// default: the model's). memfit's GPU kernels draw the CPU's masks; a build with burn's fusion
+    /// draws its own, and `--dropout 0 --lora-dropout 0` compares it with the CPU.
     #[arg(long)]
     dropout: Option<f64>,
     /// Causal LM: the share of each row that is prompt (masked out of the loss).

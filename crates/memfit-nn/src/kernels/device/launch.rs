@@ -25,6 +25,9 @@ pub fn cube_max(partial: f32, #[comptime] units: usize) -> f32 {
 fn cube_reduce(partial: f32, #[comptime] units: usize, #[comptime] take_max: bool) -> f32 {
     let mut shared = Shared::<[f32]>::new_slice(units);
     let u = UNIT_POS as usize;
+    // Every unit has read the previous reduction's result before any writes this one's: the
+    // compiler may give both the same shared memory.
+    sync_cube();
     shared[u] = partial;
     sync_cube();
     // From the launch (CUBE_DIM = units), so that the loop variable is a runtime one.

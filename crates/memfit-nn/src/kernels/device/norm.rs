@@ -546,7 +546,7 @@ mod tests {
     fn equal_the_cpus_norms_in_value_and_gradients() {
         for device in device_op_devices() {
             for (norm, rms) in [("layer norm", false), ("rms norm", true)] {
-                for shape in [[2, 3, 7], [3, 25, 300], [1, 70, 16]] {
+                for shape in [[2, 3, 7], [3, 25, 300], [1, 70, 16], [8, 64, 512]] {
                     let got = run(&device, shape, rms, false);
                     let want = run(&Device::flex(), shape, rms, true);
                     assert_eq!(got.len(), want.len());

@@ -229,7 +229,7 @@ mod tests {
         [y.inner(), dx].map(|t| t.into_data().try_to_vec().unwrap())
     }
 
-    const SHAPES: [(usize, usize); 3] = [(5, 7), (3, 300), (70, 128)];
+    const SHAPES: [(usize, usize); 4] = [(5, 7), (3, 300), (70, 128), (4096, 64)];
 
     /// The op equals burn's composite softmax in value and gradient on flex; built with
     /// `--features wgpu`, on cubecl's kernels too (rows shorter and longer than a cube).
