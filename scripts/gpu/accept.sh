@@ -169,6 +169,15 @@ for f in parity parity-cpu parity-fusion speed speed-fusion memory resume oom pr
 #    here, so a failed start costs a minute of the machine, not nine.
 PREFLIGHT=(bench train --model tiny --batch 8 --seq 64 --steps 4 --device "$DEVICE" --json)
 measured "$RES/preflight.jsonl" "$BIN" "${PREFLIGHT[@]}"
+if ! grep -q '"losses"' "$RES/preflight.jsonl" && [ "$DEVICE" != cpu ]; then
+    # memfit's own GPU kernels (kernels/device) first meet NVRTC here: without them (burn's
+    # composite ops) the rest of the script still measures, and the log keeps why they failed.
+    log "preflight failed with memfit's GPU kernels: $(tail -c 400 "$RES/preflight.jsonl"); again without them"
+    export MEMFIT_GPU_KERNELS=off
+    tail -c 400 "$RES/preflight.jsonl" > "$RES/gpu-kernels-off"
+    : > "$RES/preflight.jsonl"
+    measured "$RES/preflight.jsonl" "$BIN" "${PREFLIGHT[@]}"
+fi
 if ! grep -q '"losses"' "$RES/preflight.jsonl"; then
     log "preflight failed; what the machine has:"
     {

@@ -243,6 +243,11 @@ def main():
     folder = sys.argv[1]
     gpu = card(folder)
     print(f"# memfit on {gpu} — scripts/gpu/accept.sh, {time.strftime('%Y-%m-%d')}\n")
+    kernels_off = os.path.join(folder, "gpu-kernels-off")
+    if os.path.exists(kernels_off):
+        with open(kernels_off) as f:
+            print("**memfit's own GPU kernels were off (`MEMFIT_GPU_KERNELS=off`, burn's composite ops): the first "
+                  f"preflight failed with them:** {f.read().strip()[:400]}\n")
     preflight(rows(folder, "preflight.jsonl"))
     parity(rows(folder, "parity.jsonl"), rows(folder, "parity-cpu.jsonl"))
     speed(rows(folder, "speed.jsonl"), gpu)

@@ -186,3 +186,22 @@ fn the_second_preflight_is_the_cached_start() {
         "Again, in a second process (kernels from the disk cache): trained 4 steps on cuda:0 in 11 s (first step 0.80 s;",
     );
 }
+
+/// Where memfit's GPU kernels failed the first preflight and the script went on without them, the
+/// tables say so first, with why.
+#[test]
+fn tables_say_when_memfits_gpu_kernels_were_off() {
+    let dir = tempfile::tempdir().unwrap();
+    write_jsonl(dir.path(), "preflight.jsonl", &[]);
+    std::fs::write(
+        dir.path().join("gpu-kernels-off"),
+        "NVRTC: error in norm_kernel\n",
+    )
+    .unwrap();
+    let md = tables(dir.path());
+    assert_says(&md, "memfit's own GPU kernels were off");
+    assert_says(&md, "NVRTC: error in norm_kernel");
+    let dir = tempfile::tempdir().unwrap();
+    write_jsonl(dir.path(), "preflight.jsonl", &[]);
+    assert!(!tables(dir.path()).contains("were off"));
+}

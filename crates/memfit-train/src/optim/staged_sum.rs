@@ -39,7 +39,10 @@ mod tests {
     #[test]
     fn sums_every_value_at_every_size() {
         #[cfg(feature = "wgpu")]
-        let devices = [Device::flex(), Device::wgpu(burn::tensor::DeviceKind::default())];
+        let devices = [
+            Device::flex(),
+            Device::wgpu(burn::tensor::DeviceKind::default()),
+        ];
         #[cfg(not(feature = "wgpu"))]
         let devices = [Device::flex()];
         for device in devices {
@@ -48,6 +51,9 @@ mod tests {
             }
         }
         let t = Tensor::<2>::from_data([[1.5f32, -2.0], [3.0, 0.25]], &Device::flex());
-        assert_eq!(staged_sum(t).into_data().try_to_vec::<f32>().unwrap(), [2.75]);
+        assert_eq!(
+            staged_sum(t).into_data().try_to_vec::<f32>().unwrap(),
+            [2.75]
+        );
     }
 }

@@ -30,9 +30,15 @@ pub fn runs_on<const D: usize>(x: &Tensor<D>) -> bool {
     cpu_as_gpu && cpu_float || on_cube(&device) && (cpu_float || x.dtype() == DType::F16)
 }
 
+/// A cubecl device, unless `MEMFIT_GPU_KERNELS=off` sends it through burn's composite ops (the
+/// way back where memfit's kernels would not compile or run on a card; `scripts/gpu/accept.sh`
+/// takes it when its first run fails).
 #[cfg(cube_kernels)]
 fn on_cube(device: &Device) -> bool {
-    matches!(device.as_dispatch(), burn::backend::DispatchDevice::Cube(_))
+    static OFF_BY_ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off =
+        *OFF_BY_ENV.get_or_init(|| std::env::var("MEMFIT_GPU_KERNELS").is_ok_and(|v| v == "off"));
+    !off && matches!(device.as_dispatch(), burn::backend::DispatchDevice::Cube(_))
 }
 
 #[cfg(not(cube_kernels))]
