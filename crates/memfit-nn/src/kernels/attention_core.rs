@@ -21,10 +21,10 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use burn_flex::FlexTensor;
 
+use crate::kernels::autodiff_record::record;
 use crate::kernels::device;
 use crate::kernels::dropout::{Dropout, drop_and_scale};
 use crate::kernels::dropout_op;
-use crate::kernels::flex_op::record;
 use crate::kernels::flex_values::{cast, in_f32, into_values, is_flex_float, values};
 use crate::kernels::gemm_bf16::Products;
 use crate::kernels::xent::exp_shifted_in_place;

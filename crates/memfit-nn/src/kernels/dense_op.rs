@@ -19,7 +19,7 @@ use burn::prelude::*;
 use burn::tensor::DType;
 use burn_flex::FlexTensor;
 
-use crate::kernels::flex_op::record;
+use crate::kernels::autodiff_record::record;
 use crate::kernels::flex_values::{from_values, is_flex_float, map_chunks, map_in_place, values};
 use crate::kernels::gelu;
 pub use crate::kernels::gemm_bf16::Products;

@@ -18,8 +18,8 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use burn_flex::FlexTensor;
 
+use crate::kernels::autodiff_record::record;
 use crate::kernels::dropout::drop_and_scale;
-use crate::kernels::flex_op::record;
 use crate::kernels::flex_values::{cast, map_in_place, tensor_like, values};
 use crate::kernels::gemm_bf16::Products;
 

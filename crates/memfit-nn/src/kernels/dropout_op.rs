@@ -15,8 +15,8 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use burn_flex::FlexTensor;
 
+use crate::kernels::autodiff_record::record;
 use crate::kernels::dropout::{drop_and_scale, keep_scale};
-use crate::kernels::flex_op::record;
 use crate::kernels::flex_values::{map_in_place, values};
 
 #[backend_extension(Flex, Cube: cfg(cube_kernels), Autodiff)]

@@ -18,7 +18,7 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use burn_flex::FlexTensor;
 
-use crate::kernels::flex_op::record;
+use crate::kernels::autodiff_record::record;
 use crate::kernels::flex_values::{is_flex_float, tensor_like, values};
 
 #[backend_extension(Flex, Autodiff)]

@@ -15,8 +15,8 @@ use burn::prelude::*;
 use burn::tensor::DType;
 use burn_flex::FlexTensor;
 
+use crate::kernels::autodiff_record::record;
 use crate::kernels::device;
-use crate::kernels::flex_op::record;
 use crate::kernels::flex_values::{is_flex_float, tensor_like, values};
 
 #[backend_extension(Flex, Autodiff)]

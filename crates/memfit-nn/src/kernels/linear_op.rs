@@ -17,7 +17,7 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use burn_flex::FlexTensor;
 
-use crate::kernels::flex_op::record;
+use crate::kernels::autodiff_record::record;
 use crate::kernels::flex_values::is_flex_float;
 pub use crate::kernels::gemm_bf16::Products;
 

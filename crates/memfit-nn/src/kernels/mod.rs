@@ -5,12 +5,12 @@
 //! they call. Each is tested against burn's composite ops in value and gradient.
 
 pub mod attention_core;
+pub mod autodiff_record;
 pub mod dense_op;
 pub mod device;
 pub mod dropout;
 pub mod dropout_linear_op;
 pub mod dropout_op;
-pub mod flex_op;
 pub mod flex_values;
 pub mod fused_layer_norm;
 pub mod fused_rms_norm;

@@ -12,7 +12,7 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::tensor::Tensor;
 use burn_flex::FlexTensor;
 
-use crate::kernels::flex_op::record;
+use crate::kernels::autodiff_record::record;
 use crate::kernels::flex_values::{tensor_like, values};
 use crate::kernels::gelu::{gelu_f32, gelu_grad_f32};
 use crate::layers::activation::Activation;

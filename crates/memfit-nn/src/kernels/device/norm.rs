@@ -15,7 +15,7 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, TensorMetadata, backend_e
 use burn::tensor::{DType, Shape, Tensor};
 use burn_flex::FlexTensor;
 
-use crate::kernels::flex_op::record;
+use crate::kernels::autodiff_record::record;
 use crate::kernels::flex_values::{from_values, tensor_like, values};
 
 #[backend_extension(Flex, Cube: cfg(cube_kernels), Autodiff)]
