@@ -2,7 +2,8 @@
 //! passes (attention without a kept score matrix, linear layers on `gemm` — with a fused bias and
 //! GELU input for BERT's dense layers —, RMS norm and LayerNorm, dropout that keeps no mask,
 //! cross-entropy over the logits in place) and the f32 / AVX512-BF16 matrix products
-//! they call. Each is tested against burn's composite ops in value and gradient.
+//! they call. Each is tested against burn's composite ops in value and gradient. `device` holds the
+//! GPU code path's own ops (cubecl kernels, mirrored on flex).
 
 pub mod attention_core;
 pub mod autodiff_record;
