@@ -7,6 +7,8 @@
 use burn::prelude::*;
 use burn::tensor::{IndexingUpdateOp, TensorData};
 
+use crate::kernels::device::staged_sum;
+
 /// Σ over the rows where `mask` is true of `logsumexp(row) − row[label]` (the token NLL, in f64),
 /// after replacing every row by `scale · (softmax(row) − onehot(label))`, the gradient of
 /// `scale · Σ NLL` — and rows that do not count by zeros.
@@ -147,7 +149,7 @@ pub fn nll_and_grad_on_device(
     let exp = (logits.clone() - max.clone()).exp();
     let sum = exp.clone().sum_dim(1);
     let target = logits.gather(1, ids.clone());
-    let nll = ((max + sum.clone().log() - target) * counts.clone()).sum();
+    let nll = staged_sum((max + sum.clone().log() - target) * counts.clone());
     let row_scale = counts.mul_scalar(scale);
     let grad = (exp / sum) * row_scale.clone();
     let grad = grad.scatter(1, ids, row_scale.neg(), IndexingUpdateOp::Add);

@@ -7,8 +7,9 @@
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType, IndexingUpdateOp, TensorData};
 
-use crate::optim::{DeviceOptimizer, Flat, FlatLayout, Optimizer, clip_coefficient, staged_sum};
+use crate::optim::{DeviceOptimizer, Flat, FlatLayout, Optimizer, clip_coefficient};
 use memfit_nn::ModelError;
+use memfit_nn::kernels::device::staged_sum;
 use memfit_nn::layers::grad_sink::GradTarget;
 use memfit_nn::layers::host::{float_tensor, scalar, to_f32_vec};
 use memfit_nn::model::ParamShape;

@@ -12,9 +12,9 @@ use burn::tensor::DType;
 
 use super::adafactor::AdafactorLr;
 use super::flat::{Flat, FlatLayout};
-use super::staged_sum::staged_sum;
 use super::{AdafactorConfig, AdamWConfig, Optimizer, OptimizerConfig, ParamShape, State};
 use memfit_nn::ModelError;
+use memfit_nn::kernels::device::staged_sum;
 use memfit_nn::layers::host::{float_tensor, to_f32_vec};
 
 /// The optimizer's state on the device.

@@ -10,13 +10,11 @@ mod adafactor;
 mod adamw;
 mod device;
 mod flat;
-mod staged_sum;
 
 pub use adafactor::{AdafactorConfig, AdafactorLr};
 pub use adamw::AdamWConfig;
 pub use device::DeviceOptimizer;
 pub use flat::{Flat, FlatLayout};
-pub use staged_sum::staged_sum;
 
 use std::borrow::Cow;
 use std::collections::HashMap;

@@ -14,12 +14,15 @@ mod dropout;
 mod launch;
 pub mod norm;
 pub mod softmax;
+mod staged_sum;
 pub mod xent;
 
 use burn::prelude::*;
 use burn::tensor::DType;
 
 use super::hand_written_on;
+
+pub use staged_sum::staged_sum;
 
 /// Whether `x` takes the device path's ops: a float tensor on a cubecl device of a build with
 /// memfit's kernels (f32, bf16, f16), or on flex where the CPU runs the GPU's code path (f32, bf16).

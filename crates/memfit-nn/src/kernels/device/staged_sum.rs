@@ -2,7 +2,8 @@
 //! whole-tensor `sum` is wrong past a size on wgpu (measured there: a 1-D sum stops at 262,132 from
 //! 2^18 ones on, a 2-D one drops rows from 2^24 values on), and the optimizer sums tensors of up
 //! to 2^24 values (a laid-out chunk, T5's embedding): the gradient norm that clipping reads came out
-//! 1.06 for a true 2.28. Reductions along a dimension of 256 are right at every size.
+//! 1.06 for a true 2.28. Reductions along a dimension of 256 are right at every size. The engine's
+//! norms and Adafactor's RMS use it, and the LM head's loss over a chunk's rows.
 
 use burn::prelude::*;
 
@@ -28,6 +29,7 @@ pub fn staged_sum<const D: usize>(t: Tensor<D>) -> Tensor<1> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::test_tensors::device_op_devices;
 
     fn sum_of_ones(n: usize, device: &Device) -> f32 {
         let t = Tensor::<1>::ones([n], device);
@@ -38,14 +40,7 @@ mod tests {
     /// built with `--features wgpu`, on cubecl's kernels too (where the failure was measured).
     #[test]
     fn sums_every_value_at_every_size() {
-        #[cfg(feature = "wgpu")]
-        let devices = [
-            Device::flex(),
-            Device::wgpu(burn::tensor::DeviceKind::default()),
-        ];
-        #[cfg(not(feature = "wgpu"))]
-        let devices = [Device::flex()];
-        for device in devices {
+        for device in device_op_devices() {
             for n in [1, 255, 256, 257, 65_537, 1 << 18, 17 << 20] {
                 assert_eq!(sum_of_ones(n, &device), n as f32, "{n} ones on {device:?}");
             }
