@@ -219,20 +219,20 @@ impl<'a> BertForward<'a> {
     /// elsewhere.
     fn layer_norm(&self, x: Tensor<3>, n: &Norm) -> Tensor<3> {
         let eps = self.cfg.layer_norm_eps;
-        let (gamma, beta) = (self.p(n.weight), self.p(n.bias));
+        let (gamma, beta) = (
+            self.p(n.weight).unsqueeze::<3>(),
+            self.p(n.bias).unsqueeze::<3>(),
+        );
         if fused_layer_norm::supported(&x) {
-            let (gamma, beta) = (gamma.unsqueeze::<3>(), beta.unsqueeze::<3>());
             return fused_layer_norm::layer_norm(x, gamma, beta, eps).cast(self.dtype);
         }
         if device::runs_on(&x) {
-            let (gamma, beta) = (gamma.unsqueeze::<3>(), beta.unsqueeze::<3>());
             return device::norm::layer_norm(x, gamma, beta, eps).cast(self.dtype);
         }
         let x = x.cast(DType::F32);
         let centered = x.clone() - x.mean_dim(2);
         let var = centered.clone().square().mean_dim(2);
-        let gamma = gamma.cast(DType::F32).unsqueeze::<3>();
-        let beta = beta.cast(DType::F32).unsqueeze::<3>();
+        let (gamma, beta) = (gamma.cast(DType::F32), beta.cast(DType::F32));
         let normed = centered * (var + eps).sqrt().recip();
         (normed * gamma + beta).cast(self.dtype)
     }

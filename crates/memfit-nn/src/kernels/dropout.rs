@@ -44,7 +44,7 @@ impl SplitMix64 {
 
     /// Skips `n` outputs: the state advances by a constant per output.
     pub fn skip(&mut self, n: u64) {
-        self.0 = self.0.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        self.0 = self.0.wrapping_add(n.wrapping_mul(SPLITMIX_GAMMA));
     }
 
     /// XORs `x` into the state: the next outputs form a sub-stream keyed by `x` (derived seeds).
@@ -65,8 +65,8 @@ impl SplitMix64 {
     }
 }
 
-/// SplitMix64's increment and output function (constants from its reference implementation).
-/// SplitMix64's increment (the golden ratio's fraction of 2^64).
+/// SplitMix64's increment (the golden ratio's fraction of 2^64), from its reference implementation
+/// as `mix`'s constants are.
 pub(crate) const SPLITMIX_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 #[inline(always)]

@@ -160,7 +160,7 @@ impl Kept {
 }
 
 /// The output (in x's dtype) and each row's mean and `r = rsqrt(var + ε)`; sums in f64.
-fn forward(
+pub(crate) fn forward(
     x: &FlexTensor,
     gamma: &FlexTensor,
     beta: &FlexTensor,

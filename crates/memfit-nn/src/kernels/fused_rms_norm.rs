@@ -97,7 +97,7 @@ impl<C: CheckpointStrategy> RmsNormOp for Autodiff<Flex, C> {
 }
 
 /// The output and each row's `r`.
-fn forward(x: &FlexTensor, w: &FlexTensor, eps: f64) -> (FlexTensor, Vec<f32>) {
+pub(crate) fn forward(x: &FlexTensor, w: &FlexTensor, eps: f64) -> (FlexTensor, Vec<f32>) {
     let (xs, ws) = (values(x), values(w));
     let d = ws.len();
     let mut out = vec![0.0f32; xs.len()];

@@ -39,7 +39,7 @@ pub fn swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
 }
 
 #[inline(always)]
-fn sigmoid(x: f32) -> f32 {
+pub(crate) fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp_f32(-x))
 }
 
@@ -71,7 +71,8 @@ fn backward_avx512(gate: &[f32], up: &[f32], grad: &mut [f32], d_gate: &mut [f32
     backward_loop(gate, up, grad, d_gate)
 }
 
-fn forward(gate: &FlexTensor, up: &FlexTensor) -> FlexTensor {
+/// `silu(gate) ⊙ up` in gate's dtype.
+pub(crate) fn forward(gate: &FlexTensor, up: &FlexTensor) -> FlexTensor {
     let (g, u) = (values(gate), values(up));
     let mut out = vec![0.0; g.len()];
     #[cfg(target_arch = "x86_64")]
@@ -106,27 +107,33 @@ impl Backward<Flex, 2> for SwigluBackward {
         let [gate_node, up_node] = ops.parents;
         let grad = grads.consume::<Flex>(&ops.node);
         let (gate, up) = ops.state;
-        let mut d_up = values(&grad).into_owned();
-        let mut d_gate = vec![0.0; d_up.len()];
-        let (g, u) = (values(&gate), values(&up));
-        #[cfg(target_arch = "x86_64")]
-        let done = std::arch::is_x86_feature_detected!("avx512f") && {
-            // SAFETY: the CPU has AVX-512F (checked just above).
-            unsafe { backward_avx512(&g, &u, &mut d_up, &mut d_gate) };
-            true
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let done = false;
-        if !done {
-            backward_loop(&g, &u, &mut d_up, &mut d_gate);
-        }
+        let [d_gate, d_up] = backward(&gate, &up, &grad);
         if let Some(node) = gate_node {
-            grads.register::<Flex>(node.id, tensor_like(d_gate, &gate));
+            grads.register::<Flex>(node.id, d_gate);
         }
         if let Some(node) = up_node {
-            grads.register::<Flex>(node.id, tensor_like(d_up, &up));
+            grads.register::<Flex>(node.id, d_up);
         }
     }
+}
+
+/// `[d gate, d up]` for the gradient `grad` of `silu(gate) ⊙ up`, in gate's and up's dtypes.
+pub(crate) fn backward(gate: &FlexTensor, up: &FlexTensor, grad: &FlexTensor) -> [FlexTensor; 2] {
+    let mut d_up = values(grad).into_owned();
+    let mut d_gate = vec![0.0; d_up.len()];
+    let (g, u) = (values(gate), values(up));
+    #[cfg(target_arch = "x86_64")]
+    let done = std::arch::is_x86_feature_detected!("avx512f") && {
+        // SAFETY: the CPU has AVX-512F (checked just above).
+        unsafe { backward_avx512(&g, &u, &mut d_up, &mut d_gate) };
+        true
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = false;
+    if !done {
+        backward_loop(&g, &u, &mut d_up, &mut d_gate);
+    }
+    [tensor_like(d_gate, gate), tensor_like(d_up, up)]
 }
 
 impl<C: CheckpointStrategy> SwigluOp for Autodiff<Flex, C> {

@@ -272,11 +272,14 @@ fn adamw(
 
 /// Root mean square of all values, as a `[1, 1]` tensor (stays on the device).
 fn rms(x: Tensor<2>) -> Tensor<2> {
+    mean_of_all(x.clone() * x).sqrt()
+}
+
+/// The mean of all values, as a `[1, 1]` tensor: summed in stages (`staged_sum`: burn-cubecl's
+/// whole-tensor reduction is wrong past a size).
+fn mean_of_all(x: Tensor<2>) -> Tensor<2> {
     let n = x.shape().num_elements() as f32;
-    staged_sum(x.clone() * x)
-        .div_scalar(n)
-        .sqrt()
-        .reshape([1, 1])
+    staged_sum(x).div_scalar(n).reshape([1, 1])
 }
 
 /// `Adafactor._get_lr` as a `[1, 1]` tensor: the relative or external rate, times the weights'
@@ -332,9 +335,7 @@ fn adafactor_factored(
     *row = row.clone().mul_scalar(b) + row_mean.mul_scalar(a);
     *col = col.clone().mul_scalar(b) + col_mean.mul_scalar(a);
     // _approx_sq_grad: rsqrt(row / mean(row)) ⊗ rsqrt(col), laid out as the gradient is
-    let row_avg = staged_sum(row.clone())
-        .div_scalar(row.shape().num_elements() as f32)
-        .reshape([1, 1]);
+    let row_avg = mean_of_all(row.clone());
     let r_factor = (row.clone() / row_avg).sqrt().recip();
     let c_factor = col.clone().sqrt().recip();
     let [rows, cols] = g.dims();

@@ -15,6 +15,7 @@ use burn_flex::FlexTensor;
 use crate::kernels::autodiff_record::record;
 use crate::kernels::flex_values::{tensor_like, values};
 use crate::kernels::gelu::{gelu_f32, gelu_grad_f32};
+use crate::kernels::swiglu_op::{self, sigmoid};
 use crate::layers::activation::Activation;
 
 #[backend_extension(Flex, Cube: cfg(cube_kernels), Autodiff)]
@@ -69,10 +70,6 @@ fn kind_code(act: Activation) -> u32 {
     }
 }
 
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
 /// The activation `kind` at `x` and its derivative there, on the CPU.
 fn value_and_slope(x: f32, kind: u32) -> (f32, f32) {
     match kind {
@@ -107,13 +104,7 @@ impl ActivationOp for Flex {
     }
 
     fn swiglu(gate: FlexTensor, up: FlexTensor) -> FlexTensor {
-        let (g, u) = (values(&gate), values(&up));
-        let y = g
-            .iter()
-            .zip(u.iter())
-            .map(|(&g, &u)| g * sigmoid(g) * u)
-            .collect();
-        tensor_like(y, &gate)
+        swiglu_op::forward(&gate, &up)
     }
 }
 
@@ -128,14 +119,7 @@ impl ActivationGrad for Flex {
     }
 
     fn swiglu_grad(gate: FlexTensor, up: FlexTensor, dy: FlexTensor) -> [FlexTensor; 2] {
-        let (gs, us, dys) = (values(&gate), values(&up), values(&dy));
-        let (mut d_gate, mut d_up) = (Vec::with_capacity(gs.len()), Vec::with_capacity(gs.len()));
-        for ((&g, &u), &dy) in gs.iter().zip(us.iter()).zip(dys.iter()) {
-            let s = sigmoid(g);
-            d_gate.push(dy * u * s * (1.0 + g * (1.0 - s)));
-            d_up.push(dy * g * s);
-        }
-        [tensor_like(d_gate, &gate), tensor_like(d_up, &up)]
+        swiglu_op::backward(&gate, &up, &dy)
     }
 }
 

@@ -25,8 +25,9 @@ pub fn cube_max(partial: f32, #[comptime] units: usize) -> f32 {
 fn cube_reduce(partial: f32, #[comptime] units: usize, #[comptime] take_max: bool) -> f32 {
     let mut shared = Shared::<[f32]>::new_slice(units);
     let u = UNIT_POS as usize;
-    // Every unit has read the previous reduction's result before any writes this one's: the
-    // compiler may give both the same shared memory.
+    // Every unit has read the previous reduction's result before any writes this one's: cubecl
+    // packs shared memory by liveness (cubecl-opt's `alloc_shared_memory`), so this reduction's
+    // buffer may be the last one's.
     sync_cube();
     shared[u] = partial;
     sync_cube();

@@ -1,11 +1,11 @@
 //! The GPU code path's own ops: what burn's composite ops run as several launches and keep several
-//! tensors for, as one launch each way (and the LM head's token loss per chunk of logits). On a cubecl device (CUDA; wgpu, where the same kernels are
-//! checked without a card) they are memfit's kernels (`cfg(cube_kernels)`: builds with a GPU
-//! backend and without burn's fusion, which merges the composite ops itself). On flex the same ops
-//! run as CPU loops where the CPU takes the GPU's code path (`kernels::set_composite_ops_on_cpu`,
-//! `MEMFIT_CPU_KERNELS=off`): the same autodiff graph and kept tensors, so CI checks their logic
-//! and the GPU memory model counts them. Each is tested against the CPU's op on flex and, built
-//! with `--features wgpu`, on cubecl's kernels.
+//! tensors for, as one launch each way (and the LM head's token loss per chunk of logits). On a
+//! cubecl device (CUDA; wgpu, where the same kernels are checked without a card) they are memfit's
+//! kernels (`cfg(cube_kernels)`: builds with a GPU backend and without burn's fusion, which merges
+//! the composite ops itself). On flex the same ops run as CPU loops where the CPU takes the GPU's
+//! code path (`kernels::set_composite_ops_on_cpu`, `MEMFIT_CPU_KERNELS=off`): the same autodiff
+//! graph and kept tensors, so CI checks their logic and the GPU memory model counts them. Each is
+//! tested against the CPU's op on flex and, built with `--features wgpu`, on cubecl's kernels.
 
 pub mod activation;
 #[cfg(cube_kernels)]

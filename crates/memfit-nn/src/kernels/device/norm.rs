@@ -17,6 +17,7 @@ use burn_flex::FlexTensor;
 
 use crate::kernels::autodiff_record::record;
 use crate::kernels::flex_values::{from_values, tensor_like, values};
+use crate::kernels::{fused_layer_norm, fused_rms_norm};
 
 #[backend_extension(Flex, Cube: cfg(cube_kernels), Autodiff)]
 pub trait NormOp: Backend {
@@ -89,6 +90,8 @@ fn rows_of(x: &FlexTensor) -> (std::borrow::Cow<'_, [f32]>, usize) {
 }
 
 impl NormKernels for Flex {
+    /// The CPU's own forward passes (`fused_layer_norm`, `fused_rms_norm`), their row statistics
+    /// laid out as the kernels write them.
     fn norm_rows(
         x: FlexTensor,
         g: FlexTensor,
@@ -96,27 +99,18 @@ impl NormKernels for Flex {
         eps: f64,
         rms: bool,
     ) -> [FlexTensor; 2] {
-        let ((xs, n), gs, bs) = (rows_of(&x), values(&g), values(&b));
-        let mut y = vec![0.0f32; xs.len()];
-        let mut stats = Vec::with_capacity(2 * xs.len() / n.max(1));
-        for (row, out) in xs.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
-            let mean = if rms {
-                0.0
-            } else {
-                row.iter().sum::<f32>() / n as f32
-            };
-            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n as f32;
-            let r = 1.0 / (var + eps as f32).sqrt();
-            for (j, (o, v)) in out.iter_mut().zip(row).enumerate() {
-                *o = (v - mean) * r * gs[j] + if rms { 0.0 } else { bs[j] };
-            }
-            stats.extend([mean, r]);
-        }
+        let (y, stats): (_, Vec<f32>) = if rms {
+            let (y, r) = fused_rms_norm::forward(&x, &g, eps);
+            (y, r.into_iter().flat_map(|r| [0.0, r]).collect())
+        } else {
+            let (y, rows) = fused_layer_norm::forward(&x, &g, &b, eps);
+            (
+                y,
+                rows.into_iter().flat_map(|(mean, r)| [mean, r]).collect(),
+            )
+        };
         let rows = stats.len() / 2;
-        [
-            tensor_like(y, &x),
-            from_values(stats, Shape::new([rows, 2]), DType::F32),
-        ]
+        [y, from_values(stats, Shape::new([rows, 2]), DType::F32)]
     }
 
     fn norm_rows_dx(
@@ -329,9 +323,9 @@ mod cube {
             j += units;
         }
         let inv_n = 1.0f32 / f32::cast_from(n);
-        let mut u_mean = cube_sum(u_sum, units) * inv_n;
-        if rms {
-            u_mean = 0.0;
+        let mut u_mean = 0.0f32;
+        if !rms {
+            u_mean = cube_sum(u_sum, units) * inv_n;
         }
         let ux_mean = cube_sum(ux_sum, units) * inv_n;
         j = UNIT_POS as usize;
