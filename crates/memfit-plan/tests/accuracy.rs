@@ -273,7 +273,7 @@ fn leave_one_source_out_never_uses_the_rows_own_context() {
 
 /// The rows that break a per-row target today, leave-one-source-out (docs/accuracy.md, "Where the
 /// model is weakest", gives the causes): estimated low by more than 25%, and beyond ±35%.
-const KNOWN_LOW_BEYOND_25: &[&str] = &["S1", "T2"];
+const KNOWN_LOW_BEYOND_25: &[&str] = &["T2"];
 const KNOWN_BEYOND_35: &[&str] = &["T2"];
 
 /// Issues 17 and 31's targets over the committed rows, leave-one-source-out (each row estimated
@@ -352,6 +352,13 @@ fn leave_one_source_out_goals() {
 /// training too (found from Y2's miss, read in stage3.py, applied to every ZeRO run in fp32).
 /// docs/accuracy.md, "Where the model is weakest", says what the low rows point at.
 ///
+/// `modelscope/ms-swift` (`S2`–`S49`: the benchmark page of 2024-01-04 whose rows issue 31 was filed
+/// on, added with the model unchanged, beside the project's one earlier row `S1`; first contact):
+/// median 12.4% (goal 8%), p90 36.4% (goal 20%), 13 rows low by more than 25% (goal none), the band
+/// holding 31 of 49 (goal 80%). The lengths vary from step to step (swift keeps every sample up to
+/// `max_length`), and the caching allocator's pool under varying lengths is what is missed: the
+/// same Qwen v1 LoRA at a fixed length (`Q`) reserves 5–15 GiB less. docs/accuracy.md says which.
+///
 /// `unslothai/unsloth` (the Hugging Face QLoRA baseline of Unsloth's README, Llama-2-7B on one
 /// and on two T4s; first contact, nothing changed since): median 11.9% (goal 8%), p90 33.1%
 /// (goal 20%), 2 rows low by more than 25% (U10 −36.4%, U12 −33.0%: the 2xT4 DDP rows with
@@ -381,6 +388,16 @@ const FRESH: &[(&str, FreshFigures)] = &[
             p90: 0.331,
             low_beyond_25: 1,
             band_holds: 3,
+        },
+    ),
+    (
+        "modelscope/ms-swift",
+        FreshFigures {
+            rows: 49,
+            median: 0.124,
+            p90: 0.364,
+            low_beyond_25: 13,
+            band_holds: 31,
         },
     ),
     (
@@ -477,8 +494,9 @@ fn fresh_source_goals() {
 }
 
 /// Sources whose held-out rows the band does not hold to 80% (docs/accuracy.md, "Where the model
-/// is weakest": torchtune's reserved pool, 13–37% low on 3 of its 5 rows).
-const KNOWN_BAND_MISSES: &[&str] = &["pytorch/torchtune"];
+/// is weakest": ms-swift's pool under step lengths that vary, 31 of 49 held). torchtune (4 of 5)
+/// left this list when ms-swift's rows widened the bands.
+const KNOWN_BAND_MISSES: &[&str] = &["modelscope/ms-swift"];
 
 /// The band as every validated source meets it when it is the fresh one: computed without its
 /// rows, it holds at least 80% of them — for every source with 5 rows or more but the known ones.

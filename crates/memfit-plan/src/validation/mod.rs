@@ -138,6 +138,14 @@ pub fn setup_of(r: &Record, arch: &Arch) -> Result<Setup, String> {
         "" => None,
         v => Some(v.parse().map_err(|_| bad("zero_bucket"))?),
     };
+    s.length_spread = match get(r, "length_spread") {
+        "" => 1.0,
+        v => v
+            .parse()
+            .ok()
+            .filter(|x: &f64| *x > 0.0 && *x <= 1.0)
+            .ok_or_else(|| bad("length_spread"))?,
+    };
     // The rows measure a training process that already holds its data (a few hundred rows).
     s.dataset = DatasetMode::Reread;
     Ok(s)

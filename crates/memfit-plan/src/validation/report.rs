@@ -291,6 +291,39 @@ const WEAKEST: &str = "\n## Where the model is weakest\n\n\
 \x20 batch 2 shows 4.3 GiB between them: the Kaggle runs' lengths or setup differ from what the README\n\
 \x20 states, and what holds the 2 GiB is not identified. Left out: the README's A100 tables, whose\n\
 \x20 figures for the same stated setup are 1.5–2.5× the T4's (validation/README.md).\n\
+- ms-swift's benchmark page (`S2`–`S49`, `docs/source/LLM/Benchmark.md` of 2024-01-04, a fresh\n\
+\x20 source: the measurements issue 31 was filed on, added 2026-11-28 with the model unchanged; pinned\n\
+\x20 by `fresh_source_goals` with `S1`): median 12%, p90 36%, 13 rows low by more than 25%, 31 of 49\n\
+\x20 under the band of the other sources. Grade B: swift's trainer records\n\
+\x20 `torch.cuda.max_memory_reserved()`, and its 'delete' truncation keeps every sample up to\n\
+\x20 `max_length`, so the lengths vary from 91 tokens to the maximum from step to step\n\
+\x20 (`length_spread` = 91 / seq). Four patterns:\n\
+\x20 - **Varying lengths hold far more than the tensors.** The same Qwen v1 code at a fixed length\n\
+\x20   (Qwen's own `finetune.py` pads every sample to the maximum: the `Q` rows) reserves 11.0 GiB for\n\
+\x20   1.8B LoRA at 2,048 tokens and 21.8 GiB at 8,192; swift's runs 16.4 and 37.0 GiB. 1.8B grows by\n\
+\x20   6.2 MiB per token from 512 to 2,048 tokens, the estimate by 3.4. The model's two-generation\n\
+\x20   term (`--length-spread`: the longest step's segments beside one step of the mean length) is most\n\
+\x20   of the 3.1 GiB of slack it holds at 2,048 tokens, and 6.0 GiB more are missing there (`S2`–`S5`\n\
+\x20   −25% to −36%, 7B `S7`–`S11` −6% to −21%, 14B `S12`–`S16` −1% to −13%).\n\
+\x20   A replay of CUDACachingAllocator's rules (best fit, splitting, merging inside a segment, a\n\
+\x20   segment of its own per request of 10 MiB or more) over the loss's tensors at uniformly drawn\n\
+\x20   lengths gives the same order but keeps growing with the number of steps (2,048 tokens: 5.6 GiB\n\
+\x20   of extra segments after 10 steps, 19.6 GiB after 1,000): a model of this pool needs each step's\n\
+\x20   allocation order measured on a GPU, not the tensor totals the model has.\n\
+\x20 - **ChatGLM3 at 4,096 and 8,192 tokens** (`S20` −36%, `S21` −61%): 29.8 → 66.8 GiB, growing with\n\
+\x20   the square of the length, as an attention that materialises its score matrix does; the model\n\
+\x20   takes chatglm's attention as fused.\n\
+\x20 - **Batch 2 and 4 at 2,048 tokens** (`S35` −30%, `S36` −28%; batch 8 `S37` +1%).\n\
+\x20 - **bitsandbytes 4-bit** on Qwen 7B/14B/72B (`S45` −44%, `S47` −40%, `S49` −32%) where the GPTQ\n\
+\x20   rows of the same models are −24%, −14% and +3%: swift loads 4-bit without\n\
+\x20   `prepare_model_for_kbit_training`, and what its bnb path keeps beyond the model is not identified.\n\
+\x20 When issue 31 was filed the 7B LoRA rows were 15% low at 512 tokens and 30–50% at 2–8k, batch 2–8\n\
+\x20 38–52% and the runs without checkpointing 51% (flash) and 68% (eager); now −9% to −21%, −30% to\n\
+\x20 +1%, and −5% (`S38`) and +30% (`S40`, Qwen's own attention without flash attention). Within 10%:\n\
+\x20 Yi-34B LoRA (−2% to −4%), Qwen 7B full fine-tuning (−2% to −9%), GPTQ on 14B and 72B. The rank and\n\
+\x20 target rows (27.72–27.87 GiB measured) are −20% as their 7B base row is.\n\
+\x20 The source spreads on one setup too: 1.8B full fine-tuning reserves more at 2,048 tokens than\n\
+\x20 at 4,096 (35.1 vs 31.6 GiB, `S28` −41%).\n\
 - Answer.AI's FSDP+QLoRA note (`F`): within 10% for most rows; `F1` and `F3` (batch 1, 512 tokens)\n\
 \x20 are 17–18% low on reserved (their allocated peak `F3-ALLOC` is −3%: the pool, not the live\n\
 \x20 tensors, is what is missed). The largest QLoRA batches (`F6` batch 10, `F12` batch 12 with CPU\n\
