@@ -257,6 +257,9 @@ pub struct Setup {
     pub pin_memory: bool,
     pub dataset: DatasetMode,
     pub dataset_rows: u64,
+    /// memfit's trainer: host bytes the process already holds beyond its runtime before the
+    /// model is built (measured by `memfit train` after preparing its data), counted as they are.
+    pub host_resident_bytes: u64,
     /// The training code (`--stack`); files written before it existed read as `hf-trainer`.
     #[serde(default)]
     pub stack: Stack,
@@ -354,6 +357,7 @@ impl Setup {
             pin_memory: false,
             dataset: DatasetMode::InMemory,
             dataset_rows: 0,
+            host_resident_bytes: 0,
             stack: Stack::HfTrainer,
             optimizer_in_backward: None,
             chunked_loss: None,

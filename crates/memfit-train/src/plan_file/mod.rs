@@ -121,15 +121,18 @@ fn lora_setup(config: &TrainConfig, setup: &mut Setup) {
 }
 
 /// The plan of `config` for the model described by `model_config` (a `config.json` value), on a
-/// GPU (`on_gpu`: memfit's GPU model) or the CPU.
+/// GPU (`on_gpu`: memfit's GPU model) or the CPU, with `resident_bytes` already held beside it
+/// ([`Budget::resident_bytes`]).
 pub fn plan(
     config: &TrainConfig,
     model_config: &Value,
     dataset_rows: u64,
     on_gpu: bool,
+    resident_bytes: u64,
 ) -> Result<Value, String> {
     let arch = arch_of(config, model_config)?;
-    let setup = setup_on(config, &arch, dataset_rows, on_gpu);
+    let mut setup = setup_on(config, &arch, dataset_rows, on_gpu);
+    setup.host_resident_bytes = resident_bytes;
     let estimate = memory::estimate(&arch, &setup, &Framework::default())?;
     Ok(json!({
         "model": {
@@ -162,6 +165,11 @@ pub struct Budget {
     /// optimizer state (CPU ranks, which are for checks, are planned with all of it).
     #[serde(skip)]
     pub shard_optimizer: bool,
+    /// RSS the run already holds beyond the runtime before its model exists (measured by `memfit
+    /// train` once its data is prepared: the tokenizer, the readers' state, the validation rows):
+    /// planned as a host component of its own. 0 where nothing was measured.
+    #[serde(skip)]
+    pub resident_bytes: u64,
 }
 
 impl Budget {
@@ -320,6 +328,7 @@ pub fn planned_start(
     let arch = arch_of(config, model_config).map_err(PlanError::Input)?;
     let mut base = setup_of(config, &arch, 0);
     base.optimizer_shards = budget.optimizer_shards();
+    base.host_resident_bytes = budget.resident_bytes;
     if let PolicyChoice::Table(p) = choice {
         // before anything else: a policy made for another task is refused, not ignored
         p.check_run(base.task, base.method)
@@ -388,6 +397,7 @@ pub fn planned_start(
     planning["available_bytes"] = json!(available_bytes);
     planning["data_loading"] = data_loading();
     planning["predicted_peak_rss_bytes"] = json!(peak);
+    planning["resident_before_model_bytes"] = json!(budget.resident_bytes);
     if let Some(gpu) = planning["chosen"]["predicted_peak_gpu_bytes"].as_u64() {
         planning["predicted_peak_gpu_bytes"] = json!(gpu);
     }
@@ -559,15 +569,51 @@ mod tests {
         let model = crate::model_spec::model_config("chatlm-mini", None).unwrap();
         let mut c = TrainConfig::default();
         crate::presets::profile("sft-small").unwrap().apply(&mut c);
-        let p = plan(&c, &model, 3000, false).unwrap();
+        let p = plan(&c, &model, 3000, false, 0).unwrap();
         assert!(p["gpu"].is_null());
         assert_eq!(p["model"]["params_total"], 187_692_288);
         let host = p["host"]["peak_rss_bytes"].as_u64().unwrap();
         assert!(host > 1 << 30);
         assert_eq!(p["setup"]["runtime"], "memfit");
-        let g = plan(&c, &model, 3000, true).unwrap();
+        let g = plan(&c, &model, 3000, true, 0).unwrap();
         assert!(g["gpu"]["peak_allocated_bytes"].as_u64().unwrap() > 1 << 30);
         assert!(g["host"]["peak_rss_bytes"].as_u64().unwrap() < host);
+    }
+
+    /// What the data and tokenizer hold (measured by `memfit train`) is a host component of the
+    /// plan and of the planned start: the same start predicts that much more, and a budget that
+    /// held the start without it holds a smaller one.
+    #[test]
+    fn resident_data_is_planned_beside_the_training() {
+        let (c, model) = t5_small();
+        let held = 300 << 20;
+        let without = plan(&c, &model, 0, false, 0).unwrap();
+        let with = plan(&c, &model, 0, false, held).unwrap();
+        let peak = |p: &Value| p["host"]["peak_rss_bytes"].as_u64().unwrap();
+        assert_eq!(peak(&with), peak(&without) + held);
+        let names: Vec<&str> = with["host"]["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["name"].as_str().unwrap())
+            .collect();
+        assert!(names.contains(&"data and tokenizer"), "{names:?}");
+        let planned = |resident_bytes| {
+            let b = Budget {
+                resident_bytes,
+                ..budget(4)
+            };
+            auto(&c, &model, &b, Fixed::default()).unwrap()
+        };
+        let (free, busy) = (planned(0), planned(held));
+        assert_eq!(busy.planning["resident_before_model_bytes"], held);
+        assert!(busy.predicted_peak_rss_bytes >= held + 20_000_000);
+        assert!(
+            (busy.config.batch, busy.config.grad_ckpt)
+                != (free.config.batch, free.config.grad_ckpt)
+                || busy.predicted_peak_rss_bytes > free.predicted_peak_rss_bytes,
+            "the held bytes changed nothing"
+        );
     }
 
     fn t5_small() -> (TrainConfig, Value) {
@@ -600,6 +646,7 @@ mod tests {
             on_gpu: false,
             ranks: 1,
             shard_optimizer: false,
+            resident_bytes: 0,
         }
     }
 

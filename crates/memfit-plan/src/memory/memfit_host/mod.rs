@@ -181,6 +181,15 @@ pub fn host_with(arch: &Arch, setup: &Setup, fit: &HostFit) -> HostEstimate {
         ),
     };
     let mut c = state_components(arch, setup, fit, &tr, lora);
+    if setup.host_resident_bytes > 0 {
+        c.push(Component::new(
+            "data and tokenizer",
+            setup.host_resident_bytes,
+            Scaling::Neither,
+            "resident beyond the runtime once the data is prepared, before the model (measured by \
+             memfit train): the tokenizer, the readers' state, the validation rows",
+        ));
+    }
     let states: u64 = c.iter().map(|x| x.bytes).sum();
     if setup.grad_ckpt {
         c.push(Component::new(

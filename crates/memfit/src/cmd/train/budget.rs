@@ -48,6 +48,7 @@ pub fn parse_ram(
         on_gpu: false,
         ranks: 1,
         shard_optimizer: false,
+        resident_bytes: 0,
     })
 }
 
@@ -103,6 +104,7 @@ pub fn resolve(
         on_gpu: compute.on_gpu,
         ranks: compute.ranks,
         shard_optimizer: compute.shard_optimizer,
+        resident_bytes: 0,
     })
 }
 

@@ -179,7 +179,15 @@ where
 /// plan.json: the estimate of this setup, with the planned start it came from.
 fn write_plan(s: &mut Session, start: &mut Prepared, rows: u64) -> anyhow::Result<()> {
     let on_gpu = start.setup.device.is_gpu();
-    match plan_file::plan(&s.config, &start.model_json, rows, on_gpu) {
+    let planning = start.setup.planning.as_ref();
+    let resident = planning.and_then(|p| p["resident_before_model_bytes"].as_u64());
+    match plan_file::plan(
+        &s.config,
+        &start.model_json,
+        rows,
+        on_gpu,
+        resident.unwrap_or(0),
+    ) {
         Ok(mut plan) => {
             if let Some(planning) = start.setup.planning.take() {
                 plan["planning"] = planning;

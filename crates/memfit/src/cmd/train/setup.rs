@@ -42,11 +42,12 @@ pub struct Setup {
     pub device: ChosenDevice,
     /// What the defaults chose for a run on real data (printed at its start).
     pub fit: Fit,
-    /// A start planned once the data is read (its sequence length comes from the data).
+    /// A start planned once the data is read (the sequence length may come from the data, and
+    /// what the data and tokenizer hold is measured then).
     pub plan_after_data: Option<PlanAfterData>,
 }
 
-/// What planning the start needs once the data has given the sequence length.
+/// What planning the start needs once the data is prepared.
 pub struct PlanAfterData {
     pub policy: String,
     pub budget: Budget,
@@ -187,8 +188,9 @@ fn new_run(
     };
     let budget = budget::resolve(ram, file_budget, compute, available)?;
     let root = args.out.clone().unwrap_or_else(default_out);
-    let from_data = fit.seq_from_data || fit.tgt_seq_from_data;
-    if from_data && !args.plan_only && args.policy == "auto" {
+    // The start is planned once the data is prepared: its sequence length may come from the data,
+    // and what the data and tokenizer hold is measured then and planned beside the training.
+    if !args.plan_only && args.policy == "auto" {
         let plan_after_data = PlanAfterData {
             policy: args.policy.clone(),
             budget,

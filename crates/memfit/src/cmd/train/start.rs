@@ -52,11 +52,14 @@ impl Start {
             write_demo(&mut setup)?;
         }
         let mut data = open_data(&setup)?;
+        // Reading and tokenizing freed far more than it keeps (parquet pages, JSON, text): hand
+        // those pages back before the model and the steps allocate beside what stays.
+        memfit_train::malloc_tuning::release_free();
         let model_json =
             model_spec::model_config(&setup.config.model, setup.demo_config.as_deref())
                 .map_err(|e| bad_input(e.to_string()))?;
         if let Some(pending) = setup.plan_after_data.take() {
-            data = seq_from_data(&mut setup, pending, data, &model_json)?;
+            data = plan_with_data(&mut setup, pending, data, &model_json)?;
         }
         if matches!(setup.mode, Mode::New) {
             fit::warn_truncation(&data, &setup.config);
@@ -75,10 +78,11 @@ impl Start {
     }
 }
 
-/// The sequence length from the longest prepared row (rounded up, at most the model's positions),
-/// and the start planned for it: shorter, and said so, where the budget holds no more (the data is
-/// then prepared again at that length, as a resume would prepare it).
-fn seq_from_data(
+/// The start planned once the data is prepared, beside what the data and tokenizer hold. Where the
+/// sequence length comes from the data: the longest prepared row (rounded up, at most the model's
+/// positions), shorter, and said so, where the budget holds no more (the data is then prepared
+/// again at that length, as a resume would prepare it).
+fn plan_with_data(
     setup: &mut Setup,
     pending: PlanAfterData,
     data: RunData,
@@ -99,10 +103,12 @@ fn seq_from_data(
     };
     let available = Available::known(pending.available_bytes);
     at.seq = wanted;
+    let resident = resident_beyond_runtime();
     let planned = loop {
         let mut flags = setup.flags.clone();
         flags.seq = Some(at.seq);
-        let budget = pending.budget.clone();
+        let mut budget = pending.budget.clone();
+        budget.resident_bytes = resident;
         match budget::plan_start(&pending.policy, &flags, &at, model_json, budget, &available) {
             Ok(planned) => break planned,
             Err(e) if from_data && does_not_fit(&e) && at.seq > MIN_DATA_SEQ => {
@@ -121,11 +127,28 @@ fn seq_from_data(
     setup.config = planned.config;
     setup.planning = Some(planned.planning);
     setup.plan_lines = planned.lines;
+    if resident > 0 {
+        let held = memfit_sys::units::human_bytes(resident);
+        let line = format!(
+            "  data and tokenizer: {held} resident before the model (measured), planned beside it"
+        );
+        setup.plan_lines.push(line);
+    }
     if seq < wanted {
         drop(data);
         return open_data(setup);
     }
     Ok(data)
+}
+
+/// What this process holds beyond the planner's runtime constant once its data is prepared (the
+/// tokenizer, the readers' state, the validation rows): the start is planned with it as measured,
+/// as the memory guard will count it. 0 where /proc cannot be read.
+fn resident_beyond_runtime() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let charged = memfit_sys::sample::parse_status(std::process::id() as i32, &status)
+        .map_or(0, |m| m.charged());
+    charged.saturating_sub(memfit_plan::memory::memfit_host::FITTED.runtime_rss)
 }
 
 /// "seq 64 (longest row 61)", with what cut it shorter.
