@@ -173,6 +173,37 @@ fn csv_parser_handles_quotes() {
     assert!(validation::parse_csv("a,b\n1\n").is_err());
 }
 
+/// `length_spread`: empty is every step at `seq`; a value in (0, 1] is the setup's; anything else is
+/// refused naming the row and the column. The ms-swift rows carry theirs, and it moves the estimate.
+#[test]
+fn length_spread_column() {
+    use memfit_plan::{arch, memory};
+    let d = root().join("validation");
+    let rows =
+        validation::parse_csv(&std::fs::read_to_string(d.join("cases.csv")).unwrap()).unwrap();
+    let mut row = rows.iter().find(|r| r["id"] == "S4").unwrap().clone();
+    let file = row["model"].clone();
+    let text = std::fs::read_to_string(d.join("models").join(&file)).unwrap();
+    let a = arch::parse_config(&file, &text, &file).unwrap();
+    let reserved = |r: &validation::Record| {
+        let s = validation::setup_of(r, &a).unwrap();
+        let fw = validation::framework_of(r, None).unwrap();
+        let est = memory::estimate(&a.clone().with_task(s.task), &s, &fw).unwrap();
+        (s.length_spread, est.gpu.unwrap().peak_reserved_bytes)
+    };
+    let (spread, varying) = reserved(&row);
+    assert!((spread - 91.0 / 2048.0).abs() < 1e-4, "{spread}");
+    row.insert("length_spread".into(), String::new());
+    let (spread, fixed) = reserved(&row);
+    assert_eq!(spread, 1.0);
+    assert!(varying > fixed, "{varying} <= {fixed}");
+    for bad in ["0", "1.5", "-0.2", "half"] {
+        row.insert("length_spread".into(), bad.into());
+        let err = validation::setup_of(&row, &a).unwrap_err();
+        assert!(err.contains("S4") && err.contains("length_spread"), "{err}");
+    }
+}
+
 /// boundaries.csv: an `oom` row must be predicted above the GPU's memory, a `fit` row below it.
 #[test]
 fn boundaries_fit_or_oom() {
