@@ -142,12 +142,10 @@ fn plan_with_data(
 }
 
 /// What this process holds beyond the planner's runtime constant once its data is prepared (the
-/// tokenizer, the readers' state, the validation rows): the start is planned with it as measured,
-/// as the memory guard will count it. 0 where /proc cannot be read.
+/// tokenizer, the readers' state, the validation rows), read as the memory guard reads it: the
+/// start is planned with it as measured. 0 where /proc cannot be read.
 fn resident_beyond_runtime() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let charged = memfit_sys::sample::parse_status(std::process::id() as i32, &status)
-        .map_or(0, |m| m.charged());
+    let charged = memfit_train::memory_guard::own_charged_bytes();
     charged.saturating_sub(memfit_plan::memory::memfit_host::FITTED.runtime_rss)
 }
 
