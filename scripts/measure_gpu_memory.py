@@ -18,6 +18,23 @@ Usage, on a machine with one CUDA GPU and torch, transformers and peft installed
 One setup by hand (what `memfit calibrate` runs, {batch} replaced):
     python3 scripts/measure_gpu_memory.py --model validation/models/qwen2.5-0.5b.json \
         --method full --precision amp-bf16 --batch 4 --seq 512
+
+Lengths that vary from step to step (issue 31: the caching allocator's segments; scripts/gpu/pool.sh
+runs the set): `--lengths uniform` or `--lengths lognormal:MU:SIGMA` draws each step's length between
+`--length-spread` x seq and seq (lognormal: ln(length) normal, cut to that range), `--steps` of them;
+`--expandable-segments` runs the row under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. Each
+step then adds `[length, peak allocated MiB, reserved MiB, segments, inactive split MiB]` to the
+JSON line's `per_step`. `--loss shift` computes the loss as transformers and the remote-code models
+of 2023 did (logits in the autocast dtype, a shifted contiguous copy, cross-entropy under autocast)
+instead of the model's own (today: the logits upcast to fp32); `--autocast` runs bf16 weights under
+bf16 autocast as the HF Trainer does with `bf16=True`; `--reentrant` checkpoints with
+`use_reentrant=True` (the default before transformers 4.35). `--trace-steps K --trace-dir DIR`
+writes the allocator's events of the first K steps (`DIR/ID.trace.gz`: a line per event, `alloc`,
+`free`, `segment_alloc`, `segment_free`, `segment_map`, `segment_unmap` with address and bytes, and
+`step N` where each step starts; from before the model is built), for
+`cargo run --release -p memfit-plan --example replay_allocator`. A Qwen (v1) config is built as
+the Qwen2 model of the same shapes (transformers has no `qwen` model type; the tensors are the same,
+its fused c_attn as three projections).
 """
 
 import argparse
@@ -40,6 +57,8 @@ RENAMED = {"o": {"gptj": "out_proj", "opt": "out_proj", "gpt_neox": "dense"},
 
 def target_modules(targets, model_type):
     names = []
+    if model_type == "qwen2":  # Qwen (v1)'s fused c_attn, built as Qwen2's three projections
+        targets = targets.replace("qkv", "q,k,v")
     for t in targets.split(","):
         if t not in NAMES:
             sys.exit(f"lora_targets: {t!r} is not one of {', '.join(NAMES)}")
@@ -47,12 +66,26 @@ def target_modules(targets, model_type):
     return names
 
 
+def as_transformers_fields(fields):
+    """Qwen (v1) is remote code (`model_type` "qwen"): the Qwen2 config of the same shapes. Its
+    `intermediate_size` counts both SwiGLU halves; its c_attn has a bias, as Qwen2's q/k/v do."""
+    if fields.get("model_type") != "qwen":
+        return fields
+    return {"model_type": "qwen2", "hidden_size": fields["hidden_size"],
+            "intermediate_size": fields["intermediate_size"] // 2,
+            "num_attention_heads": fields["num_attention_heads"],
+            "num_key_value_heads": fields["num_attention_heads"],
+            "num_hidden_layers": fields["num_hidden_layers"], "vocab_size": fields["vocab_size"],
+            "max_position_embeddings": fields.get("seq_length", 8192),
+            "rms_norm_eps": fields.get("layer_norm_epsilon", 1e-6), "tie_word_embeddings": False}
+
+
 def build(setup, device):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with open(setup["model_path"]) as f:
-        fields = json.load(f)
+        fields = as_transformers_fields(json.load(f))
     fields.pop("architectures", None)
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     dtype = torch.bfloat16 if setup["precision"] == "bf16" else torch.float32
@@ -61,7 +94,10 @@ def build(setup, device):
             config, dtype=dtype, attn_implementation=setup["attention"])
     model.to(device)
     if setup["grad_ckpt"]:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": setup.get("reentrant", False)})
+        if setup.get("reentrant"):
+            model.enable_input_require_grads()  # what the reentrant form needs to reach LoRA
     if setup["method"] == "lora":
         from peft import LoraConfig, get_peft_model
 
@@ -77,6 +113,9 @@ def measure(setup, device):
     """Peak bytes of `steps` training steps: {"alloc", "reserved", "device_used"} or {"oom": msg}."""
     import torch
 
+    cuda = device == "cuda"
+    # from before the model is built, so that a replay starts from the same empty allocator
+    trace = Trace(setup) if cuda and setup.get("trace_steps") else None
     model, config = build(setup, device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if setup["optimizer"] == "adamw":
@@ -86,14 +125,16 @@ def measure(setup, device):
     else:
         sys.exit(f"optimizer {setup['optimizer']!r}: adamw or sgd")
     gen = torch.Generator(device="cpu").manual_seed(1234)
-    amp = setup["precision"] == "amp-bf16"
-    cuda = device == "cuda"
+    lengths = step_lengths(setup)
+    amp = setup["precision"] == "amp-bf16" or setup.get("autocast", False)
 
-    def step(probe):
-        ids = torch.randint(0, config.vocab_size, (setup["batch"], setup["seq"]), generator=gen)
+    def step(index, probe):
+        ids = torch.randint(0, config.vocab_size, (setup["batch"], lengths[index]), generator=gen)
         ids = ids.to(device)
+        if trace:
+            trace.step(index)
         with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=amp):
-            loss = model(input_ids=ids, labels=ids).loss
+            loss = training_loss(model, ids, setup.get("loss", "model"))
         probe("forward")
         loss.backward()
         probe("backward")
@@ -105,16 +146,131 @@ def measure(setup, device):
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    for _ in range(setup["steps"] - 1):
-        loss = step(lambda phase: None)
+    per_step, peaks = [], {"alloc": 0, "reserved": 0}
+    for index in range(len(lengths) - 1):
+        loss = step(index, lambda phase: None)
+        if cuda:
+            per_step.append(step_stats(torch, lengths[index], peaks))
     if not cuda:
-        return {"loss": float(step(lambda phase: None).detach())}
+        return {"loss": float(step(len(lengths) - 1, lambda phase: None).detach())}
     phases = Phases(model)
-    loss = step(phases.end)
+    loss = step(len(lengths) - 1, phases.end)
+    last = step_stats(torch, lengths[-1], peaks)
+    last[1] = round(max(phases.record[p]["peak"] for p in ("forward", "backward", "step")) / MIB, 1)
+    per_step.append(last)  # its peak from the phases, which reset the counter as they went
+    if trace:
+        trace.write()
     free, total = torch.cuda.mem_get_info()
-    return {"alloc": phases.peak_alloc, "reserved": phases.peak_reserved,
-            "device_used": total - free, "device_total": total, "loss": float(loss.detach()),
-            "gpu": torch.cuda.get_device_name(), "versions": versions(), "phases": phases.record}
+    result = {"alloc": max(phases.peak_alloc, peaks["alloc"]),
+              "reserved": max(phases.peak_reserved, peaks["reserved"]),
+              "device_used": total - free, "device_total": total, "loss": float(loss.detach()),
+              "gpu": torch.cuda.get_device_name(), "versions": versions(), "phases": phases.record}
+    if len(set(lengths)) > 1 or setup.get("expandable_segments"):
+        result["per_step"] = per_step
+        result["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    return result
+
+
+def step_lengths(setup):
+    """Each step's sequence length: `seq` every step, or drawn between `length_spread` x seq and
+    seq (`lengths` uniform, or lognormal:MU:SIGMA: ln(length) normal, cut to the range) from the
+    row's seed."""
+    import math
+    import random
+
+    seq, steps = setup["seq"], setup["steps"]
+    kind = setup.get("lengths") or "fixed"
+    if kind == "fixed":
+        return [seq] * steps
+    shortest = max(2, math.ceil(setup.get("length_spread", 1.0) * seq))
+    draw = random.Random(setup.get("seed", 42))
+    if kind == "uniform":
+        return [draw.randint(shortest, seq) for _ in range(steps)]
+    if kind.startswith("lognormal:"):
+        # ln(length) normal, cut to [shortest, seq]: drawn through the inverse of its CDF, so a
+        # range far in the tail costs no redraws
+        from statistics import NormalDist
+
+        mu, sigma = (float(x) for x in kind.split(":")[1:3])
+        normal = NormalDist(mu, sigma)
+        low, high = normal.cdf(math.log(shortest)), normal.cdf(math.log(seq))
+        if high - low < 1e-12:
+            sys.exit(f"lengths {kind!r}: no weight between {shortest} and {seq} tokens")
+        return [min(seq, max(shortest, round(math.exp(normal.inv_cdf(low + draw.random() * (high - low))))))
+                for _ in range(steps)]
+    sys.exit(f"lengths {kind!r}: fixed, uniform or lognormal:MU:SIGMA")
+
+
+def training_loss(model, ids, how):
+    """The step's loss as the training code computes it: `model` = the model's own (today's
+    transformers upcast the logits to fp32 and shift the labels); `shift` = transformers' and the
+    remote-code models' loss of 2023 (a shifted contiguous copy of the logits in the autocast dtype,
+    cross-entropy under autocast). The outputs are dropped before backward, as the Trainer's
+    compute_loss returns only the loss."""
+    import torch
+
+    if how == "model":
+        return model(input_ids=ids, labels=ids).loss
+    if how != "shift":
+        sys.exit(f"loss {how!r}: model or shift")
+    logits = model(input_ids=ids).logits
+    shifted = logits[..., :-1, :].contiguous()
+    del logits
+    return torch.nn.functional.cross_entropy(shifted.view(-1, shifted.size(-1)), ids[..., 1:].reshape(-1))
+
+
+def step_stats(torch, length, peaks):
+    """[length, peak allocated MiB, reserved MiB, segments, inactive split MiB] after a step; the
+    peak is the step's own (reset here, so the run's peaks are carried in `peaks`)."""
+    stats = torch.cuda.memory_stats()
+    peaks["alloc"] = max(peaks["alloc"], stats["allocated_bytes.all.peak"])
+    peaks["reserved"] = max(peaks["reserved"], stats["reserved_bytes.all.peak"])
+    row = [length, round(stats["allocated_bytes.all.peak"] / MIB, 1),
+           round(stats["reserved_bytes.all.current"] / MIB, 1), stats["segment.all.current"],
+           round(stats["inactive_split_bytes.all.current"] / MIB, 1)]
+    torch.cuda.reset_peak_memory_stats()
+    return row
+
+
+class Trace:
+    """The caching allocator's events from the model's construction to the end of the first
+    `trace_steps` steps, written compactly for memfit-plan's `replay_allocator` example; a step
+    marker where each step starts (the number of events seen then)."""
+
+    def __init__(self, setup):
+        import torch
+
+        self.torch, self.steps = torch, setup["trace_steps"]
+        self.path = os.path.join(setup.get("trace_dir") or ".", f"{setup.get('id', 'run')}.trace.gz")
+        self.starts = []
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                                 max_entries=4_000_000)
+
+    def step(self, index):
+        if index < self.steps:
+            self.starts.append(len(self.events()))
+        elif index == self.steps:
+            self.final = self.events()
+            self.torch.cuda.memory._record_memory_history(enabled=None)
+
+    def events(self):
+        return self.torch.cuda.memory._snapshot()["device_traces"][0]
+
+    def write(self):
+        import gzip
+
+        events = getattr(self, "final", None) or self.events()
+        keep = {"alloc", "free_completed", "segment_alloc", "segment_free", "segment_map",
+                "segment_unmap", "oom"}
+        marks = dict((start, k) for k, start in enumerate(self.starts))
+        with gzip.open(self.path + ".tmp", "wt") as f:
+            for i, e in enumerate(events):
+                if i in marks:
+                    f.write(f"step {marks[i]}\n")
+                if e["action"] in keep:
+                    action = "free" if e["action"] == "free_completed" else e["action"]
+                    f.write(f"{action} {e.get('addr', 0):x} {e['size']}\n")
+        os.replace(self.path + ".tmp", self.path)
 
 
 class Phases:
@@ -163,13 +319,31 @@ def setup_of(row, root):
     def num(key, default=None):
         return int(row[key]) if row.get(key) else default
 
+    def flag(key):
+        return row.get(key) in ("true", True)
+
     model = row["model"]
     path = model if os.path.sep in model else os.path.join(root, "validation", "models", model)
-    return {"model_path": path, "method": row["method"], "precision": row["precision"],
-            "optimizer": row["optimizer"], "batch": num("batch"), "seq": num("seq"),
-            "grad_ckpt": row.get("grad_ckpt") == "true", "lora_r": num("lora_r", 8),
+    return {"id": row.get("id", "run"), "model_path": path, "method": row["method"],
+            "precision": row["precision"], "optimizer": row["optimizer"], "batch": num("batch"),
+            "seq": num("seq"), "grad_ckpt": flag("grad_ckpt"), "lora_r": num("lora_r", 8),
             "lora_alpha": num("lora_alpha", 16), "lora_targets": row.get("lora_targets") or "q,v",
-            "attention": row.get("attention") or "sdpa", "steps": num("steps", 3)}
+            "attention": row.get("attention") or "sdpa", "steps": num("steps", 3),
+            "lengths": row.get("lengths") or "fixed",
+            "length_spread": float(row.get("length_spread") or 1.0),
+            "expandable_segments": flag("expandable_segments"), "loss": row.get("loss") or "model",
+            "autocast": flag("autocast"), "reentrant": flag("reentrant"),
+            "trace_steps": num("trace_steps", 0), "trace_dir": row.get("trace_dir"),
+            "seed": num("seed", 42)}
+
+
+def child_env(setup):
+    """The environment a row's process starts with: the allocator's configuration is read once,
+    when torch first touches CUDA."""
+    env = dict(os.environ)
+    if setup.get("expandable_segments"):
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    return env
 
 
 def run_one(setup, device):
@@ -185,13 +359,21 @@ def run_rows(args, root):
     with open(args.rows, newline="") as f:
         reader = csv.DictReader(f)
         fields, rows = reader.fieldnames, list(reader)
+    began = time.time()
     for row in rows:
         if args.only and row["id"] not in args.only.split(","):
             continue
+        if args.budget and time.time() - began > args.budget:
+            print(f"{row['id']}: not started, past --budget {args.budget} s", file=sys.stderr, flush=True)
+            continue
         t = time.time()
-        cmd = [sys.executable, __file__, "--one", json.dumps(setup_of(row, root)), "--device", args.device]
+        setup = setup_of(row, root)
+        if args.trace_dir:
+            setup["trace_dir"] = args.trace_dir
+        cmd = [sys.executable, __file__, "--one", json.dumps(setup), "--device", args.device]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                                  env=child_env(setup))
         except subprocess.TimeoutExpired:
             print(f"{row['id']}: over {args.timeout} s, skipped", file=sys.stderr, flush=True)
             continue
@@ -206,14 +388,16 @@ def run_rows(args, root):
 
 
 def fill(row, result):
-    """Puts a measurement into a row: peak allocated in MiB (or `oom`), the GPU, what else was read."""
+    """Puts a measurement into a row: peak allocated in MiB (peak reserved where the row's `metric`
+    is RES; or `oom`), the GPU, what else was read."""
     if "oom" in result:
         row["measured_value"], row["measured_unit"] = "oom", ""
         row["notes"] = f"ran out of memory: {result['oom']}"
         return
     if "alloc" not in result:
         return
-    row["measured_value"] = f"{result['alloc'] / MIB:.0f}"
+    peak = result["reserved"] if row.get("metric") == "RES" else result["alloc"]
+    row["measured_value"] = f"{peak / MIB:.0f}"
     row["measured_unit"] = "MiB"
     row["gpu_name"] = result["gpu"]
     row["gpu_total_gib"] = f"{result['device_total'] / (1 << 30):.2f}"
@@ -238,12 +422,15 @@ def main():
     p.add_argument("--only", help="comma list of row ids")
     p.add_argument("--write", help="write the CSV with the measurements filled in here")
     p.add_argument("--timeout", type=float, default=300, help="seconds a row may take")
+    p.add_argument("--budget", type=float, help="start no row after this many seconds")
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--device", default="cuda", help="cuda (cpu only checks that the script runs)")
     for key in ("model", "method", "precision", "optimizer", "batch", "seq", "lora_r",
-                "lora_alpha", "lora_targets", "attention", "steps"):
+                "lora_alpha", "lora_targets", "attention", "steps", "lengths", "length_spread",
+                "loss", "trace_steps", "trace_dir", "seed", "id"):
         p.add_argument("--" + key.replace("_", "-"), dest=key)
-    p.add_argument("--grad-ckpt", action="store_const", const="true", dest="grad_ckpt")
+    for key in ("grad_ckpt", "expandable_segments", "autocast", "reentrant"):
+        p.add_argument("--" + key.replace("_", "-"), action="store_const", const="true", dest=key)
     args = p.parse_args()
     if args.one:
         print(json.dumps(run_one(json.loads(args.one), args.device)))
@@ -254,7 +441,9 @@ def main():
         row.setdefault("method", "full")
         row.setdefault("precision", "fp32")
         row.setdefault("optimizer", "adamw")
-        print(json.dumps(run_one(setup_of(row, root), args.device)))
+        setup = setup_of(row, root)
+        os.environ.update(child_env(setup))  # before torch is imported
+        print(json.dumps(run_one(setup, args.device)))
     else:
         p.error("give --rows FILE, or --model, --batch and --seq")
 

@@ -13,8 +13,12 @@
 //! the segments a typical earlier step left.
 //!
 //! With `expandable_segments:True` a stream's large pool is one segment that grows by mapping
-//! 2 MiB pages at its end (`ExpandableSegment::map`), and freed blocks merge across what were
-//! separate allocations, so a longer step reuses the shorter one's range: no second generation.
+//! 20 MiB granules at its end (`ExpandableSegment::map`; 2 MiB for the small pool), and freed
+//! blocks merge across what were separate allocations, so a longer step reuses the shorter one's
+//! range: no second generation.
+//!
+//! `caching_allocator.rs` replays the allocator's rules on a sequence of requests; a model of
+//! the pool over many steps waits for a card's traces to check it against (docs/accuracy.md).
 
 use super::activations::activations;
 use super::framework::{Framework, LARGE_SEGMENT_ROUND, MIN_LARGE_ALLOC};

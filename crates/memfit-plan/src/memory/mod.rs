@@ -8,6 +8,8 @@
 //! - [`stack`]       — the training stacks (`--stack`) as profiles: loss, model code, FSDP
 //!   gradients, QLoRA preparation, each with the source file it comes from.
 //! - [`framework`]   — measured constants of the software stack (CUDA context, allocator, NCCL…).
+//! - [`allocator`] / [`caching_allocator`] — what the caching allocator reserves beyond the
+//!   tensors when lengths vary; a replay of its rules for traces and modelled steps.
 //! - [`gpu`] / [`host`] — the two peaks, assembled from the above.
 //! - [`memfit_host`] — the host peak of memfit's own trainer on the CPU, from what it holds
 //!   (measured by `memfit bench memory-grid`).
@@ -19,6 +21,7 @@ pub mod activations;
 pub mod allocator;
 pub mod band;
 mod block;
+pub mod caching_allocator;
 mod ffn;
 pub mod framework;
 pub mod gpu;

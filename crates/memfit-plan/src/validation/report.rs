@@ -305,14 +305,24 @@ const WEAKEST: &str = "\n## Where the model is weakest\n\n\
 \x20   term (`--length-spread`: the longest step's segments beside one step of the mean length) is most\n\
 \x20   of the 3.1 GiB of slack it holds at 2,048 tokens, and 6.0 GiB more are missing there (`S2`–`S5`\n\
 \x20   −25% to −36%, 7B `S7`–`S11` −6% to −21%, 14B `S12`–`S16` −1% to −13%).\n\
-\x20   A replay of CUDACachingAllocator's rules (best fit, splitting, merging inside a segment, a\n\
-\x20   segment of its own per request of 10 MiB or more) over the loss's tensors at uniformly drawn\n\
-\x20   lengths gives the same order but keeps growing with the number of steps (2,048 tokens: 5.6 GiB\n\
-\x20   of extra segments after 10 steps, 19.6 GiB after 1,000): a model of this pool needs each step's\n\
-\x20   allocation order measured on a GPU, not the tensor totals the model has.\n\
+\x20   What is missing per length at 1.8B (measured less the model without its allocator slack): 2.6,\n\
+\x20   5.3, 9.0, 12.6 and 18.1 GiB at 512 to 8,192 tokens. A replay of the allocator's rules over a\n\
+\x20   step's main tensors, at lengths drawn as the data set's (`cargo run --release -p memfit-plan\n\
+\x20   --example pool_growth`), leaves 2.5, 4.3, 20.2, 17.9 and 39.1 GiB more than a fixed length\n\
+\x20   after 100 steps and 2.5, 6.1, 27.2, 45.6 and 94.1 GiB after 1,000 (swift trains the whole\n\
+\x20   kept set up to 2,048 tokens, 1,000 samples above): each new longest step opens segments for\n\
+\x20   its fp32 logits beside the last one's, past what the runs measured in all (`S6`: 37 GiB), so\n\
+\x20   the card reuses what this order of a step does not. What settles it is one GPU call,\n\
+\x20   prepared: `scripts/gpu/pool.sh` measures the reserved bytes step by step for these shapes\n\
+\x20   (fixed and varying lengths, with and without `expandable_segments`, 300 and 1,000 steps) and\n\
+\x20   records the allocator's events, which `memory/caching_allocator.rs` (the allocator's rules,\n\
+\x20   tested) replays (`examples/replay_allocator.rs`): the replay must reproduce the card's\n\
+\x20   segments before a model of the pool is built on it.\n\
 \x20 - **ChatGLM3 at 4,096 and 8,192 tokens** (`S20` −36%, `S21` −61%): 29.8 → 66.8 GiB, growing with\n\
-\x20   the square of the length, as an attention that materialises its score matrix does; the model\n\
-\x20   takes chatglm's attention as fused.\n\
+\x20   the square of the length, as an attention that materialises its score matrix does. Not in the\n\
+\x20   code those rows ran: at batch 1 swift's collator passes an all-ones mask, so chatglm3's model\n\
+\x20   builds no mask and its CoreAttention calls `scaled_dot_product_attention` with `is_causal`,\n\
+\x20   which takes a fused kernel in bf16 on an A100; what grows with the square is not identified.\n\
 \x20 - **Batch 2 and 4 at 2,048 tokens** (`S35` −30%, `S36` −28%; batch 8 `S37` +1%).\n\
 \x20 - **bitsandbytes 4-bit** on Qwen 7B/14B/72B (`S45` −44%, `S47` −40%, `S49` −32%) where the GPTQ\n\
 \x20   rows of the same models are −24%, −14% and +3%: swift loads 4-bit without\n\
