@@ -34,7 +34,10 @@ writes the allocator's events of the first K steps (`DIR/ID.trace.gz`: a line pe
 `step N` where each step starts; from before the model is built), for
 `cargo run --release -p memfit-plan --example replay_allocator`. A Qwen (v1) config is built as
 the Qwen2 model of the same shapes (transformers has no `qwen` model type; the tensors are the same,
-its fused c_attn as three projections).
+its fused c_attn as three projections). `--quant nf4-dq` (nf4, fp4, fp4-dq) loads the model
+through bitsandbytes' 4-bit quantization, as a QLoRA run does (the random 16-bit weights saved to a
+temporary directory and read back quantized; the peaks count from that load on), `--kbit-prep`
+then applies PEFT's `prepare_model_for_kbit_training`.
 """
 
 import argparse
@@ -80,6 +83,47 @@ def as_transformers_fields(fields):
             "rms_norm_eps": fields.get("layer_norm_epsilon", 1e-6), "tie_word_embeddings": False}
 
 
+BNB_4BIT = {"nf4": ("nf4", False), "nf4-dq": ("nf4", True), "fp4": ("fp4", False),
+            "fp4-dq": ("fp4", True)}
+
+
+def load_quantized(model, setup, device):
+    """The model as a QLoRA run loads it: its 16-bit weights saved, then read back through
+    bitsandbytes' 4-bit quantization (`quant` nf4, nf4-dq, fp4, fp4-dq; compute dtype bf16), the
+    peaks counted from the load on (loading and quantizing included). `kbit_prep` applies PEFT's
+    `prepare_model_for_kbit_training` (the embedding, head and norms cast to fp32), as PEFT's
+    QLoRA recipe does and ms-swift's of 2024 did not."""
+    import shutil
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    if setup["quant"] not in BNB_4BIT:
+        sys.exit(f"quant {setup['quant']!r}: one of {', '.join(BNB_4BIT)} (bitsandbytes 4-bit)")
+    kind, double = BNB_4BIT[setup["quant"]]
+    saved = tempfile.mkdtemp(prefix="memfit-qlora-")
+    try:
+        model.save_pretrained(saved)
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=kind,
+                                   bnb_4bit_use_double_quant=double,
+                                   bnb_4bit_compute_dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_pretrained(
+            saved, quantization_config=quant, dtype=torch.bfloat16,
+            attn_implementation=setup["attention"], device_map={"": device})
+    finally:
+        shutil.rmtree(saved, ignore_errors=True)
+    if setup.get("kbit_prep"):
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    return model
+
+
 def build(setup, device):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -93,6 +137,8 @@ def build(setup, device):
         model = AutoModelForCausalLM.from_config(
             config, dtype=dtype, attn_implementation=setup["attention"])
     model.to(device)
+    if setup.get("quant"):
+        model = load_quantized(model, setup, device)
     if setup["grad_ckpt"]:
         model.gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": setup.get("reentrant", False)})
@@ -334,7 +380,7 @@ def setup_of(row, root):
             "expandable_segments": flag("expandable_segments"), "loss": row.get("loss") or "model",
             "autocast": flag("autocast"), "reentrant": flag("reentrant"),
             "trace_steps": num("trace_steps", 0), "trace_dir": row.get("trace_dir"),
-            "seed": num("seed", 42)}
+            "seed": num("seed", 42), "quant": row.get("quant") or "", "kbit_prep": flag("kbit_prep")}
 
 
 def child_env(setup):
@@ -427,9 +473,9 @@ def main():
     p.add_argument("--device", default="cuda", help="cuda (cpu only checks that the script runs)")
     for key in ("model", "method", "precision", "optimizer", "batch", "seq", "lora_r",
                 "lora_alpha", "lora_targets", "attention", "steps", "lengths", "length_spread",
-                "loss", "trace_steps", "trace_dir", "seed", "id"):
+                "loss", "trace_steps", "trace_dir", "seed", "id", "quant"):
         p.add_argument("--" + key.replace("_", "-"), dest=key)
-    for key in ("grad_ckpt", "expandable_segments", "autocast", "reentrant"):
+    for key in ("grad_ckpt", "expandable_segments", "autocast", "reentrant", "kbit_prep"):
         p.add_argument("--" + key.replace("_", "-"), action="store_const", const="true", dest=key)
     args = p.parse_args()
     if args.one:
