@@ -10,7 +10,7 @@
 #   pool_runs.csv   (or qlora_runs.csv) the runs with the peak reserved filled in (metric RES), the
 #                   GPU and the versions
 #   pool-traces.tar the allocator's events of the traced runs (trace_steps), for
-#                   `zcat P2.trace.gz | cargo run --release -p memfit-plan --example replay_allocator`
+#                   `zcat traces/pool-2.trace.gz | cargo run --release -p memfit-plan --example replay_allocator`
 #   pool.log        everything printed
 # From the device tool:  run(command="bash scripts/gpu/pool.sh", timeout_s=420)
 #   QLoRA:  run(command="ROWS=scripts/gpu/qlora_runs.csv bash scripts/gpu/pool.sh", carry=[".gpu-wheels"], timeout_s=420)
