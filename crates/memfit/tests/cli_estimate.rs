@@ -286,3 +286,43 @@ fn unknown_stack_exits_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("litgpt"));
 }
+
+/// Varying lengths without expandable segments print what the estimate does not hold for on
+/// stderr (stdout stays the JSON object); with `--expandable-segments`, or fixed lengths, nothing.
+#[test]
+fn varying_lengths_warn_unless_segments_expand() {
+    let stderr = |extra: &[&str]| {
+        let mut args = vec!["estimate", "--model", "qwen2.5-0.5b", "--method", "lora"];
+        args.extend(["--batch", "1", "--seq", "2048", "--json"]);
+        args.extend(extra);
+        let out = memfit(&args);
+        assert!(out.status.success());
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("stdout is JSON");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let warned = stderr(&["--length-spread", "0.1"]);
+    assert!(
+        warned.contains("warning: lengths vary (--length-spread 0.1)")
+            && warned.contains("expandable_segments:True"),
+        "{warned}"
+    );
+    assert_eq!(
+        stderr(&["--length-spread", "0.1", "--expandable-segments"]),
+        ""
+    );
+    assert_eq!(stderr(&[]), "");
+    let plan = memfit(&[
+        "plan",
+        "--model",
+        "qwen2.5-0.5b",
+        "--method",
+        "lora",
+        "--seq",
+        "2048",
+        "--gpu-mem",
+        "24GiB",
+        "--length-spread",
+        "0.1",
+    ]);
+    assert!(String::from_utf8_lossy(&plan.stderr).contains("warning: lengths vary"));
+}

@@ -37,6 +37,24 @@ pub fn length_spread_reserved(arch: &Arch, setup: &Setup, fw: &Framework) -> u64
     step_segments(arch, &earlier, fw)
 }
 
+/// What a user planning varying lengths without expandable segments should know: the pool is
+/// counted as one earlier step's segments, and the published runs that vary their lengths
+/// reserved more (ms-swift's rows, docs/accuracy.md). `None` when the lengths are fixed, the
+/// segments expand, or the device is not a CUDA GPU.
+pub fn length_spread_caveat(setup: &Setup) -> Option<String> {
+    if setup.expandable_segments || setup.length_spread >= 1.0 || setup.device != Device::Cuda {
+        return None;
+    }
+    Some(format!(
+        "lengths vary (--length-spread {}): the caching allocator's segments of shorter steps are \
+         counted as one earlier step's, and published runs reserved more (ms-swift's Qwen LoRA \
+         rows at 1.8B: 2.6 to 18 GiB more at 512 to 8,192 tokens; docs/accuracy.md). With \
+         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (and --expandable-segments here) \
+         segments grow in place instead; that case is not yet measured against the estimate",
+        setup.length_spread
+    ))
+}
+
 /// The segments of one step's own-segment allocations: each block's saved tensors (the
 /// activation total split evenly over the blocks), the recomputed block, the embeddings, the
 /// logits with the loss's copies, the loss backward's temporaries — each a request of its own;
@@ -111,6 +129,17 @@ mod tests {
                 "{spread}"
             );
         }
+    }
+
+    /// The caveat comes with varying lengths on a CUDA GPU and goes with expandable segments or
+    /// fixed lengths.
+    #[test]
+    fn varying_lengths_carry_a_caveat_unless_segments_expand() {
+        let arch = arch::preset("llama-2-7b").unwrap();
+        let caveat = |spread, expandable| length_spread_caveat(&setup(&arch, spread, expandable));
+        assert!(caveat(0.1, false).is_some_and(|c| c.contains("--length-spread 0.1")));
+        assert_eq!(caveat(0.1, true), None);
+        assert_eq!(caveat(1.0, false), None);
     }
 
     /// Requests under 10 MiB share 20 MiB segments and leave nothing of their own; larger ones

@@ -301,6 +301,9 @@ pub fn run(args: Args) -> Outcome {
     let setup = args.setup(&arch);
     let arch = arch.with_task(setup.task);
     let est = memory::estimate(&arch, &setup, &Framework::default()).map_err(bad_input)?;
+    if let Some(caveat) = memory::allocator::length_spread_caveat(&setup) {
+        eprintln!("warning: {caveat}");
+    }
     let text = if args.json {
         serde_json::to_string_pretty(&estimate_json(&arch, &setup, &est))? + "\n"
     } else {

@@ -183,6 +183,9 @@ pub fn run(args: Args) -> Outcome {
     let base = args.base(&arch);
     let arch = arch.with_task(base.task);
     let fw = Framework::default();
+    if let Some(caveat) = memfit_plan::memory::allocator::length_spread_caveat(&base) {
+        eprintln!("warning: {caveat}");
+    }
     if args.policy != "auto" {
         return preset::run(&args, &arch, base, &kinds);
     }
