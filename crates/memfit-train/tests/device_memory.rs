@@ -317,10 +317,17 @@ fn an_attention_keeps_its_probabilities_and_with_dropout_their_dropped_copy() {
         &mut Dropout::new(7, 0.1),
     );
     for (p, matrices) in [(0.0, 1), (0.1, 2)] {
-        let base = LIVE.load(Relaxed);
-        let mut drop = Dropout::new(7, p);
-        let out = attention_core::attend(q.clone(), k.clone(), v.clone(), &bias, &mut drop);
-        let kept = LIVE.load(Relaxed) - base - out.shape().num_elements() * 4;
+        // the least of three passes: a flex worker that meets its first GEMM in a counted pass
+        // allocates its buffers then (more often on a loaded machine)
+        let kept = (0..3)
+            .map(|_| {
+                let base = LIVE.load(Relaxed);
+                let mut drop = Dropout::new(7, p);
+                let out = attention_core::attend(q.clone(), k.clone(), v.clone(), &bias, &mut drop);
+                LIVE.load(Relaxed) - base - out.shape().num_elements() * 4
+            })
+            .min()
+            .unwrap();
         assert!(
             (matrices * matrix..matrices * matrix + matrix / 8).contains(&kept),
             "dropout {p}: {kept} bytes kept, {matrix} bytes a matrix"

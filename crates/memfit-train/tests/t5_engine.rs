@@ -572,7 +572,10 @@ fn autodiff_gradients(
             b.source.len,
         ),
         &mask,
-        ids(decoder_ids, b.tgt_len),
+        ids(
+            decoder_ids.iter().map(|&i| i64::from(i)).collect(),
+            b.tgt_len,
+        ),
         &mut Dropout::new(seed, cfg.dropout_rate),
     );
     // Logits and loss in f32, as the engine's head computes them.

@@ -102,7 +102,7 @@ impl<'a> BertForward<'a> {
     pub fn with_word_leaf(self, x: &ClsInputs, trains: bool) -> (Self, EmbeddingLeaf) {
         let ids = TensorData::new(x.ids.iter().map(|&i| i as i64).collect(), [x.batch, x.len]);
         let ids = Tensor::<2, Int>::from_data(ids, &self.device());
-        let words = EmbeddingLeaf::new(&self, ids, trains);
+        let words = EmbeddingLeaf::new(&self, ids, x.ids, trains);
         let fwd = Self {
             word_rows: Some(words.input.clone()),
             ..self

@@ -132,7 +132,8 @@ impl TrainModel for BertModel {
         let (fwd, words) = fwd.with_word_leaf(&x, trainable[self.layout.word]);
         let mut drop = Dropouts::new(&self.config, pass.seed);
         let (loss, _) = fwd.loss(&x, &b.labels, &mut drop)?;
-        let value = scalar(loss.clone().inner())?;
+        // read once the backward is queued: a read waits for the device to finish what is queued
+        let value = loss.clone().inner();
         // The one place the loss is scaled (by the trainer's share for this micro-batch).
         let mut grads = loss.mul_scalar(pass.loss_scale).backward();
         let mut sink = LeafSink {
@@ -142,7 +143,7 @@ impl TrainModel for BertModel {
         };
         words.backward(&mut grads, &mut sink)?;
         sink.gradients(&mut grads)?;
-        Ok(value)
+        scalar(value)
     }
 
     fn eval_loss(

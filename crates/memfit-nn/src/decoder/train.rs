@@ -148,7 +148,8 @@ impl DecoderModel {
     ) -> Result<Tensor<1>, ModelError> {
         let fwd = self.forward(tracked, pass.precision.dtype());
         let (ids, ctx, mut drops) = self.pass_start(b, pass, &fwd.device());
-        let embedded = EmbeddingLeaf::new(&fwd, ids, self.embedding_trains(trainable));
+        let trains = self.embedding_trains(trainable);
+        let embedded = EmbeddingLeaf::new(&fwd, ids, &b.input.ids, trains);
         let out = fwd.hidden(embedded.input.clone(), &ctx, &mut drops);
         let (labels, label_mask) = next_token_targets(b);
         let head = HeadInputs {

@@ -17,7 +17,8 @@ pub trait EmbeddingTable {
     fn table_index(&self) -> usize;
 }
 
-/// The embeddings of one id tensor as an autodiff leaf, and the ids it holds rows of.
+/// The embeddings of one id tensor as an autodiff leaf, and the ids it holds rows of (when the
+/// table trains).
 pub struct EmbeddingLeaf {
     /// `[b, t, d]` in the activation dtype; retains its gradient when the table trains.
     pub input: Tensor<3>,
@@ -27,16 +28,24 @@ pub struct EmbeddingLeaf {
 
 impl EmbeddingLeaf {
     /// Looks `ids` up in `fwd`'s embedding table; the leaf requires a gradient when `trains`.
-    pub fn new(fwd: &impl EmbeddingTable, ids: Tensor<2, Int>, trains: bool) -> Self {
-        let host: Vec<i64> = ids
-            .to_data()
-            .convert::<i64>()
-            .try_to_vec()
-            .expect("i64 ids");
+    /// `host_ids` are the same ids as the host made them: the rows a gradient goes to are read
+    /// from there, since reading the device tensor back would wait for the device to finish every
+    /// kernel queued before it.
+    pub fn new(
+        fwd: &impl EmbeddingTable,
+        ids: Tensor<2, Int>,
+        host_ids: &[u32],
+        trains: bool,
+    ) -> Self {
+        debug_assert_eq!(ids.dims().iter().product::<usize>(), host_ids.len());
         let rows = fwd.embed_untracked(ids).autodiff();
         Self {
             input: if trains { rows.require_grad() } else { rows },
-            ids: host.into_iter().map(|id| id as usize).collect(),
+            ids: if trains {
+                host_ids.iter().map(|&id| id as usize).collect()
+            } else {
+                Vec::new()
+            },
             table: fwd.table_index(),
         }
     }

@@ -13,17 +13,13 @@ pub fn shift_right(
     len: usize,
     start: u32,
     pad: u32,
-) -> Vec<i64> {
+) -> Vec<u32> {
     let mut out = Vec::with_capacity(batch * len);
     for b in 0..batch {
-        out.push(start as i64);
+        out.push(start);
         for t in 0..len.saturating_sub(1) {
             let i = b * len + t;
-            out.push(if label_mask[i] {
-                labels[i] as i64
-            } else {
-                pad as i64
-            });
+            out.push(if label_mask[i] { labels[i] } else { pad });
         }
     }
     out

@@ -33,9 +33,12 @@ use crate::t5::forward::T5Forward;
 /// One micro-batch's inputs, on the device without autodiff.
 pub struct MicroBatch<'a> {
     pub input_ids: Tensor<2, Int>,
+    /// `input_ids` as the host made them (the embedding's gradient rows).
+    pub input_host: &'a [u32],
     /// Additive key-padding mask of the source `[b, 1, 1, s]` (self- and cross-attention).
     pub mask: Tensor<4>,
     pub decoder_ids: Tensor<2, Int>,
+    pub decoder_host: &'a [u32],
     pub labels: &'a [u32],
     pub label_mask: &'a [bool],
 }
@@ -146,7 +149,8 @@ pub fn loss_and_grads<E>(
     }
     sink.finished(&[layout.decoder_rel_bias])?;
     if let Some(cot) = cotangent {
-        embedding_backward(tracked, batch.decoder_ids, dec_embed_drop, &cot, sink)?;
+        let ids = (batch.decoder_ids, batch.decoder_host);
+        embedding_backward(tracked, ids, dec_embed_drop, &cot, sink)?;
     }
 
     // Encoder: final norm, blocks last first, bias, embedding.
@@ -183,21 +187,28 @@ pub fn loss_and_grads<E>(
     }
     sink.finished(&[layout.encoder_rel_bias])?;
     if let Some(cot) = cotangent {
-        embedding_backward(tracked, batch.input_ids, enc_embed_drop, &cot, sink)?;
+        embedding_backward(
+            tracked,
+            (batch.input_ids, batch.input_host),
+            enc_embed_drop,
+            &cot,
+            sink,
+        )?;
     }
     Ok(loss)
 }
 
-/// The embedding segment of `ids` (lookup, then dropout with `drop`) back-propagated from the
-/// cotangent of its output: the table's gradient rows go to `sink`.
+/// The embedding segment of `ids` (on the device, and as the host made them; lookup, then dropout
+/// with `drop`) back-propagated from the cotangent of its output: the table's gradient rows go to
+/// `sink`.
 fn embedding_backward<E>(
     tracked: &T5Forward,
-    ids: Tensor<2, Int>,
+    (ids, host_ids): (Tensor<2, Int>, &[u32]),
     mut drop: Dropout,
     cotangent: &Tensor<3>,
     sink: &mut dyn GradSink<Error = E>,
 ) -> Result<(), E> {
-    let embedded = EmbeddingLeaf::new(tracked, ids, true);
+    let embedded = EmbeddingLeaf::new(tracked, ids, host_ids, true);
     match pull(drop.apply(embedded.input.clone()), cotangent) {
         Some(mut grads) => embedded.backward(&mut grads, sink),
         None => Ok(()),

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use burn::prelude::*;
-use burn::tensor::{DType, TensorData};
+use burn::tensor::DType;
 
 use crate::ModelError;
 use crate::batch::{Seq2SeqBatch, TokenRows};
@@ -66,10 +66,8 @@ impl T5Model {
         Inputs {
             input_ids: int_tensor(&src.ids, src.batch, src.len, device),
             mask: padding_mask(&src.mask, src.batch, src.len, device, mask_dtype),
-            decoder_ids: Tensor::from_data(
-                TensorData::new(decoder_ids, [src.batch, b.tgt_len]),
-                device,
-            ),
+            decoder_ids: int_tensor(&decoder_ids, src.batch, b.tgt_len, device),
+            decoder_host: decoder_ids,
         }
     }
 
@@ -115,8 +113,13 @@ impl T5Model {
         let device = leaves[self.layout.shared].device();
         let inputs = self.device_inputs(b, &device, fwd.param_dtype());
         let shared_trains = trainable[self.layout.shared];
-        let source = EmbeddingLeaf::new(&fwd, inputs.input_ids, shared_trains);
-        let decoder_inputs = EmbeddingLeaf::new(&fwd, inputs.decoder_ids, shared_trains);
+        let source = EmbeddingLeaf::new(&fwd, inputs.input_ids, &b.source.ids, shared_trains);
+        let decoder_inputs = EmbeddingLeaf::new(
+            &fwd,
+            inputs.decoder_ids,
+            &inputs.decoder_host,
+            shared_trains,
+        );
         let out = fwd.encode_decode_embedded(
             source.input.clone(),
             &inputs.mask,
@@ -168,8 +171,10 @@ impl T5Model {
         let inputs = self.device_inputs(b, &device, plain[layout.shared].dtype());
         let micro = MicroBatch {
             input_ids: inputs.input_ids,
+            input_host: &b.source.ids,
             mask: inputs.mask,
             decoder_ids: inputs.decoder_ids,
+            decoder_host: &inputs.decoder_host,
             labels: &b.labels,
             label_mask: &b.label_mask,
         };
@@ -195,6 +200,8 @@ struct Inputs {
     input_ids: Tensor<2, Int>,
     mask: Tensor<4>,
     decoder_ids: Tensor<2, Int>,
+    /// The decoder's ids as the host made them (the source's are the batch's own).
+    decoder_host: Vec<u32>,
 }
 
 impl TrainModel for T5Model {
