@@ -308,14 +308,16 @@ class Trace:
         events = getattr(self, "final", None) or self.events()
         keep = {"alloc", "free_completed", "segment_alloc", "segment_free", "segment_map",
                 "segment_unmap", "oom"}
-        marks = dict((start, k) for k, start in enumerate(self.starts))
+        marks = list(enumerate(self.starts))  # (step, events seen when it started), in order
         with gzip.open(self.path + ".tmp", "wt") as f:
             for i, e in enumerate(events):
-                if i in marks:
-                    f.write(f"step {marks[i]}\n")
+                while marks and marks[0][1] <= i:
+                    f.write(f"step {marks.pop(0)[0]}\n")
                 if e["action"] in keep:
                     action = "free" if e["action"] == "free_completed" else e["action"]
                     f.write(f"{action} {e.get('addr', 0):x} {e['size']}\n")
+            for step, _ in marks:
+                f.write(f"step {step}\n")
         os.replace(self.path + ".tmp", self.path)
 
 
