@@ -25,9 +25,15 @@ use super::framework::{Framework, LARGE_SEGMENT_ROUND, MIN_LARGE_ALLOC};
 use super::setup::{Device, Setup};
 use crate::arch::Arch;
 
+/// Whether shorter steps leave segments cached beside the longest's: lengths vary, on a CUDA GPU,
+/// without expandable segments.
+fn shorter_steps_strand_segments(setup: &Setup) -> bool {
+    !setup.expandable_segments && setup.length_spread < 1.0 && setup.device == Device::Cuda
+}
+
 /// Bytes reserved beyond the longest step's peak by the segments shorter steps left cached.
 pub fn length_spread_reserved(arch: &Arch, setup: &Setup, fw: &Framework) -> u64 {
-    if setup.expandable_segments || setup.length_spread >= 1.0 || setup.device != Device::Cuda {
+    if !shorter_steps_strand_segments(setup) {
         return 0;
     }
     let mean = |len: u64| ((len as f64) * (1.0 + setup.length_spread) / 2.0).ceil() as u64;
@@ -42,7 +48,7 @@ pub fn length_spread_reserved(arch: &Arch, setup: &Setup, fw: &Framework) -> u64
 /// reserved more (ms-swift's rows, docs/accuracy.md). `None` when the lengths are fixed, the
 /// segments expand, or the device is not a CUDA GPU.
 pub fn length_spread_caveat(setup: &Setup) -> Option<String> {
-    if setup.expandable_segments || setup.length_spread >= 1.0 || setup.device != Device::Cuda {
+    if !shorter_steps_strand_segments(setup) {
         return None;
     }
     Some(format!(

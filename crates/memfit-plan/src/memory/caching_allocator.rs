@@ -96,11 +96,13 @@ impl CachingAllocator {
             Pool::Large
         };
         let addr = match self.best_fit(pool, size) {
-            Some(addr) => addr,
+            Some(addr) => {
+                self.unlist(addr);
+                addr
+            }
             None if self.expandable => self.extend_arena(pool, size),
             None => self.new_segment(pool, size),
         };
-        self.free[pool as usize].remove(&(self.blocks[&addr].size, addr));
         self.split(addr, size);
         let block = self.blocks.get_mut(&addr).expect("block");
         block.allocated = true;
@@ -143,9 +145,16 @@ impl CachingAllocator {
             .copied()
     }
 
-    fn take_free(&mut self, addr: u64) {
-        let block = self.blocks.remove(&addr).expect("neighbour");
+    /// Takes the free block at `addr` off its pool's free list (it stays a block).
+    fn unlist(&mut self, addr: u64) {
+        let block = self.blocks[&addr];
         self.free[block.pool as usize].remove(&(block.size, addr));
+    }
+
+    /// Removes the free block at `addr` (merged into a neighbour), free list and all.
+    fn take_free(&mut self, addr: u64) {
+        self.unlist(addr);
+        self.blocks.remove(&addr);
     }
 
     /// The smallest free block of the pool that holds `size`, lowest address first. Expandable:
@@ -169,6 +178,7 @@ impl CachingAllocator {
         }
     }
 
+    /// A new segment for `size` as one free block, not on the free list (`malloc` takes it).
     fn new_segment(&mut self, pool: Pool, size: u64) -> u64 {
         let bytes = match pool {
             Pool::Small => SMALL_BUFFER,
@@ -187,11 +197,11 @@ impl CachingAllocator {
                 allocated: false,
             },
         );
-        self.free[pool as usize].insert((bytes, addr));
         addr
     }
 
-    /// Maps enough at the end of the pool's segment for `size`, joined to a free block there.
+    /// Maps enough at the end of the pool's segment for `size`, joined to a free block there: one
+    /// free block, not on the free list (`malloc` takes it).
     fn extend_arena(&mut self, pool: Pool, size: u64) -> u64 {
         let (start, mapped) = *self.arenas[pool as usize].get_or_insert_with(|| {
             let start = self.next_segment;
@@ -226,7 +236,6 @@ impl CachingAllocator {
                 allocated: false,
             },
         );
-        self.free[pool as usize].insert((have + grow, addr));
         addr
     }
 
