@@ -1,6 +1,7 @@
 //! The loop under the memory guard, with readings fed by the test: a soft-limit crossing halves the
-//! micro-batch (effective batch and losses unchanged), a hard one checkpoints and stops (at a step
-//! boundary or in the middle of a step), and a resume continues at the lowered micro-batch.
+//! micro-batch (effective batch and losses unchanged; at micro-batch 1 the run goes on), a hard one
+//! checkpoints and stops (at a step boundary or in the middle of a step), and a resume continues at
+//! the lowered micro-batch.
 
 mod loop_support;
 
@@ -401,18 +402,50 @@ fn a_budget_written_into_the_run_directory_takes_effect_at_the_next_step() {
     );
 }
 
+/// At micro-batch 1 the soft limit has nothing to halve: the run goes on (one `pressure` event, the
+/// trigger moved up as after a downgrade), and the hard limit stops it once memory keeps growing.
 #[test]
-fn soft_at_a_micro_batch_of_one_is_treated_as_hard() {
+fn soft_at_a_micro_batch_of_one_goes_on_until_the_hard_limit() {
     let Fixture {
         dir: _dir,
         root,
         value,
     } = fixture(OVER_SOFT);
     let (s, _) = guarded(&root, &config(1, 8), &value, false, &mut watch());
-    assert_eq!((s.finish, s.steps), (Finish::Stopped, 1));
+    assert_eq!((s.finish, s.steps), (Finish::Completed, 6));
+    let pressure = events(&root, "pressure");
+    assert_eq!(pressure.len(), 1, "{pressure:?}");
+    assert_eq!(pressure[0]["rss_bytes"], OVER_SOFT);
+    assert!(events(&root, "downgrade").is_empty() && events(&root, "stop").is_empty());
+
+    let Fixture {
+        dir: _dir,
+        root,
+        value,
+    } = fixture(CALM);
+    let mut observer = OnStep {
+        f: {
+            let v = Arc::clone(&value);
+            move |step| match step {
+                2 => v.store(OVER_SOFT, Ordering::SeqCst),
+                4 => v.store(OVER_HARD, Ordering::SeqCst),
+                _ => {}
+            }
+        },
+        messages: vec![],
+    };
+    let (s, _) = guarded(&root, &config(1, 8), &value, false, &mut observer);
+    assert_eq!((s.finish, s.steps), (Finish::Stopped, 4));
+    assert_eq!(events(&root, "pressure")[0]["step"], 2);
     let stop = &events(&root, "stop")[0];
-    assert_eq!(stop["reason"], "memory_soft_limit_at_micro_batch_1");
-    assert!(events(&root, "downgrade").is_empty());
+    assert_eq!(stop["reason"], "memory_hard_limit");
+    assert_eq!(stop["resume_micro_batch"], 1);
+    assert!(
+        observer
+            .messages
+            .iter()
+            .any(|m| m.contains("nothing left to halve"))
+    );
 }
 
 /// The run's metrics, each step's loss within [`TOL`] of `want`'s.

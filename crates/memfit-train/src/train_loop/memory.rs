@@ -1,5 +1,6 @@
 //! The memory guard at step boundaries and mid-step: budget changes, halving the micro-batch at the
-//! soft limit, and the checkpoint and stop at the hard one (or after a failed allocation).
+//! soft limit (at micro-batch 1, handing malloc's free pages back instead), and the checkpoint and
+//! stop at the hard one (or after a failed allocation).
 
 use super::{LoopError, State, Trainer};
 use crate::alloc_reserve;
@@ -19,15 +20,12 @@ pub const ALLOCATION_FAILURE: &str = "allocation_failure";
 /// The `downgrade` and `stop` events' reason when the device (a GPU) ran out of memory.
 pub const DEVICE_OUT_OF_MEMORY: &str = "device_out_of_memory";
 
-/// The `stop` event's reason for a stop for memory: a failed allocation first, else the guard's
-/// verdict (soft only when the micro-batch cannot be halved any more).
-fn memory_stop_reason(allocation_failed: bool, verdict: Verdict) -> &'static str {
+/// The `stop` event's reason for a stop for memory: a failed allocation first, else the hard limit.
+fn memory_stop_reason(allocation_failed: bool) -> &'static str {
     if allocation_failed {
         ALLOCATION_FAILURE
-    } else if verdict == Verdict::Hard {
-        "memory_hard_limit"
     } else {
-        "memory_soft_limit_at_micro_batch_1"
+        "memory_hard_limit"
     }
 }
 
@@ -38,11 +36,24 @@ pub(super) enum MemoryAction {
         old_micro: usize,
         status: GuardStatus,
     },
+    /// The soft limit at micro-batch 1: nothing left to halve. Continue, with malloc's free pages
+    /// handed back and the soft trigger moved up as after a downgrade; the hard limit stops the run
+    /// if memory keeps growing. (Stopping here stopped runs that peaked within the budget: at
+    /// micro-batch 1 the peak varies with how the heap fragments, by ±4% between identical runs of
+    /// the tiny T5.)
+    Relieve { status: GuardStatus },
     /// Checkpoint and stop.
     Stop {
         status: Option<GuardStatus>,
         reason: &'static str,
     },
+}
+
+impl MemoryAction {
+    /// Whether the last completed step is checkpointed first (the micro-batch changes or the run stops).
+    pub(super) fn needs_checkpoint(&self) -> bool {
+        !matches!(self, Self::Relieve { .. })
+    }
 }
 
 impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
@@ -64,26 +75,27 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         };
         let verdict = status.as_ref().map_or(Verdict::Fine, |st| st.verdict);
         let allocation_failed = alloc_reserve::released();
-        let downgrade = verdict == Verdict::Soft && s.p.micro > 1 && !allocation_failed;
-        // Soft with nothing left to halve is treated as hard.
-        let stop = allocation_failed
-            || verdict == Verdict::Hard
-            || (verdict == Verdict::Soft && !downgrade);
+        let stop = allocation_failed || verdict == Verdict::Hard;
+        let soft = verdict == Verdict::Soft && !stop;
         let old_micro = s.p.micro;
-        if downgrade || stop {
+        if stop || (soft && old_micro > 1) {
             s.p.micro = batches::halve(s.p.micro);
         }
-        Ok(match (downgrade, stop, status) {
-            (true, _, Some(status)) => Some(MemoryAction::Downgrade { old_micro, status }),
-            (_, true, status) => Some(MemoryAction::Stop {
+        Ok(match (stop, soft, status) {
+            (true, _, status) => Some(MemoryAction::Stop {
                 status,
-                reason: memory_stop_reason(allocation_failed, verdict),
+                reason: memory_stop_reason(allocation_failed),
             }),
+            (false, true, Some(status)) if old_micro > 1 => {
+                Some(MemoryAction::Downgrade { old_micro, status })
+            }
+            (false, true, Some(status)) => Some(MemoryAction::Relieve { status }),
             _ => None,
         })
     }
 
-    /// Carries out a boundary's action once the checkpoint (`saved`) is written; `true`: the run stops.
+    /// Carries out a boundary's action once the checkpoint (`saved`, where
+    /// [`MemoryAction::needs_checkpoint`]) is written; `true`: the run stops.
     pub(super) fn act_on_memory(
         &mut self,
         s: &State,
@@ -98,6 +110,14 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
                     g.downgraded();
                 }
                 self.downgrade_event(s.p.step, old_micro, s.p.micro, &status, saved.as_deref())?;
+                Ok(false)
+            }
+            MemoryAction::Relieve { status } => {
+                if let Some(g) = self.guard {
+                    crate::malloc_tuning::release_free();
+                    g.downgraded();
+                }
+                self.pressure_event(s.p.step, &status)?;
                 Ok(false)
             }
             MemoryAction::Stop { status, reason } => {
@@ -119,7 +139,7 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         s.p.micro = batches::halve(s.p.micro);
         s.l.saved_step = None; // the micro-batch changed: the state to record is new
         self.save_once(s)?;
-        let reason = memory_stop_reason(alloc_reserve::released(), Verdict::Hard);
+        let reason = memory_stop_reason(alloc_reserve::released());
         self.stop_for_memory(s, status.as_ref(), Some((done, of)), reason)
     }
 
@@ -248,6 +268,30 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
             "memory guard: {} reached the soft limit {}; micro-batch {old_micro} × {old_accum} → {new_micro} × {new_accum} (effective batch {effective})",
             human_bytes(status.peak.host_bytes),
             human_bytes(status.limits.map_or(0, |l| l.soft_bytes)),
+        ));
+        Ok(())
+    }
+
+    /// Records the soft limit reached at micro-batch 1 (event `pressure`), where the run goes on.
+    fn pressure_event(&mut self, step: u64, status: &GuardStatus) -> Result<(), LoopError> {
+        self.run.event(
+            step,
+            "pressure",
+            json!({
+                "micro_batch": 1,
+                "rss_bytes": status.peak.host_bytes,
+                "rss_now_bytes": status.reading.host_bytes,
+                "gpu_bytes": status.peak.gpu_bytes,
+                "limits": status.limits,
+                "gpu_limits": status.gpu_limits,
+            }),
+        )?;
+        self.observer.on_message(&format!(
+            "memory guard: {} reached the soft limit {} at micro-batch 1, nothing left to halve; \
+             going on (the hard limit {} stops the run, resumable, if memory keeps growing)",
+            human_bytes(status.peak.host_bytes),
+            human_bytes(status.limits.map_or(0, |l| l.soft_bytes)),
+            human_bytes(status.limits.map_or(0, |l| l.hard_bytes)),
         ));
         Ok(())
     }

@@ -40,6 +40,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 pub use memory::ALLOCATION_FAILURE;
+use memory::MemoryAction;
 pub use saving::RANK_FAILED;
 use step::StepOutcome;
 
@@ -354,7 +355,7 @@ impl<'a, E: Engine, T: Task<E>> Trainer<'a, E, T> {
             let action = self.memory_boundary(s)?;
             let save_due = epoch_end
                 || s.p.step == s.total
-                || action.is_some()
+                || action.as_ref().is_some_and(MemoryAction::needs_checkpoint)
                 || self
                     .config
                     .save_steps
