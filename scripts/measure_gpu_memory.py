@@ -34,7 +34,9 @@ writes the allocator's events of the first K steps (`DIR/ID.trace.gz`: a line pe
 `step N` where each step starts; from before the model is built), for
 `cargo run --release -p memfit-plan --example replay_allocator`. A Qwen (v1) config is built as
 the Qwen2 model of the same shapes (transformers has no `qwen` model type; the tensors are the same,
-its fused c_attn as three projections). `--quant nf4-dq` (nf4, fp4, fp4-dq) loads the model
+its fused c_attn as three projections). `--device meta` runs a row without a GPU on PyTorch's
+meta device (shapes, no data) for its allocations' order only: with `--trace-steps` it writes the
+same trace from every storage an op creates and frees (scripts/meta_trace.py). `--quant nf4-dq` (nf4, fp4, fp4-dq) loads the model
 through bitsandbytes' 4-bit quantization, as a QLoRA run does (the random 16-bit weights saved to a
 temporary directory and read back quantized; the peaks count from that load on), `--kbit-prep`
 then applies PEFT's `prepare_model_for_kbit_training`.
@@ -133,9 +135,13 @@ def build(setup, device):
     fields.pop("architectures", None)
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     dtype = torch.bfloat16 if setup["precision"] == "bf16" else torch.float32
+    attention = setup["attention"]
+    if device == "meta" and attention in ("sdpa", "flash_attention_2", "flash2"):
+        from meta_trace import register_flash_shapes
+
+        attention = register_flash_shapes()
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(
-            config, dtype=dtype, attn_implementation=setup["attention"])
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
     model.to(device)
     if setup.get("quant"):
         model = load_quantized(model, setup, device)
@@ -159,9 +165,13 @@ def measure(setup, device):
     """Peak bytes of `steps` training steps: {"alloc", "reserved", "device_used"} or {"oom": msg}."""
     import torch
 
-    cuda = device == "cuda"
+    cuda, meta = device == "cuda", device == "meta"
     # from before the model is built, so that a replay starts from the same empty allocator
-    trace = Trace(setup) if cuda and setup.get("trace_steps") else None
+    trace = None
+    if setup.get("trace_steps") and (cuda or meta):
+        if meta:
+            from meta_trace import MetaTrace
+        trace = (MetaTrace if meta else Trace)(setup)
     model, config = build(setup, device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if setup["optimizer"] == "adamw":
@@ -179,8 +189,10 @@ def measure(setup, device):
         ids = ids.to(device)
         if trace:
             trace.step(index)
-        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=amp):
-            loss = training_loss(model, ids, setup.get("loss", "model"))
+        # the meta device has no autocast: training_loss makes its one cast on this path
+        with torch.autocast(device_type="cpu" if meta else device, dtype=torch.bfloat16,
+                            enabled=amp and not meta):
+            loss = training_loss(model, ids, setup.get("loss", "model"), upcast=amp and meta)
         probe("forward")
         loss.backward()
         probe("backward")
@@ -197,6 +209,13 @@ def measure(setup, device):
         loss = step(index, lambda phase: None)
         if cuda:
             per_step.append(step_stats(torch, lengths[index], peaks))
+    if meta:
+        step(len(lengths) - 1, lambda phase: None)
+        if trace:
+            trace.step(len(lengths))
+            trace.close()
+        return {"steps": len(lengths), "lengths": lengths,
+                "trace": trace.path if trace else None, "versions": versions()}
     if not cuda:
         return {"loss": float(step(len(lengths) - 1, lambda phase: None).detach())}
     phases = Phases(model)
@@ -247,12 +266,13 @@ def step_lengths(setup):
     sys.exit(f"lengths {kind!r}: fixed, uniform or lognormal:MU:SIGMA")
 
 
-def training_loss(model, ids, how):
+def training_loss(model, ids, how, upcast=False):
     """The step's loss as the training code computes it: `model` = the model's own (today's
     transformers upcast the logits to fp32 and shift the labels); `shift` = transformers' and the
     remote-code models' loss of 2023 (a shifted contiguous copy of the logits in the autocast dtype,
     cross-entropy under autocast). The outputs are dropped before backward, as the Trainer's
-    compute_loss returns only the loss."""
+    compute_loss returns only the loss. `upcast`: the fp32 copy autocast makes for cross-entropy,
+    made here where autocast cannot run (the meta device)."""
     import torch
 
     if how == "model":
@@ -262,6 +282,8 @@ def training_loss(model, ids, how):
     logits = model(input_ids=ids).logits
     shifted = logits[..., :-1, :].contiguous()
     del logits
+    if upcast:
+        shifted = shifted.float()
     return torch.nn.functional.cross_entropy(shifted.view(-1, shifted.size(-1)), ids[..., 1:].reshape(-1))
 
 
@@ -472,7 +494,9 @@ def main():
     p.add_argument("--timeout", type=float, default=300, help="seconds a row may take")
     p.add_argument("--budget", type=float, help="start no row after this many seconds")
     p.add_argument("--one", help=argparse.SUPPRESS)
-    p.add_argument("--device", default="cuda", help="cuda (cpu only checks that the script runs)")
+    p.add_argument("--device", default="cuda",
+                   help="cuda; meta: the allocations' order without a GPU, for --trace-steps "
+                        "(scripts/meta_trace.py); cpu only checks that the script runs")
     for key in ("model", "method", "precision", "optimizer", "batch", "seq", "lora_r",
                 "lora_alpha", "lora_targets", "attention", "steps", "lengths", "length_spread",
                 "loss", "trace_steps", "trace_dir", "seed", "id", "quant"):

@@ -311,8 +311,14 @@ const WEAKEST: &str = "\n## Where the model is weakest\n\n\
 \x20   --example pool_growth`), leaves 2.5, 4.3, 20.2, 17.9 and 39.1 GiB more than a fixed length\n\
 \x20   after 100 steps and 2.5, 6.1, 27.2, 45.6 and 94.1 GiB after 1,000 (swift trains the whole\n\
 \x20   kept set up to 2,048 tokens, 1,000 samples above): each new longest step opens segments for\n\
-\x20   its fp32 logits beside the last one's, past what the runs measured in all (`S6`: 37 GiB), so\n\
-\x20   the card reuses what this order of a step does not. What settles it is one GPU call,\n\
+\x20   its fp32 logits beside the last one's, past what the runs measured in all (`S6`: 37 GiB). The\n\
+\x20   order of the real code's step does not change that: traced without a GPU on PyTorch's meta\n\
+\x20   device (`scripts/meta_trace.py`: transformers' model, PEFT, reentrant checkpointing, the 2023\n\
+\x20   loss, AdamW; flash attention's allocations stood in), S4's shape peaks at 7.3 GiB allocated\n\
+\x20   (the model: 7.33) and its replay reserves 8.0 GiB at a fixed 2,048 tokens, but 26.9 GiB after\n\
+\x20   100 steps at the data set's lengths (measured 16.4); S6's 75.1 GiB after 100 (measured 37.0). With\n\
+\x20   `expandable_segments` the same traces replay to 7.8 and 20.4 GiB. So the card reuses what the\n\
+\x20   replay of these rules over this order does not. What settles it is one GPU call,\n\
 \x20   prepared: `scripts/gpu/pool.sh` measures the reserved bytes step by step for these shapes\n\
 \x20   (fixed and varying lengths, with and without `expandable_segments`, 300 and 1,000 steps) and\n\
 \x20   records the allocator's events, which `memory/caching_allocator.rs` (the allocator's rules,\n\
