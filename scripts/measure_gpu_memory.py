@@ -168,14 +168,17 @@ def measure(setup, device):
     cuda, meta = device == "cuda", device == "meta"
     # from before the model is built, so that a replay starts from the same empty allocator
     trace = None
-    if setup.get("trace_steps") and (cuda or meta):
-        if meta:
-            from meta_trace import MetaTrace
-        trace = (MetaTrace if meta else Trace)(setup)
+    if meta:
+        from meta_trace import MetaTrace
+
+        trace = MetaTrace(setup)  # the peak allocated; the trace where trace_steps asks for it
+    elif cuda and setup.get("trace_steps"):
+        trace = Trace(setup)
     model, config = build(setup, device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if setup["optimizer"] == "adamw":
-        opt = torch.optim.AdamW(trainable, lr=1e-5)
+        # the multi-tensor implementation PyTorch takes on CUDA (on meta it would take another)
+        opt = torch.optim.AdamW(trainable, lr=1e-5, foreach=True if meta else None)
     elif setup["optimizer"] == "sgd":
         opt = torch.optim.SGD(trainable, lr=1e-5)
     else:
@@ -211,11 +214,9 @@ def measure(setup, device):
             per_step.append(step_stats(torch, lengths[index], peaks))
     if meta:
         step(len(lengths) - 1, lambda phase: None)
-        if trace:
-            trace.step(len(lengths))
-            trace.close()
-        return {"steps": len(lengths), "lengths": lengths,
-                "trace": trace.path if trace else None, "versions": versions()}
+        trace.close()
+        return {"alloc": trace.peak, "steps": len(lengths), "lengths": lengths,
+                "trace": trace.path if setup.get("trace_steps") else None, "versions": versions()}
     if not cuda:
         return {"loss": float(step(len(lengths) - 1, lambda phase: None).detach())}
     phases = Phases(model)
@@ -464,7 +465,7 @@ def fill(row, result):
         row["measured_value"], row["measured_unit"] = "oom", ""
         row["notes"] = f"ran out of memory: {result['oom']}"
         return
-    if "alloc" not in result:
+    if "gpu" not in result:  # a meta device's run: no measurement
         return
     peak = result["reserved"] if row.get("metric") == "RES" else result["alloc"]
     row["measured_value"] = f"{peak / MIB:.0f}"

@@ -10,7 +10,14 @@ modelled step lacked. What it cannot see, and replaces:
 - flash attention's kernels (`FlashShapes`): on the meta device `scaled_dot_product_attention`
   takes the math path, which materialises the score matrix; the stand-in allocates what flash-attn
   2 does (the output and the f32 log-sum-exp saved for backward; in backward dq, dk, dv and the
-  f32 dq accumulator and softmax row sums over the length rounded up to 128);
+  f32 dq accumulator and softmax row sums over the length rounded up to 128). Where the card
+  takes the math path too — f32 with grouped key/value heads, which transformers passes as
+  `enable_gqa` and neither fused kernel takes — transformers' own SDPA runs;
+- dropout: on the meta device `F.dropout` decomposes into a mask of the input's dtype that
+  backward keeps; the card's fused kernel keeps a bool mask (`native_dropout`), which
+  `cuda_dropout` makes it call;
+- AdamW's implementation: PyTorch picks the multi-tensor (`foreach`) one for CUDA tensors only,
+  whose temporaries span every parameter at once; measure_gpu_memory.py asks for it on meta;
 - autocast (it has no meta device): the one cast it makes on these rows' path, cross-entropy's
   fp32 copy of the logits, is made explicitly (measure_gpu_memory.training_loss);
 - the CUDA context and cuBLAS's workspace (outside the caching allocator's trace anyway), and
@@ -24,19 +31,22 @@ import weakref
 
 
 class MetaTrace:
-    """Records, from construction on, each storage an op creates (not views: an output sharing an
-    input's storage) and its release, to `DIR/ID.trace.gz`; `step(i)` marks the start of step i
-    (steps from `trace_steps` on are not recorded)."""
+    """Follows, from construction on, each storage an op creates (not views: an output sharing an
+    input's storage) and its release: the bytes live and their peak (`peak`, what
+    `torch.cuda.max_memory_allocated` counts, less its 512-byte rounding) and, where the setup asks
+    for `trace_steps`, the trace of those steps in `DIR/ID.trace.gz`; `step(i)` marks the start of
+    step i."""
 
     def __init__(self, setup):
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        self.steps = setup["trace_steps"]
+        self.steps = setup.get("trace_steps") or 0
         self.path = os.path.join(setup.get("trace_dir") or ".", f"{setup.get('id', 'run')}.trace.gz")
-        self.file = gzip.open(self.path + ".tmp", "wt")
+        self.file = gzip.open(self.path + ".tmp", "wt") if self.steps else None
         self.live = {}  # storage id -> bytes
-        self.allocs = 0
+        self.bytes = self.peak = 0
+        self.recording = True
         trace = self
 
         class Recorder(TorchDispatchMode):
@@ -45,12 +55,13 @@ class MetaTrace:
                 trace.record(torch, args, kwargs, out)
                 return out
 
+        cuda_dropout()
         self.mode = Recorder()
         self.mode.__enter__()
 
     def record(self, torch, args, kwargs, out):
-        """Logs the storages of `out` that no input has."""
-        if self.file is None:
+        """Counts (and writes) the storages of `out` that no input has."""
+        if not self.recording:
             return
         inputs = {id_of(t) for t in tensors(torch, (args, kwargs))}
         for t in tensors(torch, out):
@@ -60,33 +71,37 @@ class MetaTrace:
             if key in inputs or key in self.live or size == 0:
                 continue
             self.live[key] = size
-            self.allocs += 1
-            self.file.write(f"alloc {key:x} {size}\n")
+            self.bytes += size
+            self.peak = max(self.peak, self.bytes)
+            self.write(f"alloc {key:x} {size}")
             # storages keep their Python object while they live (PyObject preservation), so
             # this runs when the storage itself is freed
             weakref.finalize(storage, self.freed, key)
 
     def freed(self, key):
         size = self.live.pop(key, None)
-        if size is not None and self.file is not None:
-            self.file.write(f"free {key:x} {size}\n")
+        if size is not None and self.recording:
+            self.bytes -= size
+            self.write(f"free {key:x} {size}")
+
+    def write(self, line):
+        if self.file is not None:
+            self.file.write(line + "\n")
 
     def step(self, index):
-        if self.file is None:
-            return
-        if index >= self.steps:
-            self.close()
-        else:
-            self.file.write(f"step {index}\n")
+        """Step `index` starts: marked in the trace, which ends before step `trace_steps`."""
+        if self.file is not None and index >= self.steps:
+            self.file.close()
+            self.file = None
+            os.replace(self.path + ".tmp", self.path)
+        self.write(f"step {index}")
 
     def close(self):
-        """Stops recording and puts the trace in place."""
-        if self.file is None:
-            return
-        self.mode.__exit__(None, None, None)
-        self.file.close()
-        self.file = None
-        os.replace(self.path + ".tmp", self.path)
+        """Stops following the allocations (and puts the trace in place)."""
+        self.step(self.steps)
+        if self.recording:
+            self.mode.__exit__(None, None, None)
+            self.recording = False
 
 
 def id_of(t):
@@ -103,6 +118,21 @@ def tensors(torch, value):
     elif isinstance(value, dict):
         for v in value.values():
             yield from tensors(torch, v)
+
+
+def cuda_dropout():
+    """Makes `torch.nn.functional.dropout` on meta tensors allocate what CUDA's fused kernel does."""
+    import torch
+    import torch.nn.functional as F
+
+    composite = F.dropout
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if input.is_meta and training and 0 < p < 1 and not inplace:
+            return torch.native_dropout(input, p, True)[0]
+        return composite(input, p, training, inplace)
+
+    F.dropout = dropout
 
 
 def register_flash_shapes():
@@ -132,6 +162,10 @@ def register_flash_shapes():
             return dq, dk, dv
 
     def attention(module, query, key, value, attention_mask, **kwargs):
+        if query.dtype == torch.float32 and key.shape[1] != query.shape[1]:
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+            return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
         # transformers passes [batch, heads, length, head dim]; flash-attn works on the transpose
         out = FlashShapes.apply(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
         return out, None
