@@ -386,3 +386,35 @@ fn peft_05_adapters_are_fp32_except_under_a_deepspeed_engine() {
     ds.zero = Zero::Z2;
     assert_eq!(total(&ds, &peft05), total(&ds, &peft07));
 }
+
+/// Under the HF Trainer the outputs are gone before backward, so a checkpointed block is
+/// recomputed only after the loss's tensors are freed: allocated counts the larger of the two,
+/// reserved both (the forward's block segments stay cached beside the logits). A loop that keeps
+/// its outputs (`outputs_kept`, Answer.AI's) holds both at once: allocated counts both.
+#[test]
+fn a_recomputed_block_meets_the_loss_only_where_the_loop_keeps_its_outputs() {
+    let a = llama(false);
+    let mut dropped = lora(&a, Stack::HfTrainer);
+    (dropped.grad_ckpt, dropped.seq) = (true, 1024);
+    let mut kept = dropped.clone();
+    kept.outputs_kept = Some(true);
+    let fw = Framework::default();
+    let gpu = |s: &Setup| memory::estimate(&a, s, &fw).unwrap().gpu.unwrap();
+    let (d, k) = (gpu(&dropped), gpu(&kept));
+    let act_d = memory::activations::activations(&a, &dropped, &fw);
+    let act_k = memory::activations::activations(&a, &kept, &fw);
+    assert!(act_d.recompute > 0 && act_d.logits > act_d.recompute);
+    assert_eq!(act_k.total() - act_d.total(), act_d.recompute);
+    assert_eq!(
+        k.peak_allocated_bytes - d.peak_allocated_bytes,
+        act_d.recompute
+    );
+    assert_eq!(k.peak_reserved_bytes, d.peak_reserved_bytes);
+    // without checkpointing nothing is recomputed, and the two agree
+    let (mut plain_d, mut plain_k) = (dropped.clone(), kept.clone());
+    (plain_d.grad_ckpt, plain_k.grad_ckpt) = (false, false);
+    assert_eq!(
+        gpu(&plain_d).peak_allocated_bytes,
+        gpu(&plain_k).peak_allocated_bytes
+    );
+}

@@ -43,16 +43,33 @@ pub struct ActivationBytes {
     /// The 16-bit logits' block, freed before the loss backward and too small for its fp32
     /// gradients (reserved, not allocated).
     pub stranded_logits: u64,
+    /// Backward recomputes a checkpointed block only once the loss's tensors are freed
+    /// (`Profile::loss_freed_before_recompute`): the two never hold memory at once.
+    pub recompute_after_loss: bool,
 }
 
 impl ActivationBytes {
+    /// The activation phase's allocated peak: what forward keeps, the loss's tensors and one
+    /// recomputed block — the larger of the last two where backward frees the one before the
+    /// other (traced on PyTorch's meta device and measured on an H200: validation/README.md).
     pub fn total(&self) -> u64 {
-        self.blocks
-            + self.recompute
-            + self.embeddings
-            + self.logits
-            + self.transient
-            + self.autocast_weights
+        let kept = self.blocks + self.embeddings + self.transient + self.autocast_weights;
+        if self.recompute_after_loss {
+            kept + self.logits.max(self.recompute)
+        } else {
+            kept + self.logits + self.recompute
+        }
+    }
+
+    /// Reserved beside the activation phase's allocations where the two do not meet: the
+    /// checkpointed forward runs each block without saving, and the segments its temporaries
+    /// leave cached are too small for the logits that follow, so the pool holds both.
+    pub fn cached_block_segments(&self) -> u64 {
+        if self.recompute_after_loss {
+            self.logits.min(self.recompute)
+        } else {
+            0
+        }
     }
 }
 
@@ -136,7 +153,10 @@ pub fn activations(arch: &Arch, setup: &Setup, fw: &Framework) -> ActivationByte
         setup.seq
     };
     let stacks = stacks(arch, b, src, tgt);
-    let mut out = ActivationBytes::default();
+    let mut out = ActivationBytes {
+        recompute_after_loss: setup.stack.profile().loss_freed_before_recompute(setup),
+        ..ActivationBytes::default()
+    };
     // The graph exists from the first trainable tensor on: stacks before it save nothing.
     let mut live = trains_in(arch, setup, Group::Embeddings);
     let mut largest_block = 0u64;

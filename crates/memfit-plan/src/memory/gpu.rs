@@ -185,7 +185,9 @@ fn peak(
         persistent_no_grads + grads + step_transient
     };
     let allocated = activation_phase.max(step_phase);
-    let stranded = if activation_phase >= step_phase {
+    // the activation phase's pool: its allocations and the block segments cached beside them
+    let activation_pool = activation_phase + act.cached_block_segments();
+    let stranded = if activation_pool >= step_phase {
         stranded_bytes(arch, setup, act)
     } else {
         0
@@ -194,7 +196,7 @@ fn peak(
     // segments shorter steps left cached (lengths varying step to step) stay reserved beside
     // the activation phase; the step phase runs in them once they are free
     let spread = allocator::length_spread_reserved(arch, setup, fw);
-    let training_reserved = allocated.max(activation_phase + spread) + stranded + gather_pool;
+    let training_reserved = allocated.max(activation_pool + spread) + stranded + gather_pool;
     let load_reserved = nf4_load_reserved(arch, setup, fw, st.gpu_weights);
     GpuPeak {
         grads,
@@ -353,17 +355,19 @@ fn state_components(setup: &Setup, st: &StateBytes, peak: &GpuPeak) -> Vec<Compo
 /// Lines for the activations of one micro-batch and the backward pass's temporaries.
 fn activation_components(setup: &Setup, act: &ActivationBytes) -> Vec<Component> {
     let bs = Scaling::BatchAndSequence;
-    vec![
-        Component::new(
-            "activations (blocks)",
+    let (blocks, note) = match (setup.grad_ckpt, act.recompute_after_loss) {
+        (false, _) => (act.blocks, "saved for backward, every block"),
+        (true, false) => (
             act.blocks + act.recompute,
-            bs,
-            if setup.grad_ckpt {
-                "checkpointed block inputs + one block recomputed"
-            } else {
-                "saved for backward, every block"
-            },
+            "checkpointed block inputs + one block recomputed",
         ),
+        (true, true) => (
+            act.blocks + act.recompute.saturating_sub(act.logits),
+            "checkpointed block inputs + what one block recomputed in backward needs beyond the loss's tensors, freed before it",
+        ),
+    };
+    vec![
+        Component::new("activations (blocks)", blocks, bs, note),
         Component::new(
             "  of which attention matrices",
             act.attention_matrices,
@@ -437,7 +441,7 @@ fn overhead_components(fw: &Framework, peak: &GpuPeak) -> Vec<Component> {
             } else if peak.gather_pool > 0 {
                 "reserved − allocated: a second block in FSDP's gather-stream pool, seq² temporaries stranded, 2 MiB segments"
             } else {
-                "reserved − allocated: seq² temporaries stranded by block splitting, shorter steps' segments (--length-spread), 2 MiB segments"
+                "reserved − allocated: seq² temporaries stranded by block splitting, a checkpointed forward's block segments beside the logits, shorter steps' segments (--length-spread), 2 MiB segments"
             },
         ),
         Component::new(

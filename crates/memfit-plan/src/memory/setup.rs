@@ -271,6 +271,11 @@ pub struct Setup {
     /// `None` = the stack's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunked_loss: Option<bool>,
+    /// The training loop holds the model's outputs, logits included, through backward (a loop of
+    /// its own, such as Answer.AI's `train.py`); `None` = the stack's default
+    /// (`Profile::outputs_freed_before_backward`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs_kept: Option<bool>,
     /// memfit's own trainer under LoRA: the frozen base's dtype (`--base-precision fp32|bf16`),
     /// apart from the activations' (`precision`); `None` = fp32.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -361,6 +366,7 @@ impl Setup {
             stack: Stack::HfTrainer,
             optimizer_in_backward: None,
             chunked_loss: None,
+            outputs_kept: None,
             base_precision: None,
             length_spread: 1.0,
             expandable_segments: false,

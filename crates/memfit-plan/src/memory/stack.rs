@@ -9,6 +9,8 @@
 //! | `litgpt` | LitGPT (fused qkv) | 128-token chunks, no upcast, kept | `no_sync`, whole blocks | every linear quantized, head too |
 //! | `accelerate-deepspeed` | transformers | whole logits, fp32 upcast | (DeepSpeed engine, no FSDP) | as loaded |
 //! | `lightning` | transformers | whole logits, fp32 upcast | sharded every micro-batch, whole blocks | as loaded |
+//!
+//! Only `hf-trainer` and `peft` (transformers' Trainer) drop the model's outputs before backward.
 
 use super::setup::{Method, Setup, Stack, Zero};
 use crate::Task;
@@ -96,6 +98,12 @@ pub struct Profile {
     /// (`recipes/configs/llama3_2/3B_full_single_device.yaml`); the recipe refuses it with
     /// gradient accumulation (`recipes/full_finetune_single_device.py`).
     pub optimizer_in_backward: bool,
+    /// The training step lets go of the model's outputs (logits included) before backward, so
+    /// backward recomputes a checkpointed block only once the loss's tensors are freed:
+    /// transformers' Trainer (`trainer.py` `compute_loss` returns only the loss). The other
+    /// stacks' loops hold them (LitGPT's `logits` list, `finetune/lora.py`; a user's accelerate
+    /// or Lightning loop) or are not read for it (torchtune).
+    pub outputs_freed_before_backward: bool,
 }
 
 impl Stack {
@@ -118,12 +126,17 @@ impl Stack {
             torchao_nf4: false,
             deepspeed_engine: false,
             optimizer_in_backward: false,
+            outputs_freed_before_backward: false,
+        };
+        let trainer = Profile {
+            outputs_freed_before_backward: true,
+            ..transformers
         };
         match self {
-            Stack::HfTrainer => transformers,
+            Stack::HfTrainer => trainer,
             Stack::Peft => Profile {
                 kbit_fp32: true,
-                ..transformers
+                ..trainer
             },
             Stack::Torchtune => Profile {
                 // torchtune/modules/loss/ce_chunked_output_loss.py: num_output_chunks = 8
@@ -171,6 +184,15 @@ impl Profile {
     pub fn deepspeed(&self, setup: &Setup) -> bool {
         setup.device == super::Device::Cuda
             && (self.deepspeed_engine || (setup.zero.stage() >= 1 && !setup.zero.is_fsdp()))
+    }
+
+    /// Whether backward reaches a recomputed block only after the loss's tensors are freed: the
+    /// stack's loop drops the outputs (or the setup says so), the allocations being a GPU's.
+    pub fn loss_freed_before_recompute(&self, setup: &Setup) -> bool {
+        let freed = setup
+            .outputs_kept
+            .map_or(self.outputs_freed_before_backward, |kept| !kept);
+        freed && setup.grad_ckpt && setup.device == super::Device::Cuda
     }
 
     /// The loss this setup computes: the stack's for a causal LM, where `setup.chunked_loss =

@@ -134,6 +134,7 @@ pub fn setup_of(r: &Record, arch: &Arch) -> Result<Setup, String> {
     s.stack = Stack::parse(get(r, "stack")).ok_or_else(|| bad("stack"))?;
     s.optimizer_in_backward = optional_bool(r, "opt_in_bwd").ok_or_else(|| bad("opt_in_bwd"))?;
     s.chunked_loss = optional_bool(r, "chunked_loss").ok_or_else(|| bad("chunked_loss"))?;
+    s.outputs_kept = optional_bool(r, "outputs_kept").ok_or_else(|| bad("outputs_kept"))?;
     s.zero_bucket_size = match get(r, "zero_bucket") {
         "" => None,
         v => Some(v.parse().map_err(|_| bad("zero_bucket"))?),

@@ -409,13 +409,14 @@ fn measured_here_section(here: &[Compared]) -> String {
          16.0%; the FSDP QLoRA rows `F6`/`F12` +18.6%/+22.5% → +6.9%/+9.4%). They enter no summary,\n\
          band or constant above. Still open here: `H11` (gpt-neox, fp32) is 20% high per block — its\n\
          blocks keep 15 fp32 values per token and hidden unit where the model counts 18 (the fused\n\
-         qkv output, kept alive through v, may not be). With checkpointing (`H19`, `H22`, +5%) the\n\
-         model adds the recomputed block to the loss's tensors, though in a loop that drops the\n\
+         qkv output, kept alive through v, may not be). With checkpointing (`H19`, `H22`) the model\n\
+         added the recomputed block to the loss's tensors (+5%), though in a loop that drops the\n\
          model's output before backward, as the Trainer and this script do, the loss backward is over\n\
-         before any block is recomputed. Counting those moments apart takes these rows to p90 3.1%\n\
-         but the `F` rows to −32%: Answer.AI's `train.py` keeps `output` (its fp32 logits) until\n\
-         after the optimizer step, a property of the training loop that no column records yet (its\n\
-         rows say `hf-trainer`), so it waits for a stack of its own.\n\n",
+         before any block is recomputed (traced on PyTorch's meta device too: validation/README.md).\n\
+         Since 2026-11-28 the allocations count the larger of the two there and the reserved bytes\n\
+         both (the checkpointed forward's block segments stay cached beside the logits); a loop that\n\
+         keeps its output counts both, as Answer.AI's `train.py` does until after the optimizer step\n\
+         (the `F` rows, column `outputs_kept`). These rows: p90 5.3% → 3.1%; no published row moved.\n\n",
     );
     s += SUMMARY_HEADER;
     let rows: Vec<&Compared> = here.iter().collect();
