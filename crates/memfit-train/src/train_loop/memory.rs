@@ -39,8 +39,7 @@ pub(super) enum MemoryAction {
     /// The soft limit at micro-batch 1: nothing left to halve. Continue, with malloc's free pages
     /// handed back and the soft trigger moved up as after a downgrade; the hard limit stops the run
     /// if memory keeps growing. (Stopping here stopped runs that peaked within the budget: at
-    /// micro-batch 1 the peak varies with how the heap fragments, by ±4% between identical runs of
-    /// the tiny T5.)
+    /// micro-batch 1 the tiny T5's peak varies by ±4% between identical runs.)
     Relieve { status: GuardStatus },
     /// Checkpoint and stop.
     Stop {
