@@ -240,3 +240,42 @@ fn peft_adapters_on_a_bf16_base_save_fp32_inputs() {
     // two adapters reading the 128-wide normed input: 4 − 2 more bytes each per token
     assert_eq!(plain_bf16 - before_peft_012, 2 * T * 128 * 2);
 }
+
+/// A fused attention kernel that takes grouped-query keys and values as they are saves them at
+/// their own width: transformers' SDPA where it passes `enable_gqa` (PyTorch 2 today,
+/// `Framework::sdpa_gqa_unrepeated`) and its flash attention. Older transformers, eager code
+/// and the remote-code models repeat them to every head first.
+#[test]
+fn fused_attention_keeps_grouped_keys_and_values_unrepeated() {
+    use memfit_plan::memory::Attention;
+    let cfg = |model_type: &str| {
+        arch(
+            json!({"model_type": model_type, "hidden_size": 256, "intermediate_size": 512,
+            "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 3,
+            "vocab_size": 1000, "multi_query_attention": true, "multi_query_group_num": 2,
+            "kv_channels": 32, "ffn_hidden_size": 512, "num_layers": 3, "padded_vocab_size": 1000,
+            "seq_length": 64}),
+        )
+    };
+    let blocks = |a: &Arch, attention: Attention, fw: &Framework| {
+        let mut s = Setup::new(a);
+        (s.batch, s.seq, s.precision, s.attention) = (B, SEQ, Precision::Bf16, attention);
+        activations(a, &s, fw).blocks
+    };
+    let llama = cfg("llama");
+    let (new, old) = (Framework::TORCH_2, Framework::TORCH_2_BNB_LT_044);
+    let repeated = 3 * 2 * T * (256 - 2 * 32) * 2;
+    assert_eq!(
+        blocks(&llama, Attention::Sdpa, &old) - blocks(&llama, Attention::Sdpa, &new),
+        repeated
+    );
+    assert_eq!(
+        blocks(&llama, Attention::Flash, &old),
+        blocks(&llama, Attention::Sdpa, &new)
+    );
+    let glm = cfg("chatglm");
+    assert_eq!(
+        blocks(&glm, Attention::Sdpa, &old),
+        blocks(&glm, Attention::Sdpa, &new)
+    );
+}

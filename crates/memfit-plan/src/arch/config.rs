@@ -113,7 +113,7 @@ fn read_model_type(model_type: &str, cfg: &Cfg, d: &mut Dims) -> Result<Kind, Ar
         "gpt_neox" | "gptj" | "opt" | "phi3" | "gemma2" | "qwen3" | "starcoder2" => {
             super::decoders::parse(model_type, cfg, d)
         }
-        "qwen" | "chatglm" | "baichuan" | "internlm2" => super::remote::parse(model_type, cfg, d),
+        t if super::remote::MODEL_TYPES.contains(&t) => super::remote::parse(model_type, cfg, d),
         other => Err(ArchError::UnknownModelType {
             file: cfg.file.to_string(),
             model_type: other.to_string(),

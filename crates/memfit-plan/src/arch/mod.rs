@@ -15,7 +15,7 @@ mod generic;
 mod moe;
 pub mod params;
 pub mod presets;
-mod remote;
+pub(crate) mod remote;
 
 pub use config::{ArchError, parse_config};
 pub use params::{Group, ParamTensor, Role};

@@ -9,6 +9,9 @@ use super::config::{ArchError, Kind, kv_heads_divide, llama_block};
 use super::params::Dims;
 use super::{Family, Head};
 
+/// The model types whose modeling code lives in the model's repository (read by this module).
+pub const MODEL_TYPES: [&str; 4] = ["qwen", "chatglm", "baichuan", "internlm2"];
+
 /// Reads one of this module's model types into `d` and says what else it decided.
 pub(crate) fn parse(model_type: &str, cfg: &Cfg, d: &mut Dims) -> Result<Kind, ArchError> {
     match model_type {

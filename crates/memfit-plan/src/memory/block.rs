@@ -40,6 +40,11 @@ pub(super) struct Ctx<'a> {
     /// Each adapter reads its own fp32 copy of its input (`Framework::peft_fp32_adapters`, a
     /// 16-bit base without autocast, PEFT's LoRA).
     pub fp32_adapter_inputs: bool,
+    /// A fused attention kernel takes grouped-query keys and values as they are, so it saves
+    /// them at their own width: transformers' flash attention always, its SDPA where it passes
+    /// `enable_gqa` (`Framework::sdpa_gqa_unrepeated`). Eager code, LitGPT and the remote-code
+    /// models (chatglm's `expand` of its two groups) repeat them to every head first.
+    pub kv_unrepeated: bool,
 }
 
 impl<'a> Ctx<'a> {
@@ -61,6 +66,10 @@ impl<'a> Ctx<'a> {
             && arch.kv_heads < arch.heads
             && setup.stack.runs_transformers_code();
         let fp32_adapter_inputs = super::states::fp32_adapters(setup, fw);
+        let kv_unrepeated = setup.stack.runs_transformers_code()
+            && !crate::arch::remote::MODEL_TYPES.contains(&arch.model_type.as_str())
+            && (setup.attention == Attention::Flash
+                || (setup.attention == Attention::Sdpa && fw.sdpa_gqa_unrepeated));
         Ctx {
             arch,
             setup,
@@ -71,6 +80,7 @@ impl<'a> Ctx<'a> {
             profile,
             sdpa_math,
             fp32_adapter_inputs,
+            kv_unrepeated,
         }
     }
 
@@ -341,9 +351,14 @@ pub(super) fn attention_core(cx: &Ctx, tq: u64, tk: u64, matrix: u64) -> (u64, u
     // q for QKᵀ; k and v (repeated to all heads for GQA in eager code) for the two matmuls
     let qkv = qk_b * (tq * inner + tk * inner) + w.c * tk * inner;
     if !eager {
-        // fused kernels keep the output and a per-row logsumexp, never the matrix
-        let out = w.c * tq * inner + 4 * tq * arch.heads;
-        return (qkv + out, 0, 2 * w.c * tq * inner);
+        // fused kernels keep q, k, v, the output and a per-row logsumexp, never the matrix
+        let kv = if cx.kv_unrepeated {
+            arch.kv_heads * arch.head_dim
+        } else {
+            inner
+        };
+        let saved = w.c * (2 * tq * inner + 2 * tk * kv) + 4 * tq * arch.heads;
+        return (saved, 0, 2 * w.c * tq * inner);
     }
     // softmax output: fp32 under autocast and where the code asks for it (`.float()` or
     // `softmax(dtype=torch.float32)`), else the compute dtype.

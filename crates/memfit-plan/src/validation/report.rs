@@ -416,7 +416,10 @@ fn measured_here_section(here: &[Compared]) -> String {
          Since 2026-11-28 the allocations count the larger of the two there and the reserved bytes\n\
          both (the checkpointed forward's block segments stay cached beside the logits); a loop that\n\
          keeps its output counts both, as Answer.AI's `train.py` does until after the optimizer step\n\
-         (the `F` rows, column `outputs_kept`). These rows: p90 5.3% → 3.1%; no published row moved.\n\n",
+         (the `F` rows, column `outputs_kept`). These rows: p90 5.3% → 3.1%; no published row moved.\n\
+         Grouped-query keys and values under a fused kernel are kept at their own width since the\n\
+         same day (transformers passes them to SDPA with `enable_gqa`, and to flash attention, as\n\
+         they are): p90 3.1% → 0.8%.\n\n",
     );
     s += SUMMARY_HEADER;
     let rows: Vec<&Compared> = here.iter().collect();
