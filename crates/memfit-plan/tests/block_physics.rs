@@ -21,6 +21,17 @@ fn act(a: &Arch, precision: Precision, fw: &Framework) -> ActivationBytes {
     activations(a, &s, fw)
 }
 
+/// A decoder of hidden 256 with 8 query heads in 2 key/value groups (chatglm's fields too).
+fn grouped(model_type: &str, layers: u64) -> Arch {
+    arch(
+        json!({"model_type": model_type, "hidden_size": 256, "intermediate_size": 512,
+        "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": layers,
+        "vocab_size": 1000, "tie_word_embeddings": false, "multi_query_attention": true,
+        "multi_query_group_num": 2, "kv_channels": 32, "ffn_hidden_size": 512,
+        "num_layers": layers, "padded_vocab_size": 1000, "seq_length": 64}),
+    )
+}
+
 fn fp32(a: &Arch) -> ActivationBytes {
     act(a, Precision::Fp32, &Framework::default())
 }
@@ -45,14 +56,7 @@ fn parallel_block_saves_no_intermediate_residual() {
 /// and k alive beside their rotated copies; llama's separate projections do not.
 #[test]
 fn fused_qkv_with_rotary_keeps_the_projection() {
-    let cfg = |model_type: &str| {
-        arch(
-            json!({"model_type": model_type, "hidden_size": 256, "intermediate_size": 512,
-            "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 2,
-            "vocab_size": 1000, "tie_word_embeddings": false}),
-        )
-    };
-    let (phi3, llama) = (cfg("phi3"), cfg("llama"));
+    let (phi3, llama) = (grouped("phi3", 2), grouped("llama", 2));
     assert_eq!(phi3.params_total(), llama.params_total());
     let (inner, kv) = (256, 2 * 32);
     assert_eq!(
@@ -248,21 +252,12 @@ fn peft_adapters_on_a_bf16_base_save_fp32_inputs() {
 #[test]
 fn fused_attention_keeps_grouped_keys_and_values_unrepeated() {
     use memfit_plan::memory::Attention;
-    let cfg = |model_type: &str| {
-        arch(
-            json!({"model_type": model_type, "hidden_size": 256, "intermediate_size": 512,
-            "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 3,
-            "vocab_size": 1000, "multi_query_attention": true, "multi_query_group_num": 2,
-            "kv_channels": 32, "ffn_hidden_size": 512, "num_layers": 3, "padded_vocab_size": 1000,
-            "seq_length": 64}),
-        )
-    };
     let blocks = |a: &Arch, attention: Attention, fw: &Framework| {
         let mut s = Setup::new(a);
         (s.batch, s.seq, s.precision, s.attention) = (B, SEQ, Precision::Bf16, attention);
         activations(a, &s, fw).blocks
     };
-    let llama = cfg("llama");
+    let llama = grouped("llama", 3);
     let (new, old) = (Framework::TORCH_2, Framework::TORCH_2_BNB_LT_044);
     let repeated = 3 * 2 * T * (256 - 2 * 32) * 2;
     assert_eq!(
@@ -273,7 +268,7 @@ fn fused_attention_keeps_grouped_keys_and_values_unrepeated() {
         blocks(&llama, Attention::Flash, &old),
         blocks(&llama, Attention::Sdpa, &new)
     );
-    let glm = cfg("chatglm");
+    let glm = grouped("chatglm", 3);
     assert_eq!(
         blocks(&glm, Attention::Sdpa, &old),
         blocks(&glm, Attention::Sdpa, &new)
