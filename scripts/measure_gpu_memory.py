@@ -56,8 +56,10 @@ MIB = 1 << 20
 # model_type where transformers names them differently.
 NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "qkv": "qkv_proj",
          "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
-RENAMED = {"o": {"gptj": "out_proj", "opt": "out_proj", "gpt_neox": "dense"},
-           "qkv": {"gpt_neox": "query_key_value"}}
+RENAMED = {"o": {"gptj": "out_proj", "opt": "out_proj", "gpt_neox": "dense", "phi": "dense",
+                 "falcon": "dense", "bloom": "dense"},
+           "qkv": {"gpt_neox": "query_key_value", "falcon": "query_key_value",
+                   "bloom": "query_key_value"}}
 
 
 def target_modules(targets, model_type):
@@ -153,9 +155,14 @@ def build(setup, device):
     if setup["method"] == "lora":
         from peft import LoraConfig, get_peft_model
 
+        targets = target_modules(setup["lora_targets"], config.model_type)
+        # PEFT stops only when no target matches: a misnamed one would go unmeasured
+        present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+        missing = [t for t in targets if t not in present]
+        if missing:
+            sys.exit(f"lora_targets: no {', '.join(missing)} in the {config.model_type} model")
         lora = LoraConfig(r=setup["lora_r"], lora_alpha=setup["lora_alpha"], lora_dropout=0.05,
-                          target_modules=target_modules(setup["lora_targets"], config.model_type),
-                          task_type="CAUSAL_LM")
+                          target_modules=targets, task_type="CAUSAL_LM")
         model = get_peft_model(model, lora)
     model.train()
     return model, config
