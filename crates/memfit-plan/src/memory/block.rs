@@ -103,10 +103,20 @@ impl<'a> Ctx<'a> {
 
     /// A norm over `width` features: LayerNorm saves its input (+ mean/rstd); RMS norms written
     /// in Python (T5, llama-style) save the fp32 input and, when the weight trains, the
-    /// normalized tensor.
+    /// normalized tensor the weight multiplies: cast back to the weight's dtype first in T5's and
+    /// llama's (`self.weight * hidden_states.to(input_dtype)`), in fp32 in gemma's
+    /// (`output * (1.0 + self.weight.float())`) and chatglm's (`self.weight * hidden_states`
+    /// before `.to(input_dtype)`).
     pub fn norm(&self, tokens: u64, width: u64) -> u64 {
         if self.arch.block.rms_norm {
-            tokens * width * (4 + if self.norm_trains { 4 } else { 0 })
+            let fp32_product =
+                self.arch.model_type.starts_with("gemma") || self.arch.model_type == "chatglm";
+            let normalized = match (self.norm_trains, fp32_product) {
+                (false, _) => 0,
+                (true, true) => 4,
+                (true, false) => self.w.r,
+            };
+            tokens * width * (4 + normalized)
         } else {
             tokens * width * self.w.r + 8 * tokens
         }

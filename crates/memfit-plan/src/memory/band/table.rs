@@ -11,8 +11,8 @@ pub const BANDS: &[Band] = &[
         class: "full",
         rows: 28,
         sources: 8,
-        p90_abs_error: 0.124,
-        width: 0.154,
+        p90_abs_error: 0.125,
+        width: 0.155,
     },
     Band {
         class: "full+sharded",
@@ -54,7 +54,7 @@ pub const BANDS: &[Band] = &[
         rows: 66,
         sources: 8,
         p90_abs_error: 0.237,
-        width: 0.271,
+        width: 0.270,
     },
     Band {
         class: "qlora+sharded",
