@@ -103,19 +103,12 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
     ) -> Result<bool, LoopError> {
         match action {
             MemoryAction::Downgrade { old_micro, status } => {
-                if let Some(g) = self.guard {
-                    // the smaller micro-batch needs less: give back what malloc keeps free
-                    crate::malloc_tuning::release_free();
-                    g.downgraded();
-                }
+                self.shed_and_rearm();
                 self.downgrade_event(s.p.step, old_micro, s.p.micro, &status, saved.as_deref())?;
                 Ok(false)
             }
             MemoryAction::Relieve { status } => {
-                if let Some(g) = self.guard {
-                    crate::malloc_tuning::release_free();
-                    g.downgraded();
-                }
+                self.shed_and_rearm();
                 self.pressure_event(s.p.step, &status)?;
                 Ok(false)
             }
@@ -123,6 +116,16 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
                 self.stop_for_memory(s, status.as_ref(), None, reason)?;
                 Ok(true)
             }
+        }
+    }
+
+    /// After the soft limit: gives back what malloc keeps free (a smaller micro-batch needs less;
+    /// at micro-batch 1 the next reading is then what the step holds) and moves the guard's trigger
+    /// up from the peak that raised it.
+    fn shed_and_rearm(&self) {
+        if let Some(g) = self.guard {
+            crate::malloc_tuning::release_free();
+            g.downgraded();
         }
     }
 
