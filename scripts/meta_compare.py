@@ -4,8 +4,8 @@ beside a card's or memfit's estimate, row by row, as a markdown table.
 
     card      the card's measurement of the same rows of validation/measured_here.csv (their runs in
               measured_here_runs.jsonl; the largest where a row ran twice)
-    estimate  `memfit estimate`'s peak allocated for the rows of --rows (default
-              validation/measured_here.csv), run with the binary of --memfit
+    estimate  memfit's estimate of the rows of --rows (default validation/measured_here.csv),
+              read as the validation reads a row (memfit-plan's example `estimate_rows`)
 
     python3 scripts/measure_gpu_memory.py --rows validation/measured_here.csv --only H6,H7 \\
         --device meta > meta.jsonl
@@ -19,7 +19,6 @@ import csv
 import json
 import os
 import subprocess
-import sys
 
 GIB = 1 << 30
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,21 +36,13 @@ def card_peaks():
     return peaks
 
 
-def estimate(memfit, row):
-    """`memfit estimate`'s peak allocated bytes for a row (causal-lm, one GPU), or None."""
-    model = row["model"] if os.path.sep in row["model"] else os.path.join(VALIDATION, "models", row["model"])
-    args = [memfit, "estimate", "--model", model, "--batch", row["batch"], "--seq", row["seq"],
-            "--precision", row["precision"], "--optimizer", row["optimizer"], "--method", row["method"],
-            "--attention", row["attention"] or "sdpa", "--stack", row["stack"] or "hf-trainer", "--json"]
-    if row["method"] == "lora":
-        args += ["--lora-r", row["lora_r"], "--lora-alpha", row["lora_alpha"], "--lora-targets", row["lora_targets"]]
-    if row["grad_ckpt"] == "true":
-        args.append("--grad-ckpt")
-    done = subprocess.run(args, capture_output=True, text=True)
-    if done.returncode != 0:
-        print(f"{row['id']}: {done.stderr.strip()[:300]}", file=sys.stderr)
-        return None
-    return json.loads(done.stdout)["gpu"]["peak_allocated_bytes"]
+def estimates(rows_csv):
+    """{row id: memfit's estimated peak allocated bytes}, every row of the CSV at once."""
+    done = subprocess.run(["cargo", "run", "-q", "--release", "-p", "memfit-plan", "--example",
+                           "estimate_rows", "--", os.path.abspath(rows_csv)],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    lines = (json.loads(line) for line in done.stdout.splitlines())
+    return {e["id"]: e["peak_allocated_bytes"] for e in lines}
 
 
 def main():
@@ -59,11 +50,10 @@ def main():
     p.add_argument("against", choices=["card", "estimate"])
     p.add_argument("meta", help="measure_gpu_memory.py --device meta's output")
     p.add_argument("--rows", default=os.path.join(VALIDATION, "measured_here.csv"))
-    p.add_argument("--memfit", default=os.path.join(ROOT, "target", "release", "memfit"))
     args = p.parse_args()
     with open(args.rows, newline="") as f:
         rows = {r["id"]: r for r in csv.DictReader(f)}
-    cards = card_peaks() if args.against == "card" else {}
+    others = card_peaks() if args.against == "card" else estimates(args.rows)
     other = "card" if args.against == "card" else "estimate"
     print(f"| row | model | method | precision | batch × seq | checkpointing | attention | meta GiB | {other} GiB | {other} / meta − 1 |")
     print("| --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |")
@@ -73,7 +63,7 @@ def main():
             row = rows.get(meta["id"])
             if row is None or "alloc" not in meta:
                 continue
-            value = cards.get(meta["id"]) if args.against == "card" else estimate(args.memfit, row)
+            value = others.get(meta["id"])
             if not value:
                 continue
             print(f"| {meta['id']} | {row['model'].removesuffix('.json')} | {row['method']} | {row['precision']} "

@@ -255,6 +255,7 @@ fn llama(model_type: &str, cfg: &Cfg, d: &mut Dims) -> Result<Kind, ArchError> {
     let gemma = model_type == "gemma";
     if gemma {
         d.head_dim = cfg.u64_or("head_dim", 256)?;
+        d.block.rms_weight_fp32 = true;
     }
     // qwen2 always has q/k/v biases; llama has `attention_bias` (default false).
     d.qkv_bias = model_type == "qwen2" || cfg.bool_or("attention_bias", false)?;

@@ -118,6 +118,7 @@ fn gemma2(cfg: &Cfg, d: &mut Dims) -> Result<Kind, ArchError> {
     d.head_dim = cfg.u64_or("head_dim", 256)?;
     llama_block(d);
     d.block.norms = 4;
+    d.block.rms_weight_fp32 = true;
     d.block.attn_softcap = cfg.present_or("attn_logit_softcapping", true);
     d.block.logit_softcap = cfg.present_or("final_logit_softcapping", true);
     let bias = cfg.bool_or("attention_bias", false)?;

@@ -15,7 +15,7 @@ mod generic;
 mod moe;
 pub mod params;
 pub mod presets;
-pub(crate) mod remote;
+mod remote;
 
 pub use config::{ArchError, parse_config};
 pub use params::{Group, ParamTensor, Role};
@@ -69,6 +69,10 @@ pub struct Block {
     /// RMS norms written in Python (upcast to fp32, `pow`, `rsqrt`), as in T5 and llama-style
     /// code, rather than `nn.LayerNorm`.
     pub rms_norm: bool,
+    /// The RMS norm multiplies its weight in fp32 (gemma's `output * (1.0 + self.weight.float())`,
+    /// chatglm's `self.weight * hidden_states` before `.to(input_dtype)`), where T5's and
+    /// llama-style code cast the normalized tensor back to the weight's dtype first.
+    pub rms_weight_fp32: bool,
     /// qwen3's per-head RMS norm of q and k (`q_norm`, `k_norm`) before rotary.
     pub qk_norm: bool,
     /// Rotary position embedding applied to q and k (new tensors; partial rotary concatenates the
@@ -167,6 +171,12 @@ pub struct Arch {
 impl Arch {
     pub fn is_encoder_decoder(&self) -> bool {
         self.encoder_layers > 0 && self.decoder_layers > 0
+    }
+
+    /// The modeling code lives in the model's repository (`trust_remote_code`: qwen, chatglm,
+    /// baichuan, internlm2), not in transformers.
+    pub fn runs_remote_code(&self) -> bool {
+        remote::MODEL_TYPES.contains(&self.model_type.as_str())
     }
 
     /// Total parameters, tied tensors once.

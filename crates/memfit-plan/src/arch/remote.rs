@@ -85,6 +85,7 @@ fn chatglm(cfg: &Cfg, d: &mut Dims) -> Result<Kind, ArchError> {
     d.vocab = cfg.u64("padded_vocab_size")?;
     llama_block(d);
     d.block.rms_norm = cfg.bool_or("rmsnorm", true)?;
+    d.block.rms_weight_fp32 = d.block.rms_norm;
     d.norm_bias = !d.block.rms_norm;
     d.no_final_norm = !cfg.bool_or("post_layer_norm", true)?;
     d.fused_qkv = true;

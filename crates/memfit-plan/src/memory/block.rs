@@ -67,7 +67,7 @@ impl<'a> Ctx<'a> {
             && setup.stack.runs_transformers_code();
         let fp32_adapter_inputs = super::states::fp32_adapters(setup, fw);
         let kv_unrepeated = setup.stack.runs_transformers_code()
-            && !crate::arch::remote::MODEL_TYPES.contains(&arch.model_type.as_str())
+            && !arch.runs_remote_code()
             && (setup.attention == Attention::Flash
                 || (setup.attention == Attention::Sdpa && fw.sdpa_gqa_unrepeated));
         Ctx {
@@ -103,15 +103,11 @@ impl<'a> Ctx<'a> {
 
     /// A norm over `width` features: LayerNorm saves its input (+ mean/rstd); RMS norms written
     /// in Python (T5, llama-style) save the fp32 input and, when the weight trains, the
-    /// normalized tensor the weight multiplies: cast back to the weight's dtype first in T5's and
-    /// llama's (`self.weight * hidden_states.to(input_dtype)`), in fp32 in gemma's
-    /// (`output * (1.0 + self.weight.float())`) and chatglm's (`self.weight * hidden_states`
-    /// before `.to(input_dtype)`).
+    /// normalized tensor the weight multiplies: in the weight's dtype, or in fp32 where the norm
+    /// multiplies in fp32 (`Block::rms_weight_fp32`).
     pub fn norm(&self, tokens: u64, width: u64) -> u64 {
         if self.arch.block.rms_norm {
-            let fp32_product =
-                self.arch.model_type.starts_with("gemma") || self.arch.model_type == "chatglm";
-            let normalized = match (self.norm_trains, fp32_product) {
+            let normalized = match (self.norm_trains, self.arch.block.rms_weight_fp32) {
                 (false, _) => 0,
                 (true, true) => 4,
                 (true, false) => self.w.r,
@@ -358,17 +354,19 @@ pub(super) fn attention_core(cx: &Ctx, tq: u64, tk: u64, matrix: u64) -> (u64, u
     } else {
         w.c
     };
-    // q for QKᵀ; k and v (repeated to all heads for GQA in eager code) for the two matmuls
-    let qkv = qk_b * (tq * inner + tk * inner) + w.c * tk * inner;
+    // k and v at their own width where a fused kernel takes them as they are, else repeated
+    // to every head (eager code under GQA)
+    let kv = if cx.kv_unrepeated && !eager {
+        arch.kv_heads * arch.head_dim
+    } else {
+        inner
+    };
+    // q for QKᵀ; k and v for the two matmuls
+    let qkv = qk_b * (tq * inner + tk * kv) + w.c * tk * kv;
     if !eager {
-        // fused kernels keep q, k, v, the output and a per-row logsumexp, never the matrix
-        let kv = if cx.kv_unrepeated {
-            arch.kv_heads * arch.head_dim
-        } else {
-            inner
-        };
-        let saved = w.c * (2 * tq * inner + 2 * tk * kv) + 4 * tq * arch.heads;
-        return (saved, 0, 2 * w.c * tq * inner);
+        // fused kernels keep the output and a per-row logsumexp, never the matrix
+        let out = w.c * tq * inner + 4 * tq * arch.heads;
+        return (qkv + out, 0, 2 * w.c * tq * inner);
     }
     // softmax output: fp32 under autocast and where the code asks for it (`.float()` or
     // `softmax(dtype=torch.float32)`), else the compute dtype.

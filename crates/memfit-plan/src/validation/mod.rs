@@ -378,6 +378,41 @@ pub fn explain(
     Ok(out)
 }
 
+/// Every row of `cases` (CSV text in these columns, measured or not: `scripts/meta_grid.csv`)
+/// estimated without a measured CUDA context (`Framework::TORCH_2`'s where the row's software
+/// names none): its id and estimate.
+pub fn estimates(
+    cases: &str,
+    model_text: &dyn Fn(&str) -> Result<String, String>,
+) -> Result<Vec<(String, memory::Estimate)>, String> {
+    parse_csv(cases)?
+        .iter()
+        .map(|r| {
+            Ok((
+                get(r, "id").to_string(),
+                estimate_row(r, model_text, None)?.1,
+            ))
+        })
+        .collect()
+}
+
+/// One row's setup and estimate, the CUDA context `context` where one was measured.
+fn estimate_row(
+    r: &Record,
+    model_text: &dyn Fn(&str) -> Result<String, String>,
+    context: Option<u64>,
+) -> Result<(Setup, memory::Estimate), String> {
+    let id = get(r, "id");
+    let file = get(r, "model");
+    let text = model_text(file)?;
+    let arch = arch::parse_config(file, &text, file).map_err(|e| e.to_string())?;
+    let setup = setup_of(r, &arch)?;
+    let arch = arch.with_task(setup.task);
+    let fw = framework_of(r, context)?;
+    let est = memory::estimate(&arch, &setup, &fw).map_err(|e| format!("{id}: {e}"))?;
+    Ok((setup, est))
+}
+
 /// One row estimated and compared.
 fn compare_row(
     r: &Record,
@@ -386,13 +421,7 @@ fn compare_row(
     mode: Mode,
 ) -> Result<(Compared, memory::Estimate), String> {
     let id = get(r, "id").to_string();
-    let file = get(r, "model");
-    let text = model_text(file)?;
-    let arch = arch::parse_config(file, &text, file).map_err(|e| e.to_string())?;
-    let setup = setup_of(r, &arch)?;
-    let arch = arch.with_task(setup.task);
-    let fw = framework_of(r, context(constants, r, mode)?)?;
-    let est = memory::estimate(&arch, &setup, &fw).map_err(|e| format!("{id}: {e}"))?;
+    let (setup, est) = estimate_row(r, model_text, context(constants, r, mode)?)?;
     let gpu = est
         .gpu
         .as_ref()
