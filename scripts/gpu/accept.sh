@@ -14,7 +14,8 @@
 #   resume.jsonl  a run killed by SIGTERM and resumed, beside the same run uninterrupted
 #   oom.jsonl     a run whose micro-batch does not fit the card: its real CUDA out-of-memory
 #                 errors caught, the micro-batch halved until a step fits, the run finished
-#   profile-*.log cubecl's per-kernel times of each speed shape, a line per launch (where the GPU time goes)
+#   profile-*-N.log cubecl's per-kernel times of each speed shape over N steps, a line per launch (where the
+#                 GPU time goes: the longer run less the shorter, tables.py)
 #   accept.log, check.json (memfit check --json)
 # The sections run in order of importance inside ACCEPT_SECONDS (default 500): one that would start
 # too late is skipped and says so, and the tables are written from whatever ran. SECTIONS (default
@@ -337,16 +338,26 @@ snapshot
 
 # 6. Where the GPU time goes: cubecl's own profile of each speed shape (level basic: every kernel timed
 # on the device with a sync after it, so the run is slower; the shares are the figure), written by
-# cubecl from a cubecl.toml in the directory the run starts in.
+# cubecl from a cubecl.toml in the directory the runs start in. Steady state by difference: after an
+# unprofiled run that fills the kernel and autotune caches, a PROFILE_SHORT- and a PROFILE_LONG-step
+# run; tables.py subtracts the shorter's per-kernel totals from the longer's, so what both pay once
+# (process start, compiles, autotune, the first step) cancels and the steps between them remain.
+PROFILE_SHORT=2; PROFILE_LONG=7
 prof=$(mktemp -d)
 want profile && for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
     name=$(echo "$shape" | awk '{print $2}')
-    fits 30 "profile of $name" || break
-    printf '[profiling]\nlogger = { level = "basic", file = "%s" }\n' "$RES/profile-$name.log" \
-        > "$prof/cubecl.toml"
+    fits 45 "profile of $name" || break
+    rm -f "$prof/cubecl.toml"
     # shellcheck disable=SC2086
     (cd "$prof" && timeout "$(limit)" "$BIN" bench train $shape --precision $SPEED_PRECISION --device "$DEVICE" \
-        --steps 5 --json > /dev/null 2>>"$LOG") || log "profile of $name: exit $?"
+        --steps 1 --json > /dev/null 2>>"$LOG") || log "profile warm-up of $name: exit $?"
+    for steps in $PROFILE_SHORT $PROFILE_LONG; do
+        printf '[profiling]\nlogger = { level = "basic", file = "%s" }\n' "$RES/profile-$name-$steps.log" \
+            > "$prof/cubecl.toml"
+        # shellcheck disable=SC2086
+        (cd "$prof" && timeout "$(limit)" "$BIN" bench train $shape --precision $SPEED_PRECISION \
+            --device "$DEVICE" --steps $steps --json > /dev/null 2>>"$LOG") || log "profile of $name ($steps steps): exit $?"
+    done
 done
 
 wait

@@ -141,10 +141,11 @@ def memory(records):
     print("Predicted: `memfit estimate --runtime memfit --device cuda` for the same run (the planner's "
           "`memfit_device` model; allocated = its tensors, NVML = + the CUDA context). Error = "
           "predicted / measured − 1.\n")
-    print("| model | batch × seq | pool in use MiB | pool reserved MiB | predicted allocated MiB | "
+    print("Pool reserved: after the last step, and (peak) the highest of its readings after each step.\n")
+    print("| model | batch × seq | pool in use MiB | pool reserved MiB | (peak) | predicted allocated MiB | "
           "error vs reserved | NVML peak MiB | (in the run's second half) | predicted NVML MiB | "
           "error vs NVML | s/step |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     mib = lambda b: f"{b / 2**20:.0f}" if b is not None else "—"
 
     def error(predicted, measured):
@@ -155,14 +156,15 @@ def memory(records):
     for r in records:
         s = r.get("setup", {})
         if not s:
-            print(f"| failed: {r.get('command', '')[:60]} | | | | | | | | | | |")
+            print(f"| failed: {r.get('command', '')[:60]} | | | | | | | | | | | |")
             continue
         reserved, nvml = r.get("gpu_pool_reserved_bytes"), r.get("nvml_peak_mib")
         allocated, nvml_predicted = r.get("predicted_gpu_allocated_bytes"), r.get("predicted_gpu_nvml_bytes")
         nvml_bytes = nvml * 2**20 if isinstance(nvml, (int, float)) else None
         print(f"| {s.get('model')} {'LoRA' if 'Lora' in str(s.get('training')) else ''} | "
               f"{s.get('batch')} × {s.get('seq')} | {mib(r.get('gpu_pool_in_use_bytes'))} | "
-              f"{mib(reserved)} | {mib(allocated)} | {error(allocated, reserved)} | {nvml} | "
+              f"{mib(reserved)} | {mib(r.get('gpu_pool_reserved_peak_bytes'))} | {mib(allocated)} | "
+              f"{error(allocated, reserved)} | {nvml} | "
               f"{r.get('nvml_late_peak_mib', '—')} | "
               f"{mib(nvml_predicted)} | {error(nvml_predicted, nvml_bytes)} | "
               f"{r.get('sec_per_step_median', 0):.3f} |")
@@ -217,25 +219,68 @@ def kernel_name(parts):
     return " ".join(parts) if len(parts) <= 2 else f"{parts[0]} … {parts[-1]}"
 
 
-def profiles(folder, steps=5):
-    print(f"## Where the GPU time goes (cubecl's per-kernel profile, the speed shapes, {steps} steps)\n")
-    logs = sorted(glob.glob(os.path.join(folder, "profile-*.log")))
-    if not logs:
+def profile_logs(folder):
+    """The profile logs of each speed shape by step count, `{shape: {steps: path}}`: accept.sh writes
+    `profile-SHAPE-STEPS.log`; a log named without a count (before 2026-12-06) ran 5 steps."""
+    runs = {}
+    for log in sorted(glob.glob(os.path.join(folder, "profile-*.log"))):
+        name = os.path.basename(log)[len("profile-"):-len(".log")]
+        m = re.fullmatch(r"(.+)-([0-9]+)", name)
+        shape, steps = (m.group(1), int(m.group(2))) if m else (name, 5)
+        runs.setdefault(shape, {})[steps] = log
+    return runs
+
+
+def steady_state(runs):
+    """Per kernel, launches and seconds a step past the first steps: the longest run's totals less
+    the shortest's, over the steps between them (process start, compiles and autotune, which both
+    runs pay alike, cancel out). One run alone: its totals over all its steps."""
+    longest = max(runs)
+    totals = kernel_times(runs[longest])
+    shortest = min(runs)
+    if shortest == longest:
+        return totals, longest, False
+    early = kernel_times(runs[shortest])
+    per_step = {}
+    for name, (t, n) in totals.items():
+        t0, n0 = early.get(name, (0.0, 0))
+        if n - n0 > 0:
+            per_step[name] = (max(t - t0, 0.0), n - n0)
+    return per_step, longest - shortest, True
+
+
+def profiles(folder, speed_records=()):
+    """Each speed shape's steady-state kernels; beside them the unprofiled run's median step (from
+    `speed_records`, by model): what the kernels leave of it is the device idle, waiting on the host."""
+    step_of = {r["setup"].get("model"): r["sec_per_step_median"] for r in speed_records
+               if "placement" in r and r.get("sec_per_step_median")}
+    runs_by_shape = profile_logs(folder)
+    print("## Where the GPU time goes (cubecl's per-kernel profile, the speed shapes)\n")
+    if not runs_by_shape:
         print("- no cubecl profile: the runs did not compute on a cubecl device\n")
         return
-    for log in logs:
-        shape = os.path.basename(log)[len("profile-"):-len(".log")]
-        totals = kernel_times(log)
+    for shape, runs in runs_by_shape.items():
+        totals, steps, steady = steady_state(runs)
         whole = sum(t for t, _ in totals.values()) or 1.0
         launches = sum(n for _, n in totals.values())
         if not launches:
             print(f"**{shape}** — no launch logged (the run failed: accept.log)\n")
             continue
-        print(f"**{shape}** — {whole:.3f} s of kernels, {launches} launches ({launches / steps:.0f} a step)\n")
-        print("| kernel | launches | s | share |")
+        which = (f"steps {min(runs) + 1}–{max(runs)}: the {max(runs)}-step run less the {min(runs)}-step "
+                 "one, so the first steps' kernel compiles and autotune are out" if steady
+                 else f"{steps} steps of one run, its first steps' autotune included")
+        print(f"**{shape}** — {whole / steps * 1e3:.1f} ms of kernels a step, {launches / steps:.0f} "
+              f"launches a step ({which}; every kernel timed with a sync after it)\n")
+        step = step_of.get(shape)
+        if step:
+            idle = max(1 - whole / steps / step, 0.0)
+            print(f"The unprofiled run's median step is {step * 1e3:.1f} ms: the device computes "
+                  f"{min(whole / steps / step, 1.0):.0%} of it and waits {idle:.0%} (the host's launches "
+                  f"and reads), {idle * step / max(launches / steps, 1) * 1e6:.1f} µs a launch.\n")
+        print("| kernel | launches a step | ms a step | share |")
         print("| --- | ---: | ---: | ---: |")
-        for name, (t, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:12]:
-            print(f"| `{name[:90]}` | {n} | {t:.4f} | {t / whole:.1%} |")
+        for name, (t, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:15]:
+            print(f"| `{name[:90]}` | {n / steps:.0f} | {t / steps * 1e3:.3f} | {t / whole:.1%} |")
         print()
 
 
@@ -256,7 +301,7 @@ def main():
     memory(rows(folder, "memory.jsonl"))
     out_of_memory(rows(folder, "oom.jsonl"))
     resume(rows(folder, "resume.jsonl"))
-    profiles(folder)
+    profiles(folder, rows(folder, "speed.jsonl"))
 
 
 if __name__ == "__main__":

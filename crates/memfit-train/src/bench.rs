@@ -175,6 +175,10 @@ pub struct BenchReport {
     /// CPU).
     pub gpu_pool_in_use_bytes: Option<u64>,
     pub gpu_pool_reserved_bytes: Option<u64>,
+    /// The pool's reserved bytes at their highest over the steps (read after each, outside its
+    /// timing): beside NVML's peak, it tells pages the pool gave back before the end from memory
+    /// the pool never counts (docs/gpu.md, the NVML gap).
+    pub gpu_pool_reserved_peak_bytes: Option<u64>,
     pub params_total: u64,
     /// The planner's model of this run on a GPU (`memfit_device`): its peak allocated bytes and
     /// what NVML would show; `None` where the model does not cover the family.
@@ -535,6 +539,13 @@ fn run_steps<M: TrainModel>(
     let before =
         (!setup.device.is_gpu()).then(|| crate::peak_flops::peak_flops_per_core(bf16_peak));
     let trainable = engine.model().trainable(&setup.freeze)?;
+    let pool_reserved = || {
+        (setup.device.is_gpu())
+            .then(|| setup.device.backend.device().memory_pool_usage())
+            .flatten()
+            .map(|p| p.bytes_reserved)
+    };
+    let mut reserved_peak: Option<u64> = None;
     for step in 0..setup.steps {
         let batches: Vec<M::Batch> = (0..setup.accum).map(|_| make_batch(&mut rng)).collect();
         let t0 = Instant::now();
@@ -551,6 +562,7 @@ fn run_steps<M: TrainModel>(
         seconds.push(dt);
         losses.push(loss / setup.accum as f64);
         on_step(step, loss / setup.accum as f64, dt);
+        reserved_peak = reserved_peak.max(pool_reserved());
         if step == 0 {
             model_flops = batches
                 .iter()
@@ -560,9 +572,7 @@ fn run_steps<M: TrainModel>(
     }
     let sec = median(&seconds[WARMUP_STEPS..]);
     let cpu_sec = median(&cpu[WARMUP_STEPS..]);
-    let pool = setup
-        .device
-        .is_gpu()
+    let pool = (setup.device.is_gpu())
         .then(|| setup.device.backend.device().memory_pool_usage())
         .flatten();
     let predicted =
@@ -597,6 +607,7 @@ fn run_steps<M: TrainModel>(
         placement: setup.device.placement.name().into(),
         gpu_pool_in_use_bytes: pool.as_ref().map(|p| p.bytes_in_use),
         gpu_pool_reserved_bytes: pool.as_ref().map(|p| p.bytes_reserved),
+        gpu_pool_reserved_peak_bytes: reserved_peak,
         predicted_gpu_allocated_bytes: predicted.as_ref().map(|g| g.peak_allocated_bytes),
         predicted_gpu_nvml_bytes: predicted.as_ref().map(|g| g.nvml_used_bytes),
         losses,

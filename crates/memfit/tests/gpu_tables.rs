@@ -51,21 +51,53 @@ fn tables(dir: &Path) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// A profile log written without a step count (before the steady-state pair): its totals over 5 steps.
 #[test]
 fn the_profile_counts_each_kernels_launches_and_time() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("profile-bert-small.log"), PROFILE).unwrap();
     let md = tables(dir.path());
-    assert_says(&md, "6 launches (1 a step)");
+    assert_says(&md, "301.2 ms of kernels a step, 1 launches a step (5 steps of one run");
     // the two adds of different specialisations are one kernel; the matmul's name is shortened
-    assert_says(&md, "| `KernelBinop AddOp` | 2 | 0.0013 |");
+    assert_says(&md, "| `KernelBinop AddOp` | 0 | 0.267 |");
     assert_says(
         &md,
-        "| `MatmulEntry … RowMajorGlobalPartitionMatmul` | 1 | 0.0013 |",
+        "| `MatmulEntry … RowMajorGlobalPartitionMatmul` | 0 | 0.263 |",
     );
     // the longest first
     let mul = md.find("KernelBinop MulOp").unwrap();
     assert!(mul < md.find("SelectKernel").unwrap(), "{md}");
+}
+
+/// The steady state: the 7-step run's totals less the 2-step run's, per step over the 5 between;
+/// what only the first steps launched (an autotune's trial kernel) drops out.
+#[test]
+fn the_steady_state_profile_is_the_longer_run_less_the_shorter() {
+    let dir = tempfile::tempdir().unwrap();
+    let short = "\
+| 100ms | MatmulEntry | TunerTrial_aaaaaaaa
+| 1ms   | KernelBinop | AddOp_921be900
+| 2ms   | KernelBinop | AddOp_921be900
+| 1ms   | SelectKernel_e9b71f73
+";
+    // five more steps: an add of 1 ms and a select of 1 ms each
+    let long = format!("{short}{}", "| 1ms | KernelBinop | AddOp_02cd17ff\n| 1ms | SelectKernel_e9b71f73\n".repeat(5));
+    std::fs::write(dir.path().join("profile-t5-small-2.log"), short).unwrap();
+    std::fs::write(dir.path().join("profile-t5-small-7.log"), long).unwrap();
+    // the unprofiled speed run of the same model: 8 ms a step
+    let speed = r#"{"setup": {"model": "t5-small", "batch": 32, "seq": 128}, "placement": "device",
+        "sec_per_step_median": 0.008, "tokens_per_s": 512000, "model_flops_per_step": 1e12}"#;
+    write_jsonl(dir.path(), "speed.jsonl", &[speed.replace('\n', " ")]);
+    let md = tables(dir.path());
+    assert_says(&md, "**t5-small** — 2.0 ms of kernels a step, 2 launches a step (steps 3–7");
+    assert_says(&md, "| `KernelBinop AddOp` | 1 | 1.000 | 50.0% |");
+    assert_says(&md, "| `SelectKernel` | 1 | 1.000 | 50.0% |");
+    assert!(!md.contains("TunerTrial"), "{md}");
+    // 2 ms of kernels in an 8 ms step: the device waits 6 ms, 3 ms for each of the 2 launches
+    assert_says(
+        &md,
+        "median step is 8.0 ms: the device computes 25% of it and waits 75% (the host's launches and reads), 3000.0 µs a launch",
+    );
 }
 
 #[test]
