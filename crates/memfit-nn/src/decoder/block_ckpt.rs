@@ -16,7 +16,7 @@ use crate::ModelError;
 use crate::batch::CausalLmBatch;
 use crate::decoder::DecoderModel;
 use crate::decoder::train::next_token_targets;
-use crate::layers::chunked_head::{CHUNK_LOGITS, HeadInputs, loss_through_head};
+use crate::layers::chunked_head::{HeadInputs, loss_through_head, training_chunk_logits};
 use crate::layers::embedding_leaf::EmbeddingTable;
 use crate::layers::grad_sink::{GradSink, GradTarget, LeafSink};
 use crate::layers::segments::{leaf, pull};
@@ -60,7 +60,7 @@ pub fn loss(
         labels: &labels,
         label_mask: &label_mask,
         loss_scale: pass.loss_scale,
-        chunk_logits: CHUNK_LOGITS,
+        chunk_logits: training_chunk_logits(&x.device()),
     };
     let out = tracked_fwd.final_norm(last.clone());
     let (loss, grads) = loss_through_head(&tracked_fwd.lm_head(), out, head, &mut sink)?;

@@ -14,7 +14,9 @@ use crate::decoder::block_ckpt;
 use crate::decoder::forward::{DecoderForward, Dropouts, LoraTensors};
 use crate::decoder::layout::{GROUPS, Group};
 use crate::decoder::{DecoderConfig, DecoderLayout, DecoderModel, State};
-use crate::layers::chunked_head::{CHUNK_LOGITS, HeadInputs, head_loss, loss_through_head};
+use crate::layers::chunked_head::{
+    HeadInputs, head_loss, loss_through_head, training_chunk_logits,
+};
 use crate::layers::embedding_leaf::EmbeddingLeaf;
 use crate::layers::grad_sink::{GradTarget, LeafSink, leaves};
 use crate::layers::host::{int_tensor, scalar, to_f32_vec};
@@ -156,7 +158,7 @@ impl DecoderModel {
             labels: &labels,
             label_mask: &label_mask,
             loss_scale: pass.loss_scale,
-            chunk_logits: CHUNK_LOGITS,
+            chunk_logits: training_chunk_logits(&fwd.device()),
         };
         let mut sink = LeafSink {
             leaves: tracked,
@@ -299,7 +301,7 @@ impl TrainModel for DecoderModel {
             labels: &labels,
             label_mask: &label_mask,
             loss_scale: 1.0,
-            chunk_logits: CHUNK_LOGITS,
+            chunk_logits: training_chunk_logits(&hidden.device()),
         };
         scalar(head_loss(
             &self.forward(params, precision.dtype()).lm_head(),

@@ -17,10 +17,27 @@ use crate::kernels::{device, hand_written_on};
 use crate::layers::grad_sink::GradSink;
 use crate::layers::segments::pull;
 
-/// Logit elements per chunk: 8 Mi f32 = 32 MiB (a 32k vocabulary gives 256 rows); small enough
-/// to be negligible beside activations, large enough that the head's GEMM stays efficient. The
-/// planner's host model uses the same figure (`memfit_host::HEAD_CHUNK_LOGITS`; a test checks).
+/// Logit elements per chunk on the CPU: 8 Mi f32 = 32 MiB (a 32k vocabulary gives 256 rows); small
+/// enough to be negligible beside activations, large enough that the head's GEMM stays efficient.
+/// The planner's host model uses the same figure (`memfit_host::HEAD_CHUNK_LOGITS`; a test checks).
 pub const CHUNK_LOGITS: usize = 8 << 20;
+
+/// Logit elements per chunk on the GPU's code path: 32 Mi f32 = 128 MiB a copy. Each chunk is about
+/// ten launches (its rows' cast, three products, the loss, the sums) and its rows are the products'
+/// M: Qwen2.5-0.5B at b8 s512 (151,936 words) runs 19 chunks of 220 rows, where the CPU's size ran
+/// 75 of 55 — skinny products whose rows' gradient contracts the whole vocabulary. The planner's GPU
+/// model uses the same figure (`memfit_device::HEAD_CHUNK_LOGITS_GPU`; a test checks).
+pub const DEVICE_CHUNK_LOGITS: usize = 32 << 20;
+
+/// Logits per chunk in training and evaluation on `device`: [`CHUNK_LOGITS`] where the CPU's
+/// hand-written ops run, [`DEVICE_CHUNK_LOGITS`] on the GPU's code path.
+pub fn training_chunk_logits(device: &Device) -> usize {
+    if hand_written_on(device) {
+        CHUNK_LOGITS
+    } else {
+        DEVICE_CHUNK_LOGITS
+    }
+}
 
 /// The targets of a micro-batch and how to run the head over them.
 #[derive(Clone, Copy)]
@@ -30,7 +47,7 @@ pub struct HeadInputs<'a> {
     pub label_mask: &'a [bool],
     /// The micro-batch's share of the step (multiplies the loss before backward).
     pub loss_scale: f64,
-    /// Logits per chunk ([`CHUNK_LOGITS`] in training).
+    /// Logits per chunk ([`training_chunk_logits`] in training).
     pub chunk_logits: usize,
 }
 
@@ -248,4 +265,23 @@ pub fn loss_through_head<E>(
         None => None,
     };
     Ok((loss, grads))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CPU's hand-written ops keep the CPU's chunk; the GPU's code path (any device that is not
+    /// flex with them on: ndarray here, as cubecl's) takes the larger one.
+    #[test]
+    #[allow(deprecated)] // ndarray: a device that is not flex, as cubecl's are
+    fn the_gpu_code_path_takes_the_larger_chunk() {
+        if hand_written_on(&Device::flex()) {
+            assert_eq!(training_chunk_logits(&Device::flex()), CHUNK_LOGITS);
+        }
+        assert_eq!(training_chunk_logits(&Device::ndarray()), DEVICE_CHUNK_LOGITS);
+        // Qwen2.5-0.5B's vocabulary: 220 rows a chunk on the GPU, 55 on the CPU
+        assert_eq!(DEVICE_CHUNK_LOGITS / 151_936, 220);
+        assert_eq!(CHUNK_LOGITS / 151_936, 55);
+    }
 }

@@ -26,7 +26,7 @@ use burn::tensor::Gradients;
 use crate::kernels::dropout::Dropout;
 use crate::layers::grad_sink::GradSink;
 use crate::layers::segments::{leaf, pull};
-use crate::t5::chunked_head::{CHUNK_LOGITS, HeadInputs, loss_through_head};
+use crate::t5::chunked_head::{HeadInputs, loss_through_head, training_chunk_logits};
 use crate::t5::embedding_leaf::EmbeddingLeaf;
 use crate::t5::forward::T5Forward;
 
@@ -112,7 +112,7 @@ pub fn loss_and_grads<E>(
         labels: batch.labels,
         label_mask: batch.label_mask,
         loss_scale,
-        chunk_logits: CHUNK_LOGITS,
+        chunk_logits: training_chunk_logits(&device),
     };
     let (loss, grads) = loss_through_head(tracked, out, head, sink)?;
     sink.finished(&layout.head_params())?;

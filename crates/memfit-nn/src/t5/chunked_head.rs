@@ -5,7 +5,7 @@ use burn::prelude::*;
 use burn::tensor::Gradients;
 
 use crate::layers::chunked_head::{self, LmHead};
-pub use crate::layers::chunked_head::{CHUNK_LOGITS, HeadInputs};
+pub use crate::layers::chunked_head::{CHUNK_LOGITS, HeadInputs, training_chunk_logits};
 use crate::layers::grad_sink::GradSink;
 use crate::t5::forward::T5Forward;
 
@@ -160,10 +160,14 @@ mod tests {
     }
 
     #[test]
-    fn the_planner_models_this_chunk_size() {
+    fn the_planner_models_these_chunk_sizes() {
         assert_eq!(
             CHUNK_LOGITS as u64,
             memfit_plan::memory::memfit_host::HEAD_CHUNK_LOGITS
+        );
+        assert_eq!(
+            crate::layers::chunked_head::DEVICE_CHUNK_LOGITS as u64,
+            memfit_plan::memory::memfit_device::HEAD_CHUNK_LOGITS_GPU
         );
     }
 

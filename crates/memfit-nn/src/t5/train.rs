@@ -17,7 +17,7 @@ use crate::layers::loss::shift_right;
 use crate::layers::params;
 use crate::model::{ParamShape, Pass, Precision, Seq2SeqGenerate, TrainModel};
 use crate::t5::block_ckpt::{self, MicroBatch, Trainable};
-use crate::t5::chunked_head::{CHUNK_LOGITS, HeadInputs, lm_head, loss_through_head};
+use crate::t5::chunked_head::{HeadInputs, lm_head, loss_through_head, training_chunk_logits};
 use crate::t5::embedding_leaf::EmbeddingLeaf;
 use crate::t5::forward::{T5Forward, padding_mask};
 use crate::t5::{Group, T5Config, T5Layout, T5Model};
@@ -135,7 +135,7 @@ impl T5Model {
             labels: &b.labels,
             label_mask: &b.label_mask,
             loss_scale: pass.loss_scale,
-            chunk_logits: CHUNK_LOGITS,
+            chunk_logits: training_chunk_logits(&device),
         };
         let (loss, grads) = loss_through_head(&fwd, out, head, &mut sink)?;
         if let Some(mut grads) = grads {
@@ -314,7 +314,7 @@ impl TrainModel for T5Model {
             labels: &b.labels,
             label_mask: &b.label_mask,
             loss_scale: 1.0,
-            chunk_logits: CHUNK_LOGITS,
+            chunk_logits: training_chunk_logits(&device),
         };
         scalar(head_loss(&lm_head(&fwd), out, head))
     }

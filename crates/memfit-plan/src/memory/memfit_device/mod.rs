@@ -16,7 +16,7 @@
 //!   forward pass on that path (T5 in [`t5`], BERT in [`bert`], Llama-style decoders in
 //!   [`decoder`]): materialised `q·kᵀ` probabilities, each norm's input and row statistics, each
 //!   activation's input; dropout keeps no mask (it draws it again in backward);
-//! - **LM head**: one chunk of logits at a time (`HEAD_CHUNK_LOGITS`, f32) and the weight's
+//! - **LM head**: one chunk of logits at a time ([`HEAD_CHUNK_LOGITS_GPU`], f32) and the weight's
 //!   gradient, while every activation is alive;
 //! - **attention backward**: the last block's two `q × k` gradient matrices beside what is kept;
 //! - **the optimizer step**: the gradients laid out end to end as the masters are (`optim/flat.rs`)
@@ -34,7 +34,6 @@ mod bert;
 mod decoder;
 mod t5;
 
-use super::memfit_host::HEAD_CHUNK_LOGITS;
 use super::memfit_host::head_trains;
 use super::setup::{Method, Optimizer, Precision, Setup};
 use super::states::{Trainable, trainable};
@@ -70,6 +69,11 @@ pub(super) fn attention_kept(w: &Widths, keys: u64, p: f64) -> u64 {
 
 /// Bytes a device norm keeps per row besides its input: the row's mean and `r` (f32).
 pub(super) const NORM_ROW_STATS: u64 = 8;
+
+/// Logits per chunk of the LM head on the GPU's code path (memfit-nn's `layers/chunked_head.rs`
+/// `DEVICE_CHUNK_LOGITS`, which a test there holds to this): 32 Mi, four times the CPU's chunk, for
+/// fewer launches and products with more rows.
+pub const HEAD_CHUNK_LOGITS_GPU: u64 = 32 << 20;
 
 /// The f32 buffers of one head chunk alive at once, a chunk's worth each: its logits and their
 /// gradient (`kernels/xent.rs` on the device builds the gradient as a new tensor).
@@ -242,7 +246,7 @@ fn head(arch: &Arch, setup: &Setup, w: &Widths, tokens: u64) -> u64 {
     if tokens == 0 {
         return 0;
     }
-    let chunk = (tokens * arch.vocab).min(HEAD_CHUNK_LOGITS);
+    let chunk = (tokens * arch.vocab).min(HEAD_CHUNK_LOGITS_GPU);
     let weight_grad = if head_trains(arch, setup) {
         2 * w.compute * arch.vocab * arch.hidden
     } else {
