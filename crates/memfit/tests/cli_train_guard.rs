@@ -88,7 +88,10 @@ fn trainer_state(run: &Path, step: usize) -> Value {
             .map(|d| d.flatten().map(|e| e.file_name()).collect())
             .unwrap_or_default();
         let events = std::fs::read_to_string(run.join("events.jsonl")).unwrap_or_default();
-        panic!("{}: {e}; checkpoints kept: {kept:?}; events:\n{events}", path.display())
+        panic!(
+            "{}: {e}; checkpoints kept: {kept:?}; events:\n{events}",
+            path.display()
+        )
     });
     serde_json::from_str(&text).unwrap()
 }

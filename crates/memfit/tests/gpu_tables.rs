@@ -57,7 +57,10 @@ fn the_profile_counts_each_kernels_launches_and_time() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("profile-bert-small.log"), PROFILE).unwrap();
     let md = tables(dir.path());
-    assert_says(&md, "301.2 ms of kernels a step, 1 launches a step (5 steps of one run");
+    assert_says(
+        &md,
+        "301.2 ms of kernels a step, 1 launches a step (5 steps of one run",
+    );
     // the two adds of different specialisations are one kernel; the matmul's name is shortened
     assert_says(&md, "| `KernelBinop AddOp` | 0 | 0.267 |");
     assert_says(
@@ -81,7 +84,10 @@ fn the_steady_state_profile_is_the_longer_run_less_the_shorter() {
 | 1ms   | SelectKernel_e9b71f73
 ";
     // five more steps: an add of 1 ms and a select of 1 ms each
-    let long = format!("{short}{}", "| 1ms | KernelBinop | AddOp_02cd17ff\n| 1ms | SelectKernel_e9b71f73\n".repeat(5));
+    let long = format!(
+        "{short}{}",
+        "| 1ms | KernelBinop | AddOp_02cd17ff\n| 1ms | SelectKernel_e9b71f73\n".repeat(5)
+    );
     std::fs::write(dir.path().join("profile-t5-small-2.log"), short).unwrap();
     std::fs::write(dir.path().join("profile-t5-small-7.log"), long).unwrap();
     // the unprofiled speed run of the same model: 8 ms a step
@@ -89,7 +95,10 @@ fn the_steady_state_profile_is_the_longer_run_less_the_shorter() {
         "sec_per_step_median": 0.008, "tokens_per_s": 512000, "model_flops_per_step": 1e12}"#;
     write_jsonl(dir.path(), "speed.jsonl", &[speed.replace('\n', " ")]);
     let md = tables(dir.path());
-    assert_says(&md, "**t5-small** — 2.0 ms of kernels a step, 2 launches a step (steps 3–7");
+    assert_says(
+        &md,
+        "**t5-small** — 2.0 ms of kernels a step, 2 launches a step (steps 3–7",
+    );
     assert_says(&md, "| `KernelBinop AddOp` | 1 | 1.000 | 50.0% |");
     assert_says(&md, "| `SelectKernel` | 1 | 1.000 | 50.0% |");
     assert!(!md.contains("TunerTrial"), "{md}");

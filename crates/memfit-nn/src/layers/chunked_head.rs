@@ -279,7 +279,10 @@ mod tests {
         if hand_written_on(&Device::flex()) {
             assert_eq!(training_chunk_logits(&Device::flex()), CHUNK_LOGITS);
         }
-        assert_eq!(training_chunk_logits(&Device::ndarray()), DEVICE_CHUNK_LOGITS);
+        assert_eq!(
+            training_chunk_logits(&Device::ndarray()),
+            DEVICE_CHUNK_LOGITS
+        );
         // Qwen2.5-0.5B's vocabulary: 220 rows a chunk on the GPU, 55 on the CPU
         assert_eq!(DEVICE_CHUNK_LOGITS / 151_936, 220);
         assert_eq!(CHUNK_LOGITS / 151_936, 55);
