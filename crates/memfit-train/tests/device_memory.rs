@@ -14,6 +14,7 @@ use burn::prelude::*;
 use memfit_nn::bert::{BertConfig, BertModel};
 use memfit_nn::decoder::{DecoderConfig, DecoderModel, DecoderOptions};
 use memfit_nn::kernels::attention_core;
+use memfit_nn::kernels::device::attention::causal_attention;
 use memfit_nn::kernels::dropout::{Dropout, SplitMix64};
 use memfit_nn::kernels::set_composite_ops_on_cpu;
 use memfit_nn::layers::lora::LoraSettings;
@@ -333,5 +334,44 @@ fn an_attention_keeps_its_probabilities_and_with_dropout_their_dropped_copy() {
             "dropout {p}: {kept} bytes kept, {matrix} bytes a matrix"
         );
     }
+    set_composite_ops_on_cpu(false);
+}
+
+/// The fused causal attention (a decoder without attention dropout, `memfit_device::decoder`)
+/// keeps no `q × k` matrix: what stays for backward is less than an eighth of one (the forward's
+/// output is not counted; q, k, v and the mask are the caller's).
+#[test]
+fn the_fused_causal_attention_keeps_no_probabilities() {
+    let _one = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+    set_composite_ops_on_cpu(true);
+    let device = Backend::Flex.device();
+    let [b, h, kv, t, d] = [4, 4, 2, 64, 32];
+    let input = |seed, heads| {
+        let mut rng = SplitMix64::new(seed);
+        let v: Vec<f32> = (0..b * heads * t * d)
+            .map(|_| rng.next_f64() as f32)
+            .collect();
+        Tensor::<4>::from_data(TensorData::new(v, [b, heads, t, d]), &device)
+            .autodiff()
+            .require_grad()
+    };
+    let (q, k, v) = (input(1, h), input(2, kv), input(3, kv));
+    let mask = Tensor::<4>::zeros([b, 1, (h / kv) * t, t], &device);
+    let matrix = 4 * b * h * t * t;
+    let attend = || causal_attention(q.clone(), k.clone(), v.clone(), &mask);
+    // one pass first, uncounted (flex's per-thread buffers), then the least of three
+    attend();
+    let kept = (0..3)
+        .map(|_| {
+            let base = LIVE.load(Relaxed);
+            let out = attend();
+            LIVE.load(Relaxed) - base - out.shape().num_elements() * 4
+        })
+        .min()
+        .unwrap();
+    assert!(
+        kept < matrix / 8,
+        "{kept} bytes kept, {matrix} bytes a matrix"
+    );
     set_composite_ops_on_cpu(false);
 }

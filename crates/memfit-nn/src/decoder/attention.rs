@@ -13,8 +13,8 @@ use burn::tensor::{DType, TensorData};
 
 use crate::decoder::config::DecoderConfig;
 use crate::decoder::rope::RopeTables;
-use crate::kernels::attention_core;
 use crate::kernels::dropout::Dropout;
+use crate::kernels::{attention_core, device};
 use crate::layers::mask::MASKED;
 
 /// Each token's RoPE position: its index among the row's real tokens (0 at the first), as
@@ -76,6 +76,18 @@ impl Visibility<'_> {
     }
 }
 
+impl Visibility<'_> {
+    /// Whether the full mask is plain causal for every row that matters: each query is a key
+    /// (a whole pass, no cache) and each row's real tokens come first (right padding, or none).
+    /// A real query then sees only real keys under the causal mask alone; a padded one differs,
+    /// but nothing reads its output (the loss skips padding and causal attention never looks back
+    /// at it from a real row), so its cotangent is zero.
+    fn causal_for_real_rows(&self) -> bool {
+        let prefix = |row: &[bool]| row.windows(2).all(|w| w[0] || !w[1]);
+        self.queries == self.keys && self.key_mask.chunks(self.keys.max(1)).all(prefix)
+    }
+}
+
 /// What every layer of one forward pass shares: RoPE tables and the masks.
 pub struct Context {
     pub rope: RopeTables,
@@ -83,6 +95,11 @@ pub struct Context {
     pub full: Tensor<4>,
     /// The same with the model's sliding window, when a layer has one.
     pub sliding: Option<Tensor<4>>,
+    /// [`Visibility::causal_for_real_rows`]: a full-attention layer may take burn's causal flag
+    /// for its mask ([`attend_causal_or_masked`]).
+    pub causal_rows: bool,
+    /// Keys per row.
+    pub keys: usize,
 }
 
 impl Context {
@@ -101,6 +118,8 @@ impl Context {
             rope: cfg.rope.tables(positions, batch, device, dtype),
             full: visibility.bias(None, groups, device, dtype),
             sliding: window.map(|w| visibility.bias(Some(w), groups, device, dtype)),
+            causal_rows: visibility.causal_for_real_rows(),
+            keys: visibility.keys,
         }
     }
 
@@ -111,6 +130,27 @@ impl Context {
             _ => &self.full,
         }
     }
+}
+
+/// Layer attention over a whole pass (no cache) with `window`: on the GPU's code path without
+/// attention dropout, where the mask is causal for every row that matters, burn's fused causal
+/// attention ([`device::attention`], no `q × k` matrix kept); elsewhere [`grouped_attention`].
+/// Returns the heads concatenated, `[b, t, h·d]`.
+pub fn attend_causal_or_masked(
+    (q, k, v): (Tensor<4>, Tensor<4>, Tensor<4>),
+    ctx: &Context,
+    window: Option<usize>,
+    drop: &mut Dropout,
+) -> Tensor<3> {
+    let [b, h, t, d] = q.dims();
+    let unwindowed = window.is_none_or(|w| w >= ctx.keys);
+    if ctx.causal_rows && unwindowed && drop.p() == 0.0 && device::runs_on(&q) {
+        // the attention stream advances as the composite path's draw would
+        drop.next_seed();
+        let out = device::attention::causal_attention(q, k, v, &ctx.full);
+        return out.swap_dims(1, 2).reshape([b, t, h * d]);
+    }
+    grouped_attention(q, k, v, ctx.mask(window), drop)
 }
 
 /// `softmax(q·kᵀ·scale + mask)·v` for q `[b, h, tq, d]` and k, v `[b, kv_heads, tk, d]`, the
@@ -161,6 +201,21 @@ mod tests {
         let mask = [false, false, true, true, true, true, false];
         assert_eq!(positions(&mask[..], 7), [1, 1, 0, 1, 2, 3, 1]);
         assert_eq!(positions(&[true; 3], 3), [0, 1, 2]);
+    }
+
+    /// Right padding (or none) over a whole pass takes burn's causal flag; left padding, or a
+    /// generation step's queries after cached keys, keep the additive mask.
+    #[test]
+    fn only_prefix_rows_over_a_whole_pass_are_causal_for_real_rows() {
+        let vis = |key_mask: &'static [bool], queries| Visibility {
+            key_mask,
+            keys: 4,
+            queries,
+        };
+        assert!(vis(&[true, true, false, false, true, true, true, true], 4).causal_for_real_rows());
+        assert!(!vis(&[false, true, true, true], 4).causal_for_real_rows());
+        assert!(!vis(&[true, false, true, true], 4).causal_for_real_rows());
+        assert!(!vis(&[true, true, true, true], 1).causal_for_real_rows());
     }
 
     #[test]

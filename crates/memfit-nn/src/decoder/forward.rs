@@ -10,7 +10,7 @@
 use burn::prelude::*;
 use burn::tensor::DType;
 
-use crate::decoder::attention::{Context, LayerCache, grouped_attention};
+use crate::decoder::attention::{Context, LayerCache, attend_causal_or_masked, grouped_attention};
 use crate::decoder::config::DecoderConfig;
 use crate::decoder::layout::{DecoderLayout, Proj};
 use crate::decoder::lora::LoraLayout;
@@ -166,12 +166,14 @@ impl<'a> DecoderForward<'a> {
             .rope
             .apply(self.heads(k, cfg.num_key_value_heads, layer.k_norm));
         let v = self.heads(v, cfg.num_key_value_heads, None);
-        let (k, v) = match cache {
-            Some(cache) => cache.extend(k, v),
-            None => (k, v),
+        let window = cfg.sliding_windows[i];
+        let out = match cache {
+            Some(cache) => {
+                let (k, v) = cache.extend(k, v);
+                grouped_attention(q, k, v, ctx.mask(window), &mut drops.attention)
+            }
+            None => attend_causal_or_masked((q, k, v), ctx, window, &mut drops.attention),
         };
-        let mask = ctx.mask(cfg.sliding_windows[i]);
-        let out = grouped_attention(q, k, v, mask, &mut drops.attention);
         self.linear(out, i, Proj::O, &mut drops.lora)
     }
 

@@ -1,7 +1,8 @@
 //! Llama-style decoders (Llama, Qwen2, Mistral, Qwen3) on the GPU's code path: what autodiff keeps
 //! per pre-norm block (crates/memfit-nn/src/decoder/forward.rs and attention.rs off flex's
-//! hand-written ops: the device RMS norm and SwiGLU, RoPE by products with the tables,
-//! grouped-query `softmax(q·kᵀ + mask)` materialised), with LoRA adapters (layers/lora.rs).
+//! hand-written ops: the device RMS norm and SwiGLU, RoPE by products with the tables, attention
+//! fused without dropout ([`fused_attention`]), else grouped-query `softmax(q·kᵀ + mask)`
+//! materialised), with LoRA adapters (layers/lora.rs).
 
 use super::{Forward, NORM_ROW_STATS, Widths, attention_kept};
 use crate::arch::{Arch, Role};
@@ -81,6 +82,16 @@ fn block(arch: &Arch, setup: &Setup, w: &Widths) -> u64 {
     norms + cb * elements + qk_norms + adapters(arch, setup, w)
 }
 
+/// Whether the blocks' attention runs fused (memfit-nn's `decoder::attention::attend_causal_or_masked`):
+/// without attention dropout, on right-padded training batches (memfit's collation), it keeps no
+/// `q × k` matrix and its backward recomputes the probabilities, holding two matrices at its
+/// peak beside the recomputed block as the composite backward does beside the kept one (counted on
+/// flex's run of the GPU's code path, `tests/device_memory.rs`). A sliding window shorter than the
+/// sequence (not in the planner's configs) would take the masked form.
+fn fused_attention(arch: &Arch) -> bool {
+    arch.attention_dropout == 0.0
+}
+
 /// One decoder micro-batch's forward pass and the tokens the LM head reads. The masks
 /// `[b, 1, groups × t, t]` are shared by the blocks; the final norm's input (with statistics) and
 /// output stay for backward. Under per-layer checkpointing (decoder/block_ckpt.rs) the forward keeps each
@@ -88,8 +99,13 @@ fn block(arch: &Arch, setup: &Setup, w: &Widths) -> u64 {
 pub(super) fn forward(arch: &Arch, setup: &Setup, w: &Widths) -> Forward {
     let (b, s, d) = (setup.batch, setup.seq, arch.hidden);
     let groups = (arch.heads / arch.kv_heads.max(1)).max(1);
-    let one =
-        b * s * (block(arch, setup, w) + attention_kept(w, arch.heads * s, arch.attention_dropout));
+    let fused = fused_attention(arch);
+    let attention = if fused {
+        0
+    } else {
+        attention_kept(w, arch.heads * s, arch.attention_dropout)
+    };
+    let one = b * s * (block(arch, setup, w) + attention);
     let final_norm = b * s * (2 * w.compute * d + NORM_ROW_STATS);
     let masks = w.compute * b * groups * s * s;
     Forward {

@@ -14,8 +14,9 @@
 //!   gradients in the compute dtype before they are added in;
 //! - **activations**: what burn's autodiff keeps for backward, counted op by op from each family's
 //!   forward pass on that path (T5 in [`t5`], BERT in [`bert`], Llama-style decoders in
-//!   [`decoder`]): materialised `q·kᵀ` probabilities, each norm's input and row statistics, each
-//!   activation's input; dropout keeps no mask (it draws it again in backward);
+//!   [`decoder`]): materialised `q·kᵀ` probabilities (none in a decoder's fused attention), each
+//!   norm's input and row statistics, each activation's input; dropout keeps no mask (it draws it
+//!   again in backward);
 //! - **LM head**: one chunk of logits at a time ([`HEAD_CHUNK_LOGITS_GPU`], f32) and the weight's
 //!   gradient, while every activation is alive;
 //! - **attention backward**: the last block's two `q × k` gradient matrices beside what is kept;
@@ -143,8 +144,8 @@ fn moments(arch: &Arch, setup: &Setup, w: &Widths, pt: u64) -> [Vec<Component>; 
         let note = "each block's input, the shared biases and masks (per-block checkpointing)";
         Component::new("activations", f.boundaries, bs, note)
     } else {
-        let note = "what burn's autodiff keeps for backward on the GPU's code path: the attention \
-                    probabilities, each norm's and activation's input";
+        let note = "what burn's autodiff keeps for backward on the GPU's code path: each norm's \
+                    and activation's input, the probabilities of attention not run fused";
         Component::new("activations", f.saved, bs, note)
     };
     let head_note = "one f32 logits chunk and its gradient, the hidden states' cotangent, the head \
