@@ -340,9 +340,10 @@ snapshot
 # on the device with a sync after it, so the run is slower; the shares are the figure), written by
 # cubecl from a cubecl.toml in the directory the runs start in. Steady state by difference: after an
 # unprofiled run that fills the kernel and autotune caches, a PROFILE_SHORT- and a PROFILE_LONG-step
-# run; tables.py subtracts the shorter's per-kernel totals from the longer's, so what both pay once
-# (process start, compiles, autotune, the first step) cancels and the steps between them remain.
-PROFILE_SHORT=2; PROFILE_LONG=7
+# run (bench train takes more than its 3 warm-up steps); tables.py subtracts the shorter's per-kernel
+# totals from the longer's, so what both pay once (process start, compiles, autotune, the first steps)
+# cancels and the steps between them remain.
+PROFILE_SHORT=4; PROFILE_LONG=9
 prof=$(mktemp -d)
 want profile && for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
     name=$(echo "$shape" | awk '{print $2}')
@@ -350,7 +351,7 @@ want profile && for shape in "$SPEED_T5" "$SPEED_BERT" "$SPEED_LORA"; do
     rm -f "$prof/cubecl.toml"
     # shellcheck disable=SC2086
     (cd "$prof" && timeout "$(limit)" "$BIN" bench train $shape --precision $SPEED_PRECISION --device "$DEVICE" \
-        --steps 1 --json > /dev/null 2>>"$LOG") || log "profile warm-up of $name: exit $?"
+        --steps $PROFILE_SHORT --json > /dev/null 2>>"$LOG") || log "profile warm-up of $name: exit $?"
     for steps in $PROFILE_SHORT $PROFILE_LONG; do
         printf '[profiling]\nlogger = { level = "basic", file = "%s" }\n' "$RES/profile-$name-$steps.log" \
             > "$prof/cubecl.toml"

@@ -72,7 +72,7 @@ fn the_profile_counts_each_kernels_launches_and_time() {
     assert!(mul < md.find("SelectKernel").unwrap(), "{md}");
 }
 
-/// The steady state: the 7-step run's totals less the 2-step run's, per step over the 5 between;
+/// The steady state: the 9-step run's totals less the 4-step run's, per step over the 5 between;
 /// what only the first steps launched (an autotune's trial kernel) drops out.
 #[test]
 fn the_steady_state_profile_is_the_longer_run_less_the_shorter() {
@@ -88,8 +88,8 @@ fn the_steady_state_profile_is_the_longer_run_less_the_shorter() {
         "{short}{}",
         "| 1ms | KernelBinop | AddOp_02cd17ff\n| 1ms | SelectKernel_e9b71f73\n".repeat(5)
     );
-    std::fs::write(dir.path().join("profile-t5-small-2.log"), short).unwrap();
-    std::fs::write(dir.path().join("profile-t5-small-7.log"), long).unwrap();
+    std::fs::write(dir.path().join("profile-t5-small-4.log"), short).unwrap();
+    std::fs::write(dir.path().join("profile-t5-small-9.log"), long).unwrap();
     // the unprofiled speed run of the same model: 8 ms a step
     let speed = r#"{"setup": {"model": "t5-small", "batch": 32, "seq": 128}, "placement": "device",
         "sec_per_step_median": 0.008, "tokens_per_s": 512000, "model_flops_per_step": 1e12}"#;
@@ -97,7 +97,7 @@ fn the_steady_state_profile_is_the_longer_run_less_the_shorter() {
     let md = tables(dir.path());
     assert_says(
         &md,
-        "**t5-small** — 2.0 ms of kernels a step, 2 launches a step (steps 3–7",
+        "**t5-small** — 2.0 ms of kernels a step, 2 launches a step (steps 5–9",
     );
     assert_says(&md, "| `KernelBinop AddOp` | 1 | 1.000 | 50.0% |");
     assert_says(&md, "| `SelectKernel` | 1 | 1.000 | 50.0% |");
