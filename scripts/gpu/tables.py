@@ -273,9 +273,10 @@ def profiles(folder, speed_records=()):
               f"launches a step ({which}; every kernel timed with a sync after it)\n")
         step = step_of.get(shape)
         if step:
-            idle = max(1 - whole / steps / step, 0.0)
+            computes = min(whole / steps / step, 1.0)
+            idle = 1 - computes
             print(f"The unprofiled run's median step is {step * 1e3:.1f} ms: the device computes "
-                  f"{min(whole / steps / step, 1.0):.0%} of it and waits {idle:.0%} (the host's launches "
+                  f"{computes:.0%} of it and waits {idle:.0%} (the host's launches "
                   f"and reads), {idle * step / max(launches / steps, 1) * 1e6:.1f} µs a launch.\n")
         print("| kernel | launches a step | ms a step | share |")
         print("| --- | ---: | ---: | ---: |")

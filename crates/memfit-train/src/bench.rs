@@ -539,11 +539,10 @@ fn run_steps<M: TrainModel>(
     let before =
         (!setup.device.is_gpu()).then(|| crate::peak_flops::peak_flops_per_core(bf16_peak));
     let trainable = engine.model().trainable(&setup.freeze)?;
-    let pool_reserved = || {
+    let pool_usage = || {
         (setup.device.is_gpu())
             .then(|| setup.device.backend.device().memory_pool_usage())
             .flatten()
-            .map(|p| p.bytes_reserved)
     };
     let mut reserved_peak: Option<u64> = None;
     for step in 0..setup.steps {
@@ -562,7 +561,7 @@ fn run_steps<M: TrainModel>(
         seconds.push(dt);
         losses.push(loss / setup.accum as f64);
         on_step(step, loss / setup.accum as f64, dt);
-        reserved_peak = reserved_peak.max(pool_reserved());
+        reserved_peak = reserved_peak.max(pool_usage().map(|p| p.bytes_reserved));
         if step == 0 {
             model_flops = batches
                 .iter()
@@ -572,9 +571,7 @@ fn run_steps<M: TrainModel>(
     }
     let sec = median(&seconds[WARMUP_STEPS..]);
     let cpu_sec = median(&cpu[WARMUP_STEPS..]);
-    let pool = (setup.device.is_gpu())
-        .then(|| setup.device.backend.device().memory_pool_usage())
-        .flatten();
+    let pool = pool_usage();
     let predicted =
         crate::plan_file::gpu_estimate(&setup.train_config()?, &setup.model_config).ok();
     let peak = before.map(|(peak_before, _)| {

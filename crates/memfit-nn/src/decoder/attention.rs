@@ -74,9 +74,7 @@ impl Visibility<'_> {
             (device, dtype),
         )
     }
-}
 
-impl Visibility<'_> {
     /// Whether the full mask is plain causal for every row that matters: each query is a key
     /// (a whole pass, no cache) and each row's real tokens come first (right padding, or none).
     /// A real query then sees only real keys under the causal mask alone; a padded one differs,
@@ -98,8 +96,6 @@ pub struct Context {
     /// [`Visibility::causal_for_real_rows`]: a full-attention layer may take burn's causal flag
     /// for its mask ([`attend_causal_or_masked`]).
     pub causal_rows: bool,
-    /// Keys per row.
-    pub keys: usize,
 }
 
 impl Context {
@@ -119,7 +115,6 @@ impl Context {
             full: visibility.bias(None, groups, device, dtype),
             sliding: window.map(|w| visibility.bias(Some(w), groups, device, dtype)),
             causal_rows: visibility.causal_for_real_rows(),
-            keys: visibility.keys,
         }
     }
 
@@ -143,7 +138,8 @@ pub fn attend_causal_or_masked(
     drop: &mut Dropout,
 ) -> Tensor<3> {
     let [b, h, t, d] = q.dims();
-    let unwindowed = window.is_none_or(|w| w >= ctx.keys);
+    // where the rows are causal, every key is a query: t keys
+    let unwindowed = window.is_none_or(|w| w >= t);
     if ctx.causal_rows && unwindowed && drop.p() == 0.0 && device::runs_on(&q) {
         // the attention stream advances as the composite path's draw would
         drop.next_seed();

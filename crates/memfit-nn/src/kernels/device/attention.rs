@@ -170,21 +170,18 @@ mod tests {
     use burn::prelude::*;
     use burn::tensor::{DType, TensorData};
 
+    use crate::decoder::attention::Visibility;
     use crate::kernels::test_tensors::{assert_close, device_op_devices, pattern};
-    use crate::layers::mask::MASKED;
 
-    /// The stacked causal mask `[b, 1, groups·t, t]` (every key real).
+    /// The stacked causal mask `[b, 1, groups·t, t]` (every key real), as the decoder builds it.
     fn stacked_mask(b: usize, groups: usize, t: usize, device: &Device) -> Tensor<4> {
-        let mut rows = Vec::new();
-        for _ in 0..b * groups {
-            for i in 0..t {
-                rows.extend((0..t).map(|j| if j <= i { 0.0 } else { MASKED }));
-            }
-        }
-        Tensor::from_data(
-            TensorData::new(rows, [b, 1, groups * t, t]),
-            (device, DType::F32),
-        )
+        let key_mask = vec![true; b * t];
+        let vis = Visibility {
+            key_mask: &key_mask,
+            keys: t,
+            queries: t,
+        };
+        vis.bias(None, groups, device, DType::F32)
     }
 
     /// Output and the gradients of q, k, v (for a fixed cotangent) of `f` on `device`.
