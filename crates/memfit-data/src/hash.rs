@@ -1,6 +1,6 @@
 //! SHA-256 content hashes (hex) for the store's meta.json: sources and tokenizers are identified by
 //! content, not by path or modification time, so a moved file is still recognised and a touched
-//! one is not rebuilt for nothing.
+//! one is not rebuilt for nothing. memfit-train's checkpoints hash their files with it too.
 
 use crate::error::{DataError, Result};
 use sha2::{Digest, Sha256};

@@ -54,7 +54,7 @@ pub mod chat;
 pub mod encode;
 pub mod error;
 mod fsutil;
-mod hash;
+pub mod hash;
 pub mod prepare;
 mod rng;
 pub mod rows;
@@ -69,7 +69,7 @@ pub use batch::{
 pub use encode::{EncodeSettings, EncodedChunks, EncodedRow, RowEncoder, RowTokens};
 pub use error::{DataError, Location};
 pub use prepare::{InvalidPolicy, PrepareOptions, PrepareReport, prepare, prepare_until};
-pub use rows::{Columns, Mode, RowTexts};
+pub use rows::{Columns, MAX_LABELS, Mode, RowTexts};
 pub use sampler::{Batching, Cursor, Sampler, SamplerConfig};
 pub use store::{CausalRow, ClassificationRow, Row, RowBuf, StoreMeta, Task, TokenStore, Tokens};
 pub use tokenizer::Tokenizer;

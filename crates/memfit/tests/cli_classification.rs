@@ -268,6 +268,48 @@ fn bad_input_is_named_and_leaves_no_run() {
     bad(&out, &["\"joy\"", "positive"]);
     assert!(!attempt.exists());
 
+    // One stray integer label: it made a million-class run that the kernel's OOM killer ended
+    // (8 B × labels² of evaluation counts); 2^31 aborted in the label names. Now a bad row, named.
+    for stray in ["1000000", "2147483648", "4000000000"] {
+        let labels = dir.path().join("labels.jsonl");
+        let mut text = String::new();
+        for (i, l) in ["0", "1", "2", stray].iter().enumerate() {
+            text += &format!("{{\"text\": \"the food was good {i}\", \"label\": {l}}}\n");
+        }
+        std::fs::write(&labels, text).unwrap();
+        let out = memfit()
+            .args(["train", "--task", "classification", "--model"])
+            .arg(demo_dir.join("config.json"))
+            .arg("--data")
+            .arg(&labels)
+            .arg("--tokenizer")
+            .arg(&tokenizer)
+            .arg("--out")
+            .arg(&attempt)
+            .output()
+            .unwrap();
+        bad(
+            &out,
+            &["labels.jsonl", "line 4", &format!("label {stray}"), "65535"],
+        );
+        assert!(
+            !attempt.exists(),
+            "label {stray}: a failed start left the run"
+        );
+        let store = dir.path().join("labels.store");
+        let out = memfit()
+            .args(["data", "prepare", "--task", "classification", "--input"])
+            .arg(&labels)
+            .arg("--tokenizer")
+            .arg(&tokenizer)
+            .arg("--out")
+            .arg(&store)
+            .output()
+            .unwrap();
+        bad(&out, &["labels.jsonl", "line 4", &format!("label {stray}")]);
+        assert!(!store.exists());
+    }
+
     // A resume across tasks.
     let out = memfit()
         .args(["train", "--task", "seq2seq", "--resume"])

@@ -6,7 +6,7 @@ mod columns;
 mod rules;
 
 pub use columns::{Columns, RowForm};
-pub use rules::RowRules;
+pub use rules::{MAX_LABELS, RowRules};
 
 use crate::chat::Conversation;
 

@@ -7,6 +7,12 @@ use crate::source::{Record, RecordProblem, Value};
 use std::collections::HashMap;
 use std::path::Path;
 
+/// The most classes a classification store may hold (integer labels `0..MAX_LABELS`, or as many
+/// distinct string labels). It bounds everything a label sizes before anything is allocated: the
+/// model's head, the evaluation's per-class counts and scores, `id2label`. A label past it is a bad
+/// row (usually a typo: one label of 1,000,000 among 0–2 would make a million-class head).
+pub const MAX_LABELS: u32 = 65_536;
+
 /// The row rules of one prepare (or prediction), holding the label vocabulary across all its
 /// sources: string labels get ids in order of first appearance, unless names were given.
 pub struct RowRules {
@@ -152,6 +158,11 @@ impl RowRules {
     fn read_label(&mut self, cells: &mut Cells, column: &str, value: Value) {
         let label = match value {
             Value::Int(i) => match u32::try_from(i) {
+                Ok(l) if l >= MAX_LABELS => Err(format!(
+                    "label {l} is past the largest label memfit takes ({}): integer labels are \
+                     class ids 0..{MAX_LABELS}",
+                    MAX_LABELS - 1
+                )),
                 Ok(l) if self.fixed_names && l as usize >= self.label_names.len() => Err(format!(
                     "label {l} is outside the {} given label names",
                     self.label_names.len()
@@ -172,6 +183,10 @@ impl RowRules {
                 None if self.fixed_names => Err(format!(
                     "label {s:?} is not among the given label names ({})",
                     self.label_names.join(", ")
+                )),
+                None if self.label_names.len() >= MAX_LABELS as usize => Err(format!(
+                    "label {s:?} would be class {} and memfit takes at most {MAX_LABELS} labels",
+                    self.label_names.len() + 1
                 )),
                 None => {
                     let id = self.label_names.len() as u32;

@@ -4,6 +4,7 @@
 
 use super::{LABELS_FILE, Row, RowBuf, Task, TokenStore};
 use crate::error::{DataError, Result};
+use crate::rows::MAX_LABELS;
 use std::io::{BufReader, Read};
 
 /// A classification row: the text (or pair) with the tokenizer's specials, its token type ids
@@ -113,7 +114,23 @@ impl TokenStore {
 
     /// The number of classes of a classification store: `num_labels` of meta.json, or, for a
     /// store written before that field, the largest label in `labels.bin` + 1.
+    /// A count past [`MAX_LABELS`] (a store an older memfit prepared from a stray label) is refused.
     pub fn num_labels(&self) -> Result<u32> {
+        let n = self.counted_labels()?;
+        if n > MAX_LABELS {
+            return Err(DataError::store(
+                self.dir(),
+                format!(
+                    "{n} labels, past the {MAX_LABELS} memfit takes: a label of {} is in its rows; \
+                     prepare it again, and memfit names the row",
+                    n - 1
+                ),
+            ));
+        }
+        Ok(n)
+    }
+
+    fn counted_labels(&self) -> Result<u32> {
         self.require_task(Task::Classification)?;
         if let Some(n) = self.meta().num_labels {
             return Ok(n);

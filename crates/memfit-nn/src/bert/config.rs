@@ -381,6 +381,10 @@ impl BertConfig {
     }
 }
 
+/// The most classes a classifier may have here: memfit_data's `MAX_LABELS`, the most a store
+/// holds (memfit-nn does not depend on memfit-data; a test in memfit-train holds the two equal).
+pub const MAX_NUM_LABELS: usize = 65_536;
+
 /// Label names in id order, as `PreTrainedConfig.__init__` resolves them: `id2label` when given
 /// (keys `"0".."n-1"`; `num_labels`, if also given, must match its length), else `num_labels`
 /// (default 2) names `LABEL_i`. `label2id`, when given, must be `id2label` inverted.
@@ -389,6 +393,14 @@ fn labels(
     id2label: Option<&Map<String, Value>>,
     label2id: Option<&Map<String, Value>>,
 ) -> Result<Vec<String>, ModelError> {
+    // Bounded before the names are made: a config.json can say any number.
+    let given = num_labels.or(id2label.map(Map::len)).unwrap_or(2);
+    if given > MAX_NUM_LABELS {
+        return Err(bad(
+            "num_labels",
+            format!("{given}: past the {MAX_NUM_LABELS} labels memfit takes"),
+        ));
+    }
     let names: Vec<String> = match id2label {
         None => (0..num_labels.unwrap_or(2))
             .map(|i| format!("LABEL_{i}"))
@@ -535,6 +547,7 @@ mod tests {
                 "problem_type",
             ),
             (json!({"num_labels": 1}), "num_labels"),
+            (json!({"num_labels": 1_000_000_000_000u64}), "num_labels"),
             (
                 json!({"num_labels": 3, "id2label": {"0": "a", "1": "b"}}),
                 "num_labels",

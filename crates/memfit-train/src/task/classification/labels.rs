@@ -100,4 +100,13 @@ mod tests {
         let err = label_map(&names(&["joy"]), &model, whose).unwrap_err();
         assert!(err.contains("\"joy\"") && err.contains("negative"), "{err}");
     }
+
+    #[test]
+    fn the_store_and_the_model_take_the_same_most_labels() {
+        // A store memfit prepares must fit the classifier it trains.
+        assert_eq!(
+            memfit_data::MAX_LABELS as usize,
+            memfit_nn::bert::config::MAX_NUM_LABELS
+        );
+    }
 }

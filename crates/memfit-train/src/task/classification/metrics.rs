@@ -6,56 +6,60 @@
 
 use crate::eval::ClassScore;
 
-/// Counts of (true label, predicted label) pairs.
+/// Per-class counts of (true label, predicted label) pairs: what the scores need, in memory linear
+/// in the number of labels (a full labels × labels table is 8 B × labels², 8 TB at a million).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Confusion {
-    /// `counts[truth][predicted]`.
-    counts: Vec<Vec<u64>>,
+    /// Rows whose label is the class and predicted right.
+    hits: Vec<u64>,
+    /// Rows whose label is the class (support).
+    truths: Vec<u64>,
+    /// Rows predicted as the class.
+    predictions: Vec<u64>,
 }
 
 impl Confusion {
     pub fn new(labels: usize) -> Self {
         Self {
-            counts: vec![vec![0; labels]; labels],
+            hits: vec![0; labels],
+            truths: vec![0; labels],
+            predictions: vec![0; labels],
         }
     }
 
     pub fn add(&mut self, truth: usize, predicted: usize) {
-        self.counts[truth][predicted] += 1;
-    }
-
-    fn total(&self) -> u64 {
-        self.counts.iter().flatten().sum()
-    }
-
-    fn true_of(&self, class: usize) -> u64 {
-        self.counts[class].iter().sum()
-    }
-
-    fn predicted_as(&self, class: usize) -> u64 {
-        self.counts.iter().map(|row| row[class]).sum()
+        self.truths[truth] += 1;
+        self.predictions[predicted] += 1;
+        if truth == predicted {
+            self.hits[truth] += 1;
+        }
     }
 
     /// Share of rows predicted right (0 for no rows).
     pub fn accuracy(&self) -> f64 {
-        let right: u64 = (0..self.counts.len()).map(|c| self.counts[c][c]).sum();
-        ratio(right, self.total())
+        ratio(self.hits.iter().sum(), self.truths.iter().sum())
+    }
+
+    fn precision_recall(&self, class: usize) -> (f64, f64) {
+        let hit = self.hits[class];
+        (
+            ratio(hit, self.predictions[class]),
+            ratio(hit, self.truths[class]),
+        )
     }
 
     /// Precision, recall, F1 and support of every class, named by `names`.
     pub fn per_class(&self, names: &[String]) -> Vec<ClassScore> {
-        (0..self.counts.len())
+        (0..self.hits.len())
             .map(|c| {
-                let hit = self.counts[c][c];
-                let precision = ratio(hit, self.predicted_as(c));
-                let recall = ratio(hit, self.true_of(c));
+                let (precision, recall) = self.precision_recall(c);
                 ClassScore {
                     label: names.get(c).cloned().unwrap_or_else(|| c.to_string()),
                     precision,
                     recall,
                     f1: f1(precision, recall),
-                    support: self.true_of(c) as usize,
-                    predicted: self.predicted_as(c) as usize,
+                    support: self.truths[c] as usize,
+                    predicted: self.predictions[c] as usize,
                 }
             })
             .collect()
@@ -63,8 +67,8 @@ impl Confusion {
 
     /// Mean F1 over the classes that occur as a true or a predicted label.
     pub fn macro_f1(&self) -> f64 {
-        let present: Vec<usize> = (0..self.counts.len())
-            .filter(|&c| self.true_of(c) > 0 || self.predicted_as(c) > 0)
+        let present: Vec<usize> = (0..self.hits.len())
+            .filter(|&c| self.truths[c] > 0 || self.predictions[c] > 0)
             .collect();
         if present.is_empty() {
             return 0.0;
@@ -72,11 +76,8 @@ impl Confusion {
         let sum: f64 = present
             .iter()
             .map(|&c| {
-                let hit = self.counts[c][c];
-                f1(
-                    ratio(hit, self.predicted_as(c)),
-                    ratio(hit, self.true_of(c)),
-                )
+                let (precision, recall) = self.precision_recall(c);
+                f1(precision, recall)
             })
             .sum();
         sum / present.len() as f64

@@ -233,8 +233,19 @@ fn print_summary(m: &memfit_data::StoreMeta) {
         c.read, c.truncated, c.empty, c.invalid, c.skipped, m.options.on_invalid
     );
     if let Some(n) = m.num_labels {
-        let names = m.label_names_by_id(n);
-        println!("  {n} labels: {}", names.join(", "));
+        // The first names only: a store may hold up to memfit_data::MAX_LABELS of them.
+        const SHOWN: u32 = 20;
+        let names = m.label_names_by_id(n.min(SHOWN));
+        let more = n.saturating_sub(SHOWN);
+        let rest = if more > 0 {
+            format!(", … ({more} more)")
+        } else {
+            String::new()
+        };
+        println!(
+            "  {n} labels: {}{rest}",
+            names[..names.len().min(SHOWN as usize)].join(", ")
+        );
     }
     if let Some(format) = &m.prompt_format {
         println!("  prompts: {format}");
