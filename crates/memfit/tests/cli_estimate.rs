@@ -163,6 +163,51 @@ fn bad_config_exits_2_naming_file_and_field() {
     );
 }
 
+/// Sizes past what memfit estimates are refused naming the flag or the field, never answered with
+/// a wrapped figure (`--seq` u64::MAX printed 17 billion GiB and "peak allocated 1.13 GiB").
+#[test]
+fn sizes_that_would_overflow_exit_2_naming_the_flag_or_field() {
+    let run = |args: &str| {
+        let out = memfit(&args.split(' ').collect::<Vec<_>>());
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{args}: {err}");
+        assert!(out.stdout.is_empty(), "{args}: a figure was printed");
+        err
+    };
+    let err = run("estimate --model qwen2.5-0.5b --batch 1 --seq 18446744073709551615");
+    assert!(err.contains("--seq 18446744073709551615"), "{err}");
+    let err = run("estimate --model qwen2.5-0.5b --batch 1 --seq 1000000000");
+    assert!(
+        err.contains("--seq 1000000000") && err.contains("attention"),
+        "{err}"
+    );
+    let err = run("estimate --model t5-small --batch 1 --seq 8 --accum 18446744073709551615");
+    assert!(err.contains("--accum"), "{err}");
+    let err = run("plan --model t5-small --seq 128 --target-batch 18446744073709551615 --json");
+    assert!(err.contains("--target-batch"), "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let layers = r#"{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+        "intermediate_size": 128, "vocab_size": 100, "num_hidden_layers": 1000000000000}"#;
+    let out = estimate_config(dir.path(), layers, &["--batch", "1", "--seq", "8"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("config.json") && err.contains("num_hidden_layers"),
+        "{err}"
+    );
+    let wide = layers
+        .replace("1000000000000", "4000")
+        .replace("\"hidden_size\": 64", "\"hidden_size\": 262144");
+    let out = estimate_config(dir.path(), &wide, &["--batch", "1", "--seq", "8"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("parameters") && err.contains("config.json"),
+        "{err}"
+    );
+}
+
 /// A remote-code model (Qwen v1, its first generation's config) is read as is; a decoder of a
 /// `model_type` memfit does not read is estimated generically, with the assumption on stderr and
 /// in the JSON's `model.assumption`.

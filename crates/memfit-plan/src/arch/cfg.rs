@@ -5,6 +5,9 @@ use super::Activation;
 use super::config::ArchError;
 use serde_json::Value;
 
+/// The largest integer any config field is read as.
+const MAX_FIELD: u64 = 1 << 32;
+
 /// Field access that names the file and field in its errors.
 pub(crate) struct Cfg<'a> {
     pub file: &'a str,
@@ -24,6 +27,12 @@ impl Cfg<'_> {
         match self.v.get(field) {
             None | Some(Value::Null) => Ok(None),
             Some(x) => match x.as_u64() {
+                // Bounded before any reader computes with it (gpt2's ffn is 4 × n_embd);
+                // the model's dimensions have tighter bounds of their own (bounds.rs).
+                Some(n) if n > MAX_FIELD => Err(self.err(
+                    field,
+                    format!("is {n}, past the largest integer a config field may hold here (2^32)"),
+                )),
                 Some(n) if n > 0 => Ok(Some(n)),
                 _ => Err(self.err(field, format!("must be a positive integer, found {x}"))),
             },

@@ -93,7 +93,9 @@ pub fn from_value(file: &str, v: &Value, name: &str) -> Result<Arch, ArchError> 
         }
         other => (other?, None),
     };
+    super::bounds::check_dims(file, &d)?;
     let mut arch = assemble(name, model_type, kind, d);
+    super::bounds::check_params(file, &arch.tensors)?;
     arch.assumption = assumption;
     Ok(arch)
 }

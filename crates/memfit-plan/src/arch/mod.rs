@@ -8,6 +8,7 @@
 //!   count is exact (tied weights once) and later stages can ask "which tensors are trainable / LoRA
 //!   targets / larger than N elements".
 
+pub mod bounds;
 mod cfg;
 pub mod config;
 mod decoders;

@@ -27,6 +27,7 @@ pub mod framework;
 pub mod gpu;
 pub mod host;
 mod logits;
+pub mod magnitude;
 pub mod memfit_device;
 pub mod memfit_host;
 pub mod setup;
@@ -128,6 +129,7 @@ pub struct Estimate {
 /// Estimates a setup under a software stack (`Framework::default()` = current PyTorch).
 pub fn estimate(arch: &Arch, setup: &Setup, fw: &Framework) -> Result<Estimate, String> {
     setup.validate()?;
+    magnitude::check(arch, setup)?;
     memfit_runtime_modeled(arch, setup)?;
     let arch = &*stack::model_view(arch, &setup.stack.profile());
     let gpu = match (setup.device, setup.runtime) {

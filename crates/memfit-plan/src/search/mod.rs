@@ -235,6 +235,11 @@ pub fn plan_with(
     }
     base.validate()?;
     let per_rank = req.target_batch / world;
+    // The largest micro-batch tried is the whole batch: bounded once, every candidate is.
+    let mut largest = base.clone();
+    (largest.batch, largest.accum) = (per_rank, 1);
+    memory::magnitude::check(arch, &largest)
+        .map_err(|e| e.replace("--batch", "--target-batch (per GPU)"))?;
     let usable_gpu = req.budget.usable_gpu();
     let usable_host = req.budget.usable_host();
     let mut all = Vec::new();
