@@ -104,6 +104,34 @@ fn nothing_fits_exits_3_with_the_shortfall() {
     );
 }
 
+/// A budget past the machine's memory is refused before anything is made (it used to make the
+/// whole run directory, then fail mapping the memory reserve, naming no budget). `--plan-only`
+/// may still plan for a larger machine (the tests above plan 64 GiB on any box).
+#[test]
+fn a_budget_past_the_machine_is_refused_and_nothing_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("run");
+    let out_arg = out_dir.display().to_string();
+    let out = memfit(&[
+        "train",
+        "--demo",
+        "classification",
+        "--budget-ram",
+        "1TiB",
+        "--out",
+        &out_arg,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--budget-ram 1TiB")
+            && err.contains("1024.00 GiB")
+            && err.contains("this machine's"),
+        "{err}"
+    );
+    assert!(!out_dir.exists(), "a refused start made {out_arg}");
+}
+
 #[test]
 fn bad_budgets_and_policies_exit_2_naming_the_value() {
     let dir = tempfile::tempdir().unwrap();

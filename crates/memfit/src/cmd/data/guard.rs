@@ -27,6 +27,7 @@ pub fn start(budget_ram: Option<&str>) -> anyhow::Result<PrepareGuard> {
         .map(|t| budget::parse_ram(t, &|| available.bytes()))
         .transpose()?;
     let budget = budget::resolve(ram, None, budget::Compute::cpu(), &available)?;
+    budget::check_within_machine(budget.ram_bytes, &budget.ram_source, &available)?;
     let settings = GuardSettings {
         budget_bytes: Some(budget.ram_bytes),
         gpu_budget_bytes: None,

@@ -108,6 +108,26 @@ pub fn resolve(
     })
 }
 
+/// A budget past the machine's memory cannot be kept by a run here: refused (exit 2) before
+/// anything is made. (`--plan-only` may plan for a larger machine.)
+pub fn check_within_machine(
+    ram_bytes: u64,
+    source: &str,
+    available: &Available,
+) -> anyhow::Result<()> {
+    let machine = available.machine_bytes()?;
+    if ram_bytes <= machine {
+        return Ok(());
+    }
+    Err(bad_input(format!(
+        "{source}: a budget of {:.2} GiB is more than this machine's {:.2} GiB of memory \
+         (MemTotal, capped by the cgroup limit); give at most that, or leave the budget out \
+         (80% of the effective available)",
+        ram_bytes as f64 / GIB,
+        machine as f64 / GIB
+    )))
+}
+
 /// `--budget-gpu` in bytes, if given; exit 2 naming the value when it is not a size.
 pub fn gpu_budget(args: &Args) -> anyhow::Result<Option<u64>> {
     args.budget_gpu

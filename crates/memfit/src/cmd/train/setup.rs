@@ -56,26 +56,40 @@ pub struct PlanAfterData {
     pub max_seq: usize,
 }
 
-/// The machine's effective available memory, probed at most once.
-pub struct Available(Cell<Option<u64>>);
+/// The machine's memory, probed at most once: what a new job can use (effective available) and
+/// what the machine has at all (total, capped by the cgroup limit).
+pub struct Available(Cell<Option<(u64, u64)>>);
 
 impl Available {
     pub fn new() -> Self {
         Self(Cell::new(None))
     }
 
-    /// Available memory probed before.
+    /// Available memory probed before (the machine's total is then taken as the same).
     pub fn known(bytes: u64) -> Self {
-        Self(Cell::new(Some(bytes)))
+        Self(Cell::new(Some((bytes, bytes))))
+    }
+
+    fn probe(&self) -> anyhow::Result<(u64, u64)> {
+        if let Some(known) = self.0.get() {
+            return Ok(known);
+        }
+        let m = memfit_sys::probe::host_memory()?;
+        let machine = m
+            .cgroup_limit_bytes
+            .map_or(m.total_bytes, |l| l.min(m.total_bytes));
+        let known = (m.effective_available_bytes, machine);
+        self.0.set(Some(known));
+        Ok(known)
     }
 
     pub fn bytes(&self) -> anyhow::Result<u64> {
-        if let Some(b) = self.0.get() {
-            return Ok(b);
-        }
-        let b = memfit_sys::probe::host_memory()?.effective_available_bytes;
-        self.0.set(Some(b));
-        Ok(b)
+        Ok(self.probe()?.0)
+    }
+
+    /// The most memory any budget here can have: MemTotal, capped by the cgroup limit.
+    pub fn machine_bytes(&self) -> anyhow::Result<u64> {
+        Ok(self.probe()?.1)
     }
 }
 
@@ -121,6 +135,13 @@ fn resume(
         )));
     }
     flags.apply(&mut config);
+    if let Some(bytes) = config.memory_budget_bytes {
+        let source = match flags.memory_budget_bytes {
+            Some(_) => "--budget-ram".to_string(),
+            None => format!("memory_budget_bytes of {}", path.display()),
+        };
+        budget::check_within_machine(bytes, &source, &Available::new())?;
+    }
     let planning = std::fs::read_to_string(dir.join("plan.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<Value>(&t).ok())
@@ -187,6 +208,9 @@ fn new_run(
         shard_optimizer: args.shard_optimizer,
     };
     let budget = budget::resolve(ram, file_budget, compute, available)?;
+    if !args.plan_only {
+        budget::check_within_machine(budget.ram_bytes, &budget.ram_source, available)?;
+    }
     let root = args.out.clone().unwrap_or_else(default_out);
     // The start is planned once the data is prepared: its sequence length may come from the data,
     // and what the data and tokenizer hold is measured then and planned beside the training.
