@@ -13,7 +13,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
-/// The lock file in a run directory (never removed from a directory memfit did not create).
+/// The lock file in a run directory (removed only by the failed start that made it, under its lock).
 pub const LOCK_FILE: &str = ".lock";
 
 #[derive(Debug, thiserror::Error)]
@@ -74,13 +74,32 @@ impl RunLock {
             return Ok(Self { _held: h });
         }
         let path = key.join(LOCK_FILE);
+        let mut file = locked_file(&path, dir)?;
+        // Who holds it is for messages only: a full disk must not fail a lock that is held.
+        if file.set_len(0).is_ok() {
+            let _ = writeln!(file, "{}", std::process::id());
+        }
+        let h = Arc::new(Held {
+            dir: key.clone(),
+            _file: file,
+        });
+        held.insert(key, Arc::downgrade(&h));
+        Ok(Self { _held: h })
+    }
+}
+
+/// Opens `path` (creating it) and takes its lock without waiting. A failed start may remove the
+/// lock file it made (under the lock), so a lock taken on a file no longer at `path` is let go
+/// and taken again on the file now there: two owners never hold two inodes of one path.
+fn locked_file(path: &Path, dir: &Path) -> Result<File, LockError> {
+    loop {
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .open(&path)
-            .map_err(io_err(&path))?;
+            .open(path)
+            .map_err(io_err(path))?;
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
@@ -89,16 +108,20 @@ impl RunLock {
                     holder: holder(&mut file),
                 });
             }
-            Err(TryLockError::Error(e)) => return Err(io_err(&path)(e)),
+            Err(TryLockError::Error(e)) => return Err(io_err(path)(e)),
         }
-        file.set_len(0).map_err(io_err(&path))?;
-        writeln!(file, "{}", std::process::id()).map_err(io_err(&path))?;
-        let h = Arc::new(Held {
-            dir: key.clone(),
-            _file: file,
-        });
-        held.insert(key, Arc::downgrade(&h));
-        Ok(Self { _held: h })
+        if is_at(&file, path) {
+            return Ok(file);
+        }
+    }
+}
+
+/// Whether `file` is the file at `path` now (same device and inode).
+fn is_at(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
     }
 }
 
@@ -119,13 +142,15 @@ fn holder(file: &mut File) -> String {
 }
 
 /// A run directory a start has claimed: locked, and cleaned up if the start fails before `keep`: a
-/// directory it made is removed whole; in one that existed, only the entries it added (never the lock
-/// file, which another process may have open).
+/// directory it made is removed whole; in one that existed, only the entries it added (the lock
+/// file too when it made it: removed under the lock, which [`locked_file`] makes safe).
 #[derive(Debug)]
 pub struct Claim {
     root: PathBuf,
     lock: Option<RunLock>,
     made_root: bool,
+    /// The lock file was not there before this start.
+    made_lock: bool,
     /// Entries of a directory that existed before; `None` once kept.
     before: Option<HashSet<OsString>>,
 }
@@ -142,12 +167,14 @@ impl Claim {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && root.is_dir() => false,
             Err(e) => return Err(io_err(root)(e).into()),
         };
+        let made_lock = !root.join(LOCK_FILE).exists();
         let lock = RunLock::acquire(root)?;
         let before = entries(root).map_err(io_err(root))?;
         let claim = Self {
             root: root.to_path_buf(),
             lock: Some(lock),
             made_root,
+            made_lock,
             before: Some(before),
         };
         if root.join(crate::run_dir::RunDir::CONFIG).exists() {
@@ -167,6 +194,7 @@ impl Claim {
             root: root.to_path_buf(),
             lock: Some(lock),
             made_root: false,
+            made_lock: false,
             before: None,
         })
     }
@@ -189,10 +217,11 @@ impl Drop for Claim {
                 let _ = fs::remove_dir_all(&self.root);
             } else if let Ok(now) = entries(&self.root) {
                 for name in now.difference(&before) {
-                    if name != LOCK_FILE {
-                        let path = self.root.join(name);
-                        let _ = fs::remove_dir_all(&path).or_else(|_| fs::remove_file(&path));
-                    }
+                    let path = self.root.join(name);
+                    let _ = fs::remove_dir_all(&path).or_else(|_| fs::remove_file(&path));
+                }
+                if self.made_lock {
+                    let _ = fs::remove_file(self.root.join(LOCK_FILE));
                 }
             }
         }
@@ -248,7 +277,16 @@ mod tests {
         drop(claim);
         let mut left: Vec<_> = entries(&root).unwrap().into_iter().collect();
         left.sort();
-        assert_eq!(left, [OsString::from(LOCK_FILE), "notes.txt".into()]);
+        assert_eq!(
+            left,
+            [OsString::from("notes.txt")],
+            "the lock it made goes too"
+        );
+
+        // A lock file that was there before stays (another start may have it open).
+        fs::write(root.join(LOCK_FILE), "").unwrap();
+        drop(Claim::new_run(&root).unwrap());
+        assert!(root.join(LOCK_FILE).exists());
 
         let made = dir.path().join("new").join("run");
         let claim = Claim::new_run(&made).unwrap();
@@ -259,6 +297,26 @@ mod tests {
             dir.path().join("new").exists(),
             "the parent was not the start's to remove"
         );
+    }
+
+    #[test]
+    fn a_lock_on_a_removed_lock_file_is_taken_again_on_the_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LOCK_FILE);
+        let old = File::create(&path).unwrap();
+        assert!(is_at(&old, &path));
+        // What a failed start does: its lock file removed under its lock; a racer had it open.
+        fs::remove_file(&path).unwrap();
+        assert!(
+            !is_at(&old, &path),
+            "an unlinked file is not the one at the path"
+        );
+        old.try_lock().unwrap();
+        let lock = RunLock::acquire(dir.path()).unwrap();
+        assert!(path.exists(), "the new owner locks a file at the path");
+        let other = File::open(&path).unwrap();
+        assert!(matches!(other.try_lock(), Err(TryLockError::WouldBlock)));
+        drop(lock);
     }
 
     #[test]
