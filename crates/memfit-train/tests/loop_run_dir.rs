@@ -150,6 +150,65 @@ fn a_damaged_newest_checkpoint_falls_back_to_the_previous_whole_one() {
     );
 }
 
+/// Flips one bit in the middle of `path`, its length unchanged.
+fn flip_a_bit(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let middle = bytes.len() - 2;
+    bytes[middle] ^= 0x04;
+    std::fs::write(path, &bytes).unwrap();
+}
+
+#[test]
+fn a_bit_flip_in_the_newest_checkpoint_falls_back_to_the_previous_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("run");
+    stopped_at(&root, 9, false);
+    flip_a_bit(&root.join("checkpoints/step-9/model.safetensors"));
+    let mut engine = LinearEngine::new();
+    let s = resume(&root, &mut engine);
+    assert_eq!((s.finish, s.steps), (Finish::Completed, 12));
+    assert_eq!(engine.weight_bits(), uninterrupted_bits());
+    let events = read_jsonl(&root.join("events.jsonl"));
+    let resumed = events.iter().rfind(|e| e["kind"] == "resume").unwrap();
+    assert_eq!(resumed["step"].as_u64(), Some(8));
+    let skipped = resumed["skipped"][0].as_str().unwrap();
+    assert!(
+        skipped.contains("step-9") && skipped.contains("model.safetensors: its SHA-256 differs"),
+        "{skipped}"
+    );
+}
+
+#[test]
+fn damaged_optimizer_states_in_both_resumable_checkpoints_are_named_not_skipped_past() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("run");
+    stopped_at(&root, 9, false);
+    // Retention keeps the optimizer's state in the two newest (step-8, step-9) only: the older
+    // step-6 cannot be resumed from exactly, so nothing can.
+    for step in ["step-8", "step-9"] {
+        flip_a_bit(
+            &root
+                .join("checkpoints")
+                .join(step)
+                .join("optimizer.safetensors"),
+        );
+    }
+    let e = session::resume(&root, &ConfigLayer::default(), false, spec(plenty))
+        .err()
+        .unwrap();
+    let text = e.to_string();
+    for named in [
+        "no checkpoint is whole",
+        "step-9",
+        "step-8",
+        "step-6",
+        "optimizer",
+    ] {
+        assert!(text.contains(named), "{named:?} not in {text}");
+    }
+    assert!(e.is_bad_input());
+}
+
 #[test]
 fn a_run_whose_checkpoints_are_all_damaged_is_not_restarted() {
     let dir = tempfile::tempdir().unwrap();

@@ -310,6 +310,40 @@ fn bad_input_is_named_and_leaves_no_run() {
         assert!(!store.exists());
     }
 
+    // An --init checkpoint with one bit flipped: its SHA256SUMS names the file.
+    let flipped = dir.path().join("flipped");
+    std::fs::create_dir(&flipped).unwrap();
+    for entry in std::fs::read_dir(run.join("best")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, flipped.join(path.file_name().unwrap())).unwrap();
+    }
+    let weights = flipped.join("model.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&weights, bytes).unwrap();
+    let out = memfit()
+        .args(["train", "--init"])
+        .arg(&flipped)
+        .arg("--data")
+        .arg(demo_dir.join("train.jsonl"))
+        .arg("--tokenizer")
+        .arg(&tokenizer)
+        .arg("--out")
+        .arg(&attempt)
+        .output()
+        .unwrap();
+    bad(&out, &["--init", "model.safetensors", "SHA-256"]);
+    assert!(!attempt.exists());
+    let out = memfit()
+        .args(["export"])
+        .arg(&flipped)
+        .arg("--out")
+        .arg(dir.path().join("exported"))
+        .output()
+        .unwrap();
+    bad(&out, &["model.safetensors", "SHA-256"]);
+
     // A resume across tasks.
     let out = memfit()
         .args(["train", "--task", "seq2seq", "--resume"])

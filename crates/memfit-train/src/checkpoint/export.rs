@@ -1,5 +1,5 @@
 //! `memfit export`: a checkpoint as the Hugging Face directory its family is loaded from, without
-//! the trainer's own files (optimizer state, trainer_state.json); with `merge`, a LoRA checkpoint's
+//! the trainer's own files (optimizer state, trainer_state.json, SHA256SUMS, checked first); with `merge`, a LoRA checkpoint's
 //! adapter merged into its base model. Written into a hidden sibling directory and renamed into
 //! place: an interrupted export leaves no directory that looks complete.
 
@@ -8,7 +8,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// Files a checkpoint holds for the trainer, not for the model's users.
-const TRAINER_FILES: [&str; 2] = ["optimizer.safetensors", TrainerState::FILE];
+const TRAINER_FILES: [&str; 3] = [
+    "optimizer.safetensors",
+    TrainerState::FILE,
+    super::checksums::FILE,
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
@@ -18,6 +22,8 @@ pub enum ExportError {
         "--merge: {0} holds a full model, not a LoRA adapter (no adapter_config.json): export it without --merge"
     )]
     NothingToMerge(String),
+    #[error("{0}")]
+    Damaged(String),
     #[error("--out {0}: already exists and is not empty")]
     OutExists(String),
     #[error("{path}: {source}")]
@@ -53,6 +59,7 @@ pub fn export(checkpoint: &Path, out: &Path, merge: bool) -> Result<Vec<String>,
             checkpoint.display().to_string(),
         ));
     }
+    super::checksums::verify(checkpoint).map_err(ExportError::Damaged)?;
     if out.exists() && fs::read_dir(out).map_err(io(out))?.next().is_some() {
         return Err(ExportError::OutExists(out.display().to_string()));
     }

@@ -8,10 +8,14 @@
 //! checkpoint (or an estimate): when it does not fit, the checkpoint is skipped with a warning and
 //! nothing partial is left behind.
 //!
+//! `checksums` — `SHA256SUMS`, the SHA-256 of each file, written last and checked before a resume
+//! or an `--init` trusts the checkpoint.
+//!
 //! `verify_checkpoint` — whether a checkpoint is whole before a resume trusts it.
 //!
 //! `export` — `memfit export`: a checkpoint as the Hugging Face directory its family loads from.
 
+pub mod checksums;
 mod disk;
 pub mod export;
 mod state;

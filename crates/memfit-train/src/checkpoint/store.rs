@@ -198,6 +198,7 @@ impl Checkpointer {
         let json = serde_json::to_string_pretty(state).unwrap_or_default();
         let state_path = tmp.join(TrainerState::FILE);
         fs::write(&state_path, json).map_err(io(&state_path))?;
+        super::checksums::write(tmp).map_err(io(tmp))?;
         for entry in fs::read_dir(tmp).map_err(io(tmp))? {
             let path = entry.map_err(io(tmp))?.path();
             if path.is_file() {
@@ -231,12 +232,16 @@ impl Checkpointer {
 }
 
 /// Removes a checkpoint's optimizer state, if it has one.
+/// Then its line leaves `SHA256SUMS` (a crash between the two leaves a listed, missing optimizer
+/// state: the checkpoint is then not resumable, which it no longer was meant to be).
 fn remove_optimizer(dir: &Path) -> Result<(), CheckpointError> {
     let path = dir.join(OPTIMIZER_FILE);
     match fs::remove_file(&path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&path)(e)),
-        _ => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(&path)(e)),
+        Ok(()) => {}
     }
+    super::checksums::forget(dir, OPTIMIZER_FILE).map_err(io(dir))
 }
 
 /// Step checkpoints that keep their optimizer state: a resume continues from the newest, or from the

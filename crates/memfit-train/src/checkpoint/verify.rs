@@ -1,17 +1,24 @@
 //! A cheap integrity check of a checkpoint directory before a resume trusts it: `trainer_state.json`
 //! parses and every `.safetensors` file is whole — its header parses and the file is exactly as long as
 //! the header says (8-byte length + JSON header + the largest tensor end offset). A file cut short by a
-//! crash, a full disk or a copy fails it; bit flips inside tensor data do not (the loader may still).
+//! crash, a full disk or a copy fails it, and a bit flip anywhere fails `SHA256SUMS` (`checksums`).
 
 use super::state::TrainerState;
-use super::store::read_state;
+use super::store::{OPTIMIZER_FILE, read_state};
 use std::fs::{self, File};
 use std::io::Read;
 use std::path::Path;
 
-/// Why `dir` cannot be resumed from, if it cannot.
+/// Why `dir` cannot be resumed from, if it cannot: its state unreadable, a file cut short or
+/// differing from `SHA256SUMS`, or no optimizer state (retention keeps it only in the newest).
 pub fn verify_checkpoint(dir: &Path) -> Result<TrainerState, String> {
     let state = read_state(dir).map_err(|e| e.to_string())?;
+    if !dir.join(OPTIMIZER_FILE).is_file() {
+        return Err(format!(
+            "{}: no {OPTIMIZER_FILE} (a resume needs the optimizer's state)",
+            dir.display()
+        ));
+    }
     let entries = fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for entry in entries.flatten() {
         let path = entry.path();
@@ -19,6 +26,8 @@ pub fn verify_checkpoint(dir: &Path) -> Result<TrainerState, String> {
             check_safetensors(&path).map_err(|why| format!("{}: {why}", path.display()))?;
         }
     }
+    // After the cheap checks, whose words say more of a file cut short.
+    super::checksums::verify(dir)?;
     Ok(state)
 }
 

@@ -63,17 +63,22 @@ pub fn run(args: Args) -> Outcome {
 
 /// The `--init` directory the model is built from: a new run's; on a resume, a LoRA run's (its
 /// checkpoints hold the adapters, the base is the init's), else none (the checkpoint holds all).
-fn init_dir(setup: &Setup) -> Option<PathBuf> {
+/// A memfit checkpoint's files are checked against its `SHA256SUMS` first (exit 2 when damaged).
+fn init_dir(setup: &Setup) -> anyhow::Result<Option<PathBuf>> {
     let lora = setup.config.method == Method::Lora;
-    match setup.mode {
-        Mode::New => setup.config.init.as_deref().map(PathBuf::from),
-        Mode::Resume if lora => setup.config.init.as_deref().map(PathBuf::from),
+    let init = || setup.config.init.as_deref().map(PathBuf::from);
+    let dir = match setup.mode {
+        Mode::New => init(),
+        Mode::Resume if lora => init(),
         // Stopped before its first checkpoint, the run starts over from its own --init.
-        Mode::Resume if no_checkpoint(&setup.root) => {
-            setup.config.init.as_deref().map(PathBuf::from)
-        }
+        Mode::Resume if no_checkpoint(&setup.root) => init(),
         Mode::Resume => None,
+    };
+    if let Some(dir) = &dir {
+        memfit_train::checkpoint::checksums::verify(dir)
+            .map_err(|why| bad_input(format!("--init {}: {why}", dir.display())))?;
     }
+    Ok(dir)
 }
 
 fn no_checkpoint(root: &Path) -> bool {
@@ -92,7 +97,7 @@ fn seq2seq(args: &Args, start: Start) -> Outcome {
     };
     let eos = need(data.tokenizer.require_eos("seq2seq training"))?;
     let pad = need(data.tokenizer.require_pad("seq2seq training"))?;
-    let init = init_dir(&prepared.setup);
+    let init = init_dir(&prepared.setup)?;
     let (model, loaded) = families::seq2seq(
         &prepared.model_json,
         &config.model,
@@ -147,7 +152,7 @@ fn classification(args: &Args, start: Start) -> Outcome {
         .map_err(|e| bad_input(e.to_string()))?
         .id;
     let labels = store_labels(&data.train).map_err(|e| bad_input(e.to_string()))?;
-    let init = init_dir(&prepared.setup);
+    let init = init_dir(&prepared.setup)?;
     let (model, loaded) = families::classifier(
         &prepared.model_json,
         &config.model,
@@ -223,7 +228,7 @@ fn causal_lm(args: &Args, start: Start) -> Outcome {
         .id;
     // padding is never trained or attended to: a tokenizer without a pad token pads with EOS
     let pad = data.tokenizer.pad().map_or(eos, |p| p.id);
-    let init = init_dir(&prepared.setup);
+    let init = init_dir(&prepared.setup)?;
     let training = match config.method {
         Method::Lora => Training::Lora {
             settings: LoraSettings {
