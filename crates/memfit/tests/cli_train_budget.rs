@@ -184,6 +184,53 @@ fn chatlm_v8_policy_decision_is_printed_and_planned() {
     assert_eq!(chosen(&v).0, 16);
 }
 
+/// Under `memfit run` the trainer plans for the supervisor's budget up to its soft limit (it used
+/// to plan for 80% of RAM and be SIGKILLed mid-step at the supervisor's hard limit); a budget of
+/// its own above that one is brought down to it, with a warning.
+#[test]
+fn under_memfit_run_the_trainer_plans_for_the_supervisors_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let soft = (1024.0 * 1024.0 * 1024.0 * 0.9) as u64; // --budget 1GiB, --soft 90% (its default)
+    for own in [None, Some("2GiB")] {
+        let run = dir.path().join(format!("run-{}", own.unwrap_or("none")));
+        let mut args = vec![
+            "run",
+            "--budget",
+            "1GiB",
+            "--",
+            env!("CARGO_BIN_EXE_memfit"),
+        ];
+        args.extend(["train", "--out", run.to_str().unwrap(), "--max-steps", "1"]);
+        args.extend(["--threads", "1", "--eval-rows", "2"]);
+        if let Some(own) = own {
+            args.extend(["--budget-ram", own]);
+        }
+        let out = memfit(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let plan: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(run.join("plan.json")).unwrap()).unwrap();
+        let budget = &plan["planning"]["budget"];
+        assert_eq!(budget["ram_bytes"], soft, "{own:?}");
+        let source = budget["ram_source"].as_str().unwrap();
+        assert!(
+            source.contains("memfit run") && source.contains("MEMFIT_RUN_BUDGET_BYTES"),
+            "{source}"
+        );
+        let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+        assert!(
+            config.contains(&format!("memory_budget_bytes = {soft}")),
+            "{config}"
+        );
+        if own.is_some() {
+            assert!(
+                err.contains("--budget-ram 2GiB") && err.contains("above"),
+                "{err}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_run_writes_its_plan_and_budget() {
     let dir = tempfile::tempdir().unwrap();

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
+use super::config::BUDGET_ENV;
 use super::job_cgroup::JobCgroup;
 use super::members::{JOB_ENV, Members};
 use super::peak::PEAK_POLL;
@@ -74,7 +75,14 @@ fn launch(
         std::process::id(),
         ctx.start.elapsed().as_nanos()
     );
-    let child = spawn(ctx.cfg, argv, profile, &token, cgroup.as_ref())?;
+    let soft_bytes = (ctx.budget_bytes as f64 * ctx.cfg.guard.soft) as u64;
+    let child = spawn(
+        ctx.cfg,
+        argv,
+        (profile, soft_bytes),
+        &token,
+        cgroup.as_ref(),
+    )?;
     let pid = child.id() as i32;
     let members = Members::new(pid, token, cgroup);
     let pidfd = rustix::process::Pid::from_raw(pid)
@@ -121,15 +129,19 @@ fn job_cgroup(ctx: &mut Context, attempt: u32) -> Option<JobCgroup> {
     }
 }
 
+/// `soft_bytes`: the job's share of the budget, handed over as [`BUDGET_ENV`].
 fn spawn(
     cfg: &RunConfig,
     argv: &[String],
-    profile: Option<&Profile>,
+    (profile, soft_bytes): (Option<&Profile>, u64),
     token: &str,
     cgroup: Option<&JobCgroup>,
 ) -> Result<Child, SuperviseError> {
     let mut cmd = Command::new(&argv[0]);
-    cmd.args(&argv[1..]).process_group(0).env(JOB_ENV, token);
+    cmd.args(&argv[1..])
+        .process_group(0)
+        .env(JOB_ENV, token)
+        .env(BUDGET_ENV, soft_bytes.to_string());
     if let Some(p) = profile {
         cmd.envs(&p.env);
     }

@@ -94,6 +94,11 @@ impl RunConfig {
     }
 }
 
+/// What `run` hands the job of its budget: the bytes below which the job is never asked to stop
+/// (the budget × `--soft`). A memfit inside (`memfit train`, `memfit data prepare`) plans for it
+/// when no budget of its own says less, so its own guard acts before this one does.
+pub const BUDGET_ENV: &str = "MEMFIT_RUN_BUDGET_BYTES";
+
 /// The smallest budget a job is started under. Below it the guard would stop nearly any real job
 /// as it starts: measured here, `python3 -c pass` peaks at 13 MiB RSS and `memfit train`'s demo at
 /// 26 MiB, while `sleep` (0.7 MiB anonymous memory) still fits.

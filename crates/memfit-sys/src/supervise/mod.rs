@@ -26,7 +26,7 @@ use std::time::{Instant, SystemTime};
 
 use nix::sys::signal::Signal;
 
-pub use config::{MIN_BUDGET_BYTES, RunConfig, StopSignal};
+pub use config::{BUDGET_ENV, MIN_BUDGET_BYTES, RunConfig, StopSignal};
 pub use error::SuperviseError;
 pub use interval::{FAR_INTERVAL, MIN_INTERVAL, NEAR_INTERVAL, next_interval};
 pub use members::JOB_ENV;

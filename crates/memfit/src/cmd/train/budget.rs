@@ -83,10 +83,11 @@ pub fn resolve(
     compute: Compute,
     available: &Available,
 ) -> anyhow::Result<Budget> {
-    let (ram_bytes, ram_source) = match (ram, from_config_file) {
-        (Some(b), _) => (b.ram_bytes, b.ram_source),
-        (None, Some(bytes)) => (bytes, "memory_budget_bytes of the --config file".into()),
-        (None, None) => {
+    let (ram_bytes, ram_source) = match (ram, from_config_file, supervised()?) {
+        (Some(b), ..) => (b.ram_bytes, b.ram_source),
+        (None, Some(bytes), _) => (bytes, "memory_budget_bytes of the --config file".into()),
+        (None, None, Some(bytes)) => (bytes, SUPERVISED.into()),
+        (None, None, None) => {
             let avail = available.bytes()?;
             (
                 (avail as f64 * DEFAULT_SHARE) as u64,
@@ -97,6 +98,7 @@ pub fn resolve(
             )
         }
     };
+    let (ram_bytes, ram_source) = within_supervisor(ram_bytes, ram_source)?;
     Ok(Budget {
         ram_bytes,
         ram_source,
@@ -106,6 +108,38 @@ pub fn resolve(
         shard_optimizer: compute.shard_optimizer,
         resident_bytes: 0,
     })
+}
+
+/// Where a budget `memfit run` handed over came from, as the start line says it.
+const SUPERVISED: &str = "memfit run's budget up to its soft limit (MEMFIT_RUN_BUDGET_BYTES)";
+
+/// The budget `memfit run` hands its job ([`memfit_sys::supervise::BUDGET_ENV`]), if this process
+/// runs under one; a value that is not a byte count is exit 2 naming the variable.
+pub fn supervised() -> anyhow::Result<Option<u64>> {
+    let name = memfit_sys::supervise::BUDGET_ENV;
+    match std::env::var(name) {
+        Err(_) => Ok(None),
+        Ok(text) => match text.trim().parse::<u64>() {
+            Ok(bytes) if bytes > 0 => Ok(Some(bytes)),
+            _ => Err(bad_input(format!("{name}={text:?}: not a number of bytes"))),
+        },
+    }
+}
+
+/// A budget of its own above what `memfit run` allows gets `memfit run`'s, with a warning: a plan
+/// for more would be stopped by the supervisor, at worst SIGKILLed mid-step.
+pub fn within_supervisor(bytes: u64, source: String) -> anyhow::Result<(u64, String)> {
+    match supervised()? {
+        Some(allowed) if allowed < bytes => {
+            eprintln!(
+                "warning: {source} ({:.2} GiB) is above {SUPERVISED}, {:.2} GiB: planning for that",
+                bytes as f64 / GIB,
+                allowed as f64 / GIB
+            );
+            Ok((allowed, SUPERVISED.into()))
+        }
+        _ => Ok((bytes, source)),
+    }
 }
 
 /// A budget past the machine's memory cannot be kept by a run here: refused (exit 2) before

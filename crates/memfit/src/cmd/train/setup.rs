@@ -140,7 +140,9 @@ fn resume(
             Some(_) => "--budget-ram".to_string(),
             None => format!("memory_budget_bytes of {}", path.display()),
         };
+        let (bytes, source) = budget::within_supervisor(bytes, source)?;
         budget::check_within_machine(bytes, &source, &Available::new())?;
+        config.memory_budget_bytes = Some(bytes);
     }
     let planning = std::fs::read_to_string(dir.join("plan.json"))
         .ok()
