@@ -195,6 +195,24 @@ impl RunDir {
     /// Drops `metrics.jsonl` and `events.jsonl` lines after `step` (written by an interrupted run past
     /// its last checkpoint), so the logs of a resumed run read as one uninterrupted run.
     pub fn cut_logs_after(&mut self, step: u64) -> Result<(), RunDirError> {
+        self.keep_log_lines(|v| {
+            v.get("step")
+                .and_then(|s| s.as_u64())
+                .is_some_and(|s| s <= step)
+        })
+    }
+
+    /// A run started over from step 0 (stopped before its first checkpoint) evaluates before its
+    /// first step again: the evaluations of the attempt before go, so each is in the log once.
+    pub fn forget_evaluations_at_start(&mut self) -> Result<(), RunDirError> {
+        self.keep_log_lines(|v| !(v["kind"] == "eval" && v["step"] == 0))
+    }
+
+    /// Rewrites `metrics.jsonl` and `events.jsonl` with the lines `keep` takes, atomically.
+    fn keep_log_lines(
+        &mut self,
+        keep: impl Fn(&serde_json::Value) -> bool,
+    ) -> Result<(), RunDirError> {
         for name in [Self::METRICS, Self::EVENTS] {
             let path = self.root.join(name);
             let text = fs::read_to_string(&path).map_err(io_err(&path))?;
@@ -203,8 +221,7 @@ impl RunDir {
                 .filter(|line| {
                     serde_json::from_str::<serde_json::Value>(line)
                         .ok()
-                        .and_then(|v| v.get("step").and_then(|s| s.as_u64()))
-                        .is_some_and(|s| s <= step)
+                        .is_some_and(|v| keep(&v))
                 })
                 .map(|l| format!("{l}\n"))
                 .collect();
@@ -248,6 +265,30 @@ mod tests {
             fs::read_to_string(root.join(RunDir::LOG))
                 .unwrap()
                 .contains("again")
+        );
+    }
+
+    #[test]
+    fn a_run_started_over_keeps_each_evaluation_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("run");
+        let mut run = RunDir::create(&root, "model = \"demo\"\n").unwrap();
+        // Killed after its evaluation before the first step, before its first checkpoint.
+        for (step, kind) in [(0, "start"), (0, "eval"), (0, "downgrade"), (1, "eval")] {
+            run.event(step, kind, serde_json::json!({})).unwrap();
+        }
+        run.cut_logs_after(0).unwrap();
+        run.forget_evaluations_at_start().unwrap();
+        run.event(0, "resume", serde_json::json!({})).unwrap();
+        run.event(0, "eval", serde_json::json!({})).unwrap();
+        let kinds: Vec<String> = fs::read_to_string(root.join(RunDir::EVENTS))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["kind"].to_string())
+            .collect();
+        assert_eq!(
+            kinds,
+            ["\"start\"", "\"downgrade\"", "\"resume\"", "\"eval\""]
         );
     }
 

@@ -150,6 +150,9 @@ pub fn resume(
     }
     let step = from.as_ref().map_or(0, |(_, state)| state.step);
     run.cut_logs_after(step)?;
+    if from.is_none() {
+        run.forget_evaluations_at_start()?;
+    }
     if !changes.is_empty() {
         run.write_config(&config.to_toml())?;
     }
