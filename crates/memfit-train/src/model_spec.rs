@@ -51,7 +51,9 @@ fn read(path: &Path) -> Result<Value, ModelSpecError> {
         message,
     };
     let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    serde_json::from_str(&text).map_err(|e| err(e.to_string()))
+    // A byte order mark (Windows editors write one) is no part of the JSON.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    serde_json::from_str(text).map_err(|e| err(e.to_string()))
 }
 
 /// The model's `vocab_size`.

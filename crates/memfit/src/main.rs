@@ -47,6 +47,19 @@ enum Command {
     Report(cmd::report::Args),
 }
 
+/// The arguments, with a negative number taken as an option's value: `--batch -1` is then refused
+/// naming the flag ("invalid value '-1' for '--batch <BATCH>'") rather than as "unexpected
+/// argument '-1'".
+fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    fn numbers_as_values(c: clap::Command) -> clap::Command {
+        c.allow_negative_numbers(true)
+            .mut_subcommands(numbers_as_values)
+    }
+    let matches = numbers_as_values(Cli::command()).get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 /// The system allocator with a memory reserve it gives back when an allocation fails, so that
 /// `memfit train` can still checkpoint and stop (memfit_train::alloc_reserve).
 #[global_allocator]
@@ -64,7 +77,7 @@ fn main() -> ExitCode {
             nix::sys::signal::SigHandler::SigDfl,
         );
     }
-    let cli = Cli::parse();
+    let cli = parse();
     let result = match cli.command {
         Command::Check(a) => cmd::check::run(a),
         Command::Estimate(a) => cmd::estimate::run(a),

@@ -149,6 +149,25 @@ fn bad_config_exits_2_naming_file_and_field() {
         err.contains("config.json") && err.contains("num_attention_heads"),
         "{err}"
     );
+    // A byte order mark before the JSON (Windows editors write one) is read past.
+    let out = estimate_config(
+        dir.path(),
+        "\u{feff}{\"model_type\": \"bert\", \"hidden_size\": 64, \"num_attention_heads\": 4, \
+         \"intermediate_size\": 128, \"num_hidden_layers\": 2, \"vocab_size\": 100}",
+        &["--batch", "1", "--seq", "8"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A negative value names its flag (it was clap's "unexpected argument '-1'").
+    let out = memfit(&[
+        "estimate", "--model", "t5-small", "--batch", "-1", "--seq", "8",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("'-1'") && err.contains("--batch"), "{err}");
     let err = stderr_for("{ not json");
     assert!(err.contains("config.json"), "{err}");
     assert_exit(

@@ -172,6 +172,8 @@ fn bad_input_exits_2() {
             ),
             &format!("plan --model t5-small --headroom 200% {budget}"),
             &format!("plan --model t5-small --emit docker --out x {budget}"),
+            // --out naming a file (the test runs in the crate's directory; it is refused unread)
+            &format!("plan --model t5-small --emit memfit --out Cargo.toml {budget}"),
             &format!("plan --model no-such-model {budget}"),
         ],
     );

@@ -10,6 +10,9 @@ use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
+/// UTF-8's byte order mark.
+const BOM: &[u8] = &[0xef, 0xbb, 0xbf];
+
 /// A parsed line: its object, or what is wrong with it.
 type Parsed = std::result::Result<serde_json::Map<String, serde_json::Value>, RecordProblem>;
 
@@ -90,12 +93,21 @@ impl JsonlReader {
             if self.line.iter().all(|b| b.is_ascii_whitespace()) {
                 continue;
             }
-            let parsed = match serde_json::from_slice::<serde_json::Value>(&self.line) {
+            // A byte order mark opening the file (Windows editors write one) is no part of a row.
+            let bom = if self.line_no == 1 && self.line.starts_with(BOM) {
+                BOM.len()
+            } else {
+                0
+            };
+            let parsed = match serde_json::from_slice::<serde_json::Value>(&self.line[bom..]) {
                 Ok(serde_json::Value::Object(map)) => Ok(map),
                 Ok(other) => Err(format!("not a JSON object but {}", json_type(&other))),
                 Err(e) if std::str::from_utf8(&self.line).is_err() => {
                     Err(format!("not valid UTF-8 ({e})"))
                 }
+                Err(e) if self.line.windows(3).any(|w| w == BOM) => Err(format!(
+                    "not valid JSON ({e}): it holds a byte order mark (U+FEFF) past the file's start"
+                )),
                 Err(e) => Err(format!("not valid JSON ({e})")),
             };
             return Ok(Some(parsed.map_err(RecordProblem::Unreadable)));
@@ -305,6 +317,26 @@ mod tests {
         );
         assert_eq!(chunk[1].values, vec![Value::Null]);
         assert_eq!(chunk[2].values, vec![Value::Text("fine".into())]);
+    }
+
+    #[test]
+    fn a_byte_order_mark_opening_the_file_is_skipped_and_one_later_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bom.jsonl");
+        let text = "\u{feff}{\"text\": \"first\"}\n\u{feff}{\"text\": \"second\"}\n";
+        std::fs::write(&path, text).unwrap();
+        let limits = ReadLimits {
+            chunk_rows: 10,
+            max_row_bytes: 1000,
+        };
+        let mut reader = JsonlReader::open(&path, &[ColumnSpec::text("text")], limits).unwrap();
+        let chunk = reader.next_chunk().unwrap().unwrap();
+        assert_eq!(chunk[0].values, vec![Value::Text("first".into())]);
+        assert!(chunk[0].problem.is_none());
+        let Some(RecordProblem::Unreadable(why)) = &chunk[1].problem else {
+            panic!("{:?}", chunk[1].problem)
+        };
+        assert!(why.contains("byte order mark"), "{why}");
     }
 
     #[test]

@@ -54,6 +54,8 @@ pub(crate) struct Kind {
 
 /// Reads one config. `file` is only used in error messages; `name` becomes [`Arch::name`].
 pub fn parse_config(file: &str, text: &str, name: &str) -> Result<Arch, ArchError> {
+    // A byte order mark (Windows editors write one) is no part of the JSON.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let value: Value = serde_json::from_str(text).map_err(|e| ArchError::Json {
         file: file.to_string(),
         message: e.to_string(),

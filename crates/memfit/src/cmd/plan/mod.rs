@@ -179,6 +179,12 @@ pub fn run(args: Args) -> Outcome {
     if !kinds.is_empty() && args.out.is_none() {
         return Err(bad_input("--emit needs --out DIR"));
     }
+    if let Some(out) = args.out.as_ref().filter(|o| o.exists() && !o.is_dir()) {
+        return Err(bad_input(format!(
+            "--out {}: a file, not a directory (the --emit files are written into it)",
+            out.display()
+        )));
+    }
     let arch = load_model(&args.model)?;
     let base = args.base(&arch);
     let arch = arch.with_task(base.task);
