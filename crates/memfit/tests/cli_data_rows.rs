@@ -232,3 +232,46 @@ fn the_row_limit_is_a_size_and_prepare_stops_at_the_guards_hard_limit() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).contains("written"));
 }
+
+/// The guard is asked between chunks, so a row's tokenization is bounded up front: a row limit
+/// whose tokenizing could pass the budget is lowered to what fits it, and a longer row is refused
+/// unread (a 50 MB row under `--max-row-bytes 64MiB --budget-ram 2GiB` went past 6 GiB).
+#[test]
+fn a_row_whose_tokenizing_would_pass_the_budget_is_refused_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let corpus = cli_data_common::corpus(d, 20);
+    let tok = trained_tokenizer(d, &corpus);
+    let long = d.join("long.jsonl");
+    let mut text = std::fs::read_to_string(&corpus).unwrap();
+    let row = serde_json::json!({"prompt": "fox ".repeat(2 << 20), "response": "dog"});
+    text += &format!("{row}\n");
+    std::fs::write(&long, text).unwrap();
+    let store = d.join("long.store");
+    let prepare = |extra: &[&str]| {
+        let mut args = vec!["data", "prepare", "--input", long.to_str().unwrap()];
+        args.extend([
+            "--tokenizer",
+            tok.to_str().unwrap(),
+            "--out",
+            store.to_str().unwrap(),
+        ]);
+        args.extend(["--max-row-bytes", "64MiB", "--budget-ram", "1GiB"]);
+        args.extend_from_slice(extra);
+        memfit(&args)
+    };
+    // 8 MiB of text; 1 GiB allows 5.1 MiB rows at 192 B a byte.
+    let o = prepare(&[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("lowered to 5.1 MiB") && err.contains("line 21"),
+        "{err}"
+    );
+    assert!(!store.exists());
+    let o = prepare(&["--on-invalid", "skip"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(store.join("meta.json")).unwrap()).unwrap();
+    assert_eq!(meta["rows"], 20, "the long row left out, the others kept");
+}

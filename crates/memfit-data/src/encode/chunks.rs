@@ -15,6 +15,11 @@ use std::path::PathBuf;
 /// batches, not the chunk, set the peak.
 pub const ENCODE_BATCH_BYTES: u64 = 4 << 20;
 
+/// The most memory tokenizing one byte of text is taken to cost, to bound the row limit by a
+/// budget: issue 29 measured up to ~180× on one line, a 50 MB row reached 6 GiB (123×), a 4 MiB
+/// Chinese row with the ChatLM tokenizer 78× and a 16 MB word-level row 85× (2026-12-07).
+pub const TOKENIZE_BYTES_PER_TEXT_BYTE: u64 = 192;
+
 /// The rows of a list of source files, encoded, chunk by chunk, in file order.
 pub struct EncodedChunks<'a> {
     encoder: &'a RowEncoder,

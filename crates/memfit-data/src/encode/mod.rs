@@ -38,7 +38,7 @@ mod chunks;
 mod classification;
 mod seq2seq;
 
-pub use chunks::EncodedChunks;
+pub use chunks::{EncodedChunks, TOKENIZE_BYTES_PER_TEXT_BYTE};
 
 use crate::chat::PromptFormat;
 use crate::error::{DataError, Result};

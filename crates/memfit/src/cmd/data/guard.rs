@@ -18,6 +18,7 @@ use memfit_train::memory_guard::{
 pub struct PrepareGuard {
     guard: MemoryGuard,
     budget_source: String,
+    budget_bytes: u64,
 }
 
 /// Starts the guard for `--budget-ram` (`None`: the default share of the available memory).
@@ -41,10 +42,32 @@ pub fn start(budget_ram: Option<&str>) -> anyhow::Result<PrepareGuard> {
     Ok(PrepareGuard {
         guard,
         budget_source: budget.ram_source,
+        budget_bytes: budget.ram_bytes,
     })
 }
 
 impl PrepareGuard {
+    /// The row limit a prepare can keep within the budget: `asked` (`--max-row-bytes`), lowered
+    /// (with a note) to what tokenizing one row may cost under the hard limit. The guard is asked
+    /// between chunks only, so a row that would pass the budget while it is tokenized is refused
+    /// unread instead, as any row over the limit (exit 2 naming it, or left out under
+    /// `--on-invalid skip`).
+    pub fn row_limit(&self, asked: u64, flag: &str) -> u64 {
+        let per_byte = memfit_data::encode::TOKENIZE_BYTES_PER_TEXT_BYTE;
+        let fits = (self.budget_bytes as f64 * DEFAULT_HARD_FRACTION) as u64 / per_byte;
+        if asked <= fits {
+            return asked;
+        }
+        eprintln!(
+            "note: --max-row-bytes {flag} lowered to {}: tokenizing a row may take {per_byte} B a \
+             byte of it, and the budget is {} ({}); a longer row is refused unread",
+            human_bytes(fits),
+            human_bytes(self.budget_bytes),
+            self.budget_source
+        );
+        fits.max(1)
+    }
+
     /// Why the prepare must stop now (the hard limit crossed since the guard started), if it must.
     pub fn stop_reason(&self) -> Option<String> {
         let status = self.guard.check_now();

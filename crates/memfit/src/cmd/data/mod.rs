@@ -173,9 +173,9 @@ fn prepare(a: PrepareArgs) -> Outcome {
     opts.label_names = a.label_names;
     opts.chat_template = a.chat_template;
     opts.chunk_rows = a.chunk_rows;
-    opts.max_row_bytes = parse_row_limit(&a.max_row_bytes)?;
     opts.force = a.force;
     let guard = guard::start(a.budget_ram.as_deref())?;
+    opts.max_row_bytes = guard.row_limit(parse_row_limit(&a.max_row_bytes)?, &a.max_row_bytes);
 
     let bar = indicatif::ProgressBar::new_spinner();
     if a.json {
