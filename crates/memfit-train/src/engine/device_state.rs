@@ -7,7 +7,7 @@
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType, IndexingUpdateOp, TensorData};
 
-use crate::optim::{DeviceOptimizer, Flat, FlatLayout, Optimizer, clip_coefficient};
+use crate::optim::{DeviceOptimizer, Flat, FlatLayout, Optimizer};
 use memfit_nn::ModelError;
 use memfit_nn::kernels::device::staged_sum;
 use memfit_nn::layers::grad_sink::GradTarget;
@@ -144,8 +144,10 @@ impl DeviceState {
     pub(super) fn step(&mut self, lr: f64, max_grad_norm: Option<f64>) -> Result<f64, ModelError> {
         let grads = &mut self.grads;
         let g = self.layout.flatten(|i| grads[i].take(), &self.device);
-        let grad_norm = norm(&g)?;
-        let scale = max_grad_norm.map_or(1.0, |max| clip_coefficient(grad_norm, max));
+        // The norm and clipping's coefficient stay on the device until the update is done: a step
+        // reads nothing back before it (what a replayed graph needs), the norm once after.
+        let squares = squares_on_device(&g, &self.device);
+        let scale = max_grad_norm.map(|max| clip_coefficient_on_device(squares.clone(), max));
         // The old compute copies go first, so that fp32's (views of the masters themselves) do
         // not pin the old masters while the update writes the new ones.
         self.compute.clear();
@@ -156,7 +158,7 @@ impl DeviceState {
         self.clear_gradients();
         self.recast();
         self.host_stale = true;
-        Ok(grad_norm)
+        Ok(f64::from(scalar(squares)?).sqrt())
     }
 
     /// The compute weights: views of the masters cast once, and the frozen weights.
@@ -209,6 +211,35 @@ impl DeviceState {
 
 /// The L2 norm of all the values of `tensors` (a gradient per parameter, or the chunks of laid-out
 /// gradients): one scalar read back.
+/// The sum of the squares of `tensors`' values as a `[1]` tensor on `device` (0 for none).
+fn squares_on_device(tensors: &[Tensor<1>], device: &Device) -> Tensor<1> {
+    let squares: Vec<Tensor<1>> = (tensors.iter())
+        .map(|t| staged_sum(t.clone() * t.clone()))
+        .collect();
+    if squares.is_empty() {
+        return Tensor::zeros([1], (device, DType::F32));
+    }
+    Tensor::cat(squares, 0).sum()
+}
+
+/// `torch.nn.utils.clip_grad_norm_`'s coefficient, `max_norm / (norm + 1e-6)` at most 1, from the
+/// sum of squares, computed on the device: in f64 where the device has it, as the host's
+/// [`crate::optim::clip_coefficient`] (a coefficient an ulp apart moves a bf16 run's weights
+/// apart within 20 steps), else in f32 (wgpu).
+fn clip_coefficient_on_device(squares: Tensor<1>, max_norm: f64) -> Tensor<1> {
+    let device = squares.device();
+    let wide = if device.supports_dtype(FloatDType::F64) {
+        FloatDType::F64
+    } else {
+        FloatDType::F32
+    };
+    let norm = squares.cast(wide).sqrt();
+    let max = Tensor::full([1], max_norm, (&device, DType::from(wide)));
+    (max / norm.add_scalar(1e-6))
+        .clamp_max(1.0)
+        .cast(FloatDType::F32)
+}
+
 fn norm<'a, const D: usize>(
     tensors: impl IntoIterator<Item = &'a Tensor<D>>,
 ) -> Result<f64, ModelError> {

@@ -151,25 +151,22 @@ impl DeviceOptimizer {
     }
 
     /// One update of `masters` (the f32 masters laid out as `layout`) from `grads` (laid out
-    /// alike), the gradients multiplied by `grad_scale` first (clipping's coefficient); the new
-    /// masters. `lr` is the scheduler's rate (ignored by Adafactor's relative step). A parameter
-    /// without a state here (another rank's ZeRO-1 shard) keeps its value.
+    /// alike), the gradients multiplied by `grad_scale` first (clipping's coefficient, a `[1]`
+    /// tensor computed on the device; `None`: no clipping); the new masters. `lr` is the
+    /// scheduler's rate (ignored by Adafactor's relative step). A parameter without a state here
+    /// (another rank's ZeRO-1 shard) keeps its value.
     pub fn step_flat(
         &mut self,
         masters: Flat,
         layout: &FlatLayout,
         grads: Flat,
-        (lr, grad_scale): (f64, f32),
+        (lr, grad_scale): (f64, Option<Tensor<1>>),
     ) -> Flat {
         self.step += 1;
         let at = (self.step, lr);
-        let g: Flat = if grad_scale == 1.0 {
-            grads
-        } else {
-            grads
-                .into_iter()
-                .map(|c| c.mul_scalar(grad_scale))
-                .collect()
+        let g: Flat = match grad_scale {
+            None => grads,
+            Some(scale) => grads.into_iter().map(|c| c * scale.clone()).collect(),
         };
         match (&self.config, &mut self.moments) {
             (
@@ -180,8 +177,12 @@ impl DeviceOptimizer {
                     exp_avg_sq,
                 },
             ) => {
+                let Some(device) = masters.first().map(Tensor::device) else {
+                    return masters;
+                };
+                let scalars = adamw_scalars(c, at, &device);
                 let moments = (std::mem::take(exp_avg), std::mem::take(exp_avg_sq));
-                let (w, m, v) = adamw_shard(c, at, (own, moments), (masters, layout), g);
+                let (w, m, v) = adamw_shard(c, &scalars, (own, moments), (masters, layout), g);
                 (*exp_avg, *exp_avg_sq) = (m, v);
                 w
             }
@@ -212,7 +213,7 @@ impl DeviceOptimizer {
 /// ZeRO-1 shard of them) of `masters` laid out as `layout`: the new masters and moments.
 fn adamw_shard(
     c: &AdamWConfig,
-    at: (u64, f64),
+    at: &[Tensor<1>; 3],
     (own, (m, v)): (&FlatLayout, (Flat, Flat)),
     (masters, layout): (Flat, &FlatLayout),
     g: Flat,
@@ -244,29 +245,41 @@ fn adamw_shard(
     (masters, m, v)
 }
 
-/// `torch.optim.AdamW`'s update of `[w, m, v]`, as [`super::adamw`] computes it on the host. The
-/// three are taken by value, so that burn's ops may write them in place.
+/// AdamW's scalars that change from step to step — the rate over the first moment's bias
+/// correction, the second's correction (as 1 / sqrt), the decoupled decay — as `[1]` views of one
+/// `[3]` tensor on the device. The update reads them there rather than as kernel constants,
+/// which a replayed CUDA graph would keep at their values at capture (tracel-ai/burn#5779); the
+/// betas and eps are the run's constants.
+fn adamw_scalars(c: &AdamWConfig, (step, lr): (u64, f64), device: &Device) -> [Tensor<1>; 3] {
+    let t = step as i32;
+    let values = vec![
+        (lr / (1.0 - c.beta1.powi(t))) as f32,
+        (1.0 / (1.0 - c.beta2.powi(t)).sqrt()) as f32,
+        (1.0 - lr * c.weight_decay) as f32,
+    ];
+    let all: Tensor<1> = Tensor::from_data(TensorData::new(values, [3]), (device, DType::F32));
+    [0, 1, 2].map(|i| all.clone().slice([i..i + 1]))
+}
+
+/// `torch.optim.AdamW`'s update of `[w, m, v]`, as [`super::adamw`] computes it on the host, with
+/// the step's scalars from [`adamw_scalars`]. The three are taken by value, so that burn's ops
+/// may write them in place.
 fn adamw(
     c: &AdamWConfig,
-    (step, lr): (u64, f64),
+    [step_size, inv_bc2_sqrt, decay]: &[Tensor<1>; 3],
     [w, m, v]: [Tensor<1>; 3],
     g: Tensor<1>,
 ) -> [Tensor<1>; 3] {
-    let t = step as i32;
-    let bc1 = 1.0 - c.beta1.powi(t);
-    let inv_bc2_sqrt = (1.0 / (1.0 - c.beta2.powi(t)).sqrt()) as f32;
-    let step_size = (lr / bc1) as f32;
-    let decay = (1.0 - lr * c.weight_decay) as f32;
     let (b1, b2, eps) = (c.beta1 as f32, c.beta2 as f32, c.eps as f32);
     // v first: m's term then takes `g` itself (no full-size copy beside it)
     let v = v.mul_scalar(b2) + (g.clone() * g.clone()).mul_scalar(1.0 - b2);
     let m = m.mul_scalar(b1) + g.mul_scalar(1.0 - b1);
-    let denom = v.clone().sqrt().mul_scalar(inv_bc2_sqrt).add_scalar(eps);
+    let denom = (v.clone().sqrt() * inv_bc2_sqrt.clone()).add_scalar(eps);
     // m / denom as denom's reciprocal times m: written into denom's buffer on any backend (a
     // division by it allocates where only the left operand may be overwritten), so that the
     // update holds one temporary the size of its chunk
     let update = denom.recip() * m.clone();
-    let w = w.mul_scalar(decay) - update.mul_scalar(step_size);
+    let w = w * decay.clone() - update * step_size.clone();
     [w, m, v]
 }
 
@@ -466,7 +479,12 @@ mod tests {
             }
             let mut w_host = start.clone();
             let mut w_dev = layout.join_host(|i| &start[i], &device);
-            for step in 0..3 {
+            // the rate and clipping's coefficient change every step (a graph replaying frozen
+            // kernel scalars would train on the first step's)
+            for (step, (lr, scale)) in [(0.05, 0.75), (0.02, 1.0), (0.08, 0.3)]
+                .into_iter()
+                .enumerate()
+            {
                 let grads: Vec<Option<Vec<f32>>> = shapes
                     .iter()
                     .zip(trainable)
@@ -479,8 +497,9 @@ mod tests {
                     })
                     .collect();
                 let g_dev = layout.join_host(|i| grads[i].as_deref().unwrap(), &device);
-                host.step_scaled(&mut w_host, &grads, 0.05, 0.75);
-                w_dev = dev.step_flat(w_dev, &layout, g_dev, (0.05, 0.75));
+                host.step_scaled(&mut w_host, &grads, lr, scale);
+                let scale_dev = Tensor::from_data(TensorData::new(vec![scale], [1]), &device);
+                w_dev = dev.step_flat(w_dev, &layout, g_dev, (lr, Some(scale_dev)));
             }
             let got = layout.to_host(&w_dev).unwrap();
             for (i, w) in got.iter().enumerate() {
