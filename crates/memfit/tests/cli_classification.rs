@@ -229,17 +229,26 @@ fn bad_input_is_named_and_leaves_no_run() {
     let no_label = dir.path().join("no_label.jsonl");
     std::fs::write(&no_label, "{\"text\": \"the food was good\"}\n").unwrap();
     let attempt = dir.path().join("attempt");
-    let out = memfit()
-        .args(["train", "--task", "classification", "--init"])
-        .arg(run.join("best"))
-        .arg("--data")
-        .arg(&no_label)
-        .arg("--tokenizer")
-        .arg(&tokenizer)
-        .arg("--out")
-        .arg(&attempt)
-        .output()
-        .unwrap();
+    // `memfit train FLAGS… MODEL --data DATA --tokenizer … --out attempt`
+    let try_train = |flags: &[&str], model: &Path, data: &Path| {
+        memfit()
+            .arg("train")
+            .args(flags)
+            .arg(model)
+            .arg("--data")
+            .arg(data)
+            .arg("--tokenizer")
+            .arg(&tokenizer)
+            .arg("--out")
+            .arg(&attempt)
+            .output()
+            .unwrap()
+    };
+    let out = try_train(
+        &["--task", "classification", "--init"],
+        &run.join("best"),
+        &no_label,
+    );
     bad(&out, &["label", "no_label.jsonl"]);
     assert!(
         !attempt.exists(),
@@ -254,17 +263,7 @@ fn bad_input_is_named_and_leaves_no_run() {
         "{\"text\": \"the food was good\", \"label\": \"joy\"}\n",
     )
     .unwrap();
-    let out = memfit()
-        .args(["train", "--init"])
-        .arg(run.join("best"))
-        .arg("--data")
-        .arg(&other)
-        .arg("--tokenizer")
-        .arg(&tokenizer)
-        .arg("--out")
-        .arg(&attempt)
-        .output()
-        .unwrap();
+    let out = try_train(&["--init"], &run.join("best"), &other);
     bad(&out, &["\"joy\"", "positive"]);
     assert!(!attempt.exists());
 
@@ -277,17 +276,11 @@ fn bad_input_is_named_and_leaves_no_run() {
             text += &format!("{{\"text\": \"the food was good {i}\", \"label\": {l}}}\n");
         }
         std::fs::write(&labels, text).unwrap();
-        let out = memfit()
-            .args(["train", "--task", "classification", "--model"])
-            .arg(demo_dir.join("config.json"))
-            .arg("--data")
-            .arg(&labels)
-            .arg("--tokenizer")
-            .arg(&tokenizer)
-            .arg("--out")
-            .arg(&attempt)
-            .output()
-            .unwrap();
+        let out = try_train(
+            &["--task", "classification", "--model"],
+            &demo_dir.join("config.json"),
+            &labels,
+        );
         bad(
             &out,
             &["labels.jsonl", "line 4", &format!("label {stray}"), "65535"],
@@ -322,17 +315,7 @@ fn bad_input_is_named_and_leaves_no_run() {
     let last = bytes.len() - 1;
     bytes[last] ^= 1;
     std::fs::write(&weights, bytes).unwrap();
-    let out = memfit()
-        .args(["train", "--init"])
-        .arg(&flipped)
-        .arg("--data")
-        .arg(demo_dir.join("train.jsonl"))
-        .arg("--tokenizer")
-        .arg(&tokenizer)
-        .arg("--out")
-        .arg(&attempt)
-        .output()
-        .unwrap();
+    let out = try_train(&["--init"], &flipped, &demo_dir.join("train.jsonl"));
     bad(&out, &["--init", "model.safetensors", "SHA-256"]);
     assert!(!attempt.exists());
     let out = memfit()
@@ -363,17 +346,11 @@ fn bad_input_is_named_and_leaves_no_run() {
     bad(&out, &["not a checkpoint", "demo"]);
 
     // --init of another architecture than --model.
-    let out = memfit()
-        .args(["train", "--model", "t5-small", "--init"])
-        .arg(run.join("best"))
-        .arg("--data")
-        .arg(demo_dir.join("train.jsonl"))
-        .arg("--tokenizer")
-        .arg(&tokenizer)
-        .arg("--out")
-        .arg(&attempt)
-        .output()
-        .unwrap();
+    let out = try_train(
+        &["--model", "t5-small", "--init"],
+        &run.join("best"),
+        &demo_dir.join("train.jsonl"),
+    );
     assert_eq!(
         out.status.code(),
         Some(2),
