@@ -187,6 +187,10 @@ impl DeviceOptimizer {
                 w
             }
             (OptimizerConfig::Adafactor(c), Moments::Adafactor(factors)) => {
+                let Some(device) = masters.first().map(Tensor::device) else {
+                    return masters;
+                };
+                let at = AdafactorScalars::new(c, at, &device);
                 let mut masters = masters;
                 for i in layout.indices() {
                     let Some(f) = factors[i].as_mut() else {
@@ -196,9 +200,9 @@ impl DeviceOptimizer {
                     let g = layout.view(&g, i).expect("laid out");
                     let new = match f {
                         Factors::Factored { row, col } => {
-                            adafactor_factored(c, at, &self.shapes[i], w, g, row, col)
+                            adafactor_factored(c, &at, &self.shapes[i], w, g, row, col)
                         }
-                        Factors::Full { exp_avg_sq } => adafactor_full(c, at, w, g, exp_avg_sq),
+                        Factors::Full { exp_avg_sq } => adafactor_full(c, &at, w, g, exp_avg_sq),
                     };
                     layout.assign(&mut masters, i, new);
                 }
@@ -295,19 +299,41 @@ fn mean_of_all(x: Tensor<2>) -> Tensor<2> {
     staged_sum(x).div_scalar(n).reshape([1, 1])
 }
 
-/// `Adafactor._get_lr` as a `[1, 1]` tensor: the relative or external rate, times the weights'
-/// RMS (at least `eps2`) when `scale_parameter`.
-fn step_size(c: &AdafactorConfig, (step, lr): (u64, f64), w: &Tensor<2>) -> Tensor<2> {
-    let rel = match c.lr {
-        AdafactorLr::Relative => (1e-2f64).min(1.0 / (step as f64).sqrt()),
-        AdafactorLr::External => lr,
-    };
+/// Adafactor's scalars that change from step to step — the relative (or external) rate, the
+/// second moment's decay `beta2t` and `1 - beta2t` — as `[1, 1]` views of one tensor on the
+/// device, for the reason of [`adamw_scalars`].
+struct AdafactorScalars {
+    rate: Tensor<2>,
+    beta2t: Tensor<2>,
+    one_minus_beta2t: Tensor<2>,
+}
+
+impl AdafactorScalars {
+    fn new(c: &AdafactorConfig, (step, lr): (u64, f64), device: &Device) -> Self {
+        let rate = match c.lr {
+            AdafactorLr::Relative => (1e-2f64).min(1.0 / (step as f64).sqrt()),
+            AdafactorLr::External => lr,
+        };
+        let beta2t = 1.0 - (step as f64).powf(c.decay_rate);
+        let values = vec![rate as f32, beta2t as f32, (1.0 - beta2t) as f32];
+        let all: Tensor<1> = Tensor::from_data(TensorData::new(values, [3]), (device, DType::F32));
+        let [rate, beta2t, one_minus_beta2t] =
+            [0, 1, 2].map(|i| all.clone().slice([i..i + 1]).reshape([1, 1]));
+        Self {
+            rate,
+            beta2t,
+            one_minus_beta2t,
+        }
+    }
+}
+
+/// `Adafactor._get_lr` as a `[1, 1]` tensor: the step's rate, times the weights' RMS (at least
+/// `eps2`) when `scale_parameter`.
+fn step_size(c: &AdafactorConfig, at: &AdafactorScalars, w: &Tensor<2>) -> Tensor<2> {
     if c.scale_parameter {
-        rms(w.clone())
-            .clamp_min(c.eps2 as f32)
-            .mul_scalar(rel as f32)
+        rms(w.clone()).clamp_min(c.eps2 as f32) * at.rate.clone()
     } else {
-        Tensor::full([1, 1], rel as f32, &w.device())
+        at.rate.clone()
     }
 }
 
@@ -328,7 +354,7 @@ fn apply(c: &AdafactorConfig, lr_t: Tensor<2>, w: Tensor<2>, update: Tensor<2>) 
 
 fn adafactor_factored(
     c: &AdafactorConfig,
-    at: (u64, f64),
+    at: &AdafactorScalars,
     shape: &ParamShape,
     w: Tensor<2>,
     g: Tensor<2>,
@@ -336,8 +362,7 @@ fn adafactor_factored(
     col: &mut Tensor<2>,
 ) -> Tensor<2> {
     let lr_t = step_size(c, at, &w);
-    let beta2t = 1.0 - (at.0 as f64).powf(c.decay_rate);
-    let (b, a) = (beta2t as f32, (1.0 - beta2t) as f32);
+    let (b, a) = (&at.beta2t, &at.one_minus_beta2t);
     // transformers' orientation: the factors are over its rows and columns, which are memfit's
     // columns and rows when the parameter is stored transposed (read so, without a transposed copy)
     let (row_dim, col_dim) = if shape.transposed { (0, 1) } else { (1, 0) };
@@ -345,8 +370,8 @@ fn adafactor_factored(
     let (row_dims, col_dims) = (row.dims(), col.dims());
     let row_mean = u.clone().mean_dim(row_dim).reshape(row_dims);
     let col_mean = u.mean_dim(col_dim).reshape(col_dims);
-    *row = row.clone().mul_scalar(b) + row_mean.mul_scalar(a);
-    *col = col.clone().mul_scalar(b) + col_mean.mul_scalar(a);
+    *row = row.clone() * b.clone() + row_mean * a.clone();
+    *col = col.clone() * b.clone() + col_mean * a.clone();
     // _approx_sq_grad: rsqrt(row / mean(row)) ⊗ rsqrt(col), laid out as the gradient is
     let row_avg = mean_of_all(row.clone());
     let r_factor = (row.clone() / row_avg).sqrt().recip();
@@ -362,18 +387,14 @@ fn adafactor_factored(
 
 fn adafactor_full(
     c: &AdafactorConfig,
-    at: (u64, f64),
+    at: &AdafactorScalars,
     w: Tensor<2>,
     g: Tensor<2>,
     v: &mut Tensor<2>,
 ) -> Tensor<2> {
     let lr_t = step_size(c, at, &w);
-    let beta2t = 1.0 - (at.0 as f64).powf(c.decay_rate);
-    let (b, a) = (beta2t as f32, (1.0 - beta2t) as f32);
-    *v = v.clone().mul_scalar(b)
-        + (g.clone() * g.clone())
-            .add_scalar(c.eps1 as f32)
-            .mul_scalar(a);
+    *v = v.clone() * at.beta2t.clone()
+        + (g.clone() * g.clone()).add_scalar(c.eps1 as f32) * at.one_minus_beta2t.clone();
     let update = v.clone().sqrt().recip() * g;
     apply(c, lr_t, w, update)
 }
