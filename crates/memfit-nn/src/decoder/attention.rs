@@ -10,6 +10,7 @@
 
 use burn::prelude::*;
 use burn::tensor::{DType, TensorData};
+use std::cell::OnceCell;
 
 use crate::decoder::config::DecoderConfig;
 use crate::decoder::rope::RopeTables;
@@ -86,13 +87,26 @@ impl Visibility<'_> {
     }
 }
 
-/// What every layer of one forward pass shares: RoPE tables and the masks.
+/// What every layer of one forward pass shares: RoPE tables and the masks. The additive masks are
+/// built when a layer first asks: a pass whose layers all take the fused causal path
+/// ([`attend_causal_or_masked`]) builds none on the host and uploads none, only the causal mask
+/// made on the device from indices.
 pub struct Context {
     pub rope: RopeTables,
+    /// The rows' real tokens `[b, keys]`, the keys and queries, for the masks.
+    key_mask: Vec<bool>,
+    keys: usize,
+    queries: usize,
+    groups: usize,
+    window: Option<usize>,
+    device: Device,
+    dtype: DType,
     /// The causal + padding mask of full-attention layers.
-    pub full: Tensor<4>,
+    full: OnceCell<Tensor<4>>,
     /// The same with the model's sliding window, when a layer has one.
-    pub sliding: Option<Tensor<4>>,
+    sliding: OnceCell<Tensor<4>>,
+    /// The causal mask `[1, 1, groups·t, t]` alone, made on the device.
+    causal: OnceCell<Tensor<4>>,
     /// [`Visibility::causal_for_real_rows`]: a full-attention layer may take burn's causal flag
     /// for its mask ([`attend_causal_or_masked`]).
     pub causal_rows: bool,
@@ -108,22 +122,58 @@ impl Context {
         dtype: DType,
     ) -> Self {
         let batch = visibility.key_mask.len() / visibility.keys.max(1);
-        let groups = cfg.kv_groups();
-        let window = cfg.sliding_windows.iter().flatten().next().copied();
         Self {
             rope: cfg.rope.tables(positions, batch, device, dtype),
-            full: visibility.bias(None, groups, device, dtype),
-            sliding: window.map(|w| visibility.bias(Some(w), groups, device, dtype)),
+            key_mask: visibility.key_mask.to_vec(),
+            keys: visibility.keys,
+            queries: visibility.queries,
+            groups: cfg.kv_groups(),
+            window: cfg.sliding_windows.iter().flatten().next().copied(),
+            device: device.clone(),
+            dtype,
+            full: OnceCell::new(),
+            sliding: OnceCell::new(),
+            causal: OnceCell::new(),
             causal_rows: visibility.causal_for_real_rows(),
         }
     }
 
-    /// The mask of a layer with `window`.
-    pub fn mask(&self, window: Option<usize>) -> &Tensor<4> {
-        match (window, &self.sliding) {
-            (Some(_), Some(sliding)) => sliding,
-            _ => &self.full,
+    fn visibility(&self) -> Visibility<'_> {
+        Visibility {
+            key_mask: &self.key_mask,
+            keys: self.keys,
+            queries: self.queries,
         }
+    }
+
+    /// The mask of a layer with `window`, built (on the host) the first time it is asked for.
+    pub fn mask(&self, window: Option<usize>) -> &Tensor<4> {
+        let bias = |w| {
+            self.visibility()
+                .bias(w, self.groups, &self.device, self.dtype)
+        };
+        match (window, self.window) {
+            (Some(_), Some(w)) => self.sliding.get_or_init(|| bias(Some(w))),
+            _ => self.full.get_or_init(|| bias(None)),
+        }
+    }
+
+    /// Whether a mask was built on the host in this pass (the fused causal path builds none).
+    pub fn built_on_host(&self) -> bool {
+        self.full.get().is_some() || self.sliding.get().is_some()
+    }
+
+    /// The causal mask `[1, 1, groups·t, t]` of a whole pass, stacked as [`Visibility::bias`] lays
+    /// it out, made on the device: what the fused attention's backward reads where
+    /// [`Context::causal_rows`] holds (the padding then changes no row that matters).
+    fn causal(&self) -> &Tensor<4> {
+        self.causal.get_or_init(|| {
+            let (t, g) = (self.keys, self.groups);
+            let hidden = Tensor::<2, Bool>::tril_mask([t, t], 0, &self.device).repeat_dim(0, g);
+            Tensor::zeros([g * t, t], (&self.device, self.dtype))
+                .mask_fill(hidden, MASKED)
+                .reshape([1, 1, g * t, t])
+        })
     }
 }
 
@@ -143,7 +193,7 @@ pub fn attend_causal_or_masked(
     if ctx.causal_rows && unwindowed && drop.p() == 0.0 && device::runs_on(&q) {
         // the attention stream advances as the composite path's draw would
         drop.next_seed();
-        let out = device::attention::causal_attention(q, k, v, &ctx.full);
+        let out = device::attention::causal_attention(q, k, v, ctx.causal());
         return out.swap_dims(1, 2).reshape([b, t, h * d]);
     }
     grouped_attention(q, k, v, ctx.mask(window), drop)
@@ -197,6 +247,39 @@ mod tests {
         let mask = [false, false, true, true, true, true, false];
         assert_eq!(positions(&mask[..], 7), [1, 1, 0, 1, 2, 3, 1]);
         assert_eq!(positions(&[true; 3], 3), [0, 1, 2]);
+    }
+
+    /// The causal mask made on the device is the host's stacked mask of a row without padding,
+    /// and asking for it builds nothing on the host.
+    #[test]
+    fn the_device_causal_mask_is_the_hosts_without_padding() {
+        let cfg = DecoderConfig::from_json(&serde_json::json!({"model_type": "llama",
+            "hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "num_hidden_layers": 1, "vocab_size": 10}))
+        .unwrap();
+        let t = 5;
+        let key_mask = [[true; 5], [true, true, true, false, false]].concat();
+        let vis = Visibility {
+            key_mask: &key_mask,
+            keys: t,
+            queries: t,
+        };
+        let device = Device::flex();
+        let ctx = Context::new(&cfg, &positions(&key_mask, t), vis, &device, DType::F32);
+        assert!(ctx.causal_rows);
+        let causal = ctx.causal().clone();
+        assert_eq!(causal.dims(), [1, 1, 2 * t, t]);
+        assert!(!ctx.built_on_host(), "the fused path builds no host mask");
+        let host = Visibility {
+            key_mask: &key_mask[..t],
+            keys: t,
+            queries: t,
+        }
+        .bias(None, 2, &device, DType::F32);
+        let values = |x: Tensor<4>| x.into_data().to_vec::<f32>().unwrap();
+        assert_eq!(values(causal), values(host));
+        let _ = ctx.mask(None);
+        assert!(ctx.built_on_host());
     }
 
     /// Right padding (or none) over a whole pass takes burn's causal flag; left padding, or a

@@ -92,8 +92,9 @@ fn fused_attention(arch: &Arch) -> bool {
     arch.attention_dropout == 0.0
 }
 
-/// One decoder micro-batch's forward pass and the tokens the LM head reads. The masks
-/// `[b, 1, groups × t, t]` are shared by the blocks; the final norm's input (with statistics) and
+/// One decoder micro-batch's forward pass and the tokens the LM head reads. The mask is shared by
+/// the blocks: fused, the causal one `[1, 1, groups × t, t]` made on the device (memfit-nn's
+/// `Context::causal`), else the causal + padding one `[b, 1, groups × t, t]`; the final norm's input (with statistics) and
 /// output stay for backward. Under per-layer checkpointing (decoder/block_ckpt.rs) the forward keeps each
 /// block's input (the residual stream) and backward recomputes one block at a time.
 pub(super) fn forward(arch: &Arch, setup: &Setup, w: &Widths) -> Forward {
@@ -107,7 +108,7 @@ pub(super) fn forward(arch: &Arch, setup: &Setup, w: &Widths) -> Forward {
     };
     let one = b * s * (block(arch, setup, w) + attention);
     let final_norm = b * s * (2 * w.compute * d + NORM_ROW_STATS);
-    let masks = w.compute * b * groups * s * s;
+    let masks = w.compute * if fused { 1 } else { b } * groups * s * s;
     Forward {
         saved: arch.decoder_layers * one + final_norm + masks,
         boundaries: w.compute * b * s * d * arch.decoder_layers + final_norm + masks,
