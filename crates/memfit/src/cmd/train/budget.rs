@@ -111,7 +111,7 @@ pub fn resolve(
 }
 
 /// Where a budget `memfit run` handed over came from, as the start line says it.
-const SUPERVISED: &str = "memfit run's budget up to its soft limit (MEMFIT_RUN_BUDGET_BYTES)";
+const SUPERVISED: &str = "memfit run's budget up to its soft limit, MEMFIT_RUN_BUDGET_BYTES";
 
 /// The budget `memfit run` hands its job ([`memfit_sys::supervise::BUDGET_ENV`]), if this process
 /// runs under one; a value that is not a byte count is exit 2 naming the variable.
