@@ -45,13 +45,13 @@ impl<'a> EncodedChunks<'a> {
         if inputs.is_empty() {
             return Err(DataError::Options("no input files given".into()));
         }
-        if let Some(n) = label_names.as_ref().map(Vec::len) {
-            if n > crate::rows::MAX_LABELS as usize {
-                return Err(DataError::Options(format!(
-                    "--label-names: {n} names, past the {} labels memfit takes",
-                    crate::rows::MAX_LABELS
-                )));
-            }
+        if let Some(n) = label_names.as_ref().map(Vec::len)
+            && n > crate::rows::MAX_LABELS as usize
+        {
+            return Err(DataError::Options(format!(
+                "--label-names: {n} names, past the {} labels memfit takes",
+                crate::rows::MAX_LABELS
+            )));
         }
         let mut readers = Vec::with_capacity(inputs.len());
         let mut rows_total = Some(0u64);

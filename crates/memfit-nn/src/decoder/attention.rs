@@ -159,7 +159,8 @@ impl Context {
     }
 
     /// Whether a mask was built on the host in this pass (the fused causal path builds none).
-    pub fn built_on_host(&self) -> bool {
+    #[cfg(test)]
+    fn built_on_host(&self) -> bool {
         self.full.get().is_some() || self.sliding.get().is_some()
     }
 
@@ -276,7 +277,7 @@ mod tests {
             queries: t,
         }
         .bias(None, 2, &device, DType::F32);
-        let values = |x: Tensor<4>| x.into_data().to_vec::<f32>().unwrap();
+        let values = |x: Tensor<4>| crate::layers::host::to_f32_vec(x).unwrap();
         assert_eq!(values(causal), values(host));
         let _ = ctx.mask(None);
         assert!(ctx.built_on_host());

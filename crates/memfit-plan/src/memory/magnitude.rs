@@ -29,66 +29,65 @@ pub fn check(arch: &Arch, setup: &Setup) -> Result<(), String> {
     ]
     .into_iter()
     .fold(1.0, f64::max);
+    let params = f(arch.params_total());
     let shape = || {
-        format!(
-            "--batch {} × --seq {}{}",
-            setup.batch,
-            setup.seq,
-            if setup.tgt_seq > 0 {
-                format!(" (+ --tgt-seq {})", setup.tgt_seq)
-            } else {
-                String::new()
-            }
-        )
+        let tgt = if setup.tgt_seq > 0 {
+            format!(" (+ --tgt-seq {})", setup.tgt_seq)
+        } else {
+            String::new()
+        };
+        format!("--batch {} × --seq {}{tgt}", setup.batch, setup.seq)
     };
-    let terms = [
-        (tokens * width * layers, "the activations", shape()),
+    // The flags are named only when a term fails: the search estimates every candidate.
+    type Flags<'a> = &'a dyn Fn() -> String;
+    let terms: [(f64, &str, Flags); 9] = [
+        (tokens * width * layers, "the activations", &shape),
         (
             tokens * seq * f(arch.heads.max(1)) * layers,
             "the attention scores",
-            shape(),
+            &shape,
         ),
-        (tokens * f(arch.vocab.max(1)), "the logits", shape()),
+        (tokens * f(arch.vocab.max(1)), "the logits", &shape),
         (
             tokens * f(setup.accum),
             "the tokens of one optimizer step",
-            format!("{} × --accum {}", shape(), setup.accum),
+            &|| format!("{} × --accum {}", shape(), setup.accum),
         ),
         (
             f(setup.lora_r) * width * layers * 16.0,
             "the LoRA adapters",
-            format!("--lora-r {}", setup.lora_r),
+            &|| format!("--lora-r {}", setup.lora_r),
         ),
         (
-            f(setup.gpus) * f(setup.nodes) * f(arch.params_total()),
+            f(setup.gpus) * f(setup.nodes) * params,
             "the replicas' parameters",
-            format!("--gpus {} × --nodes {}", setup.gpus, setup.nodes),
+            &|| format!("--gpus {} × --nodes {}", setup.gpus, setup.nodes),
         ),
+        (f(setup.dataset_rows) * 64.0, "the dataset's index", &|| {
+            format!("--dataset-rows {}", setup.dataset_rows)
+        }),
         (
-            f(setup.dataset_rows) * 64.0,
-            "the dataset's index",
-            format!("--dataset-rows {}", setup.dataset_rows),
-        ),
-        (
-            f(setup.workers) * f(arch.params_total()),
+            f(setup.workers) * params,
             "the loader workers' copies",
-            format!("--workers {}", setup.workers),
+            &|| format!("--workers {}", setup.workers),
         ),
         (
             f(setup.zero_bucket_size.unwrap_or(0)),
             "the ZeRO buckets",
-            "--zero-bucket-size".to_string(),
+            &|| "--zero-bucket-size".to_string(),
         ),
     ];
-    for (elements, what, flags) in terms {
-        if elements > MAX_ELEMENTS {
-            return Err(format!(
-                "{flags}: {what} would be {elements:.3e} elements, past the {MAX_ELEMENTS:.3e} \
-                 (2^56) memfit estimates"
-            ));
-        }
+    match terms
+        .into_iter()
+        .find(|(elements, ..)| *elements > MAX_ELEMENTS)
+    {
+        None => Ok(()),
+        Some((elements, what, flags)) => Err(format!(
+            "{}: {what} would be {elements:.3e} elements, past the {MAX_ELEMENTS:.3e} \
+             (2^56) memfit estimates",
+            flags()
+        )),
     }
-    Ok(())
 }
 
 #[cfg(test)]

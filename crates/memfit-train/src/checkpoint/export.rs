@@ -1,6 +1,6 @@
 //! `memfit export`: a checkpoint as the Hugging Face directory its family is loaded from, without
-//! the trainer's own files (optimizer state, trainer_state.json, SHA256SUMS, checked first); with `merge`, a LoRA checkpoint's
-//! adapter merged into its base model. Written into a hidden sibling directory and renamed into
+//! the trainer's own files (optimizer state, trainer_state.json, SHA256SUMS, checked first); with
+//! `merge`, a LoRA checkpoint's adapter merged into its base model. Written into a hidden sibling directory and renamed into
 //! place: an interrupted export leaves no directory that looks complete.
 
 use super::TrainerState;

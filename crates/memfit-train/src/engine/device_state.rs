@@ -92,7 +92,7 @@ impl DeviceState {
 
     /// Global L2 norm of the accumulated gradients: one scalar read back.
     pub(super) fn grad_norm(&self) -> Result<f64, ModelError> {
-        norm(self.grads.iter().flatten())
+        norm(self.grads.iter().flatten(), &self.device)
     }
 
     /// The accumulated gradients taken out (a trained parameter without one yet: zeros; frozen:
@@ -209,17 +209,27 @@ impl DeviceState {
     }
 }
 
-/// The L2 norm of all the values of `tensors` (a gradient per parameter, or the chunks of laid-out
-/// gradients): one scalar read back.
-/// The sum of the squares of `tensors`' values as a `[1]` tensor on `device` (0 for none).
-fn squares_on_device(tensors: &[Tensor<1>], device: &Device) -> Tensor<1> {
-    let squares: Vec<Tensor<1>> = (tensors.iter())
+/// The sum of the squares of all the values of `tensors` (a gradient per parameter, or the chunks
+/// of laid-out gradients) as a `[1]` tensor on `device` (0 for none).
+fn squares_on_device<'a, const D: usize>(
+    tensors: impl IntoIterator<Item = &'a Tensor<D>>,
+    device: &Device,
+) -> Tensor<1> {
+    let squares: Vec<Tensor<1>> = (tensors.into_iter())
         .map(|t| staged_sum(t.clone() * t.clone()))
         .collect();
     if squares.is_empty() {
         return Tensor::zeros([1], (device, DType::F32));
     }
     Tensor::cat(squares, 0).sum()
+}
+
+/// The L2 norm of all the values of `tensors`: one scalar read back.
+fn norm<'a, const D: usize>(
+    tensors: impl IntoIterator<Item = &'a Tensor<D>>,
+    device: &Device,
+) -> Result<f64, ModelError> {
+    Ok(f64::from(scalar(squares_on_device(tensors, device))?).sqrt())
 }
 
 /// `torch.nn.utils.clip_grad_norm_`'s coefficient, `max_norm / (norm + 1e-6)` at most 1, from the
@@ -238,18 +248,6 @@ fn clip_coefficient_on_device(squares: Tensor<1>, max_norm: f64) -> Tensor<1> {
     (max / norm.add_scalar(1e-6))
         .clamp_max(1.0)
         .cast(FloatDType::F32)
-}
-
-fn norm<'a, const D: usize>(
-    tensors: impl IntoIterator<Item = &'a Tensor<D>>,
-) -> Result<f64, ModelError> {
-    let squares: Vec<Tensor<1>> = (tensors.into_iter())
-        .map(|t| staged_sum(t.clone() * t.clone()))
-        .collect();
-    if squares.is_empty() {
-        return Ok(0.0);
-    }
-    Ok(f64::from(scalar(Tensor::cat(squares, 0).sum())?).sqrt())
 }
 
 impl super::sending::TakeGradient for DeviceAccumulators<'_> {

@@ -164,6 +164,9 @@ impl DeviceOptimizer {
     ) -> Flat {
         self.step += 1;
         let at = (self.step, lr);
+        let Some(device) = masters.first().map(Tensor::device) else {
+            return masters;
+        };
         let g: Flat = match grad_scale {
             None => grads,
             Some(scale) => grads.into_iter().map(|c| c * scale.clone()).collect(),
@@ -177,9 +180,6 @@ impl DeviceOptimizer {
                     exp_avg_sq,
                 },
             ) => {
-                let Some(device) = masters.first().map(Tensor::device) else {
-                    return masters;
-                };
                 let scalars = adamw_scalars(c, at, &device);
                 let moments = (std::mem::take(exp_avg), std::mem::take(exp_avg_sq));
                 let (w, m, v) = adamw_shard(c, &scalars, (own, moments), (masters, layout), g);
@@ -187,9 +187,6 @@ impl DeviceOptimizer {
                 w
             }
             (OptimizerConfig::Adafactor(c), Moments::Adafactor(factors)) => {
-                let Some(device) = masters.first().map(Tensor::device) else {
-                    return masters;
-                };
                 let at = AdafactorScalars::new(c, at, &device);
                 let mut masters = masters;
                 for i in layout.indices() {
@@ -256,13 +253,21 @@ fn adamw_shard(
 /// betas and eps are the run's constants.
 fn adamw_scalars(c: &AdamWConfig, (step, lr): (u64, f64), device: &Device) -> [Tensor<1>; 3] {
     let t = step as i32;
-    let values = vec![
-        (lr / (1.0 - c.beta1.powi(t))) as f32,
-        (1.0 / (1.0 - c.beta2.powi(t)).sqrt()) as f32,
-        (1.0 - lr * c.weight_decay) as f32,
-    ];
-    let all: Tensor<1> = Tensor::from_data(TensorData::new(values, [3]), (device, DType::F32));
-    [0, 1, 2].map(|i| all.clone().slice([i..i + 1]))
+    step_scalars(
+        [
+            (lr / (1.0 - c.beta1.powi(t))) as f32,
+            (1.0 / (1.0 - c.beta2.powi(t)).sqrt()) as f32,
+            (1.0 - lr * c.weight_decay) as f32,
+        ],
+        device,
+    )
+}
+
+/// `values` as `[1]` views of one tensor on `device`: one upload for a step's scalars.
+fn step_scalars<const N: usize>(values: [f32; N], device: &Device) -> [Tensor<1>; N] {
+    let all: Tensor<1> =
+        Tensor::from_data(TensorData::new(values.to_vec(), [N]), (device, DType::F32));
+    std::array::from_fn(|i| all.clone().narrow(0, i, 1))
 }
 
 /// `torch.optim.AdamW`'s update of `[w, m, v]`, as [`super::adamw`] computes it on the host, with
@@ -315,10 +320,9 @@ impl AdafactorScalars {
             AdafactorLr::External => lr,
         };
         let beta2t = 1.0 - (step as f64).powf(c.decay_rate);
-        let values = vec![rate as f32, beta2t as f32, (1.0 - beta2t) as f32];
-        let all: Tensor<1> = Tensor::from_data(TensorData::new(values, [3]), (device, DType::F32));
+        let values = [rate as f32, beta2t as f32, (1.0 - beta2t) as f32];
         let [rate, beta2t, one_minus_beta2t] =
-            [0, 1, 2].map(|i| all.clone().slice([i..i + 1]).reshape([1, 1]));
+            step_scalars(values, device).map(|x| x.reshape([1, 1]));
         Self {
             rate,
             beta2t,

@@ -94,8 +94,8 @@ fn fused_attention(arch: &Arch) -> bool {
 
 /// One decoder micro-batch's forward pass and the tokens the LM head reads. The mask is shared by
 /// the blocks: fused, the causal one `[1, 1, groups × t, t]` made on the device (memfit-nn's
-/// `Context::causal`), else the causal + padding one `[b, 1, groups × t, t]`; the final norm's input (with statistics) and
-/// output stay for backward. Under per-layer checkpointing (decoder/block_ckpt.rs) the forward keeps each
+/// `Context::causal`), else the causal + padding one `[b, 1, groups × t, t]`; the final norm's
+/// input (with statistics) and output stay for backward. Under per-layer checkpointing (decoder/block_ckpt.rs) the forward keeps each
 /// block's input (the residual stream) and backward recomputes one block at a time.
 pub(super) fn forward(arch: &Arch, setup: &Setup, w: &Widths) -> Forward {
     let (b, s, d) = (setup.batch, setup.seq, arch.hidden);

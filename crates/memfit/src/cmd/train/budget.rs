@@ -83,7 +83,8 @@ pub fn resolve(
     compute: Compute,
     available: &Available,
 ) -> anyhow::Result<Budget> {
-    let (ram_bytes, ram_source) = match (ram, from_config_file, supervised()?) {
+    let supervisor = supervised()?;
+    let (ram_bytes, ram_source) = match (ram, from_config_file, supervisor) {
         (Some(b), ..) => (b.ram_bytes, b.ram_source),
         (None, Some(bytes), _) => (bytes, "memory_budget_bytes of the --config file".into()),
         (None, None, Some(bytes)) => (bytes, SUPERVISED.into()),
@@ -98,7 +99,7 @@ pub fn resolve(
             )
         }
     };
-    let (ram_bytes, ram_source) = within_supervisor(ram_bytes, ram_source)?;
+    let (ram_bytes, ram_source) = capped_by_supervisor(ram_bytes, ram_source, supervisor);
     Ok(Budget {
         ram_bytes,
         ram_source,
@@ -129,16 +130,20 @@ pub fn supervised() -> anyhow::Result<Option<u64>> {
 /// A budget of its own above what `memfit run` allows gets `memfit run`'s, with a warning: a plan
 /// for more would be stopped by the supervisor, at worst SIGKILLed mid-step.
 pub fn within_supervisor(bytes: u64, source: String) -> anyhow::Result<(u64, String)> {
-    match supervised()? {
+    Ok(capped_by_supervisor(bytes, source, supervised()?))
+}
+
+fn capped_by_supervisor(bytes: u64, source: String, supervisor: Option<u64>) -> (u64, String) {
+    match supervisor {
         Some(allowed) if allowed < bytes => {
             eprintln!(
                 "warning: {source} ({:.2} GiB) is above {SUPERVISED}, {:.2} GiB: planning for that",
                 bytes as f64 / GIB,
                 allowed as f64 / GIB
             );
-            Ok((allowed, SUPERVISED.into()))
+            (allowed, SUPERVISED.into())
         }
-        _ => Ok((bytes, source)),
+        _ => (bytes, source),
     }
 }
 
