@@ -7,7 +7,10 @@
 #                    the same in a second process, its kernels from the disk cache
 #   parity.jsonl  the same 20 steps on the GPU (parity.jsonl) and on the CPU (parity-cpu.jsonl),
 #                 fp32 and bf16, three families
-#   speed.jsonl   memfit and PyTorch on the same card, bf16, the issue's three shapes
+#   speed.jsonl   memfit and PyTorch (eager, then torch.compile's TORCH_COMPILE modes) on the same card,
+#                 bf16, the issue's three shapes (the LoRA base in bf16 on both sides)
+#   matmul.jsonl, matmul-torch.jsonl  each matrix product of those steps timed alone: memfit bench matmul,
+#                 then scripts/gpu/matmul_torch.py (torch.matmul) on the same list
 #   speed-fusion.jsonl  the same shapes with the build that has burn's kernel fusion (.gpu/memfit-fusion.xz)
 #   parity-fusion.jsonl that build's bf16 parity runs (paired with parity-cpu.jsonl)
 #   memory.jsonl  memfit's pool and NVML peaks, three sizes per family
@@ -19,7 +22,7 @@
 #   accept.log, check.json (memfit check --json)
 # The sections run in order of importance inside ACCEPT_SECONDS (default 500): one that would start
 # too late is skipped and says so, and the tables are written from whatever ran. SECTIONS (default
-# "parity speed torch fusion oom resume memory profile") picks some for a short rerun; PARITY_PRECISIONS
+# "parity speed torch matmul fusion oom resume memory profile") picks some for a short rerun; PARITY_PRECISIONS
 # (default "fp32 bf16") the parity rows'.
 # MEMFIT_ACCEPT_DEVICE=cpu runs the same steps, at tiny sizes, on the CPU (a dry run of the script
 # itself); MEMFIT_ACCEPT_DEVICE=wgpu with a memfit built with `--features wgpu` runs them on cubecl's
@@ -40,7 +43,7 @@ SPEED_T5="--model t5-small --batch 32 --seq 128"
 TORCH_T5="--vocab 32128 --d-model 512 --d-ff 2048 --layers 6 --heads 8 --batch 32 --seq 128"
 SPEED_BERT="--model bert-base-chinese --batch 32 --seq 128"
 TORCH_BERT="--hidden 768 --layers 12 --heads 12 --batch 32 --seq 128"
-SPEED_LORA="--model qwen2.5-0.5b --method lora --lora-r 16 --batch 8 --seq 512"
+SPEED_LORA="--model qwen2.5-0.5b --method lora --lora-r 16 --base-precision bf16 --batch 8 --seq 512"
 TORCH_LORA="--batch 8 --seq 512"
 MEMORY_RUNS=("--model tiny --batch 8 --seq 128" "--model tiny --batch 32 --seq 128"
     "--model t5-small --batch 16 --seq 256"
@@ -50,6 +53,13 @@ MEMORY_RUNS=("--model tiny --batch 8 --seq 128" "--model tiny --batch 32 --seq 1
     "--model qwen2-small --method lora --batch 8 --seq 512"
     "--model qwen2.5-0.5b --method lora --batch 4 --seq 512")
 STEPS="--steps 12"
+# torch.compile's modes timed beside eager (the table takes the fastest): reduce-overhead replays CUDA
+# graphs, as memfit's --cuda-graph is to; max-autotune's compile takes minutes, past this script's budget.
+TORCH_COMPILE=${TORCH_COMPILE:-reduce-overhead}
+# The speed shapes' matrix products, timed alone (`memfit bench matmul`, then torch.matmul on the same list).
+MATMUL_RUNS=("--model t5-small --batch 32 --seq 128" "--model bert-base-chinese --batch 32 --seq 128"
+    "--model qwen2.5-0.5b --method lora --lora-r 16 --batch 8 --seq 512")
+MATMUL_ITERS=20
 # The out-of-memory run: a 2-layer Llama (chat-tiny's words) on rows of about 1,900 tokens at micro-batch
 # 2048, which the host plan allows (its CPU attention streams; --budget-ram 95% of the available memory,
 # above what the run uses on the host, and never past the machine's, which memfit refuses): on the device
@@ -62,9 +72,12 @@ if [ "$DEVICE" = cpu ] || [ "$DEVICE" = wgpu ]; then
     OOM_WORDS=20; OOM_SEQ=64; OOM_BATCH=4; OOM_ROWS=16; OOM_GPU_BUDGET=""
     SPEED_T5="--model tiny --batch 2 --seq 16"; TORCH_T5="--batch 2 --seq 16"
     SPEED_BERT="--model bert-small --batch 2 --seq 16"; TORCH_BERT="--batch 2 --seq 16"
-    SPEED_LORA="--model qwen2-small --method lora --batch 1 --seq 16"; TORCH_LORA="--batch 1 --seq 16 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 1000"
+    SPEED_LORA="--model qwen2-small --method lora --base-precision bf16 --batch 1 --seq 16"; TORCH_LORA="--batch 1 --seq 16 --hidden 64 --intermediate 128 --layers 2 --heads 4 --kv-heads 2 --vocab 1000"
     MEMORY_RUNS=("--model tiny --batch 2 --seq 16" "--model bert-small --batch 2 --seq 16")
     STEPS="--steps 5"
+    MATMUL_RUNS=("--model tiny --batch 2 --seq 16" "--model bert-small --batch 2 --seq 16"
+        "--model qwen2-small --method lora --batch 1 --seq 16")
+    MATMUL_ITERS=3
 fi
 # On wgpu's software adapter a buffer past 1 GiB is refused: 64 rows of ~1,000 tokens give 1 GiB of one
 # block's attention scores, so the out-of-memory run halves once there.
@@ -79,7 +92,7 @@ snapshot() {
 }
 : > "$LOG"
 DEADLINE=${ACCEPT_SECONDS:-500}
-SECTIONS=" ${SECTIONS:-parity speed torch fusion oom resume memory profile} "
+SECTIONS=" ${SECTIONS:-parity speed torch matmul fusion oom resume memory profile} "
 # Whether section $1 was asked for.
 want() { [[ "$SECTIONS" == *" $1 "* ]]; }
 log() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$LOG" >&2; }
@@ -165,7 +178,7 @@ PYEOF
 
 log "card: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo none)"
 "$BIN" check --json > "$RES/check.json" 2>>"$LOG"
-for f in parity parity-cpu parity-fusion speed speed-fusion memory resume oom preflight; do : > "$RES/$f.jsonl"; done
+for f in parity parity-cpu parity-fusion speed speed-fusion matmul matmul-torch memory resume oom preflight; do : > "$RES/$f.jsonl"; done
 
 # 0. Preflight: four steps of the tiny T5 on the device. If the device cannot train, say why and stop
 #    here, so a failed start costs a minute of the machine, not nine.
@@ -227,13 +240,34 @@ if want torch && fits 80 "PyTorch's speed"; then
     if [ "$DEVICE" != wgpu ] && $PY -c "import torch, transformers, peft" 2>/dev/null; then
         # shellcheck disable=SC2086
         {
-            measured "$RES/speed.jsonl" $PY $BASE/bench_t5.py $TORCH_T5 --bf16 --device "$DEVICE" --data random $STEPS
-            measured "$RES/speed.jsonl" $PY $BASE/bench_bert_cls.py $TORCH_BERT --bf16 --device "$DEVICE" --data random $STEPS
-            measured "$RES/speed.jsonl" $PY $BASE/bench_causal_lora.py $TORCH_LORA --bf16 --device "$DEVICE" $STEPS
+            for mode in none $TORCH_COMPILE; do
+                [ "$mode" != none ] && ! fits 60 "PyTorch compiled ($mode)" && break
+                measured "$RES/speed.jsonl" $PY $BASE/bench_t5.py $TORCH_T5 --bf16 --device "$DEVICE" --data random $STEPS --compile $mode
+                measured "$RES/speed.jsonl" $PY $BASE/bench_bert_cls.py $TORCH_BERT --bf16 --device "$DEVICE" --data random $STEPS --compile $mode
+                measured "$RES/speed.jsonl" $PY $BASE/bench_causal_lora.py $TORCH_LORA --base-dtype bf16 --bf16 --device "$DEVICE" $STEPS --compile $mode
+            done
         }
     else
         log "PyTorch, transformers or PEFT missing (or no such device for PyTorch): no baseline rows"
     fi
+fi
+
+snapshot
+
+# 2a. Each matrix product of the speed shapes' steps alone: memfit's (cubecl's matmul) and torch.matmul's
+#     (cuBLAS) on the same shapes, layouts and card: whether cubecl's GEMMs hold memfit back.
+if want matmul && fits 60 "matmul"; then
+    for run in "${MATMUL_RUNS[@]}"; do
+        fits 20 "matmul: $run" || break
+        # shellcheck disable=SC2086
+        timeout "$(limit)" "$BIN" bench matmul $run --precision $SPEED_PRECISION --device "$DEVICE" \
+            --iters $MATMUL_ITERS --json >> "$RES/matmul.jsonl" 2>>"$LOG" || log "matmul $run: exit $?"
+    done
+    if [ "$DEVICE" != wgpu ] && $PY -c "import torch" 2>/dev/null; then
+        timeout "$(limit)" $PY scripts/gpu/matmul_torch.py "$RES/matmul.jsonl" --device "$DEVICE" \
+            --iters $MATMUL_ITERS > "$RES/matmul-torch.jsonl" 2>>"$LOG" || log "torch.matmul: exit $?"
+    fi
+    log "matmul: $(wc -l < "$RES/matmul.jsonl") products timed, $(wc -l < "$RES/matmul-torch.jsonl") by torch"
 fi
 
 snapshot

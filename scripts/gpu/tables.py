@@ -85,30 +85,95 @@ def preflight(records):
             print(f"{which} FAILED (exit {r.get('exit')}): {str(r.get('error'))[:300]}\n")
 
 
+TORCH_BENCH = {"t5": 0, "bert_cls": 1, "causal_lora": 2, "causal_full": 2}
+
+
+def torch_by_shape(torch):
+    """PyTorch's records per speed shape (0 t5, 1 bert, 2 the decoder): eager, and the fastest
+    compiled mode (torch.compile's), with that mode's name."""
+    eager, compiled = {}, {}
+    for t in torch:
+        i = TORCH_BENCH.get(t.get("bench"))
+        if i is None:
+            continue
+        if t.get("compile", "none") == "none":
+            eager.setdefault(i, t)
+        elif (t.get("tokens_per_s") or 0) > (compiled.get(i, {}).get("tokens_per_s") or 0):
+            compiled[i] = t
+    return eager, compiled
+
+
 def speed(records, gpu_name):
+    """The issue's speed table: memfit beside PyTorch eager and PyTorch compiled (its fastest
+    mode), same card, bf16, medians after warm-up; then what memfit predicted and its first step."""
     print("## Speed and memory beside PyTorch on the same card (bf16)\n")
     peak = peak_for(gpu_name)
     memfit = [r for r in records if "placement" in r]
-    torch = [r for r in records if "bench" in r]
-    print("| shape | memfit tokens/s | PyTorch tokens/s | ratio | memfit NVML peak MiB | (predicted) | PyTorch "
-          "| ratio | memfit MFU | memfit first step s (kernel compiles) / median s |")
+    eager, compiled = torch_by_shape([r for r in records if "bench" in r])
+    ratio = lambda a, b: f"{a / b:.2f}" if a and b else "—"
+    print("| shape | memfit tokens/s | PyTorch eager tokens/s | ratio | PyTorch compiled tokens/s | ratio "
+          "| memfit NVML MiB | PyTorch eager NVML MiB | ratio | memfit MFU |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    details = []
     for i, m in enumerate(memfit):
-        t = torch[i] if i < len(torch) else {}
         s = m.get("setup", {})
         shape = f"{s.get('model')} b{s.get('batch')} s{s.get('seq')}"
+        e, c = eager.get(i, {}), compiled.get(i, {})
         mfu = (m["model_flops_per_step"] / m["sec_per_step_median"] / peak
                if peak and m.get("sec_per_step_median") else None)
-        tps, ttps = m.get("tokens_per_s"), t.get("tokens_per_s")
-        mm, tm = m.get("nvml_peak_mib"), t.get("nvml_peak_mib")
-        ratio = lambda a, b: f"{a / b:.2f}" if a and b else "—"
+        tps, etps, ctps = m.get("tokens_per_s"), e.get("tokens_per_s"), c.get("tokens_per_s")
+        mm, em = m.get("nvml_peak_mib"), e.get("nvml_peak_mib")
+        print(f"| {shape} | {tps or 0:.0f} | {etps or 0:.0f} | {ratio(tps, etps)} | {ctps or 0:.0f} | "
+              f"{ratio(tps, ctps)} | {mm} | {em or '—'} | {ratio(mm, em)} | {f'{mfu:.1%}' if mfu else '—'} |")
         steps = m.get("step_seconds") or []
         first = f"{steps[0]:.2f} / {m['sec_per_step_median']:.3f}" if steps else "—"
         predicted = m.get("predicted_gpu_nvml_bytes")
         predicted = f"{predicted / 2**20:.0f}" if predicted else "—"
-        print(f"| {shape} | {tps or 0:.0f} | {ttps or 0:.0f} | {ratio(tps, ttps)} | {mm} | {predicted} | "
-              f"{tm or '—'} | {ratio(mm, tm)} | {f'{mfu:.1%}' if mfu else '—'} | {first} |")
+        details.append(f"| {shape} | {predicted} | {first} | {c.get('compile', '—')} | "
+                       f"{c.get('nvml_peak_mib', '—')} |")
     print()
+    if details:
+        print("| shape | memfit predicted NVML MiB | memfit first step s (kernel compiles) / median s "
+              "| PyTorch compiled: mode | its NVML MiB |")
+        print("| --- | ---: | ---: | --- | ---: |")
+        print("\n".join(details) + "\n")
+
+
+def matmul(memfit_rows, torch_rows):
+    """Each product of a speed shape's step timed alone: memfit (cubecl's matmul) beside
+    torch.matmul (cuBLAS) on the same shapes and layouts, the largest share of memfit's first."""
+    if not memfit_rows:
+        return
+    print("## The step's matrix products alone: memfit beside torch.matmul (bf16)\n")
+    key = lambda r: (r["setup"]["model"], r["pass"], r["batch"], r["m"], r["k"], r["n"], r["lhs_t"], r["rhs_t"])
+    torch = {key(t): t for t in torch_rows if "setup" in t}
+    models = []
+    for r in memfit_rows:
+        if "setup" in r and r["setup"]["model"] not in models:
+            models.append(r["setup"]["model"])
+    for model in models:
+        rows = [r for r in memfit_rows if r.get("setup", {}).get("model") == model]
+        s = rows[0]["setup"]
+        ours = sum(r["seconds_median"] * r["count"] for r in rows)
+        theirs = [torch.get(key(r)) for r in rows]
+        total = (sum(t["torch_seconds_median"] * r["count"] for r, t in zip(rows, theirs))
+                 if all(theirs) else None)
+        vs = f"; torch.matmul {total * 1e3:.2f} ms (ratio {total / ours:.2f})" if total else ""
+        print(f"**{model}** b{s['batch']} s{s['seq']} ({s['method']}): {len(rows)} products, "
+              f"{ours * 1e3:.2f} ms a step one after the other{vs}.\n")
+        print("| product | pass | layout | batch × m × k × n | count | memfit µs | torch µs | ratio "
+              "| memfit TFLOP/s | torch TFLOP/s | share of memfit's |")
+        print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for r, t in sorted(zip(rows, theirs), key=lambda rt: -rt[0]["seconds_median"] * rt[0]["count"])[:12]:
+            tus = (t or {}).get("torch_seconds_median")
+            ours_us = r["seconds_median"] * 1e6
+            # ratio: torch's time over memfit's (above 1: memfit's product is the faster)
+            theirs_cols = (f"{tus * 1e6:.1f} | {tus * 1e6 / ours_us:.2f}" if tus else "— | —")
+            theirs_rate = f"{t['torch_tflops']:.1f}" if tus else "—"
+            print(f"| {r['what'][:50]} | {r['pass']} | {r['layout']} | {r['batch']} × {r['m']} × {r['k']} × "
+                  f"{r['n']} | {r['count']} | {ours_us:.1f} | {theirs_cols} | {r['tflops']:.1f} | "
+                  f"{theirs_rate} | {r['seconds_median'] * r['count'] / ours:.1%} |")
+        print()
 
 
 def fusion(plain, fused):
@@ -298,6 +363,7 @@ def main():
     parity(rows(folder, "parity.jsonl"), rows(folder, "parity-cpu.jsonl"))
     speed(rows(folder, "speed.jsonl"), gpu)
     fusion(rows(folder, "speed.jsonl"), rows(folder, "speed-fusion.jsonl"))
+    matmul(rows(folder, "matmul.jsonl"), rows(folder, "matmul-torch.jsonl"))
     parity(rows(folder, "parity-fusion.jsonl"), rows(folder, "parity-cpu.jsonl"), build="fusion")
     memory(rows(folder, "memory.jsonl"))
     out_of_memory(rows(folder, "oom.jsonl"))

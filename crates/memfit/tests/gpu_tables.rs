@@ -246,3 +246,91 @@ fn tables_say_when_memfits_gpu_kernels_were_off() {
     write_jsonl(dir.path(), "preflight.jsonl", &[]);
     assert!(!tables(dir.path()).contains("were off"));
 }
+
+/// The issue's speed table: each memfit shape beside PyTorch eager and the fastest compiled mode,
+/// paired by PyTorch's bench name whatever order the records came in.
+#[test]
+fn speed_rows_set_memfit_beside_pytorch_eager_and_its_fastest_compiled_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let memfit = |model: &str, tokens: f64, nvml: u32| {
+        format!(
+            r#"{{"setup": {{"model": "{model}", "batch": 32, "seq": 128}}, "placement": "device", "tokens_per_s": {tokens}, "nvml_peak_mib": {nvml}, "sec_per_step_median": 0.01, "model_flops_per_step": 1e12, "step_seconds": [2.0, 0.01]}}"#
+        )
+    };
+    let torch = |bench: &str, mode: &str, tokens: f64, nvml: u32| {
+        format!(
+            r#"{{"bench": "{bench}", "compile": "{mode}", "tokens_per_s": {tokens}, "nvml_peak_mib": {nvml}}}"#
+        )
+    };
+    let records = [
+        memfit("t5-small", 3000.0, 900),
+        memfit("bert-base-chinese", 2000.0, 1000),
+        torch("bert_cls", "none", 1000.0, 2000),
+        torch("t5", "none", 2000.0, 1800),
+        torch("t5", "reduce-overhead", 4000.0, 1900),
+        torch("t5", "default", 2500.0, 1700),
+        torch("bert_cls", "reduce-overhead", 1600.0, 2100),
+    ];
+    write_jsonl(dir.path(), "speed.jsonl", &records);
+    let md = tables(dir.path());
+    assert_says(
+        &md,
+        "| shape | memfit tokens/s | PyTorch eager tokens/s | ratio | PyTorch compiled tokens/s | ratio | memfit NVML MiB | PyTorch eager NVML MiB | ratio | memfit MFU |",
+    );
+    // t5: eager 2000 (1.50×), compiled's best is reduce-overhead's 4000 (0.75×), NVML 900 / 1800
+    assert_says(
+        &md,
+        "| t5-small b32 s128 | 3000 | 2000 | 1.50 | 4000 | 0.75 | 900 | 1800 | 0.50 | — |",
+    );
+    assert_says(
+        &md,
+        "| bert-base-chinese b32 s128 | 2000 | 1000 | 2.00 | 1600 | 1.25 | 1000 | 2000 | 0.50 | — |",
+    );
+    assert_says(
+        &md,
+        "| t5-small b32 s128 | — | 2.00 / 0.010 | reduce-overhead | 1900 |",
+    );
+}
+
+/// Each product memfit timed beside torch.matmul's time for the same shape and layout; the step's
+/// products summed both ways; the largest share first.
+#[test]
+fn matmul_rows_pair_memfits_products_with_torchs() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup =
+        r#"{"model": "t5-small", "method": "full", "batch": 32, "seq": 128, "precision": "bf16"}"#;
+    let product = |what: &str, m: u32, seconds: f64, count: u32| {
+        format!(
+            r#"{{"what": "{what}", "pass": "forward", "batch": 1, "m": {m}, "k": 512, "n": 512, "lhs_t": false, "rhs_t": false, "count": {count}, "layout": "NN", "seconds_median": {seconds}, "tflops": 1.0, "setup": {setup}}}"#
+        )
+    };
+    let theirs = |m: u32, seconds: f64| {
+        format!(
+            r#"{{"pass": "forward", "batch": 1, "m": {m}, "k": 512, "n": 512, "lhs_t": false, "rhs_t": false, "torch_seconds_median": {seconds}, "torch_tflops": 2.0, "setup": {setup}}}"#
+        )
+    };
+    write_jsonl(
+        dir.path(),
+        "matmul.jsonl",
+        &[product("small", 64, 1e-5, 1), product("big", 4096, 1e-4, 3)],
+    );
+    write_jsonl(
+        dir.path(),
+        "matmul-torch.jsonl",
+        &[theirs(4096, 5e-5), theirs(64, 2e-5)],
+    );
+    let md = tables(dir.path());
+    // memfit 0.31 ms (1e-5 + 3e-4), torch 0.17 ms (2e-5 + 1.5e-4)
+    assert_says(
+        &md,
+        "**t5-small** b32 s128 (full): 2 products, 0.31 ms a step one after the other; torch.matmul 0.17 ms (ratio 0.55).",
+    );
+    assert_says(
+        &md,
+        "| big | forward | NN | 1 × 4096 × 512 × 512 | 3 | 100.0 | 50.0 | 0.50 | 1.0 | 2.0 | 96.8% |",
+    );
+    assert!(
+        md.find("| big |").unwrap() < md.find("| small |").unwrap(),
+        "{md}"
+    );
+}

@@ -1,4 +1,5 @@
-//! `memfit bench`: token-store random access (`data`) and trainer throughput (`train`).
+//! `memfit bench`: token-store random access (`data`), trainer throughput (`train`), the step's
+//! matrix products (`matmul`).
 
 use super::data::data_error;
 use crate::exit::Outcome;
@@ -19,6 +20,9 @@ enum BenchCommand {
     Data(DataArgs),
     /// Train on synthetic tokens; seconds per step, tokens/s, peak RSS (DESIGN.md §3).
     Train(Box<super::bench_train::Args>),
+    /// Time each matrix product of a model's training step alone on the device (against
+    /// `torch.matmul`: scripts/gpu/matmul_torch.py).
+    Matmul(super::bench_matmul::Args),
     /// Measure the host-memory grid of the trainer (one `bench train` process per point) and
     /// compare each peak RSS with memfit-plan's model (`--runtime memfit --device cpu`).
     MemoryGrid(GridArgs),
@@ -61,6 +65,7 @@ pub fn run(args: Args) -> Outcome {
     match args.command {
         BenchCommand::Data(a) => data(a),
         BenchCommand::Train(a) => super::bench_train::run(*a),
+        BenchCommand::Matmul(a) => super::bench_matmul::run(a),
         BenchCommand::MemoryGrid(a) => memory_grid(a),
     }
 }

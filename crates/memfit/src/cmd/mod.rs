@@ -1,6 +1,7 @@
 //! One module per subcommand; each owns its `Args` and its `run`.
 
 pub mod bench;
+pub mod bench_matmul;
 pub mod bench_train;
 pub mod calibrate;
 pub mod check;
