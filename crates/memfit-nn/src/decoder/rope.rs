@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 
 use crate::ModelError;
 use crate::decoder::fields::{Fields, bad};
+use crate::kernels::hand_written_on;
 
 /// How the inverse frequencies are scaled (`rope_type`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -158,7 +159,9 @@ impl Rope {
         (cos, sin)
     }
 
-    /// cos and sin tables `[b, 1, t, head_dim]` in `dtype` for `positions` `[b · t]`.
+    /// cos and sin tables `[b, 1, t, head_dim]` in `dtype` for `positions` `[b · t]`: built on the
+    /// host where the hand-written CPU ops run (no upload there), else on the device from the
+    /// positions and the inverse frequencies, `head_dim` times fewer values uploaded.
     pub fn tables(
         &self,
         positions: &[usize],
@@ -168,11 +171,39 @@ impl Rope {
     ) -> RopeTables {
         let t = positions.len() / batch.max(1);
         let shape = [batch, 1, t, self.head_dim];
+        if !hand_written_on(device) {
+            return self.tables_on_device(positions, shape, device, dtype);
+        }
         let (cos, sin) = self.angles(positions);
         let tensor = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, shape), (device, dtype));
         RopeTables {
             cos: tensor(cos),
             sin: tensor(sin),
+        }
+    }
+
+    /// [`Rope::angles`] computed on `device`: the same f32 products `position × inv_freq` (a
+    /// position is exact in f32 below 2^24), their cos and sin in f32 (within an ulp of the host's
+    /// f64 ones rounded).
+    fn tables_on_device(
+        &self,
+        positions: &[usize],
+        shape: [usize; 4],
+        device: &Device,
+        dtype: DType,
+    ) -> RopeTables {
+        let seq_len = positions.iter().max().map_or(0, |p| p + 1);
+        let inv = self.inv_freq(seq_len);
+        let (n, half) = (positions.len(), inv.len());
+        let at: Vec<f32> = positions.iter().map(|&p| p as f32).collect();
+        let at = Tensor::<2>::from_data(TensorData::new(at, [n, 1]), (device, DType::F32));
+        let inv = Tensor::<2>::from_data(TensorData::new(inv, [1, half]), (device, DType::F32));
+        let angles = at.mul(inv);
+        let angles = Tensor::cat(vec![angles.clone(), angles], 1);
+        let table = |t: Tensor<2>| t.reshape(shape).cast(dtype);
+        RopeTables {
+            cos: table(angles.clone().cos()),
+            sin: table(angles.sin()),
         }
     }
 }
@@ -347,6 +378,34 @@ mod tests {
         ] {
             let e = rope(v.clone()).unwrap_err().to_string();
             assert!(e.contains(field), "{v}: {e}");
+        }
+    }
+
+    /// The GPU's code path (here ndarray) makes the tables on the device: the host's to an ulp, for
+    /// left-padded rows and positions up to 32k, with llama3 scaling.
+    #[test]
+    fn device_tables_are_the_hosts() {
+        let r = rope(
+            json!({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3",
+            "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}}),
+        )
+        .unwrap();
+        let positions: Vec<usize> = [vec![1, 1, 0, 1, 2], vec![0, 1, 4095, 16383, 32767]].concat();
+        #[allow(deprecated)]
+        let ndarray = Device::ndarray();
+        assert!(!hand_written_on(&ndarray));
+        let device = r.tables(&positions, 2, &ndarray, DType::F32);
+        let (cos, sin) = r.angles(&positions);
+        let read = |t: Tensor<4>| -> Vec<f32> { t.into_data().try_to_vec().unwrap() };
+        assert_eq!(device.cos.dims(), [2, 1, 5, 8]);
+        for (got, want) in [(read(device.cos), cos), (read(device.sin), sin)] {
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(worst <= 2.0 * f32::EPSILON, "worst {worst}");
         }
     }
 
