@@ -14,15 +14,15 @@ pub struct GenerateConfig {
     /// 1.0: off.
     pub repetition_penalty: f32,
     pub eos_id: u32,
-    /// Polled between tokens: once set, generation ends early and returns what it has (the caller,
-    /// which set it to stop, discards the rows).
-    pub stop: Option<StopSignal>,
+    /// Polled between tokens: once any is set, generation ends early and returns what it has (the
+    /// caller, which set it to stop, discards the rows). A stop request, the memory guard's hard limit.
+    pub stop: Vec<StopSignal>,
 }
 
 impl GenerateConfig {
     /// Whether generation should end before its next token.
     pub fn stop_requested(&self) -> bool {
-        self.stop.as_ref().is_some_and(StopSignal::is_set)
+        self.stop.iter().any(StopSignal::is_set)
     }
 
     /// The next token of one row: the processors applied to `scores`, then the argmax.
@@ -33,7 +33,8 @@ impl GenerateConfig {
     }
 }
 
-/// A shared flag a stop request sets (the trainer's SIGINT/SIGTERM flag).
+/// A shared flag a stop request sets (the trainer's SIGINT/SIGTERM flag, the memory guard's hard
+/// limit).
 #[derive(Debug, Clone, Default)]
 pub struct StopSignal(pub Arc<AtomicBool>);
 
@@ -117,7 +118,7 @@ mod tests {
             no_repeat_ngram: 0,
             repetition_penalty: 1.0,
             eos_id: 1,
-            stop: Some(flag.clone()),
+            stop: vec![flag.clone()],
         };
         assert!(!config.stop_requested());
         flag.0.store(true, Ordering::SeqCst);

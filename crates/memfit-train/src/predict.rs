@@ -215,7 +215,7 @@ fn generate_config(eos_id: u32, max_new_tokens: usize, seed: bool) -> GenerateCo
         no_repeat_ngram: if seed { NO_REPEAT_NGRAM } else { 0 },
         repetition_penalty: if seed { REPETITION_PENALTY } else { 1.0 },
         eos_id,
-        stop: None,
+        stop: Vec::new(),
     }
 }
 

@@ -8,6 +8,7 @@ mod loop_support;
 use loop_support::*;
 use memfit_train::checkpoint::TrainerState;
 use memfit_train::config::{ConfigLayer, TrainConfig};
+use memfit_train::eval::EvalPhase;
 use memfit_train::memory_guard::{
     GuardSettings, MemoryGuard, MemoryReading, MemorySampler, OVERRIDE_FILE,
 };
@@ -616,4 +617,60 @@ fn out_of_device_memory_evaluating_one_row_stops_resumable() {
         evals.iter().any(|e| e["step"].as_u64() == Some(step)),
         "the pending evaluation ran"
     );
+}
+
+/// Makes the sampler return `reading` once the evaluation at `step` has done its first batch.
+struct RisingInEvaluation {
+    value: Arc<AtomicU64>,
+    step: u64,
+    reading: u64,
+}
+
+impl Observer for RisingInEvaluation {
+    fn on_eval_progress(&mut self, step: u64, _phase: EvalPhase, done: usize, _total: usize) {
+        if step == self.step && done > 0 {
+            self.value.store(self.reading, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Over the hard limit in the middle of an evaluation (the reading rises after its first batch):
+/// the guard's reading between evaluation batches abandons it, the step is checkpointed with the
+/// evaluation pending at half the micro-batch, and the run stops resumable (exit 75's event); a
+/// resume runs that evaluation once and finishes with the uninterrupted run's losses.
+#[test]
+fn over_the_hard_limit_while_evaluating_it_stops_and_the_resume_evaluates() {
+    let Fixture { dir, root, value } = fixture(CALM);
+    let cfg = config(4, 2);
+    let want = reference(dir.path(), &cfg);
+    let mut observer = RisingInEvaluation {
+        value: Arc::clone(&value),
+        step: 3,
+        reading: OVER_HARD,
+    };
+    let (s, _) = guarded(&root, &cfg, &value, false, &mut observer);
+    assert_eq!((s.finish, s.steps), (Finish::Stopped, 3));
+    let stop = events(&root, "stop");
+    assert_eq!(stop.len(), 1);
+    assert_eq!(
+        (stop[0]["reason"].as_str(), stop[0]["exit"].as_u64()),
+        (Some("memory_hard_limit"), Some(75))
+    );
+    assert_eq!(stop[0]["rss_bytes"], OVER_HARD);
+    assert_eq!(stop[0]["resume_micro_batch"], 2);
+    assert!(
+        state(&root, 3).eval_pending,
+        "checkpointed with its evaluation pending"
+    );
+    assert!(events(&root, "eval").iter().all(|e| e["step"] != 3));
+
+    let calm = Arc::new(AtomicU64::new(CALM));
+    let (s, _) = guarded(&root, &cfg, &calm, true, &mut watch());
+    assert_eq!((s.finish, s.start_step, s.steps), (Finish::Completed, 3, 6));
+    let at_3 = events(&root, "eval")
+        .into_iter()
+        .filter(|e| e["step"] == 3)
+        .count();
+    assert_eq!(at_3, 1, "the pending evaluation ran once");
+    same_losses(&root, &want);
 }

@@ -415,7 +415,7 @@ fn generate_stops_at_eos_and_at_the_limit() {
         no_repeat_ngram: 2,
         repetition_penalty: 1.3,
         eos_id: 1,
-        stop: None,
+        stop: Vec::new(),
     };
     let out = engine.generate(&b.source, &cfg).unwrap();
     assert_eq!(out.len(), 2);
@@ -442,7 +442,7 @@ fn generate_ends_after_one_token_once_a_stop_is_requested() {
         no_repeat_ngram: 0,
         repetition_penalty: 1.0,
         eos_id: u32::MAX,
-        stop: Some(stop.signal()),
+        stop: vec![stop.signal()],
     };
     let out = engine.generate(&b.source, &cfg).unwrap();
     // The flag is polled after each token: one token per row, not seven.

@@ -17,7 +17,7 @@ fn config(max_new_tokens: usize) -> GenerateConfig {
         no_repeat_ngram: 0,
         repetition_penalty: 1.0,
         eos_id: 39,
-        stop: None,
+        stop: Vec::new(),
     }
 }
 
@@ -67,7 +67,7 @@ fn a_stop_request_ends_generation_early() {
     let (model, _) = DecoderModel::load(&fixture("llama-tiny"), &full()).unwrap();
     let stop = StopSignal(Arc::new(AtomicBool::new(true)));
     let cfg = GenerateConfig {
-        stop: Some(stop),
+        stop: vec![stop],
         ..config(64)
     };
     let out = model

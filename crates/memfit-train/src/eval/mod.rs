@@ -6,7 +6,9 @@
 
 pub mod sizing;
 
+use crate::memory_guard::{MemoryGuard, Verdict};
 use crate::signals::StopFlag;
+use memfit_nn::decoding::StopSignal;
 use serde::{Deserialize, Serialize};
 
 /// One named score of an evaluation (`bleu4`, `accuracy`, `macro_f1`, `perplexity`, …).
@@ -117,11 +119,26 @@ pub struct EvalPlan<'a> {
     pub generate_rows: usize,
     /// Polled between batches and between generated tokens.
     pub stop: Option<&'a StopFlag>,
+    /// The run's memory guard: a reading is taken between batches, and its hard limit (or a failed
+    /// allocation) abandons the evaluation as a stop request does; generation polls the hard limit
+    /// between tokens.
+    pub guard: Option<&'a MemoryGuard>,
 }
 
 impl EvalPlan<'_> {
+    /// Whether the evaluation ends here, abandoned: a stop was requested or memory is exhausted.
     pub fn stopped(&self) -> bool {
         self.stop.is_some_and(StopFlag::is_requested)
+            || self.guard.is_some_and(|g| g.sample_now() == Verdict::Hard)
+            || crate::alloc_reserve::released()
+    }
+
+    /// What generation polls between tokens: the stop request, the guard's hard limit.
+    pub fn stop_signals(&self) -> Vec<StopSignal> {
+        let stop = self.stop.map(StopFlag::signal);
+        stop.into_iter()
+            .chain(self.guard.map(MemoryGuard::hard_signal))
+            .collect()
     }
 
     /// The rows of the loss phase, `batch` at a time, as validation-set indices spread over

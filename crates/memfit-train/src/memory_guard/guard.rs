@@ -65,6 +65,7 @@ impl MemoryGuard {
                 core: Mutex::new(core),
                 verdict: AtomicU8::new(Verdict::Fine as u8),
                 host_bytes: AtomicU64::new(0),
+                hard: Arc::default(),
             }),
             stop: None,
             thread: None,
@@ -74,6 +75,12 @@ impl MemoryGuard {
     /// The worst verdict since the loop last acted: one atomic load (the loop's between-micro-batch check).
     pub fn verdict(&self) -> Verdict {
         Verdict::from_u8(self.shared.verdict.load(Ordering::SeqCst))
+    }
+
+    /// A flag set once the hard limit is reached, for work that polls between small pieces
+    /// (generation, between tokens) and is not the loop.
+    pub fn hard_signal(&self) -> memfit_nn::decoding::StopSignal {
+        memfit_nn::decoding::StopSignal(Arc::clone(&self.shared.hard))
     }
 
     /// The latest host reading (bytes), without the lock.
@@ -93,7 +100,7 @@ impl MemoryGuard {
         self.shared
             .host_bytes
             .store(core.last.host_bytes, Ordering::Relaxed);
-        self.shared.verdict.fetch_max(v as u8, Ordering::SeqCst);
+        self.shared.latch(v);
         GuardStatus {
             verdict: Verdict::from_u8(self.shared.verdict.load(Ordering::SeqCst)),
             reading: core.last,
@@ -203,6 +210,20 @@ mod tests {
             Verdict::Hard,
             "a hard verdict is never cleared"
         );
+    }
+
+    /// What generation polls between tokens: set by the reading that crosses the hard limit (the
+    /// thread's or the loop's), not by a soft one.
+    #[test]
+    fn the_hard_signal_is_set_by_the_reading_past_the_hard_limit() {
+        let value = Arc::new(AtomicU64::new(900 * MIB));
+        let g = MemoryGuard::manual(settings(Some(1000 * MIB)), fed(&value));
+        let signal = g.hard_signal();
+        assert_eq!(g.sample_now(), Verdict::Soft);
+        assert!(!signal.is_set());
+        value.store(960 * MIB, Ordering::SeqCst);
+        g.check_now();
+        assert!(signal.is_set() && g.hard_signal().is_set());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The guard's state behind its lock: the watches, the latest and peak readings, the budget override.
 
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{GuardNote, GuardSettings, MemoryReading, MemorySampler, Verdict, Watch};
 
@@ -87,6 +87,9 @@ pub(super) struct Shared {
     pub(super) verdict: AtomicU8,
     /// The latest host reading, for a look without the lock.
     pub(super) host_bytes: AtomicU64,
+    /// Set once a hard verdict is latched (it is never cleared): what generation polls between
+    /// tokens ([`super::MemoryGuard::hard_signal`]).
+    pub(super) hard: Arc<AtomicBool>,
 }
 
 impl Shared {
@@ -100,7 +103,15 @@ impl Shared {
         let v = core.tick();
         self.host_bytes
             .store(core.last.host_bytes, Ordering::Relaxed);
-        self.verdict.fetch_max(v as u8, Ordering::SeqCst);
+        self.latch(v);
         v
+    }
+
+    /// Latches `v` into the worst verdict (and the hard flag).
+    pub(super) fn latch(&self, v: Verdict) {
+        self.verdict.fetch_max(v as u8, Ordering::SeqCst);
+        if v == Verdict::Hard {
+            self.hard.store(true, Ordering::SeqCst);
+        }
     }
 }

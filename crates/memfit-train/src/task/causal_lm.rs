@@ -127,7 +127,7 @@ impl CausalLmTask<'_> {
             no_repeat_ngram: 0,
             repetition_penalty: 1.0,
             eos_id: self.eos_id,
-            stop: plan.stop.map(|s| s.signal()),
+            stop: plan.stop_signals(),
         };
         let n = plan.generate_rows.min(valid.len());
         let rows = read_rows(valid, &(0..n).collect::<Vec<_>>())?;

@@ -108,6 +108,7 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
             loss_rows: size.loss_rows,
             generate_rows: size.generate_rows,
             stop: Some(&self.stop),
+            guard: self.guard,
         };
         let observer = &mut *self.observer;
         let mut progress = |phase, done, total| observer.on_eval_progress(step, phase, done, total);

@@ -198,6 +198,23 @@ impl<E: Engine, T: Task<E>> Trainer<'_, E, T> {
         self.stop_for_memory(s, None, abandoned, DEVICE_OUT_OF_MEMORY)
     }
 
+    /// The guard's hard limit (or a failed allocation) while evaluating: the evaluation is
+    /// abandoned, the last completed step checkpointed with it pending and the micro-batch halved
+    /// (which halves the evaluation batch too), and the run stops resumable (exit 75); a resume
+    /// runs the evaluation.
+    pub(super) fn stop_for_memory_evaluating(&mut self, s: &mut State) -> Result<(), LoopError> {
+        let status = self.guard.map(MemoryGuard::check_now);
+        self.run.log(&format!(
+            "eval at step {}: abandoned for memory; --resume runs it",
+            s.p.step
+        ))?;
+        s.p.micro = batches::halve(s.p.micro);
+        s.l.saved_step = None;
+        self.save_once(s)?;
+        let reason = memory_stop_reason(alloc_reserve::released());
+        self.stop_for_memory(s, status.as_ref(), None, reason)
+    }
+
     /// Takes the guard's step-boundary reading and records budget changes.
     fn guard_boundary(&mut self, guard: &MemoryGuard, step: u64) -> Result<GuardStatus, LoopError> {
         let status = guard.check_now();

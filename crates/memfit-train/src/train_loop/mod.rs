@@ -292,6 +292,11 @@ impl<'a, E: Engine, T: Task<E>> Trainer<'a, E, T> {
     fn evaluation_stops(&mut self, s: &mut State) -> Result<Option<Finish>, LoopError> {
         match self.evaluate_due(s)? {
             evaluation::Evaluated::Done => Ok(None),
+            // abandoned for memory (the guard's hard limit, a failed allocation) or a stop request
+            evaluation::Evaluated::Abandoned if self.memory_exhausted() => {
+                self.stop_for_memory_evaluating(s)?;
+                Ok(Some(Finish::Stopped))
+            }
             evaluation::Evaluated::Abandoned => self.stop_on_signal(s, None).map(Some),
             evaluation::Evaluated::OutOfMemory => {
                 self.stop_for_device_memory(s, None)?;

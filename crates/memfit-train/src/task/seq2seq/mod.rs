@@ -159,7 +159,7 @@ impl Seq2SeqTask<'_> {
             no_repeat_ngram: NO_REPEAT_NGRAM,
             repetition_penalty: REPETITION_PENALTY,
             eos_id: self.collate.eos_id,
-            stop: plan.stop.map(|s| s.signal()),
+            stop: plan.stop_signals(),
         };
         let (batch, n) = (plan.batch.max(1), plan.generate_rows.min(valid.len()));
         let mut s = Scores {
