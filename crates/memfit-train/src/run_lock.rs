@@ -142,13 +142,16 @@ fn holder(file: &mut File) -> String {
 }
 
 /// A run directory a start has claimed: locked, and cleaned up if the start fails before `keep`: a
-/// directory it made is removed whole; in one that existed, only the entries it added (the lock
-/// file too when it made it: removed under the lock, which [`locked_file`] makes safe).
+/// directory it made is removed whole, and the parents it made for it where they are still empty;
+/// in one that existed, only the entries it added (the lock file too when it made it: removed under
+/// the lock, which [`locked_file`] makes safe).
 #[derive(Debug)]
 pub struct Claim {
     root: PathBuf,
     lock: Option<RunLock>,
     made_root: bool,
+    /// The parents of `root` this start created, the deepest first.
+    made_parents: Vec<PathBuf>,
     /// The lock file was not there before this start.
     made_lock: bool,
     /// Entries of a directory that existed before; `None` once kept.
@@ -159,7 +162,12 @@ impl Claim {
     /// Claims `root` for a new run: creates it if missing (its parents too), takes its lock, and
     /// refuses a directory that already holds a run.
     pub fn new_run(root: &Path) -> Result<Self, ClaimError> {
+        let mut made_parents = Vec::new();
         if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
+            let missing = parent
+                .ancestors()
+                .take_while(|p| !p.as_os_str().is_empty() && !p.exists());
+            made_parents = missing.map(Path::to_path_buf).collect();
             fs::create_dir_all(parent).map_err(io_err(parent))?;
         }
         let made_root = match fs::create_dir(root) {
@@ -174,6 +182,7 @@ impl Claim {
             root: root.to_path_buf(),
             lock: Some(lock),
             made_root,
+            made_parents,
             made_lock,
             before: Some(before),
         };
@@ -194,6 +203,7 @@ impl Claim {
             root: root.to_path_buf(),
             lock: Some(lock),
             made_root: false,
+            made_parents: Vec::new(),
             made_lock: false,
             before: None,
         })
@@ -215,6 +225,10 @@ impl Drop for Claim {
         if let Some(before) = self.before.take() {
             if self.made_root {
                 let _ = fs::remove_dir_all(&self.root);
+                // only while empty: another start may have put its run beside this one meanwhile
+                for parent in &self.made_parents {
+                    let _ = fs::remove_dir(parent);
+                }
             } else if let Ok(now) = entries(&self.root) {
                 for name in now.difference(&before) {
                     let path = self.root.join(name);
@@ -288,15 +302,22 @@ mod tests {
         drop(Claim::new_run(&root).unwrap());
         assert!(root.join(LOCK_FILE).exists());
 
-        let made = dir.path().join("new").join("run");
+        // The parents it made go with the run directory; the ones that were there stay.
+        let made = dir.path().join("new").join("runs").join("run");
         let claim = Claim::new_run(&made).unwrap();
         fs::write(made.join("config.toml"), "x").unwrap();
         drop(claim);
-        assert!(!made.exists());
         assert!(
-            dir.path().join("new").exists(),
-            "the parent was not the start's to remove"
+            !dir.path().join("new").exists(),
+            "the parents it made are gone"
         );
+        assert!(dir.path().exists());
+        // A parent that another run took meanwhile is not empty and stays.
+        let claim = Claim::new_run(&made).unwrap();
+        fs::create_dir(dir.path().join("new").join("other")).unwrap();
+        drop(claim);
+        assert!(!made.exists() && !made.parent().unwrap().exists());
+        assert!(dir.path().join("new").join("other").exists());
     }
 
     #[test]
