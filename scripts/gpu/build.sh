@@ -2,8 +2,8 @@
 # Builds the release memfit with burn's CUDA backend and packs it for a GPU machine that has no Rust
 # toolchain and no network (docs/gpu.md): .gpu/memfit.xz (stripped, xz) and .gpu/memfit-fusion.xz (the same
 # with burn's kernel fusion, timed beside it), with the PyTorch baselines
-# scripts/gpu/accept.sh measures beside it. Then, from the device tool:
-#   run(command="bash scripts/gpu/accept.sh", carry=[".gpu"], timeout_s=560)
+# scripts/gpu/accept.sh measures beside it. Then, on the GPU machine with the working tree and .gpu/,
+# from the repository root:  bash scripts/gpu/accept.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 target=${CARGO_TARGET_DIR:-target}

@@ -12,8 +12,8 @@
 #   pool-traces.tar the allocator's events of the traced runs (trace_steps), for
 #                   `zcat traces/pool-2.trace.gz | cargo run --release -p memfit-plan --example replay_allocator`
 #   pool.log        everything printed
-# From the device tool:  run(command="bash scripts/gpu/pool.sh", timeout_s=420)
-#   QLoRA:  run(command="ROWS=scripts/gpu/qlora_runs.csv bash scripts/gpu/pool.sh", carry=[".gpu-wheels"], timeout_s=420)
+# On the GPU machine, from the repository root (7 minutes):  bash scripts/gpu/pool.sh
+#   QLoRA, with .gpu-wheels/ (scripts/gpu/wheels.sh) beside it:  ROWS=scripts/gpu/qlora_runs.csv bash scripts/gpu/pool.sh
 # POOL_DEVICE=cpu runs the same rows at tiny sizes on the CPU (a dry run of the script: no figures).
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -6,7 +6,7 @@ use crate::store::{RowBuf, TokenStore};
 use std::path::Path;
 use std::time::Instant;
 
-/// The JSON that `memfit bench data --json` prints (DESIGN.md §3).
+/// The JSON that `memfit bench data --json` prints (docs/architecture.md §3).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RandomAccessReport {
     pub rows: usize,

@@ -108,7 +108,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
     Duration::try_from_secs_f64(seconds).map_err(|_| UnitError::Duration(text.into()))
 }
 
-/// Bytes as GiB with two decimals (DESIGN.md §2), or MiB below one GiB (KiB, bytes below those) so
+/// Bytes as GiB with two decimals (docs/architecture.md §2), or MiB below one GiB (KiB, bytes below those) so
 /// small numbers stay readable.
 pub fn human_bytes(bytes: u64) -> String {
     let gib = bytes as f64 / KIB.pow(3) as f64;

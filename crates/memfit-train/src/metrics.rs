@@ -1,4 +1,4 @@
-//! What one optimizer step reports (`metrics.jsonl`, DESIGN.md §4) and this process's memory.
+//! What one optimizer step reports (`metrics.jsonl`, docs/architecture.md §4) and this process's memory.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,4 +1,4 @@
-//! The run directory (DESIGN.md §4): `config.toml`, `plan.json`, `metrics.jsonl`, `events.jsonl`,
+//! The run directory (docs/architecture.md §4): `config.toml`, `plan.json`, `metrics.jsonl`, `events.jsonl`,
 //! `train.log`, `checkpoints/`, `best/`. Whole files are written atomically (temp file + rename);
 //! the JSONL logs are appended line by line and cut back to the checkpoint on resume. An open run holds
 //! the directory's lock ([`crate::run_lock`]) as long as it lives.

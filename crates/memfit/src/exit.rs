@@ -1,4 +1,4 @@
-//! Exit codes (DESIGN.md §3): 0 ok; 1 failure at run time; 2 bad usage or bad input; 3 does not fit;
+//! Exit codes (docs/architecture.md §3): 0 ok; 1 failure at run time; 2 bad usage or bad input; 3 does not fit;
 //! 75 stopped by the guard with a resumable checkpoint.
 
 use std::fmt;

@@ -1,4 +1,4 @@
-//! `memfit estimate` as a user runs it: the --json contract of DESIGN.md §3 and exit codes.
+//! `memfit estimate` as a user runs it: the --json contract of docs/architecture.md §3 and exit codes.
 
 mod cli_estimate_support;
 use cli_estimate_support::{assert_exit, estimate_config, json, memfit};

@@ -249,7 +249,10 @@ fn cgroup_option_guards_a_background_worker_or_says_why_it_cannot() {
 /// cases and of its racing starts (its whole run, `--n 10`, is by hand: docs/guard.md).
 #[test]
 fn the_guard_campaign_script_runs_its_numbered_cases_and_a_race() {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/guard_campaign.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/guard_campaign.py"
+    );
     let out = Command::new("python3")
         .args([script, "--bin", env!("CARGO_BIN_EXE_memfit"), "--n", "1"])
         .args(["--only", "numbered,racing"])
@@ -257,6 +260,9 @@ fn the_guard_campaign_script_runs_its_numbered_cases_and_a_race() {
         .expect("python3 runs");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}\n{}", stderr(&out));
-    assert!(text.contains("numbered") && text.contains("11/11"), "{text}");
+    assert!(
+        text.contains("numbered") && text.contains("11/11"),
+        "{text}"
+    );
     assert!(text.contains("racing starts (4 at once)"), "{text}");
 }

@@ -1,7 +1,7 @@
 //! LoRA (Hu et al. 2021) as PEFT computes it: a frozen linear layer plus a trained low-rank update,
 //! `x·W + dropout(x)·A·B·scale` with `scale = alpha / r` (`alpha / √r` under rsLoRA). The update is
 //! never materialised as a dense `W + A·B`: burn's own `apply_lora` does that and autodiff then
-//! keeps the merged matrix and a weight-sized gradient per layer (DESIGN.md §6), the memory LoRA
+//! keeps the merged matrix and a weight-sized gradient per layer (docs/architecture.md §6), the memory LoRA
 //! exists to save. Here only A `[in, r]` and B `[r, out]` are tracked; W is read, not kept.
 //!
 //! Layout: memfit stores A as `[in, r]` and B as `[r, out]` (linear weights are `[in, out]`);

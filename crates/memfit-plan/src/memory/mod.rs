@@ -15,7 +15,7 @@
 //!   (measured by `memfit bench memory-grid`).
 //!
 //! GPU peak = persistent state + max over phases (forward/backward with activations; optimizer
-//! step with its temporaries) + framework overheads + allocator slack (DESIGN.md §2).
+//! step with its temporaries) + framework overheads + allocator slack (docs/architecture.md §2).
 
 pub mod activations;
 pub mod allocator;

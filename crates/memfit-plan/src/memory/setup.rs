@@ -420,7 +420,7 @@ impl Setup {
             return Err("--device cpu trains in one process: --zero 0 and --gpus 1".into());
         }
         if self.runtime == Runtime::Memfit && self.precision.is_amp() {
-            // burn 0.22 has no automatic mixed precision (DESIGN.md §6)
+            // burn 0.22 has no automatic mixed precision (docs/architecture.md §6)
             return Err(format!(
                 "--precision {} needs autocast, which memfit's trainer does not have: use fp32 or bf16",
                 self.precision

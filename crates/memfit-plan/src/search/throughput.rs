@@ -45,7 +45,7 @@ pub mod rates {
     /// CPU training: sustained fp32 matmul rate of a few cores with AVX2 (burn flex / MKL).
     pub const CPU_FP32_FLOPS: f64 = 0.2e12;
     /// bf16 in a PyTorch process on the CPU: ~50% slower than fp32 where the CPU has no bf16
-    /// arithmetic (DESIGN.md §6 measurement); AMX or AVX512-BF16 parts run it faster than fp32.
+    /// arithmetic (docs/architecture.md §6 measurement); AMX or AVX512-BF16 parts run it faster than fp32.
     pub const CPU_BF16_SLOWDOWN: f64 = 1.5;
     /// bf16 in memfit's trainer: its products run on AVX512-BF16 where the CPU has it (faster than
     /// fp32, README's trainer table) and as rounded f32 products elsewhere (a few percent slower).

@@ -1,5 +1,5 @@
 //! What training on a CUDA GPU needs at run time, checked before anything touches a device
-//! (DESIGN.md §7): the driver's `libcuda.so.1` and its devices, and NVRTC (`libnvrtc.so.13`,
+//! (docs/architecture.md §7): the driver's `libcuda.so.1` and its devices, and NVRTC (`libnvrtc.so.13`,
 //! which compiles burn's kernels) with the CUDA headers it includes. cudarc panics at the first
 //! device call when a library is missing; these checks say what is missing and where they looked.
 //!

@@ -73,7 +73,7 @@ pub enum Outcome {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct RunSummary {
     pub outcome: Outcome,
-    /// What `memfit run` exits with (DESIGN.md §3): the command's own code when it ran to its end,
+    /// What `memfit run` exits with (docs/architecture.md §3): the command's own code when it ran to its end,
     /// 75 when the guard stopped it and it was not relaunched.
     pub exit_code: i32,
     pub budget_bytes: u64,
@@ -97,6 +97,6 @@ pub struct RunSummary {
     pub guard_cpu_s: Option<f64>,
 }
 
-/// EX_TEMPFAIL from sysexits.h: stopped by the guard, try again (DESIGN.md §3).
+/// EX_TEMPFAIL from sysexits.h: stopped by the guard, try again (docs/architecture.md §3).
 pub const EXIT_STOPPED: i32 = 75;
 pub(super) const TOP_PROCESSES: usize = 10;

@@ -1,5 +1,5 @@
 //! `memfit bench train` (and `bench matmul`, [`matmul`]): trains a model on seeded synthetic tokens for a fixed number of steps and
-//! reports the median step time, tokens/s and peak RSS (DESIGN.md §3), counted as the PyTorch
+//! reports the median step time, tokens/s and peak RSS (docs/architecture.md §3), counted as the PyTorch
 //! baselines in `../shared/bench/pytorch/` count them (`bench_t5.py`: batch × (source + target)
 //! tokens; `bench_bert_cls.py`: batch × sequence), so the two can be compared side by side.
 

@@ -1,4 +1,4 @@
-//! Checkpoint directories (DESIGN.md §4): `checkpoints/step-N/` and `best/`, each holding what the
+//! Checkpoint directories (docs/architecture.md §4): `checkpoints/step-N/` and `best/`, each holding what the
 //! engine writes (`config.json`, `model.safetensors`, `optimizer.safetensors`), the tokenizer files and
 //! `trainer_state.json`.
 //!

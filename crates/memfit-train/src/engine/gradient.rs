@@ -3,7 +3,7 @@
 //! - **dense**: f32 values in a buffer taken over from the backend when it can be (flex hands over
 //!   a tensor's own buffer when nothing else holds it), so that the gradient of a micro-batch never
 //!   exists twice, once in autodiff's container and once here; measured on bert-base b8 s128, that
-//!   copy was the step's peak (DESIGN.md §3);
+//!   copy was the step's peak (docs/architecture.md §3);
 //! - **rows**: the rows of a table (an embedding) that the step's tokens looked up, every other row
 //!   zero. A dense table-sized buffer would be written in full once the allocator hands it memory
 //!   that an earlier step used (a reused block is zeroed by `calloc`, unlike fresh pages): on

@@ -18,7 +18,7 @@ pub struct Args {
 enum BenchCommand {
     /// Read N random rows from a token store; median time per row and peak RSS.
     Data(DataArgs),
-    /// Train on synthetic tokens; seconds per step, tokens/s, peak RSS (DESIGN.md §3).
+    /// Train on synthetic tokens; seconds per step, tokens/s, peak RSS (docs/architecture.md §3).
     Train(Box<super::bench_train::Args>),
     /// Time each matrix product of a model's training step alone on the device (against
     /// `torch.matmul`: scripts/gpu/matmul_torch.py).

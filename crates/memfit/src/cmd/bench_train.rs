@@ -1,5 +1,5 @@
 //! `memfit bench train`: throughput and peak memory of the trainer on synthetic tokens, seq2seq (T5)
-//! or classification (BERT family) (DESIGN.md §3). All logic is in `memfit_train::bench`; this
+//! or classification (BERT family) (docs/architecture.md §3). All logic is in `memfit_train::bench`; this
 //! parses, calls it, prints.
 
 use memfit_train::device::DeviceRequest;

@@ -71,7 +71,7 @@ pub struct Args {
     /// with positioned reads, page cache rather than RSS).
     #[arg(long, default_value_t = 0)]
     pub dataset_rows: u64,
-    /// One JSON object on stdout (DESIGN.md §3).
+    /// One JSON object on stdout (docs/architecture.md §3).
     #[arg(long)]
     pub json: bool,
 }
@@ -313,7 +313,7 @@ pub fn run(args: Args) -> Outcome {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The `--json` object of DESIGN.md §3 (also embedded by `memfit plan --json`).
+/// The `--json` object of docs/architecture.md §3 (also embedded by `memfit plan --json`).
 pub fn estimate_json(arch: &Arch, setup: &Setup, est: &Estimate) -> serde_json::Value {
     let tr = memory::states::trainable(arch, setup);
     serde_json::json!({
@@ -333,7 +333,7 @@ pub fn estimate_json(arch: &Arch, setup: &Setup, est: &Estimate) -> serde_json::
     })
 }
 
-/// The `gpu` object of DESIGN.md §3 with one added field, `band`: the validation band of the
+/// The `gpu` object of docs/architecture.md §3 with one added field, `band`: the validation band of the
 /// setup's class (`memory::band`), `null` without a GPU.
 fn gpu_json(setup: &Setup, est: &Estimate) -> serde_json::Value {
     let Some(g) = &est.gpu else {

@@ -87,7 +87,7 @@ impl PrepareGuard {
     }
 }
 
-/// A guard stop: exit 75 (DESIGN.md §3), as a training run's.
+/// A guard stop: exit 75 (docs/architecture.md §3), as a training run's.
 pub fn stopped(reason: String) -> anyhow::Error {
     Exit {
         code: 75,

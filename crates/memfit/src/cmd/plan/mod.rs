@@ -291,7 +291,7 @@ fn write_files(
     write_stdout(&o)
 }
 
-/// The `--json` form of one evaluated setup: the estimate (DESIGN.md §3) with its summary and
+/// The `--json` form of one evaluated setup: the estimate (docs/architecture.md §3) with its summary and
 /// modelled throughput.
 fn candidate_json(arch: &memfit_plan::arch::Arch, c: &Candidate) -> serde_json::Value {
     let mut v = estimate_json(arch, &c.setup, &c.estimate);

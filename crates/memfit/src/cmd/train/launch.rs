@@ -171,7 +171,7 @@ where
     }
     Ok(match summary.finish {
         Finish::Completed => ExitCode::SUCCESS,
-        // EX_TEMPFAIL: stopped with a resumable checkpoint (DESIGN.md §3).
+        // EX_TEMPFAIL: stopped with a resumable checkpoint (docs/architecture.md §3).
         Finish::Stopped => ExitCode::from(75),
     })
 }
