@@ -23,7 +23,7 @@ pub const STEPS: &str = "{steps}";
 /// Steps per trial when the command has `{steps}` and `--steps` is not given.
 pub const DEFAULT_STEPS: u64 = 5;
 /// A fit whose largest residual exceeds this share of the measured peak is called not linear. Repeated
-/// trials of the t5-small PyTorch baseline differed by up to 1.8% in peak (README, Benchmarks), so 5% is a
+/// trials of the t5-small PyTorch baseline differed by up to 1.8% in peak (docs/benchmarks.md), so 5% is a
 /// bend, not noise.
 pub const LINEARITY_TOLERANCE: f64 = 0.05;
 /// The first line of every profiles file calibrate writes; it overwrites only files that start with it.

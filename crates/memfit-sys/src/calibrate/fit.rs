@@ -7,7 +7,7 @@
 //! and the activation line after: a convex, piecewise-linear curve. A least-squares line through
 //! points on both pieces has the slope of neither and falls short beyond them (t5-small under
 //! `bench_t5.py`, glibc's malloc pinned: 1465, 1518, 1819 MiB at batches 1, 2, 4, then 175 MiB per
-//! sample from 4 to 16; README, Benchmarks). When the largest batch lies above the line through the
+//! sample from 4 to 16; docs/benchmarks.md). When the largest batch lies above the line through the
 //! smaller ones by more than [`LINEARITY_TOLERANCE`], the fit is the line through the two largest
 //! batches: on a convex curve the last secant is the closest to the slope beyond.
 

@@ -7,7 +7,7 @@
 //! size up to its largest activations, so the threshold climbs as the batch grows and more of them
 //! come from heaps that stay resident: the RSS per sample steepens with the batch (t5-small under
 //! `bench_t5.py`: 146 MiB per sample from batch 1 to 4, 219 from 8 to 16; 175 from 4 to 16 with the
-//! threshold pinned; README, Benchmarks). Setting the threshold disables the adjustment ("the
+//! threshold pinned; docs/benchmarks.md). Setting the threshold disables the adjustment ("the
 //! dynamic adjustment ... is disabled if any of M_TOP_PAD, M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, or
 //! M_MMAP_MAX is set"), and glibc reads it from `MALLOC_MMAP_THRESHOLD_` at start-up. Calibrate pins
 //! it at glibc's own initial value, 128 KiB, for every trial, and writes the same variable into each

@@ -536,7 +536,7 @@ fn render(
 mod tests {
     use super::*;
 
-    /// The GPU points of an H200 trial (README, Benchmarks): `--json` says the GPU line bent.
+    /// The GPU points of an H200 trial (docs/benchmarks.md): `--json` says the GPU line bent.
     #[test]
     fn json_mode_reports_the_gpu_fit_too() {
         let gib = |g: f64| (g * (1u64 << 30) as f64) as u64;
