@@ -251,7 +251,13 @@ fn str_in(map: &Yaml, key: &str, allowed: &[&str]) {
 fn fsdp_yaml_has_each_versions_keys_and_values() {
     for (zero, full) in [(Zero::FsdpFull, true), (Zero::FsdpGradOp, false)] {
         let (_, s) = setup(zero, 3, false);
-        let y = load_yaml(&emit::accelerate(&s, FsdpVersion::V2));
+        let y = load_yaml(&emit::accelerate(
+            &s,
+            &Hyper {
+                fsdp_version: FsdpVersion::V2,
+                ..Hyper::defaults("t", &s)
+            },
+        ));
         assert_eq!(y.get("distributed_type"), Some(&Yaml::Str("FSDP".into())));
         // FSDP's MixedPrecision policy comes from the top-level key, as HF's bf16 says
         assert_eq!(y.get("mixed_precision"), Some(&Yaml::Str("bf16".into())));
@@ -262,7 +268,13 @@ fn fsdp_yaml_has_each_versions_keys_and_values() {
         str_in(f, "fsdp_auto_wrap_policy", FSDP_AUTO_WRAP_POLICY);
         str_in(f, "fsdp_state_dict_type", FSDP2_STATE_DICT_TYPE);
 
-        let y = load_yaml(&emit::accelerate(&s, FsdpVersion::V1));
+        let y = load_yaml(&emit::accelerate(
+            &s,
+            &Hyper {
+                fsdp_version: FsdpVersion::V1,
+                ..Hyper::defaults("t", &s)
+            },
+        ));
         let f = y.get("fsdp_config").unwrap();
         check_types(f, ACCELERATE_FSDP1_KEYS, "fsdp_config v1");
         assert_eq!(f.get("fsdp_version"), Some(&Yaml::Int(1)));
@@ -300,7 +312,13 @@ fn hf_fsdp_arguments_match_the_yaml() {
             FsdpVersion::V2 => assert_eq!(c["reshard_after_forward"], true),
             FsdpVersion::V1 => assert_eq!(c["reshard_after_forward"], "full_shard"),
         }
-        let y = load_yaml(&emit::accelerate(&s, version));
+        let y = load_yaml(&emit::accelerate(
+            &s,
+            &Hyper {
+                fsdp_version: version,
+                ..Hyper::defaults("t", &s)
+            },
+        ));
         let f = y.get("fsdp_config").unwrap();
         assert_eq!(f.get("fsdp_offload_params"), Some(&Yaml::Bool(true)));
     }
@@ -335,7 +353,13 @@ fn accelerate_yaml_reads_as_pyyaml_reads_it() {
         (Zero::FsdpFull, 2, false),
     ] {
         let (_, s) = setup(zero, gpus, offload);
-        let text = emit::accelerate(&s, FsdpVersion::V2);
+        let text = emit::accelerate(
+            &s,
+            &Hyper {
+                fsdp_version: FsdpVersion::V2,
+                ..Hyper::defaults("t", &s)
+            },
+        );
         assert!(text.starts_with("# "), "names its target version: {text}");
         assert!(text.contains("accelerate 1.15"), "{text}");
         let y = load_yaml(&text);
@@ -370,7 +394,13 @@ fn accelerate_yaml_reads_as_pyyaml_reads_it() {
     // fp32 is accelerate's string "no", not YAML 1.1's false
     let (_, mut s) = setup(Zero::Z0, 1, false);
     s.precision = Precision::Fp32;
-    let y = load_yaml(&emit::accelerate(&s, FsdpVersion::V2));
+    let y = load_yaml(&emit::accelerate(
+        &s,
+        &Hyper {
+            fsdp_version: FsdpVersion::V2,
+            ..Hyper::defaults("t", &s)
+        },
+    ));
     assert_eq!(y.get("mixed_precision"), Some(&Yaml::Str("no".into())));
 }
 
@@ -494,6 +524,28 @@ fn memfit_train_toml() {
     assert_eq!(t["data"].as_str(), Some("/d/train.jsonl"));
     assert_eq!(t["tokenizer"].as_str(), Some("/d/tok"));
     assert!(t.get("valid").is_none());
+}
+
+/// The accelerate YAML and the TrainingArguments name the DeepSpeed JSON as the caller says (an
+/// absolute path where the files are written), quoted for YAML.
+#[test]
+fn the_deepspeed_file_is_named_as_the_caller_says() {
+    let (_, s) = setup(Zero::Z2, 2, false);
+    let hyper = Hyper {
+        deepspeed_config: Some("/runs/it's here/deepspeed.json".into()),
+        ..Hyper::defaults("t5-base", &s)
+    };
+    let y = load_yaml(&emit::accelerate(&s, &hyper));
+    let file = y
+        .get("deepspeed_config")
+        .unwrap()
+        .get("deepspeed_config_file");
+    assert_eq!(
+        file,
+        Some(&Yaml::Str("/runs/it's here/deepspeed.json".into()))
+    );
+    let v = emit::hf_training_args(&s, &hyper);
+    assert_eq!(v["deepspeed"], "/runs/it's here/deepspeed.json");
 }
 
 #[test]

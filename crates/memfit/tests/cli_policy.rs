@@ -95,9 +95,14 @@ fn qwen_presets_write_their_deepspeed_setup() {
         assert_eq!(hf["per_device_train_batch_size"], micro);
         assert_eq!(hf["gradient_accumulation_steps"], accum);
         assert_eq!(hf["gradient_checkpointing"], true);
-        assert_eq!(hf["deepspeed"], "deepspeed.json");
+        // named by their absolute path: accelerate and transformers resolve a relative one against
+        // the directory the user launches from
+        let deepspeed = std::path::absolute(dir.path().join("deepspeed.json")).unwrap();
+        assert_eq!(hf["deepspeed"], deepspeed.to_str().unwrap());
         let yaml = std::fs::read_to_string(dir.path().join("accelerate.yaml")).unwrap();
         assert!(yaml.contains("distributed_type: 'DEEPSPEED'"), "{yaml}");
+        let named = format!("deepspeed_config_file: '{}'", deepspeed.display());
+        assert!(yaml.contains(&named), "{yaml}");
         assert!(
             yaml.contains(&format!("zero3_init_flag: {}", stage == 3)),
             "{yaml}"
@@ -291,4 +296,44 @@ fn a_bert_policy_on_another_task_is_refused_naming_both() {
         .unwrap();
     refused(&o, &["qwen-minimal", "memfit plan --policy qwen-minimal"]);
     assert!(!run.exists());
+}
+
+/// `--out` given relative, from another directory: the files name the DeepSpeed JSON where it was
+/// written, so `accelerate launch --config_file DIR/accelerate.yaml` works from anywhere.
+#[test]
+fn a_relative_out_is_named_absolutely_in_the_files() {
+    let cwd = tempfile::tempdir().unwrap();
+    let o = memfit()
+        .current_dir(cwd.path())
+        .args([
+            "plan",
+            "--policy",
+            "qwen-stage2-offload",
+            "--model",
+            "qwen2.5-0.5b",
+        ])
+        .args([
+            "--method",
+            "lora",
+            "--gpu-mem",
+            "80GiB",
+            "--host-mem",
+            "64GiB",
+        ])
+        .args(["--emit", "deepspeed,accelerate,hf", "--out", "configs/ds"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let written = std::fs::canonicalize(cwd.path().join("configs/ds/deepspeed.json")).unwrap();
+    let yaml = std::fs::read_to_string(cwd.path().join("configs/ds/accelerate.yaml")).unwrap();
+    let named = yaml
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("deepspeed_config_file: "))
+        .expect("the YAML names its DeepSpeed file");
+    let named = std::path::Path::new(named.trim_matches('\''));
+    assert!(named.is_absolute(), "{yaml}");
+    assert_eq!(std::fs::canonicalize(named).unwrap(), written);
+    let hf = read_json(&cwd.path().join("configs/ds/training_args.json"));
+    let named = std::path::Path::new(hf["deepspeed"].as_str().unwrap());
+    assert_eq!(std::fs::canonicalize(named).unwrap(), written);
 }

@@ -98,10 +98,21 @@ pub struct Hyper {
     pub tokenizer: Option<String>,
     /// The FSDP of an FSDP setup's accelerate YAML and TrainingArguments.
     pub fsdp_version: FsdpVersion,
+    /// The DeepSpeed JSON as the accelerate YAML and the TrainingArguments name it: an absolute
+    /// path where the caller writes the files (accelerate and transformers resolve a relative one
+    /// against the directory the user launches from, not the file's); `None`: `deepspeed.json`.
+    pub deepspeed_config: Option<String>,
 }
 
 impl Hyper {
     /// Usual starting points: 1e-4 for full fine-tuning (T5/BERT guides), 2e-4 for LoRA (QLoRA paper).
+    /// How the other files name the DeepSpeed JSON.
+    pub fn deepspeed_file(&self) -> &str {
+        self.deepspeed_config
+            .as_deref()
+            .unwrap_or(Kind::Deepspeed.file_name())
+    }
+
     pub fn defaults(model: &str, setup: &Setup) -> Hyper {
         Hyper {
             model: model.to_string(),
@@ -116,6 +127,7 @@ impl Hyper {
             valid: None,
             tokenizer: None,
             fsdp_version: FsdpVersion::default(),
+            deepspeed_config: None,
         }
     }
 }
@@ -172,7 +184,8 @@ pub fn deepspeed(arch: &Arch, setup: &Setup, hyper: &Hyper) -> Value {
 
 /// accelerate config YAML. Strings are single-quoted: accelerate reads the file with PyYAML, whose
 /// YAML 1.1 resolver turns a plain `NO` (`distributed_type`) or `no` into the boolean false.
-pub fn accelerate(setup: &Setup, fsdp: FsdpVersion) -> String {
+pub fn accelerate(setup: &Setup, hyper: &Hyper) -> String {
+    let fsdp = hyper.fsdp_version;
     let world = setup.world();
     let distributed = if setup.zero.is_fsdp() {
         "FSDP"
@@ -196,7 +209,9 @@ pub fn accelerate(setup: &Setup, fsdp: FsdpVersion) -> String {
     y += &format!("distributed_type: '{distributed}'\n");
     if distributed == "DEEPSPEED" {
         y += "deepspeed_config:\n";
-        y += "  deepspeed_config_file: 'deepspeed.json'\n";
+        // YAML's single-quoted string: a quote inside is written twice
+        let file = hyper.deepspeed_file().replace('\'', "''");
+        y += &format!("  deepspeed_config_file: '{file}'\n");
         y += &format!("  zero3_init_flag: {}\n", setup.zero.stage() == 3);
     } else {
         // under FSDP the top-level precision is its MixedPrecision policy (ACCELERATE_MIXED_PRECISION)
@@ -282,7 +297,7 @@ pub fn hf_training_args(setup: &Setup, hyper: &Hyper) -> Value {
         "logging_steps": 10,
     });
     if setup.zero != Zero::Z0 && !setup.zero.is_fsdp() {
-        v["deepspeed"] = json!("deepspeed.json");
+        v["deepspeed"] = json!(hyper.deepspeed_file());
     }
     if setup.zero.is_fsdp() {
         // the same FSDP as the accelerate YAML, so the Trainer builds it under plain torchrun too
@@ -445,7 +460,7 @@ pub fn render(
         .map(|k| {
             let text = match k {
                 Kind::Deepspeed => pretty(&deepspeed(arch, setup, hyper)),
-                Kind::Accelerate => accelerate(setup, hyper.fsdp_version),
+                Kind::Accelerate => accelerate(setup, hyper),
                 Kind::Hf => pretty(&hf_training_args(setup, hyper)),
                 Kind::Memfit => memfit_train(setup, hyper),
                 Kind::Profiles => profiles(setup),

@@ -281,7 +281,12 @@ fn write_files(
         return Ok(());
     };
     let mut o = String::new();
-    let hyper = hyper(args, setup)?;
+    let mut hyper = hyper(args, setup)?;
+    // the accelerate YAML and TrainingArguments name the DeepSpeed JSON by its absolute path: their
+    // readers resolve a relative one against where the user launches, not against --out
+    let deepspeed = std::path::absolute(dir.join(Kind::Deepspeed.file_name()))
+        .with_context(|| format!("--out {}", dir.display()))?;
+    hyper.deepspeed_config = Some(deepspeed.display().to_string());
     for (name, text) in emit::render(kinds, arch, setup, &hyper) {
         write_atomic(&dir.join(name), &text)?;
         if !args.json {
