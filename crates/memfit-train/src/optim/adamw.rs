@@ -1,5 +1,6 @@
 //! AdamW with decoupled weight decay, as `torch.optim.AdamW` computes it (Loshchilov & Hutter 2019).
 
+use memfit_nn::kernels::device::adamw::{AdamWConstants, AdamWStep, adamw_element};
 use memfit_nn::kernels::vectorised::with_avx512;
 
 /// Defaults are torch's: betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
@@ -24,7 +25,7 @@ impl Default for AdamWConfig {
 
 /// One step over `w` with its moments `m` and `v`, the gradient `g` times `scale`; `g: None` is
 /// a zero gradient (rows of a table no token looked up: their moments decay and the weights still
-/// move and decay).
+/// move and decay). Each element as the device's fused update computes it ([`adamw_element`]).
 pub(super) fn update(
     c: &AdamWConfig,
     (step, lr): (u64, f64),
@@ -33,33 +34,41 @@ pub(super) fn update(
     m: &mut [f32],
     v: &mut [f32],
 ) {
+    let s = step_scalars(c, (step, lr), scale);
+    let c = c.constants();
     with_avx512(|| match g {
-        Some(g) => update_with(c, step, lr, w, g.iter().map(|x| x * scale), m, v),
-        None => update_with(c, step, lr, w, std::iter::repeat(0.0), m, v),
+        Some(g) => {
+            for (((w, m), v), &g) in w.iter_mut().zip(m).zip(v).zip(g) {
+                adamw_element(c, &s, (w, m, v), g);
+            }
+        }
+        None => {
+            for ((w, m), v) in w.iter_mut().zip(m).zip(v) {
+                adamw_element(c, &s, (w, m, v), 0.0);
+            }
+        }
     })
 }
 
-#[inline(always)]
-fn update_with(
-    c: &AdamWConfig,
-    step: u64,
-    lr: f64,
-    w: &mut [f32],
-    g: impl Iterator<Item = f32>,
-    m: &mut [f32],
-    v: &mut [f32],
-) {
+impl AdamWConfig {
+    /// The betas and eps as the update computes with them.
+    pub(super) fn constants(&self) -> AdamWConstants {
+        AdamWConstants {
+            beta1: self.beta1 as f32,
+            beta2: self.beta2 as f32,
+            eps: self.eps as f32,
+        }
+    }
+}
+
+/// The scalars of optimizer step `step` (from 1) at rate `lr`, computed in f64 and rounded once:
+/// the host's and the device's updates read the same values.
+pub(super) fn step_scalars(c: &AdamWConfig, (step, lr): (u64, f64), grad_scale: f32) -> AdamWStep {
     let t = step as i32;
-    let bc1 = 1.0 - c.beta1.powi(t);
-    let bc2_sqrt = (1.0 - c.beta2.powi(t)).sqrt();
-    let step_size = (lr / bc1) as f32;
-    let decay = (1.0 - lr * c.weight_decay) as f32;
-    let (b1, b2, eps) = (c.beta1 as f32, c.beta2 as f32, c.eps as f32);
-    let inv_bc2_sqrt = (1.0 / bc2_sqrt) as f32;
-    for (((w, m), v), g) in w.iter_mut().zip(m).zip(v).zip(g) {
-        *m = b1 * *m + (1.0 - b1) * g;
-        *v = b2 * *v + (1.0 - b2) * g * g;
-        let denom = v.sqrt() * inv_bc2_sqrt + eps;
-        *w = *w * decay - step_size * *m / denom;
+    AdamWStep {
+        step_size: (lr / (1.0 - c.beta1.powi(t))) as f32,
+        inv_bc2_sqrt: (1.0 / (1.0 - c.beta2.powi(t)).sqrt()) as f32,
+        decay: (1.0 - lr * c.weight_decay) as f32,
+        grad_scale,
     }
 }

@@ -11,9 +11,11 @@ use burn::prelude::*;
 use burn::tensor::DType;
 
 use super::adafactor::AdafactorLr;
+use super::adamw;
 use super::flat::{Flat, FlatLayout};
 use super::{AdafactorConfig, AdamWConfig, Optimizer, OptimizerConfig, ParamShape, State};
 use memfit_nn::ModelError;
+use memfit_nn::kernels::device::adamw::{AdamWConstants, adamw_update, fused_update_on, scalar};
 use memfit_nn::kernels::device::staged_sum;
 use memfit_nn::layers::host::{float_tensor, to_f32_vec};
 
@@ -53,6 +55,9 @@ pub struct DeviceOptimizer {
     pub step: u64,
     shapes: Vec<ParamShape>,
     moments: Moments,
+    /// AdamW updates a chunk in one fused launch ([`fused_update_on`] the device), else in burn's
+    /// ops.
+    fused: bool,
 }
 
 impl DeviceOptimizer {
@@ -87,6 +92,7 @@ impl DeviceOptimizer {
             step: host.step,
             shapes: host.shapes.clone(),
             moments,
+            fused: fused_update_on(device),
         }
     }
 
@@ -167,10 +173,6 @@ impl DeviceOptimizer {
         let Some(device) = masters.first().map(Tensor::device) else {
             return masters;
         };
-        let g: Flat = match grad_scale {
-            None => grads,
-            Some(scale) => grads.into_iter().map(|c| c * scale.clone()).collect(),
-        };
         match (&self.config, &mut self.moments) {
             (
                 OptimizerConfig::AdamW(c),
@@ -180,13 +182,14 @@ impl DeviceOptimizer {
                     exp_avg_sq,
                 },
             ) => {
-                let scalars = adamw_scalars(c, at, &device);
+                let update = AdamWUpdate::new(c, at, grad_scale, (&device, self.fused));
                 let moments = (std::mem::take(exp_avg), std::mem::take(exp_avg_sq));
-                let (w, m, v) = adamw_shard(c, &scalars, (own, moments), (masters, layout), g);
+                let (w, m, v) = adamw_shard(&update, (own, moments), (masters, layout), grads);
                 (*exp_avg, *exp_avg_sq) = (m, v);
                 w
             }
             (OptimizerConfig::Adafactor(c), Moments::Adafactor(factors)) => {
+                let g = scaled(grads, grad_scale);
                 let at = AdafactorScalars::new(c, at, &device);
                 let mut masters = masters;
                 for i in layout.indices() {
@@ -213,8 +216,7 @@ impl DeviceOptimizer {
 /// AdamW over the parameters `own` lays out (the moments' layout: every trained parameter, or a
 /// ZeRO-1 shard of them) of `masters` laid out as `layout`: the new masters and moments.
 fn adamw_shard(
-    c: &AdamWConfig,
-    at: &[Tensor<1>; 3],
+    update: &AdamWUpdate,
     (own, (m, v)): (&FlatLayout, (Flat, Flat)),
     (masters, layout): (Flat, &FlatLayout),
     g: Flat,
@@ -222,7 +224,7 @@ fn adamw_shard(
     let update = |w: Flat, g: Flat, m: Flat, v: Flat| {
         let (mut new_w, mut new_m, mut new_v) = (Vec::new(), Vec::new(), Vec::new());
         for (((w, g), m), v) in w.into_iter().zip(g).zip(m).zip(v) {
-            let [w, m, v] = adamw(c, at, [w, m, v], g);
+            let [w, m, v] = update.apply([w, m, v], g);
             new_w.push(w);
             new_m.push(m);
             new_v.push(v);
@@ -246,21 +248,85 @@ fn adamw_shard(
     (masters, m, v)
 }
 
-/// AdamW's scalars that change from step to step — the rate over the first moment's bias
-/// correction, the second's correction (as 1 / sqrt), the decoupled decay — as `[1]` views of one
-/// `[3]` tensor on the device. The update reads them there rather than as kernel constants,
-/// which a replayed CUDA graph would keep at their values at capture (tracel-ai/burn#5779); the
-/// betas and eps are the run's constants.
-fn adamw_scalars(c: &AdamWConfig, (step, lr): (u64, f64), device: &Device) -> [Tensor<1>; 3] {
-    let t = step as i32;
-    step_scalars(
-        [
-            (lr / (1.0 - c.beta1.powi(t))) as f32,
-            (1.0 / (1.0 - c.beta2.powi(t)).sqrt()) as f32,
-            (1.0 - lr * c.weight_decay) as f32,
-        ],
-        device,
-    )
+/// The gradients times clipping's coefficient, where there is one.
+fn scaled(grads: Flat, grad_scale: Option<Tensor<1>>) -> Flat {
+    match grad_scale {
+        None => grads,
+        Some(scale) => grads.into_iter().map(|c| c * scale.clone()).collect(),
+    }
+}
+
+/// How a step's AdamW update runs. Its scalars that change from step to step (the rate over the
+/// first moment's bias correction, the second's as 1 / sqrt, the decoupled decay, clipping's
+/// coefficient) are tensor contents on the device, never kernel constants, which a replayed CUDA
+/// graph would keep at their values at capture (tracel-ai/burn#5779); the betas and eps are the
+/// run's constants.
+enum AdamWUpdate {
+    /// One launch per chunk ([`adamw_update`]): the masters and moments written in place.
+    Fused {
+        constants: AdamWConstants,
+        scalars: Tensor<1>,
+    },
+    /// burn's ops, about a dozen launches per chunk: where memfit's kernels are not built (burn's
+    /// fusion) or are turned off.
+    Composed {
+        config: AdamWConfig,
+        scalars: [Tensor<1>; 3],
+        grad_scale: Option<Tensor<1>>,
+    },
+}
+
+impl AdamWUpdate {
+    fn new(
+        c: &AdamWConfig,
+        at: (u64, f64),
+        grad_scale: Option<Tensor<1>>,
+        (device, fused): (&Device, bool),
+    ) -> Self {
+        let s = adamw::step_scalars(c, at, 1.0);
+        if !fused {
+            return Self::Composed {
+                config: c.clone(),
+                scalars: step_scalars([s.step_size, s.inv_bc2_sqrt, s.decay], device),
+                grad_scale,
+            };
+        }
+        let mut values = [0.0; scalar::COUNT];
+        values[scalar::STEP_SIZE] = s.step_size;
+        values[scalar::INV_BC2_SQRT] = s.inv_bc2_sqrt;
+        values[scalar::DECAY] = s.decay;
+        values[scalar::GRAD_SCALE] = s.grad_scale;
+        let uploaded: Tensor<1> = Tensor::from_data(
+            TensorData::new(values.to_vec(), [scalar::COUNT]),
+            (device, DType::F32),
+        );
+        let scalars = match grad_scale {
+            None => uploaded,
+            Some(scale) => Tensor::cat(vec![uploaded.narrow(0, 0, scalar::GRAD_SCALE), scale], 0),
+        };
+        Self::Fused {
+            constants: c.constants(),
+            scalars,
+        }
+    }
+
+    /// The new `[w, m, v]` of one chunk from its gradient.
+    fn apply(&self, wmv: [Tensor<1>; 3], g: Tensor<1>) -> [Tensor<1>; 3] {
+        match self {
+            Self::Fused { constants, scalars } => adamw_update(*constants, wmv, g, scalars),
+            Self::Composed {
+                config,
+                scalars,
+                grad_scale,
+            } => {
+                let g = match grad_scale {
+                    Some(scale) => g * scale.clone(),
+                    None => g,
+                };
+                adamw(config, scalars, wmv, g)
+            }
+        }
+    }
 }
 
 /// `values` as `[1]` views of one tensor on `device`: one upload for a step's scalars.
@@ -270,8 +336,8 @@ fn step_scalars<const N: usize>(values: [f32; N], device: &Device) -> [Tensor<1>
     std::array::from_fn(|i| all.clone().narrow(0, i, 1))
 }
 
-/// `torch.optim.AdamW`'s update of `[w, m, v]`, as [`super::adamw`] computes it on the host, with
-/// the step's scalars from [`adamw_scalars`]. The three are taken by value, so that burn's ops
+/// `torch.optim.AdamW`'s update of `[w, m, v]` in burn's ops, as [`super::adamw`] computes it on
+/// the host, with the step's scalars from [`AdamWUpdate::new`]. The three are taken by value, so that burn's ops
 /// may write them in place.
 fn adamw(
     c: &AdamWConfig,
@@ -306,7 +372,7 @@ fn mean_of_all(x: Tensor<2>) -> Tensor<2> {
 
 /// Adafactor's scalars that change from step to step — the relative (or external) rate, the
 /// second moment's decay `beta2t` and `1 - beta2t` — as `[1, 1]` views of one tensor on the
-/// device, for the reason of [`adamw_scalars`].
+/// device, for the reason given at [`AdamWUpdate`].
 struct AdafactorScalars {
     rate: Tensor<2>,
     beta2t: Tensor<2>,
@@ -454,7 +520,8 @@ mod tests {
     }
 
     /// Three steps on the device equal three on the host (to f32 rounding), for each optimizer and
-    /// layout, with clipping's scale, and the state comes back as the host's.
+    /// layout, AdamW fused and composed, with clipping's scale, and the state comes back as the
+    /// host's.
     #[test]
     fn device_steps_equal_host_steps() {
         let device = Device::flex();
@@ -486,10 +553,11 @@ mod tests {
         ];
         // every state, and a ZeRO-1 shard without "b"'s (which then keeps its value)
         let shards = [None, Some([true, true, false, true])];
-        for (config, keep) in configs
-            .into_iter()
+        // AdamW fused into one launch per chunk and composed of burn's ops (Adafactor: composed)
+        let cases = (configs.into_iter())
             .flat_map(|c| shards.map(|k| (c.clone(), k)))
-        {
+            .flat_map(|(c, k)| [true, false].map(|fused| (c.clone(), k, fused)));
+        for (config, keep, fused) in cases {
             let layout = FlatLayout::new(
                 shapes
                     .iter()
@@ -498,6 +566,8 @@ mod tests {
             );
             let mut host = Optimizer::new(config.clone(), shapes.clone(), &trainable);
             let mut dev = DeviceOptimizer::from_host(&host, &device);
+            assert!(dev.fused, "flex runs the fused update");
+            dev.fused = fused;
             if let Some(keep) = keep {
                 host.keep_only(&keep);
                 dev.keep_only(&keep);

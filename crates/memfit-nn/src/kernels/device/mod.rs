@@ -8,6 +8,7 @@
 //! tested against the CPU's op on flex and, built with `--features wgpu`, on cubecl's kernels.
 
 pub mod activation;
+pub mod adamw;
 pub mod attention;
 #[cfg(cube_kernels)]
 mod dropout;
