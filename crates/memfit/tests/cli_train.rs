@@ -319,6 +319,18 @@ fn bad_input_exits_2_with_a_clear_message() {
     );
     expect_2(&["train", "--profile", "nope"], "known profiles");
     expect_2(&["train", "--batch", "0"], "batch");
+    let decayed = dir.path().join("decayed");
+    expect_2(
+        &[
+            "train",
+            "--out",
+            decayed.to_str().unwrap(),
+            "--weight-decay",
+            "-0.1",
+        ],
+        "weight_decay",
+    );
+    assert!(!decayed.exists(), "a refused run leaves nothing behind");
     // A named model with no data is refused, not trained on the demo's data.
     let cfg = dir.path().join("config.json");
     std::fs::write(&cfg, r#"{"model_type": "t5", "vocab_size": 10, "d_model": 8, "d_kv": 4, "d_ff": 16, "num_layers": 1, "num_heads": 2}"#).unwrap();

@@ -98,6 +98,10 @@ pub struct TrainConfig {
     pub final_div_factor: f64,
     /// Global-norm gradient clipping (the seed: 1.0).
     pub max_grad_norm: Option<f64>,
+    /// Decoupled weight decay; unset: the optimizer's own (AdamW 0.01 as torch's, Adafactor 0).
+    /// Left out of config.toml when unset, so older runs keep their hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_decay: Option<f64>,
     pub epochs: u32,
     pub max_steps: Option<u64>,
     pub seed: u64,
@@ -183,6 +187,7 @@ impl Default for TrainConfig {
             pct_start: 0.3,
             final_div_factor: 1e4,
             max_grad_norm: Some(1.0),
+            weight_decay: None,
             epochs: 30,
             max_steps: None,
             seed: 23333,

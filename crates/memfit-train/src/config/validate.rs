@@ -94,6 +94,15 @@ impl TrainConfig {
                 reason: "must be a positive number",
             });
         }
+        if let Some(d) = self.weight_decay
+            && !(d.is_finite() && (0.0..1.0).contains(&(d * self.lr)))
+        {
+            return Err(ConfigError::Invalid {
+                field: "weight_decay",
+                value: d.to_string(),
+                reason: "must be ≥ 0, and lr × weight_decay below 1 (it shrinks every weight by that share a step)",
+            });
+        }
         Ok(())
     }
 
@@ -166,6 +175,19 @@ mod tests {
             "{err}"
         );
         TrainConfig::default().validate().unwrap();
+        for bad in [-0.1, f64::NAN, 1.0 / TrainConfig::default().lr] {
+            let c = TrainConfig {
+                weight_decay: Some(bad),
+                ..Default::default()
+            };
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains("weight_decay"), "{bad}: {err}");
+        }
+        let c = TrainConfig {
+            weight_decay: Some(0.0),
+            ..Default::default()
+        };
+        c.validate().unwrap();
     }
 
     #[test]

@@ -126,6 +126,9 @@ pub struct Args {
     /// Global-norm gradient clipping (0 turns it off).
     #[arg(long)]
     pub max_grad_norm: Option<f64>,
+    /// Decoupled weight decay (default: the optimizer's own, AdamW 0.01 as torch's, Adafactor 0).
+    #[arg(long)]
+    pub weight_decay: Option<f64>,
     /// Checkpoint every N optimizer steps (and at each epoch end).
     #[arg(long)]
     pub save_steps: Option<u64>,
@@ -251,6 +254,7 @@ impl Args {
                 .map_err(bad_input)?,
             warmup_steps: self.warmup_steps,
             max_grad_norm: self.max_grad_norm,
+            weight_decay: self.weight_decay,
             epochs: self.epochs,
             max_steps: self.max_steps,
             seed: self.seed,
