@@ -96,6 +96,23 @@ fn a_second_owner_is_refused_with_the_holders_pid() {
     );
     assert_eq!(std::fs::read(run.join("config.toml")).unwrap(), config);
     assert!(!run.join("report.svg").exists());
+    // The refusal names the way out, and it works while the run goes on: a report written outside.
+    let live = dir.path().join("live.svg");
+    let o = memfit().arg("report").arg(&run).output().unwrap();
+    assert!(stderr(&o).contains("--out FILE.svg"), "{}", stderr(&o));
+    let o = memfit()
+        .arg("report")
+        .arg(&run)
+        .arg("--out")
+        .arg(&live)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(live.is_file() && dir.path().join("live.png").is_file());
+    assert!(
+        holder.try_wait().unwrap().is_none(),
+        "the report disturbed the run"
+    );
     term(&holder);
     assert_eq!(holder.wait().unwrap().code(), Some(75));
     // Free again: the resume runs (and is stopped the same way).

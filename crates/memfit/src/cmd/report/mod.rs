@@ -201,9 +201,14 @@ fn lock_if_writing_into_a_run(args: &Args, out: &Path) -> anyhow::Result<Option<
     if !inside {
         return Ok(None);
     }
-    RunLock::acquire(&args.path)
-        .map(Some)
-        .map_err(|e| bad_input(format!("memfit report: {e}")))
+    // A live run is read without its lock: only writing into it waits for its owner.
+    RunLock::acquire(&args.path).map(Some).map_err(|e| {
+        bad_input(format!(
+            "memfit report: {e}; a report of a live run can be written outside it: \
+             memfit report {} --out FILE.svg",
+            args.path.display()
+        ))
+    })
 }
 
 pub fn run(args: Args) -> Outcome {
