@@ -377,3 +377,81 @@ fn bad_input_exits_2_with_a_clear_message() {
         "already holds a run",
     );
 }
+
+/// Rows cut when a store was prepared are not brought back by a longer `--seq`: the warning says to
+/// prepare the store again; rows this run cut at its own `--seq`, to raise it.
+#[test]
+fn the_truncation_warning_names_what_keeps_the_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = dir.path().join("demo-run");
+    assert!(
+        memfit()
+            .args(demo_args(&demo, 1))
+            .output()
+            .unwrap()
+            .status
+            .success()
+    );
+    let (data, tok) = (demo.join("demo/train.jsonl"), demo.join("demo/tokenizer"));
+    let store = dir.path().join("cut.store");
+    let prepared = memfit()
+        .args([
+            "data",
+            "prepare",
+            "--task",
+            "seq2seq",
+            "--max-len",
+            "3",
+            "--max-target-len",
+            "3",
+        ])
+        .arg("--input")
+        .arg(&data)
+        .arg("--tokenizer")
+        .arg(&tok)
+        .arg("--out")
+        .arg(&store)
+        .output()
+        .unwrap();
+    assert!(
+        prepared.status.success(),
+        "{}",
+        String::from_utf8_lossy(&prepared.stderr)
+    );
+    let train = |data: &Path, extra: &[&str], out: &str| {
+        let o = memfit()
+            .args([
+                "train",
+                "--max-steps",
+                "1",
+                "--threads",
+                "1",
+                "--eval-rows",
+                "2",
+            ])
+            .args(extra)
+            .arg("--init")
+            .arg(demo.join("best"))
+            .arg("--data")
+            .arg(data)
+            .arg("--tokenizer")
+            .arg(&tok)
+            .arg("--out")
+            .arg(dir.path().join(out))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(o.status.success(), "{stderr}");
+        stderr
+    };
+    let given = train(&store, &[], "from-store");
+    assert!(
+        given.contains("prepared at --max-len 3 / 3") && given.contains("memfit data prepare"),
+        "{given}"
+    );
+    let own = train(&data, &["--seq", "8", "--tgt-seq", "8"], "from-jsonl");
+    assert!(
+        own.contains("a longer --seq / --tgt-seq keeps them") && !own.contains("data prepare"),
+        "{own}"
+    );
+}

@@ -3,7 +3,10 @@
 //! length from the longest prepared row, the line that says what was chosen and why, and the
 //! settings that cannot be right, caught before anything is created.
 
+use std::path::Path;
+
 use crate::exit::bad_input;
+use memfit_data::StoreMeta;
 use memfit_nn::families::Positions;
 use memfit_train::config::{ConfigLayer, OptimizerKind, TaskKind, TrainConfig};
 use memfit_train::run_data::RunData;
@@ -142,35 +145,68 @@ pub fn seq_for(longest: usize, cap: usize) -> usize {
 /// Warns when preparing the data cut more than 5% of a store's rows, with the count.
 pub fn warn_truncation(data: &RunData, config: &TrainConfig) {
     let stores = [
-        ("training", Some(&data.train.0)),
-        ("validation", data.valid.as_ref().map(|v| &v.0)),
+        ("training", Some(&data.train.0), config.data.as_deref()),
+        (
+            "validation",
+            data.valid.as_ref().map(|v| &v.0),
+            config.valid.as_deref(),
+        ),
     ];
-    for (name, store) in stores {
-        let Some(counts) = store.map(|s| &s.meta().counts) else {
+    for (name, store, given) in stores {
+        let Some(meta) = store.map(|s| s.meta()) else {
             continue;
         };
-        let share = counts.truncated as f64 / counts.written.max(1) as f64;
-        if share > TRUNCATION_WARNING_SHARE {
-            eprintln!(
-                "warning: seq {}{} cuts {} of {} {name} rows ({:.1}%): their ends are lost; a \
-                 longer --seq{} keeps them",
-                config.seq,
-                if config.task == TaskKind::Seq2seq {
-                    format!(" / tgt_seq {}", config.tgt_seq)
-                } else {
-                    String::new()
-                },
-                counts.truncated,
-                counts.written,
-                100.0 * share,
-                if config.task == TaskKind::Seq2seq {
-                    " / --tgt-seq"
-                } else {
-                    ""
-                },
-            );
+        // a store given as it is was cut when it was prepared; one this run prepared, at its --seq
+        let given_store = given.is_some_and(|p| Path::new(p).join("meta.json").is_file());
+        if let Some(warning) = truncation_warning(name, meta, config, given_store) {
+            eprintln!("warning: {warning}");
         }
     }
+}
+
+/// The warning for a store that lost more than 5% of its rows' ends, and what keeps them: a longer
+/// `--seq` where this run prepared it, preparing it again with a larger `--max-len` where it was
+/// given prepared.
+fn truncation_warning(
+    name: &str,
+    meta: &StoreMeta,
+    config: &TrainConfig,
+    given_store: bool,
+) -> Option<String> {
+    let counts = &meta.counts;
+    let share = counts.truncated as f64 / counts.written.max(1) as f64;
+    if share <= TRUNCATION_WARNING_SHARE {
+        return None;
+    }
+    let seq2seq = config.task == TaskKind::Seq2seq;
+    let cut = format!(
+        "cuts {} of {} {name} rows ({:.1}%): their ends are lost",
+        counts.truncated,
+        counts.written,
+        100.0 * share
+    );
+    let lengths = |a: Option<usize>, b: Option<usize>| {
+        let show = |n: Option<usize>| n.map_or("-".to_string(), |n| n.to_string());
+        match seq2seq {
+            true => format!("{} / {}", show(a), show(b)),
+            false => show(a),
+        }
+    };
+    Some(if given_store {
+        let o = &meta.options;
+        format!(
+            "the {name} store, prepared at --max-len {}, {cut}; `memfit data prepare` with a larger \
+             --max-len{} keeps them",
+            lengths(o.max_len, o.max_target_len),
+            if seq2seq { " / --max-target-len" } else { "" },
+        )
+    } else {
+        format!(
+            "seq {} {cut}; a longer --seq{} keeps them",
+            lengths(Some(config.seq), Some(config.tgt_seq)),
+            if seq2seq { " / --tgt-seq" } else { "" },
+        )
+    })
 }
 
 #[cfg(test)]
