@@ -260,7 +260,8 @@ fn scaled(grads: Flat, grad_scale: Option<Tensor<1>>) -> Flat {
 /// first moment's bias correction, the second's as 1 / sqrt, the decoupled decay, clipping's
 /// coefficient) are tensor contents on the device, never kernel constants, which a replayed CUDA
 /// graph would keep at their values at capture (tracel-ai/burn#5779); the betas and eps are the
-/// run's constants.
+/// run's constants. One per step, not boxed.
+#[allow(clippy::large_enum_variant)]
 enum AdamWUpdate {
     /// One launch per chunk ([`adamw_update`]): the masters and moments written in place.
     Fused {

@@ -280,7 +280,7 @@ mod tests {
                 dev = adamw_update(c, dev, upload(&g), &scalars);
             }
             for (got, want) in dev.iter().zip([&w, &m, &v]) {
-                let got = got.clone().into_data().to_vec::<f32>().unwrap();
+                let got = got.clone().into_data().try_to_vec::<f32>().unwrap();
                 for (a, b) in got.iter().zip(want.iter()) {
                     assert!(
                         (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
