@@ -455,3 +455,46 @@ fn the_truncation_warning_names_what_keeps_the_rows() {
         "{own}"
     );
 }
+
+/// A model trained from scratch on the task's fine-tuning defaults is told so, with the profile
+/// that pretrains; with `--init` or a profile, nothing is said.
+#[test]
+fn a_model_from_scratch_hears_of_the_pretrain_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = dir.path().join("demo-run");
+    assert!(
+        memfit()
+            .args(demo_args(&demo, 1))
+            .output()
+            .unwrap()
+            .status
+            .success()
+    );
+    let cfg = dir.path().join("config.json");
+    std::fs::write(&cfg, r#"{"model_type": "t5", "vocab_size": 64, "d_model": 8, "d_kv": 4, "d_ff": 16, "num_layers": 1, "num_heads": 2}"#).unwrap();
+    let start_line = |extra: &[&str], out: &str| {
+        let o = memfit()
+            .args(["train", "--max-steps", "1", "--threads", "1"])
+            .args(extra)
+            .arg("--data")
+            .arg(demo.join("demo/train.jsonl"))
+            .arg("--tokenizer")
+            .arg(demo.join("demo/tokenizer"))
+            .arg("--out")
+            .arg(dir.path().join(out))
+            .output()
+            .unwrap();
+        let all =
+            String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{all}");
+        all
+    };
+    let cfg = cfg.to_str().unwrap();
+    let note = "--profile pretrain takes the seed's pretraining settings";
+    assert!(start_line(&["--model", cfg], "scratch").contains(note));
+    let profiled = start_line(&["--model", cfg, "--profile", "pretrain"], "profiled");
+    assert!(!profiled.contains(note), "{profiled}");
+    let init = demo.join("best");
+    let tuned = start_line(&["--init", init.to_str().unwrap()], "tuned");
+    assert!(!tuned.contains(note), "{tuned}");
+}

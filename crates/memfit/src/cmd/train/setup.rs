@@ -320,7 +320,16 @@ fn resolve_config(
         let defaults = task_defaults::for_run(task, config.method);
         config = merge(&layers, Some(defaults.layer()));
         config.task = task;
+        let profiled = args.profile.is_some() || args.preset.is_some();
         fit = real_data_fit(&layers, &mut config, &defaults);
+        if config.init.is_none() && !profiled {
+            // the task defaults are fine-tuning's; a model from scratch may want the seed's pretraining
+            fit.chosen.push(
+                "fine-tuning defaults for a model that starts from scratch (no --init; \
+                 --profile pretrain takes the seed's pretraining settings)"
+                    .into(),
+            );
+        }
     }
     if config.model == "demo" && config.task == TaskKind::CausalLm {
         return Err(bad_input(
