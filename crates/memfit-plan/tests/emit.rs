@@ -247,17 +247,19 @@ fn str_in(map: &Yaml, key: &str, allowed: &[&str]) {
     }
 }
 
+/// The defaults with FSDP `version`.
+fn with_fsdp(s: &Setup, version: FsdpVersion) -> Hyper {
+    Hyper {
+        fsdp_version: version,
+        ..Hyper::defaults("t", s)
+    }
+}
+
 #[test]
 fn fsdp_yaml_has_each_versions_keys_and_values() {
     for (zero, full) in [(Zero::FsdpFull, true), (Zero::FsdpGradOp, false)] {
         let (_, s) = setup(zero, 3, false);
-        let y = load_yaml(&emit::accelerate(
-            &s,
-            &Hyper {
-                fsdp_version: FsdpVersion::V2,
-                ..Hyper::defaults("t", &s)
-            },
-        ));
+        let y = load_yaml(&emit::accelerate(&s, &with_fsdp(&s, FsdpVersion::V2)));
         assert_eq!(y.get("distributed_type"), Some(&Yaml::Str("FSDP".into())));
         // FSDP's MixedPrecision policy comes from the top-level key, as HF's bf16 says
         assert_eq!(y.get("mixed_precision"), Some(&Yaml::Str("bf16".into())));
@@ -268,13 +270,7 @@ fn fsdp_yaml_has_each_versions_keys_and_values() {
         str_in(f, "fsdp_auto_wrap_policy", FSDP_AUTO_WRAP_POLICY);
         str_in(f, "fsdp_state_dict_type", FSDP2_STATE_DICT_TYPE);
 
-        let y = load_yaml(&emit::accelerate(
-            &s,
-            &Hyper {
-                fsdp_version: FsdpVersion::V1,
-                ..Hyper::defaults("t", &s)
-            },
-        ));
+        let y = load_yaml(&emit::accelerate(&s, &with_fsdp(&s, FsdpVersion::V1)));
         let f = y.get("fsdp_config").unwrap();
         check_types(f, ACCELERATE_FSDP1_KEYS, "fsdp_config v1");
         assert_eq!(f.get("fsdp_version"), Some(&Yaml::Int(1)));
@@ -312,13 +308,7 @@ fn hf_fsdp_arguments_match_the_yaml() {
             FsdpVersion::V2 => assert_eq!(c["reshard_after_forward"], true),
             FsdpVersion::V1 => assert_eq!(c["reshard_after_forward"], "full_shard"),
         }
-        let y = load_yaml(&emit::accelerate(
-            &s,
-            &Hyper {
-                fsdp_version: version,
-                ..Hyper::defaults("t", &s)
-            },
-        ));
+        let y = load_yaml(&emit::accelerate(&s, &with_fsdp(&s, version)));
         let f = y.get("fsdp_config").unwrap();
         assert_eq!(f.get("fsdp_offload_params"), Some(&Yaml::Bool(true)));
     }
@@ -353,13 +343,7 @@ fn accelerate_yaml_reads_as_pyyaml_reads_it() {
         (Zero::FsdpFull, 2, false),
     ] {
         let (_, s) = setup(zero, gpus, offload);
-        let text = emit::accelerate(
-            &s,
-            &Hyper {
-                fsdp_version: FsdpVersion::V2,
-                ..Hyper::defaults("t", &s)
-            },
-        );
+        let text = emit::accelerate(&s, &with_fsdp(&s, FsdpVersion::V2));
         assert!(text.starts_with("# "), "names its target version: {text}");
         assert!(text.contains("accelerate 1.15"), "{text}");
         let y = load_yaml(&text);
@@ -394,13 +378,7 @@ fn accelerate_yaml_reads_as_pyyaml_reads_it() {
     // fp32 is accelerate's string "no", not YAML 1.1's false
     let (_, mut s) = setup(Zero::Z0, 1, false);
     s.precision = Precision::Fp32;
-    let y = load_yaml(&emit::accelerate(
-        &s,
-        &Hyper {
-            fsdp_version: FsdpVersion::V2,
-            ..Hyper::defaults("t", &s)
-        },
-    ));
+    let y = load_yaml(&emit::accelerate(&s, &with_fsdp(&s, FsdpVersion::V2)));
     assert_eq!(y.get("mixed_precision"), Some(&Yaml::Str("no".into())));
 }
 

@@ -97,6 +97,12 @@ pub fn open(
     })
 }
 
+/// Whether `path` is a token store as it is (trained from as given) rather than data this run
+/// prepares into one.
+pub fn is_store(path: &Path) -> bool {
+    path.join("meta.json").is_file()
+}
+
 /// The token store a task trains from.
 fn store_task(task: TaskKind) -> Task {
     match task {
@@ -114,7 +120,7 @@ fn store(
     tokenizer: &Tokenizer,
     progress: PrepareProgress<'_>,
 ) -> Result<TokenStore, RunDataError> {
-    let store_dir: PathBuf = if path.join("meta.json").is_file() {
+    let store_dir: PathBuf = if is_store(path) {
         path.to_path_buf()
     } else {
         let out = run_root.join("data").join(format!("{name}.store"));

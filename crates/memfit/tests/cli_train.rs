@@ -378,33 +378,44 @@ fn bad_input_exits_2_with_a_clear_message() {
     );
 }
 
+/// A one-step demo run in `dir/demo-run`: the data, tokenizer and `best/` the tests below use.
+fn demo_run(dir: &Path) -> std::path::PathBuf {
+    let demo = dir.join("demo-run");
+    let o = memfit().args(demo_args(&demo, 1)).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    demo
+}
+
+/// One step of `train` from `data` with the demo's tokenizer into `out`, `extra` flags added:
+/// everything it printed, after it succeeded.
+fn one_step(demo: &Path, data: &Path, extra: &[&str], out: &Path) -> String {
+    let o = memfit()
+        .args(["train", "--max-steps", "1", "--threads", "1"])
+        .args(extra)
+        .arg("--data")
+        .arg(data)
+        .arg("--tokenizer")
+        .arg(demo.join("demo/tokenizer"))
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap();
+    let all = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{all}");
+    all
+}
+
 /// Rows cut when a store was prepared are not brought back by a longer `--seq`: the warning says to
 /// prepare the store again; rows this run cut at its own `--seq`, to raise it.
 #[test]
 fn the_truncation_warning_names_what_keeps_the_rows() {
     let dir = tempfile::tempdir().unwrap();
-    let demo = dir.path().join("demo-run");
-    assert!(
-        memfit()
-            .args(demo_args(&demo, 1))
-            .output()
-            .unwrap()
-            .status
-            .success()
-    );
+    let demo = demo_run(dir.path());
     let (data, tok) = (demo.join("demo/train.jsonl"), demo.join("demo/tokenizer"));
     let store = dir.path().join("cut.store");
     let prepared = memfit()
-        .args([
-            "data",
-            "prepare",
-            "--task",
-            "seq2seq",
-            "--max-len",
-            "3",
-            "--max-target-len",
-            "3",
-        ])
+        .args(["data", "prepare", "--task", "seq2seq"])
+        .args(["--max-len", "3", "--max-target-len", "3"])
         .arg("--input")
         .arg(&data)
         .arg("--tokenizer")
@@ -418,38 +429,15 @@ fn the_truncation_warning_names_what_keeps_the_rows() {
         "{}",
         String::from_utf8_lossy(&prepared.stderr)
     );
-    let train = |data: &Path, extra: &[&str], out: &str| {
-        let o = memfit()
-            .args([
-                "train",
-                "--max-steps",
-                "1",
-                "--threads",
-                "1",
-                "--eval-rows",
-                "2",
-            ])
-            .args(extra)
-            .arg("--init")
-            .arg(demo.join("best"))
-            .arg("--data")
-            .arg(data)
-            .arg("--tokenizer")
-            .arg(&tok)
-            .arg("--out")
-            .arg(dir.path().join(out))
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&o.stderr).to_string();
-        assert!(o.status.success(), "{stderr}");
-        stderr
-    };
-    let given = train(&store, &[], "from-store");
+    let best = demo.join("best");
+    let init = ["--init", best.to_str().unwrap(), "--eval-rows", "2"];
+    let given = one_step(&demo, &store, &init, &dir.path().join("from-store"));
     assert!(
         given.contains("prepared at --max-len 3 / 3") && given.contains("memfit data prepare"),
         "{given}"
     );
-    let own = train(&data, &["--seq", "8", "--tgt-seq", "8"], "from-jsonl");
+    let own_seq = [&init[..], &["--seq", "8", "--tgt-seq", "8"]].concat();
+    let own = one_step(&demo, &data, &own_seq, &dir.path().join("from-jsonl"));
     assert!(
         own.contains("a longer --seq / --tgt-seq keeps them") && !own.contains("data prepare"),
         "{own}"
@@ -461,34 +449,12 @@ fn the_truncation_warning_names_what_keeps_the_rows() {
 #[test]
 fn a_model_from_scratch_hears_of_the_pretrain_profile() {
     let dir = tempfile::tempdir().unwrap();
-    let demo = dir.path().join("demo-run");
-    assert!(
-        memfit()
-            .args(demo_args(&demo, 1))
-            .output()
-            .unwrap()
-            .status
-            .success()
-    );
+    let demo = demo_run(dir.path());
     let cfg = dir.path().join("config.json");
     std::fs::write(&cfg, r#"{"model_type": "t5", "vocab_size": 64, "d_model": 8, "d_kv": 4, "d_ff": 16, "num_layers": 1, "num_heads": 2}"#).unwrap();
-    let start_line = |extra: &[&str], out: &str| {
-        let o = memfit()
-            .args(["train", "--max-steps", "1", "--threads", "1"])
-            .args(extra)
-            .arg("--data")
-            .arg(demo.join("demo/train.jsonl"))
-            .arg("--tokenizer")
-            .arg(demo.join("demo/tokenizer"))
-            .arg("--out")
-            .arg(dir.path().join(out))
-            .output()
-            .unwrap();
-        let all =
-            String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success(), "{all}");
-        all
-    };
+    let data = demo.join("demo/train.jsonl");
+    let start_line =
+        |extra: &[&str], out: &str| one_step(&demo, &data, extra, &dir.path().join(out));
     let cfg = cfg.to_str().unwrap();
     let note = "--profile pretrain takes the seed's pretraining settings";
     assert!(start_line(&["--model", cfg], "scratch").contains(note));

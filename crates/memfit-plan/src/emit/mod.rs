@@ -105,7 +105,6 @@ pub struct Hyper {
 }
 
 impl Hyper {
-    /// Usual starting points: 1e-4 for full fine-tuning (T5/BERT guides), 2e-4 for LoRA (QLoRA paper).
     /// How the other files name the DeepSpeed JSON.
     pub fn deepspeed_file(&self) -> &str {
         self.deepspeed_config
@@ -113,6 +112,7 @@ impl Hyper {
             .unwrap_or(Kind::Deepspeed.file_name())
     }
 
+    /// Usual starting points: 1e-4 for full fine-tuning (T5/BERT guides), 2e-4 for LoRA (QLoRA paper).
     pub fn defaults(model: &str, setup: &Setup) -> Hyper {
         Hyper {
             model: model.to_string(),

@@ -37,17 +37,21 @@ pub(super) fn update(
     let s = step_scalars(c, (step, lr), scale);
     let c = c.constants();
     with_avx512(|| match g {
-        Some(g) => {
-            for (((w, m), v), &g) in w.iter_mut().zip(m).zip(v).zip(g) {
-                adamw_element(c, &s, (w, m, v), g);
-            }
-        }
-        None => {
-            for ((w, m), v) in w.iter_mut().zip(m).zip(v) {
-                adamw_element(c, &s, (w, m, v), 0.0);
-            }
-        }
+        Some(g) => each_element(c, &s, (w, m, v), g.iter().copied()),
+        None => each_element(c, &s, (w, m, v), std::iter::repeat(0.0)),
     })
+}
+
+#[inline(always)]
+fn each_element(
+    c: AdamWConstants,
+    s: &AdamWStep,
+    (w, m, v): (&mut [f32], &mut [f32], &mut [f32]),
+    g: impl Iterator<Item = f32>,
+) {
+    for (((w, m), v), g) in w.iter_mut().zip(m).zip(v).zip(g) {
+        adamw_element(c, s, (w, m, v), g);
+    }
 }
 
 impl AdamWConfig {

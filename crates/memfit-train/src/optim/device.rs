@@ -189,7 +189,9 @@ impl DeviceOptimizer {
                 w
             }
             (OptimizerConfig::Adafactor(c), Moments::Adafactor(factors)) => {
-                let g = scaled(grads, grad_scale);
+                let g: Flat = (grads.into_iter())
+                    .map(|c| scaled(c, grad_scale.as_ref()))
+                    .collect();
                 let at = AdafactorScalars::new(c, at, &device);
                 let mut masters = masters;
                 for i in layout.indices() {
@@ -248,11 +250,11 @@ fn adamw_shard(
     (masters, m, v)
 }
 
-/// The gradients times clipping's coefficient, where there is one.
-fn scaled(grads: Flat, grad_scale: Option<Tensor<1>>) -> Flat {
+/// A gradient times clipping's coefficient, where there is one.
+fn scaled(g: Tensor<1>, grad_scale: Option<&Tensor<1>>) -> Tensor<1> {
     match grad_scale {
-        None => grads,
-        Some(scale) => grads.into_iter().map(|c| c * scale.clone()).collect(),
+        None => g,
+        Some(scale) => g * scale.clone(),
     }
 }
 
@@ -292,15 +294,7 @@ impl AdamWUpdate {
                 grad_scale,
             };
         }
-        let mut values = [0.0; scalar::COUNT];
-        values[scalar::STEP_SIZE] = s.step_size;
-        values[scalar::INV_BC2_SQRT] = s.inv_bc2_sqrt;
-        values[scalar::DECAY] = s.decay;
-        values[scalar::GRAD_SCALE] = s.grad_scale;
-        let uploaded: Tensor<1> = Tensor::from_data(
-            TensorData::new(values.to_vec(), [scalar::COUNT]),
-            (device, DType::F32),
-        );
+        let uploaded = upload_scalars(&s.values(), device);
         let scalars = match grad_scale {
             None => uploaded,
             Some(scale) => Tensor::cat(vec![uploaded.narrow(0, 0, scalar::GRAD_SCALE), scale], 0),
@@ -319,27 +313,28 @@ impl AdamWUpdate {
                 config,
                 scalars,
                 grad_scale,
-            } => {
-                let g = match grad_scale {
-                    Some(scale) => g * scale.clone(),
-                    None => g,
-                };
-                adamw(config, scalars, wmv, g)
-            }
+            } => adamw(config, scalars, wmv, scaled(g, grad_scale.as_ref())),
         }
     }
 }
 
-/// `values` as `[1]` views of one tensor on `device`: one upload for a step's scalars.
+/// A step's scalars as one f32 tensor on `device`: one upload.
+fn upload_scalars(values: &[f32], device: &Device) -> Tensor<1> {
+    Tensor::from_data(
+        TensorData::new(values.to_vec(), [values.len()]),
+        (device, DType::F32),
+    )
+}
+
+/// `values` as `[1]` views of one tensor on `device` ([`upload_scalars`]).
 fn step_scalars<const N: usize>(values: [f32; N], device: &Device) -> [Tensor<1>; N] {
-    let all: Tensor<1> =
-        Tensor::from_data(TensorData::new(values.to_vec(), [N]), (device, DType::F32));
+    let all = upload_scalars(&values, device);
     std::array::from_fn(|i| all.clone().narrow(0, i, 1))
 }
 
 /// `torch.optim.AdamW`'s update of `[w, m, v]` in burn's ops, as [`super::adamw`] computes it on
-/// the host, with the step's scalars from [`AdamWUpdate::new`]. The three are taken by value, so that burn's ops
-/// may write them in place.
+/// the host, with the step's scalars from [`AdamWUpdate::new`]. The three are taken by value, so
+/// that burn's ops may write them in place.
 fn adamw(
     c: &AdamWConfig,
     [step_size, inv_bc2_sqrt, decay]: &[Tensor<1>; 3],

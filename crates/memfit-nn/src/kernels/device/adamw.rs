@@ -45,6 +45,16 @@ pub struct AdamWStep {
 }
 
 impl AdamWStep {
+    /// The scalars laid out as [`adamw_update`] reads them.
+    pub fn values(&self) -> [f32; scalar::COUNT] {
+        let mut v = [0.0; scalar::COUNT];
+        v[scalar::STEP_SIZE] = self.step_size;
+        v[scalar::INV_BC2_SQRT] = self.inv_bc2_sqrt;
+        v[scalar::DECAY] = self.decay;
+        v[scalar::GRAD_SCALE] = self.grad_scale;
+        v
+    }
+
     fn from_values(s: &[f32]) -> Self {
         assert_eq!(
             s.len(),

@@ -9,7 +9,7 @@ use crate::exit::bad_input;
 use memfit_data::StoreMeta;
 use memfit_nn::families::Positions;
 use memfit_train::config::{ConfigLayer, OptimizerKind, TaskKind, TrainConfig};
-use memfit_train::run_data::RunData;
+use memfit_train::run_data::{self, RunData};
 use memfit_train::task_defaults::TaskDefaults;
 
 /// The sequence length a run plans for when the model names no positions (a T5 config without
@@ -157,7 +157,7 @@ pub fn warn_truncation(data: &RunData, config: &TrainConfig) {
             continue;
         };
         // a store given as it is was cut when it was prepared; one this run prepared, at its --seq
-        let given_store = given.is_some_and(|p| Path::new(p).join("meta.json").is_file());
+        let given_store = given.is_some_and(|p| run_data::is_store(Path::new(p)));
         if let Some(warning) = truncation_warning(name, meta, config, given_store) {
             eprintln!("warning: {warning}");
         }

@@ -321,15 +321,7 @@ fn resolve_config(
         config = merge(&layers, Some(defaults.layer()));
         config.task = task;
         let profiled = args.profile.is_some() || args.preset.is_some();
-        fit = real_data_fit(&layers, &mut config, &defaults);
-        if config.init.is_none() && !profiled {
-            // the task defaults are fine-tuning's; a model from scratch may want the seed's pretraining
-            fit.chosen.push(
-                "fine-tuning defaults for a model that starts from scratch (no --init; \
-                 --profile pretrain takes the seed's pretraining settings)"
-                    .into(),
-            );
-        }
+        fit = real_data_fit(&layers, &mut config, (&defaults, profiled));
     }
     if config.model == "demo" && config.task == TaskKind::CausalLm {
         return Err(bad_input(
@@ -388,10 +380,14 @@ fn user_layers(
     Ok(layers)
 }
 
-/// A run on real data: what its task defaults chose, the settings taken from the data, an `--init`
-/// run evaluated at its start (so its end is judged against it), and a warning for a learning rate
-/// far from the defaults'.
-fn real_data_fit(layers: &[ConfigLayer], config: &mut TrainConfig, d: &TaskDefaults) -> Fit {
+/// A run on real data: what its task defaults chose (`profiled`: a profile or preset set the
+/// rest), the settings taken from the data, an `--init` run evaluated at its start (so its end is
+/// judged against it), and a warning for a learning rate far from the defaults'.
+fn real_data_fit(
+    layers: &[ConfigLayer],
+    config: &mut TrainConfig,
+    (d, profiled): (&TaskDefaults, bool),
+) -> Fit {
     let set = |f: fn(&ConfigLayer) -> bool| layers.iter().any(f);
     if set(|l| l.warmup_steps.is_some() || l.schedule.is_some()) {
         // a warm-up or schedule the user gave is taken as given
@@ -402,6 +398,14 @@ fn real_data_fit(layers: &[ConfigLayer], config: &mut TrainConfig, d: &TaskDefau
     if judged && !set(|l| l.eval_at_start.is_some()) {
         config.eval_at_start = true;
         chosen.push("an evaluation before the first step (the end is judged against it)".into());
+    }
+    if config.init.is_none() && !profiled {
+        // the task defaults are fine-tuning's; a model from scratch may want the seed's pretraining
+        chosen.push(
+            "fine-tuning defaults for a model that starts from scratch (no --init; \
+             --profile pretrain takes the seed's pretraining settings)"
+                .into(),
+        );
     }
     fit::warn_lr(layers, config, d);
     Fit {
